@@ -1,0 +1,214 @@
+"""The pure allocation of one round (SPEC §6 and the issuance part of §7).
+
+No storage, no clock, no callbacks: usage, limits and demand entries in; grants, leases and
+blocked reasons out. The holder resolves limits and reads usage, calls :func:`allocate`, and
+writes what it returns, all inside the round's transaction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from .config import LeaseConfig, LimitedGroups, Provisioning
+from .wire import BlockedReason
+
+__all__ = ["LIMIT_ERROR", "Entry", "Usage", "Allocation", "allocate", "grant_ceiling"]
+
+
+class _LimitError:
+    """Marker for a limit whose resolution raised (or returned an invalid value)."""
+
+    def __repr__(self) -> str:
+        return "LIMIT_ERROR"
+
+
+#: Stands for a limit or group limit that could not be resolved this round (SPEC R12).
+LIMIT_ERROR = _LimitError()
+
+Key = tuple[str, str]  # (client_id, group)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One ``(client, group)`` demand of the round.
+
+    :ivar need: demand count minus unclaimed grant permits minus undrawn live-lease permits the
+        client already holds in the group, never below zero (SPEC R20).
+    :ivar arrival: arrival order of the client's request in this round (tie-break, SPEC R21).
+    :ivar permitted: ``canGrant(client, group)`` (SPEC R22).
+    :ivar lease_candidate: client reports leases, count > 0, and it holds no live lease with
+        undrawn permits in the group (SPEC R26). Eligibility by group limits is decided here.
+    """
+
+    client_id: str
+    group: str
+    count: int
+    oldest_at: int
+    arrival: int
+    need: int
+    permitted: bool = True
+    lease_candidate: bool = False
+
+    @property
+    def key(self) -> Key:
+        return (self.client_id, self.group)
+
+    def order(self) -> tuple[int, int, str]:
+        return (self.oldest_at, self.arrival, self.client_id)
+
+
+@dataclass
+class Usage:
+    """Charged capacity before allocation (SPEC R19).
+
+    :ivar grants: total ``permits - released`` over all grants (after reclaim).
+    :ivar leases: total lease footprint (SPEC R30), including this round's charge for reports of
+        unknown leases (SPEC R32).
+    :ivar groups: per group, grants plus lease footprint charged against it.
+    """
+
+    grants: int = 0
+    leases: int = 0
+    groups: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Allocation:
+    grants: dict[Key, int] = field(default_factory=dict)
+    leases: dict[Key, int] = field(default_factory=dict)
+    blocked: list[tuple[str, str, BlockedReason, int]] = field(default_factory=list)
+
+    @property
+    def contended(self) -> bool:
+        """SPEC R29: some need was left unserved."""
+        return bool(self.blocked)
+
+
+def grant_ceiling(limit: int, config: LeaseConfig | None) -> int:
+    """Most grant charge the mode allows: ``limit``, or ``limit - reserve`` under ``under``,
+    keeping at least one permit for grants when ``limit >= 1`` (SPEC R25)."""
+    if config is not None and config.mode is Provisioning.UNDER:
+        return max(limit - config.reserve, 1 if limit >= 1 else 0)
+    return limit
+
+
+def _grant_room(limit: int, usage: Usage, config: LeaseConfig | None) -> int:
+    if config is not None and config.mode is Provisioning.OVER:
+        # Leases live in their own budget of `extra`; only what overflows it eats the limit.
+        overflow = max(0, usage.leases - config.extra(limit))
+        return limit - usage.grants - overflow
+    room = limit - usage.grants - usage.leases
+    return min(room, grant_ceiling(limit, config) - usage.grants)
+
+
+def _lease_room(limit: int, granted: int, usage: Usage, config: LeaseConfig) -> int:
+    charged = usage.grants + granted + usage.leases
+    if config.mode is Provisioning.OVER:
+        extra = config.extra(limit)
+        return min(extra - usage.leases, limit + extra - charged)
+    return limit - charged
+
+
+def allocate(
+    entries: list[Entry],
+    *,
+    limit: int | _LimitError,
+    group_limits: Mapping[str, int | None | _LimitError],
+    usage: Usage,
+    leases: LeaseConfig | None = None,
+) -> Allocation:
+    """Allocate one round.
+
+    Entries are served oldest first (``oldest_at``, then arrival, then client id); each gets
+    ``min(need, room under limit, room under its group limit)`` as one grant (SPEC R21). Leases
+    are then issued from what the provisioning mode leaves (SPEC R25-R28). Every entry left with
+    need is reported with the first constraint that stopped it (SPEC R23)."""
+    result = Allocation()
+    ordered = sorted(entries, key=Entry.order)
+    group_charged = dict(usage.groups)
+    limit_failed = isinstance(limit, _LimitError)
+    room = 0 if limit_failed else max(0, _grant_room(limit, usage, leases))  # type: ignore[arg-type]
+    granted_total = 0
+    reasons: dict[Key, BlockedReason] = {}
+    left: dict[Key, int] = {}
+
+    def group_room(group: str) -> int | None:
+        gl = group_limits.get(group)
+        if gl is None or isinstance(gl, _LimitError):
+            return None
+        return max(0, gl - group_charged.get(group, 0))
+
+    for e in ordered:
+        if e.need <= 0:
+            continue
+        gl = group_limits.get(e.group)
+        if not e.permitted:
+            reasons[e.key], left[e.key] = BlockedReason.NOT_PERMITTED, e.need
+            continue
+        if limit_failed or isinstance(gl, _LimitError):
+            reasons[e.key], left[e.key] = BlockedReason.LIMIT_RESOLUTION_ERROR, e.need
+            continue
+        g_room = group_room(e.group)
+        give = min(e.need, room) if g_room is None else min(e.need, room, g_room)
+        if give > 0:
+            result.grants[e.key] = give
+            room -= give
+            granted_total += give
+            group_charged[e.group] = group_charged.get(e.group, 0) + give
+        if give < e.need:
+            left[e.key] = e.need - give
+            reasons[e.key] = (
+                BlockedReason.GROUP_LIMIT
+                if g_room is not None and g_room < e.need
+                else BlockedReason.LIMIT
+            )
+
+    if leases is not None and not limit_failed:
+        _issue_leases(ordered, limit, granted_total, usage, leases, group_limits, group_charged, result)  # type: ignore[arg-type]
+        for key, permits in result.leases.items():
+            if key in left:
+                left[key] = max(0, left[key] - permits)
+
+    for e in ordered:
+        waiting = left.get(e.key, 0)
+        if waiting > 0:
+            result.blocked.append((e.client_id, e.group, reasons[e.key], waiting))
+    return result
+
+
+def _issue_leases(
+    ordered: list[Entry],
+    limit: int,
+    granted_total: int,
+    usage: Usage,
+    config: LeaseConfig,
+    group_limits: Mapping[str, int | None | _LimitError],
+    group_charged: dict[str, int],
+    result: Allocation,
+) -> None:
+    def eligible(e: Entry) -> bool:
+        if not (e.lease_candidate and e.permitted and e.count > 0):
+            return False
+        gl = group_limits.get(e.group)
+        if isinstance(gl, _LimitError):
+            return False
+        return gl is None or config.limited_groups is LimitedGroups.WITHIN_GROUP_LIMIT
+
+    candidates = [e for e in ordered if eligible(e)]
+    budget = max(0, _lease_room(limit, granted_total, usage, config))
+    if not candidates or budget <= 0:
+        return
+    share = min(config.permits_per_lease, budget // len(candidates))
+    if share == 0:  # fewer permits than candidates: the oldest get one each (SPEC R28)
+        plan = [(e, 1) for e in candidates[:budget]]
+    else:
+        plan = [(e, share) for e in candidates]
+    for e, permits in plan:
+        gl = group_limits.get(e.group)
+        if isinstance(gl, int):  # withinGroupLimit: footprint counts against the group (R27)
+            permits = min(permits, max(0, gl - group_charged.get(e.group, 0)))
+        if permits <= 0:
+            continue
+        result.leases[e.key] = permits
+        group_charged[e.group] = group_charged.get(e.group, 0) + permits

@@ -1,0 +1,157 @@
+"""Lease configuration (SPEC §7): parsing and validation of the ``leases=`` option.
+
+Both the reference's camelCase spelling and Pythonic snake_case are accepted::
+
+    {"provisioning": {"mode": "strict"}, "permitsPerLease": 64, "ttlMs": 1_800_000,
+     "limitedGroups": "exclude"}
+    {"provisioning": {"mode": "under", "reserve": 20}, "permits_per_lease": 16}
+    {"provisioning": {"mode": "over", "extra": {"ratio": 0.5}}, "ttl_ms": 600_000,
+     "limited_groups": "withinGroupLimit"}
+
+or a :class:`LeaseConfig` built directly.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .errors import ConfigurationError
+
+__all__ = ["Provisioning", "LimitedGroups", "LeaseConfig"]
+
+
+class Provisioning(str, enum.Enum):
+    """Where lease capacity comes from (SPEC R25)."""
+
+    STRICT = "strict"
+    UNDER = "under"
+    OVER = "over"
+
+
+class LimitedGroups(str, enum.Enum):
+    """Whether groups with their own limit get leases (SPEC R27)."""
+
+    EXCLUDE = "exclude"
+    WITHIN_GROUP_LIMIT = "withinGroupLimit"
+
+
+@dataclass(frozen=True)
+class LeaseConfig:
+    """Validated lease options.
+
+    :ivar mode: ``strict``, ``under`` or ``over``.
+    :ivar reserve: ``under`` only: permits of ``limit`` kept for leases.
+    :ivar extra_ratio: ``over`` only: extra budget is ``floor(limit * extra_ratio)``.
+    :ivar extra_count: ``over`` only: extra budget is this many permits.
+    :ivar permits_per_lease: most permits one lease carries (>= 1).
+    :ivar ttl_ms: a lease unreported for this long is retired (>= 1).
+    :ivar limited_groups: ``exclude`` or ``withinGroupLimit``.
+    """
+
+    mode: Provisioning = Provisioning.STRICT
+    reserve: int = 0
+    extra_ratio: float | None = None
+    extra_count: int | None = None
+    permits_per_lease: int = 64
+    ttl_ms: int = 1_800_000
+    limited_groups: LimitedGroups = LimitedGroups.EXCLUDE
+
+    def __post_init__(self) -> None:
+        _int_at_least(self.permits_per_lease, 1, "leases.permitsPerLease")
+        _int_at_least(self.ttl_ms, 1, "leases.ttlMs")
+        _int_at_least(self.reserve, 0, "leases.provisioning.reserve")
+        if self.mode is Provisioning.OVER:
+            if (self.extra_ratio is None) == (self.extra_count is None):
+                raise ConfigurationError(
+                    "leases.provisioning.extra: give exactly one of {'ratio': r} or {'count': n}",
+                    field="leases.provisioning.extra",
+                )
+            if self.extra_ratio is not None:
+                r = self.extra_ratio
+                if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or r < 0:
+                    raise ConfigurationError(
+                        f"leases.provisioning.extra.ratio: must be a finite number >= 0, got {r!r}",
+                        field="leases.provisioning.extra.ratio",
+                    )
+            if self.extra_count is not None:
+                _int_at_least(self.extra_count, 0, "leases.provisioning.extra.count")
+        if self.mode is not Provisioning.UNDER and self.reserve:
+            raise ConfigurationError(
+                "leases.provisioning.reserve: only the 'under' mode takes a reserve",
+                field="leases.provisioning.reserve",
+            )
+
+    def extra(self, limit: int) -> int:
+        """The ``over`` budget above ``limit`` (0 in other modes)."""
+        if self.mode is not Provisioning.OVER:
+            return 0
+        if self.extra_count is not None:
+            return self.extra_count
+        return int(math.floor(limit * float(self.extra_ratio or 0)))
+
+    @classmethod
+    def parse(cls, value: "LeaseConfig | Mapping[str, Any] | None") -> "LeaseConfig | None":
+        """Accept a :class:`LeaseConfig`, a camelCase or snake_case mapping, or ``None``."""
+        if value is None or isinstance(value, LeaseConfig):
+            return value
+        if not isinstance(value, Mapping):
+            raise ConfigurationError(
+                f"leases: expected a mapping or LeaseConfig, got {type(value).__name__}",
+                field="leases",
+            )
+        known = {"provisioning", "permitsPerLease", "permits_per_lease", "ttlMs", "ttl_ms",
+                 "limitedGroups", "limited_groups"}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ConfigurationError(f"leases: unknown option(s) {unknown}", field="leases")
+        prov = value.get("provisioning", {"mode": "strict"})
+        if not isinstance(prov, Mapping):
+            raise ConfigurationError("leases.provisioning: expected a mapping like {'mode': 'strict'}",
+                                     field="leases.provisioning")
+        try:
+            mode = Provisioning(prov.get("mode"))
+        except ValueError:
+            raise ConfigurationError(
+                f"leases.provisioning.mode: must be 'strict', 'under' or 'over', got {prov.get('mode')!r}",
+                field="leases.provisioning.mode",
+            ) from None
+        kwargs: dict[str, Any] = {"mode": mode}
+        if mode is Provisioning.UNDER:
+            if "reserve" not in prov:
+                raise ConfigurationError("leases.provisioning.reserve: required for mode 'under'",
+                                         field="leases.provisioning.reserve")
+            kwargs["reserve"] = prov["reserve"]
+        elif "reserve" in prov:
+            kwargs["reserve"] = prov["reserve"]
+        if mode is Provisioning.OVER:
+            extra = prov.get("extra")
+            if not isinstance(extra, Mapping) or len(extra) != 1 or not ({"ratio", "count"} & set(extra)):
+                raise ConfigurationError(
+                    "leases.provisioning.extra: required for mode 'over', as {'ratio': r} or {'count': n}",
+                    field="leases.provisioning.extra",
+                )
+            kwargs["extra_ratio"] = extra.get("ratio")
+            kwargs["extra_count"] = extra.get("count")
+        for camel, snake in (("permitsPerLease", "permits_per_lease"), ("ttlMs", "ttl_ms")):
+            if camel in value and snake in value:
+                raise ConfigurationError(f"leases: give {camel} or {snake}, not both", field=f"leases.{camel}")
+            if camel in value or snake in value:
+                kwargs[snake] = value.get(camel, value.get(snake))
+        lg = value.get("limitedGroups", value.get("limited_groups", "exclude"))
+        aliases = {"exclude": "exclude", "withinGroupLimit": "withinGroupLimit",
+                   "within_group_limit": "withinGroupLimit"}
+        if lg not in aliases:
+            raise ConfigurationError(
+                f"leases.limitedGroups: must be 'exclude' or 'withinGroupLimit', got {lg!r}",
+                field="leases.limitedGroups",
+            )
+        kwargs["limited_groups"] = LimitedGroups(aliases[lg])
+        return cls(**kwargs)
+
+
+def _int_at_least(value: Any, minimum: int, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigurationError(f"{name}: must be an integer >= {minimum}, got {value!r}", field=name)

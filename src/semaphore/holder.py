@@ -1,0 +1,696 @@
+"""DurabilitySemaphore: the holder side of the shared concurrency budget (SPEC §2-§7, §9)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import logging
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Mapping, Union
+
+from .allocation import LIMIT_ERROR, Entry, Usage, allocate
+from .clock import sleep_until, system_clock
+from .config import LeaseConfig, LimitedGroups
+from .errors import ConfigurationError, InvalidMessageError, RoundFailedError
+from .runtime import Storage, plain
+from .scheduler import DurabilityScheduler
+from .store import (
+    GROUPS,
+    META,
+    SCHEMA_VERSION,
+    GrantRow,
+    LeaseRow,
+    UnitOfWork,
+    drop_schema,
+    ensure_schema,
+)
+from .wire import (
+    Blocked,
+    GrantState,
+    GrantStatus,
+    LeaseState,
+    LeaseStatus,
+    PermitRequest,
+    PermitResponse,
+    SyncMessage,
+    parse_message,
+)
+
+__all__ = ["DurabilitySemaphore", "LimitOption", "GroupLimitOption", "CanGrantOption"]
+
+log = logging.getLogger("semaphore.holder")
+
+LimitOption = Union[int, Callable[[], Union[int, Awaitable[int]]]]
+GroupLimitOption = Union[
+    None, int, Mapping[str, int], Callable[[str], Union[int, None, Awaitable[Union[int, None]]]]
+]
+CanGrantOption = Union[None, bool, Callable[[str, str], Union[bool, Awaitable[bool]]]]
+
+RECLAIM_TIMER = "durability_semaphore:reclaim"
+TIMER_PREFIX = "durability_semaphore:"
+
+
+@dataclass
+class _Pending:
+    """One client's requests waiting for the next round (SPEC R10: latest demand wins, every
+    report is applied, every call gets the round's answer)."""
+
+    client_id: str
+    arrival: int
+    messages: list[PermitRequest] = field(default_factory=list)
+    futures: list[asyncio.Future[dict[str, Any]]] = field(default_factory=list)
+
+    @property
+    def latest(self) -> PermitRequest:
+        return self.messages[-1]
+
+
+@dataclass
+class _View:
+    """What one client is told about its grants and leases, built during a transaction."""
+
+    grants: dict[str, GrantState] = field(default_factory=dict)
+    leases: dict[str, LeaseState] = field(default_factory=dict)
+    unknown_lease_charge: int = 0
+
+
+def _valid_count(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and 0 <= value < 2**53:
+        return value
+    return None
+
+
+async def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    result = fn(*args)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+def _option_int(value: Any, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigurationError(f"{name}: must be an integer >= {minimum}, got {value!r}", field=name)
+    return value
+
+
+class DurabilitySemaphore:
+    """The holder of one shared concurrency budget, inside an application's Durable Object.
+
+    :param scheduler: the object's :class:`DurabilityScheduler` (its ``alarm()`` must delegate to
+        ``scheduler.alarm``). The semaphore uses the scheduler's storage and registers its reclaim
+        timer ``durability_semaphore:reclaim`` on it.
+    :param limit: the shared limit: an ``int`` >= 0, or a callable (sync or async) returning one,
+        resolved once per round (SPEC R12). If it raises or returns something else, the round
+        admits nothing (``limit_resolution_error``) but still applies reports.
+    :param group_limit: per-group ceilings under the limit: ``None`` (no group limits), an ``int``
+        for every group, a mapping ``{group: limit}`` (groups absent have none), or a callable
+        ``group -> int | None`` (sync or async), resolved once per group per round. A group whose
+        limit raises fails closed for that round (``limit_resolution_error``).
+    :param can_grant: ``None`` (everything permitted), a ``bool``, or a callable
+        ``(client_id, group) -> bool`` (sync or async) resolved once per ``(client, group)`` per
+        round; ``False`` blocks the entry with ``not_permitted`` (SPEC R22). A callable that
+        raises counts as ``False`` (fails closed) and is logged.
+    :param round_wait_ms: a round runs this long after the first request waiting for it arrived
+        (default 1000, SPEC R9).
+    :param round_period_ms: ... but never sooner than this after the previous round began
+        (default 2000, SPEC R9).
+    :param grant_timeout_ms: unclaimed grant permits are reclaimed this long after issue
+        (default 10000, SPEC R15).
+    :param leases: lease options (SPEC §7), see :class:`~semaphore.config.LeaseConfig`;
+        ``None`` (default) issues no leases.
+    :param clock: callable returning epoch milliseconds (default: wall clock). A clock with an
+        ``async sleep_until(ms)`` method (e.g. :class:`~semaphore.testing.VirtualClock`) also
+        drives the round timer.
+    :param id_factory: callable returning a fresh unique id for grants and leases (default:
+        96 random bits in hex). Ids must never repeat, even across :meth:`migrate`.
+    """
+
+    RECLAIM_TIMER = RECLAIM_TIMER
+
+    def __init__(
+        self,
+        *,
+        scheduler: DurabilityScheduler,
+        limit: LimitOption,
+        group_limit: GroupLimitOption = None,
+        can_grant: CanGrantOption = None,
+        round_wait_ms: int = 1000,
+        round_period_ms: int = 2000,
+        grant_timeout_ms: int = 10_000,
+        leases: LeaseConfig | Mapping[str, Any] | None = None,
+        clock: Callable[[], int] | None = None,
+        id_factory: Callable[[], str] | None = None,
+    ) -> None:
+        if not isinstance(scheduler, DurabilityScheduler):
+            raise ConfigurationError("scheduler: expected a DurabilityScheduler", field="scheduler")
+        if not callable(limit):
+            _option_int(limit, "limit", 0)
+        if not (group_limit is None or callable(group_limit) or isinstance(group_limit, Mapping)):
+            _option_int(group_limit, "group_limit", 0)
+        if isinstance(group_limit, Mapping):
+            for g, gl in group_limit.items():
+                _option_int(gl, f"group_limit[{g!r}]", 0)
+        if not (can_grant is None or isinstance(can_grant, bool) or callable(can_grant)):
+            raise ConfigurationError("can_grant: expected None, a bool or a callable", field="can_grant")
+        self.scheduler = scheduler
+        self.storage: Storage = scheduler.storage
+        self.limit = limit
+        self.group_limit = group_limit
+        self.can_grant = can_grant
+        self.round_wait_ms = _option_int(round_wait_ms, "round_wait_ms", 0)
+        self.round_period_ms = _option_int(round_period_ms, "round_period_ms", 0)
+        self.grant_timeout_ms = _option_int(grant_timeout_ms, "grant_timeout_ms", 1)
+        self.leases = LeaseConfig.parse(leases)
+        self.clock: Callable[[], int] = clock or scheduler.clock or system_clock
+        self._new_id = id_factory or (lambda: secrets.token_hex(12))
+        self._pending: dict[str, _Pending] = {}
+        self._arrivals = itertools.count()
+        self._round_task: asyncio.Future[None] | None = None
+        self._round_at: int | None = None
+        self._last_round_at: int | None = None
+        self._last_contended = False
+        self._ready = False
+        scheduler.on(RECLAIM_TIMER, self._on_reclaim_timer)
+
+    # ================================================================== public API
+    async def handle(self, message: Any) -> dict[str, Any]:
+        """Handle one wire message and return the wire reply (SPEC §3).
+
+        A ``request`` waits for its round (SPEC R9); a ``sync`` is applied and answered at once
+        (SPEC R6). An invalid message is answered with an ``invalid_message`` error value and
+        changes nothing (SPEC R7, I5); a round that cannot be committed is answered with a
+        ``round_failed`` error value (SPEC R2). Typed :class:`PermitRequest`/:class:`SyncMessage`
+        objects are accepted too."""
+        if isinstance(message, (PermitRequest, SyncMessage)):
+            message = message.to_wire()
+        try:
+            parsed = parse_message(plain(message))
+        except InvalidMessageError as exc:
+            return exc.to_wire()
+        try:
+            await self._ensure_ready()
+        except Exception as exc:  # storage unusable: nothing was written
+            log.exception("semaphore storage is not usable")
+            return RoundFailedError(f"storage error: {exc}").to_wire()
+        if isinstance(parsed, SyncMessage):
+            return await self._sync(parsed)
+        return await self._enqueue(parsed)
+
+    async def usage(self) -> dict[str, Any]:
+        """Current usage (SPEC R38)::
+
+            {"limit": int | None, "outstanding": int, "leaseFootprint": int,
+             "liveLeases": int, "retiredLeases": int,
+             "groups": {group: {"outstanding", "leaseFootprint", "liveLeases",
+                                "retiredLeases", "limit"}}}
+
+        ``outstanding`` is the sum of ``permits - released`` over grants; ``limit`` is ``None``
+        when the limit (or a group's limit) is not set or could not be resolved."""
+        await self._ensure_ready()
+        limit = await self._resolve_limit()
+        meta = {str(r["key"]): int(r["value"]) for r in self.storage.exec(f"SELECT key, value FROM {META}")}
+        groups: dict[str, Any] = {}
+        for r in self.storage.exec(f"SELECT * FROM {GROUPS} ORDER BY group_name"):
+            name = str(r["group_name"])
+            gl = await self._resolve_group_limit(name)
+            groups[name] = {
+                "outstanding": int(r["outstanding"]),
+                "leaseFootprint": int(r["lease_footprint"]),
+                "liveLeases": int(r["live_leases"]),
+                "retiredLeases": int(r["retired_leases"]),
+                "limit": gl if isinstance(gl, int) else None,
+            }
+        return {
+            "limit": limit if isinstance(limit, int) else None,
+            "outstanding": meta.get("outstanding", 0),
+            "leaseFootprint": meta.get("lease_footprint", 0),
+            "liveLeases": meta.get("live_leases", 0),
+            "retiredLeases": meta.get("retired_leases", 0),
+            "groups": groups,
+        }
+
+    @staticmethod
+    def migrate(ctx: Any, to_version: int | None) -> None:
+        """Migrate the semaphore's schema in ``ctx.storage.sql``.
+
+        ``None`` removes it: the grant, lease, group and meta tables and the semaphore's
+        scheduler timers (SPEC R3). ``1`` creates the current schema (done automatically on
+        first use). Discard any live :class:`DurabilitySemaphore` instance afterwards."""
+        storage = ctx if isinstance(ctx, Storage) else Storage(ctx)
+        if to_version is None:
+            drop_schema(storage)
+            timers = storage.one(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'durability_scheduler_timers'"
+            )
+            if timers is not None:
+                storage.exec(
+                    "DELETE FROM durability_scheduler_timers WHERE substr(name, 1, ?) = ?",
+                    len(TIMER_PREFIX),
+                    TIMER_PREFIX,
+                )
+            return
+        if to_version != SCHEMA_VERSION:
+            raise ConfigurationError(
+                f"migrate: unknown schema version {to_version!r} (this release has {SCHEMA_VERSION})",
+                field="to_version",
+            )
+        ensure_schema(storage)
+
+    def next_request_at(self) -> int:
+        """Earliest time the next round can run (SPEC R11)."""
+        if self._round_at is not None:
+            return self._round_at
+        now = int(self.clock())
+        if self._last_round_at is None:
+            return now
+        return max(now, self._last_round_at + self.round_period_ms)
+
+    # ================================================================== lifecycle
+    async def _ensure_ready(self) -> None:
+        if self._ready:
+            return
+        ensure_schema(self.storage)
+        row = self.storage.one(f"SELECT value FROM {META} WHERE key = 'last_round_at'")
+        if row is not None and self._last_round_at is None:
+            self._last_round_at = int(row["value"])
+        self._ready = True
+        # Repairs an alarm lost between a commit and its setAlarm (e.g. an eviction).
+        await self.scheduler.arm()
+
+    # ================================================================== rounds
+    async def _enqueue(self, request: PermitRequest) -> dict[str, Any]:
+        pending = self._pending.get(request.client_id)
+        if pending is None:
+            pending = _Pending(request.client_id, next(self._arrivals))
+            self._pending[request.client_id] = pending
+        pending.messages.append(request)
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        pending.futures.append(future)
+        if self._round_task is None:
+            now = int(self.clock())
+            at = now + self.round_wait_ms
+            if self._last_round_at is not None:
+                at = max(at, self._last_round_at + self.round_period_ms)
+            self._round_at = at
+            self._round_task = asyncio.ensure_future(self._round_after(at))
+        return await future
+
+    async def _round_after(self, at: int) -> None:
+        batch: dict[str, _Pending] = {}
+        try:
+            await sleep_until(self.clock, at)
+            batch, self._pending = self._pending, {}
+            self._round_task = None
+            self._round_at = None
+            await self._run_round(batch)
+        except BaseException as exc:  # never leave a caller hanging
+            log.exception("round failed")
+            for pending in (batch or self._pending).values():
+                for f in pending.futures:
+                    if not f.done():
+                        f.set_result(RoundFailedError(f"round failed: {exc}").to_wire())
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+        finally:
+            if self._round_task is not None and self._round_task.done():
+                self._round_task = None
+
+    async def _run_round(self, batch: dict[str, _Pending]) -> None:
+        now = int(self.clock())
+        self._last_round_at = now
+        clients = list(batch.values())
+        limit = await self._resolve_limit()
+
+        demand_pairs = {(p.client_id, d.group) for p in clients for d in p.latest.demand}
+        groups = {g for _, g in demand_pairs}
+        lease_pairs: set[tuple[str, str]] = set()
+        lease_groups: set[str] = set()
+        if self.leases is not None or self._has_live_leases():
+            lease_pairs = self._live_lease_pairs([p.client_id for p in clients])
+            lease_groups = self._groups_with_live_leases()
+        group_limits = {g: await self._resolve_group_limit(g) for g in sorted(groups | lease_groups)}
+        permitted = {pair: await self._resolve_can_grant(*pair) for pair in sorted(demand_pairs | lease_pairs)}
+
+        try:
+            replies = self.storage.transaction(
+                lambda: self._round_transaction(clients, now, limit, group_limits, permitted)
+            )
+        except Exception as exc:
+            log.exception("round transaction failed; nothing was written")
+            failure = RoundFailedError(f"round failed, nothing was written: {exc}").to_wire()
+            replies = {p.client_id: failure for p in clients}
+        else:
+            try:
+                await self.scheduler.arm()
+            except Exception:  # the commit stands; the next instance start re-arms
+                log.exception("could not arm the alarm after a round")
+        for p in clients:
+            for f in p.futures:
+                if not f.done():
+                    f.set_result(replies[p.client_id])
+
+    def _round_transaction(
+        self,
+        clients: list[_Pending],
+        now: int,
+        limit: Any,
+        group_limits: dict[str, Any],
+        permitted: dict[tuple[str, str], bool],
+    ) -> dict[str, dict[str, Any]]:
+        uow = UnitOfWork(self.storage)
+        self._reclaim(uow, now)
+        self._retire_expired(uow, now)
+        uow.load_clients(p.client_id for p in clients)
+        views = {
+            p.client_id: self._apply_reports(uow, p.client_id, p.messages, now) for p in clients
+        }
+        self._retire_ineligible(uow, now, limit, group_limits, permitted, [p.client_id for p in clients])
+
+        # Usage and need (SPEC R19, R20)
+        demand_groups = {d.group for p in clients for d in p.latest.demand}
+        totals = uow.totals()
+        per_group = uow.group_usage(demand_groups)
+        usage = Usage(
+            grants=totals["outstanding"],
+            leases=totals["lease_footprint"] + sum(v.unknown_lease_charge for v in views.values()),
+            groups={g: u["outstanding"] + u["lease_footprint"] for g, u in per_group.items()},
+        )
+        held_unclaimed: dict[tuple[str, str], int] = {}
+        for g in uow.grants.values():
+            key = (g.client_id, g.group_name)
+            held_unclaimed[key] = held_unclaimed.get(key, 0) + g.unclaimed
+        undrawn: dict[tuple[str, str], int] = {}
+        for lease in uow.leases.values():
+            if lease.status == "live":
+                key = (lease.client_id, lease.group_name)
+                undrawn[key] = undrawn.get(key, 0) + lease.undrawn
+        entries = []
+        for p in clients:
+            lease_capable = p.latest.leases is not None
+            for d in p.latest.demand:
+                key = (p.client_id, d.group)
+                need = max(0, d.count - held_unclaimed.get(key, 0) - undrawn.get(key, 0))
+                entries.append(Entry(
+                    client_id=p.client_id, group=d.group, count=d.count, oldest_at=d.oldest_at,
+                    arrival=p.arrival, need=need, permitted=permitted.get(key, True),
+                    lease_candidate=lease_capable and d.count > 0 and undrawn.get(key, 0) == 0,
+                ))
+        result = allocate(entries, limit=limit, group_limits=group_limits, usage=usage, leases=self.leases)
+
+        # Writes (SPEC R2): new grants and leases, then everything in one flush.
+        new_grants: dict[str, GrantState] = {}
+        for (client_id, group), permits in result.grants.items():
+            row = GrantRow(self._new_id(), client_id, group, permits, 0, 0, now,
+                           now + self.grant_timeout_ms, False)
+            uow.put_grant(row)
+            views[client_id].grants = {row.grant_id: self._grant_state(row), **views[client_id].grants}
+        for (client_id, group), permits in result.leases.items():
+            assert self.leases is not None
+            lease = LeaseRow(self._new_id(), client_id, group, permits, 0, 0, False, "live", now,
+                             now + self.leases.ttl_ms)
+            uow.put_lease(lease)
+            views[client_id].leases = {lease.lease_id: self._lease_state(lease), **views[client_id].leases}
+        if isinstance(limit, int):
+            uow.set_meta("last_limit", limit)
+        uow.set_meta("last_round_at", now)
+        uow.flush()
+        self._schedule_reclaim()
+
+        self._last_contended = result.contended
+        next_at = now + self.round_period_ms
+        blocked: dict[str, list[Blocked]] = {}
+        for client_id, group, reason, waiting in result.blocked:
+            blocked.setdefault(client_id, []).append(Blocked(group, reason, waiting))
+        held = self._held_by_client(uow)
+        return {
+            p.client_id: self._reply(held, p.client_id, views[p.client_id], blocked.get(p.client_id, []),
+                                     result.contended, next_at)
+            for p in clients
+        }
+
+    # ================================================================== sync and alarm
+    async def _sync(self, message: SyncMessage) -> dict[str, Any]:
+        now = int(self.clock())
+
+        def body() -> dict[str, Any]:
+            uow = UnitOfWork(self.storage)
+            self._reclaim(uow, now)
+            self._retire_expired(uow, now)
+            uow.load_clients([message.client_id])
+            view = self._apply_reports(uow, message.client_id, [message], now)
+            uow.flush()
+            self._schedule_reclaim()
+            return self._reply(self._held_by_client(uow), message.client_id, view, [],
+                               self._last_contended, self.next_request_at())
+
+        try:
+            reply = self.storage.transaction(body)
+        except Exception as exc:
+            log.exception("sync transaction failed; nothing was written")
+            return RoundFailedError(f"sync failed, nothing was written: {exc}").to_wire()
+        await self.scheduler.arm()
+        return reply
+
+    def _on_reclaim_timer(self, name: str, due_at: int) -> None:
+        """Alarm: reclaim unclaimed permits past their deadline (SPEC R16)."""
+        ensure_schema(self.storage)
+        now = int(self.clock())
+
+        def body() -> None:
+            uow = UnitOfWork(self.storage)
+            self._reclaim(uow, now)
+            uow.flush()
+            self._schedule_reclaim()
+
+        self.storage.transaction(body)
+
+    def _schedule_reclaim(self) -> None:
+        """Point the reclaim timer at the earliest deadline of a grant with unclaimed permits."""
+        row = self.storage.one(
+            "SELECT MIN(claim_by) AS due FROM durability_semaphore_grants WHERE claimed < permits"
+        )
+        due = None if row is None or row["due"] is None else int(row["due"])
+        if due is None:
+            self.scheduler.clear_timer(RECLAIM_TIMER)
+        elif self.scheduler.timer(RECLAIM_TIMER) != due:
+            self.scheduler.set_timer(RECLAIM_TIMER, due)
+
+    # ================================================================== state changes
+    def _reclaim(self, uow: UnitOfWork, now: int) -> None:
+        """SPEC R15: past ``claim_by``, a grant shrinks to its claimed count; with nothing
+        claimed (or everything released) it is deleted."""
+        for g in uow.load_due_grants(now):
+            g.permits = g.claimed
+            g.reclaimed = True
+            if g.claimed == 0 or g.released >= g.permits:
+                uow.delete_grant(g)
+            else:
+                uow.put_grant(g)
+
+    def _retire_expired(self, uow: UnitOfWork, now: int) -> None:
+        """SPEC R31: a lease unreported for ``ttlMs`` is retired (never forgotten)."""
+        for lease in uow.load_expired_leases(now):
+            lease.status = "retired"
+            uow.put_lease(lease)
+
+    def _retire_ineligible(
+        self,
+        uow: UnitOfWork,
+        now: int,
+        limit: Any,
+        group_limits: dict[str, Any],
+        permitted: dict[tuple[str, str], bool],
+        client_ids: list[str],
+    ) -> None:
+        """SPEC R33: a lowered limit retires every live lease; a group that gained a limit under
+        ``exclude`` retires its live leases; ``canGrant`` turning false retires the live leases of
+        that ``(client, group)`` (checked for the clients of the round)."""
+        to_retire: list[LeaseRow] = []
+        last_limit = uow.meta().get("last_limit")
+        if isinstance(limit, int) and last_limit is not None and limit < last_limit:
+            to_retire += uow.load_live_leases()
+        exclude = self.leases is None or self.leases.limited_groups is LimitedGroups.EXCLUDE
+        if exclude:
+            limited = [g for g, gl in group_limits.items() if isinstance(gl, int)]
+            to_retire += uow.load_live_leases(limited)
+        clients = set(client_ids)
+        for lease in list(uow.leases.values()):
+            if lease.status == "live" and lease.client_id in clients:
+                if not permitted.get((lease.client_id, lease.group_name), True):
+                    to_retire.append(lease)
+        for lease in to_retire:
+            if lease.status == "live":
+                lease.status = "retired"
+                uow.put_lease(lease)
+
+    def _apply_reports(
+        self, uow: UnitOfWork, client_id: str, messages: list[Any], now: int
+    ) -> _View:
+        """Apply every grant and lease report of a client's messages, in order (SPEC R13, R14,
+        R30-R32), and return what the client is told about them."""
+        view = _View()
+        uow.load_grant_ids(r.grant_id for m in messages for r in m.grants)
+        uow.load_lease_ids(r.lease_id for m in messages if m.leases for r in m.leases)
+        unknown: dict[str, int] = {}
+        for message in messages:
+            for r in message.grants:
+                g = uow.grants.get(r.grant_id)
+                if g is None or g.client_id != client_id:  # SPEC R14, R15
+                    view.grants[r.grant_id] = GrantState(r.grant_id, None, 0, 0, 0, None, GrantStatus.NOT_FOUND)
+                    continue
+                claimed = max(g.claimed, min(r.claimed, g.permits))
+                released = max(g.released, min(r.released, claimed))
+                if (claimed, released) != (g.claimed, g.released):
+                    g.claimed, g.released = claimed, released
+                    uow.put_grant(g)
+                view.grants[r.grant_id] = self._grant_state(g)
+                if g.released >= g.permits:  # SPEC R17: settled
+                    uow.delete_grant(g)
+            for r in message.leases or ():
+                lease = uow.leases.get(r.lease_id)
+                if lease is None or lease.client_id != client_id:  # SPEC R32
+                    if r.stopped and r.released == r.drawn:
+                        status = LeaseStatus.SETTLED
+                        unknown.pop(r.lease_id, None)
+                    else:
+                        status = LeaseStatus.RETIRED
+                        unknown[r.lease_id] = r.drawn - r.released
+                    view.leases[r.lease_id] = LeaseState(r.lease_id, None, r.drawn, r.drawn, r.released, None, status)
+                    continue
+                lease.drawn = max(lease.drawn, min(r.drawn, lease.permits))
+                lease.released = max(lease.released, min(r.released, lease.drawn))
+                if lease.status == "live":
+                    lease.expires_at = now + self._ttl_ms()
+                if r.stopped:
+                    lease.stopped = True
+                    lease.status = "retired"
+                uow.put_lease(lease)
+                if lease.stopped and lease.released >= lease.drawn:  # SPEC R30: settled
+                    view.leases[r.lease_id] = self._lease_state(lease, LeaseStatus.SETTLED)
+                    uow.delete_lease(lease)
+                else:
+                    view.leases[r.lease_id] = self._lease_state(lease)
+        view.unknown_lease_charge = sum(unknown.values())
+        return view
+
+    def _ttl_ms(self) -> int:
+        return self.leases.ttl_ms if self.leases is not None else 1_800_000
+
+    # ================================================================== replies
+    @staticmethod
+    def _grant_state(g: GrantRow) -> GrantState:
+        status = GrantStatus.EXPIRED if g.reclaimed else GrantStatus.ACTIVE
+        return GrantState(g.grant_id, g.group_name, g.permits, g.claimed, g.released, g.claim_by, status)
+
+    @staticmethod
+    def _lease_state(lease: LeaseRow, status: LeaseStatus | None = None) -> LeaseState:
+        if status is None:
+            status = LeaseStatus.LIVE if lease.status == "live" else LeaseStatus.RETIRED
+        return LeaseState(lease.lease_id, lease.group_name, lease.permits, lease.drawn, lease.released,
+                          lease.expires_at, status)
+
+    @staticmethod
+    def _held_by_client(uow: UnitOfWork) -> dict[str, tuple[list[GrantRow], list[LeaseRow]]]:
+        held: dict[str, tuple[list[GrantRow], list[LeaseRow]]] = {}
+        for g in uow.grants.values():
+            held.setdefault(g.client_id, ([], []))[0].append(g)
+        for lease in uow.leases.values():
+            held.setdefault(lease.client_id, ([], []))[1].append(lease)
+        return held
+
+    def _reply(
+        self,
+        held: dict[str, tuple[list[GrantRow], list[LeaseRow]]],
+        client_id: str,
+        view: _View,
+        blocked: list[Blocked],
+        contended: bool,
+        next_request_at: int,
+    ) -> dict[str, Any]:
+        """SPEC R8: new and reported grants and leases, plus every other grant and live or
+        retired lease of the client (so a lost reply heals at the next request)."""
+        own_grants, own_leases = held.get(client_id, ([], []))
+        grants = dict(view.grants)
+        for g in own_grants:
+            if g.grant_id not in grants:
+                grants[g.grant_id] = self._grant_state(g)
+        leases = dict(view.leases)
+        for lease in own_leases:
+            if lease.lease_id not in leases:
+                leases[lease.lease_id] = self._lease_state(lease)
+        return PermitResponse(
+            tuple(grants.values()), tuple(leases.values()), tuple(blocked), contended, next_request_at
+        ).to_wire()
+
+    # ================================================================== limits (SPEC R12)
+    async def _resolve_limit(self) -> Any:
+        try:
+            value = await _call(self.limit) if callable(self.limit) else self.limit
+        except Exception:
+            log.exception("limit callback raised")
+            return LIMIT_ERROR
+        count = _valid_count(value)
+        if count is None:
+            log.error("limit resolved to an invalid value %r", value)
+            return LIMIT_ERROR
+        return count
+
+    async def _resolve_group_limit(self, group: str) -> Any:
+        source = self.group_limit
+        try:
+            if source is None:
+                return None
+            if callable(source):
+                value = await _call(source, group)
+            elif isinstance(source, Mapping):
+                value = source.get(group)
+            else:
+                value = source
+        except Exception:
+            log.exception("group_limit callback raised for group %r", group)
+            return LIMIT_ERROR
+        if value is None:
+            return None
+        count = _valid_count(value)
+        if count is None:
+            log.error("group_limit(%r) resolved to an invalid value %r", group, value)
+            return LIMIT_ERROR
+        return count
+
+    async def _resolve_can_grant(self, client_id: str, group: str) -> bool:
+        source = self.can_grant
+        if source is None:
+            return True
+        if not callable(source):
+            return bool(source)
+        try:
+            return bool(await _call(source, client_id, group))
+        except Exception:
+            log.exception("can_grant callback raised for (%r, %r); not permitted", client_id, group)
+            return False
+
+    def _has_live_leases(self) -> bool:
+        row = self.storage.one(f"SELECT value FROM {META} WHERE key = 'live_leases'")
+        return row is not None and int(row["value"]) > 0
+
+    def _live_lease_pairs(self, client_ids: list[str]) -> set[tuple[str, str]]:
+        pairs: set[tuple[str, str]] = set()
+        for i in range(0, len(client_ids), 99):
+            part = client_ids[i:i + 99]
+            rows = self.storage.exec(
+                "SELECT DISTINCT client_id, group_name FROM durability_semaphore_leases"
+                f" WHERE status = 'live' AND client_id IN ({','.join('?' * len(part))})",
+                *part,
+            )
+            pairs |= {(str(r["client_id"]), str(r["group_name"])) for r in rows}
+        return pairs
+
+    def _groups_with_live_leases(self) -> set[str]:
+        return {str(r["group_name"]) for r in self.storage.exec(
+            f"SELECT group_name FROM {GROUPS} WHERE live_leases > 0")}

@@ -1,0 +1,157 @@
+"""The one module that adapts the Durable Object runtime objects to the pure core.
+
+Everything else in this package talks to :class:`Storage`, a narrow view of ``ctx.storage``
+(``sql.exec``, ``transactionSync``, ``getAlarm``/``setAlarm``/``deleteAlarm``), and never imports
+``js``, ``pyodide`` or ``workers``. This module only *duck-types* what the runtime hands over, so
+it runs unchanged on CPython (against :mod:`semaphore.testing`) and inside Pyodide:
+
+* rows may be plain dicts, ``JsDict`` (a ``dict`` subclass, SDK >= 1.9), objects that only allow
+  attribute access (the runtime's built-in SDK), or ``JsProxy`` objects with ``to_py()``;
+* JavaScript ``null`` may arrive as ``None`` or as Pyodide's ``jsnull``; integral numbers as
+  ``int`` or ``float``;
+* storage calls may return awaitables (JS promises) or plain values.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Iterable, TypeVar
+
+__all__ = ["Storage", "plain", "MAX_BINDINGS"]
+
+T = TypeVar("T")
+
+#: Durable Object SQL allows at most 100 bound parameters per statement.
+MAX_BINDINGS = 100
+
+
+def _is_js_null(value: Any) -> bool:
+    return type(value).__name__ in ("JsNull", "JsUndefined")
+
+
+def plain(value: Any) -> Any:
+    """Convert a value received from the runtime (RPC argument, row) into plain Python:
+    dicts, lists, str, int, float, bool, bytes and None. JS proxies are converted with their
+    ``to_py()``; integral floats stay floats (the wire validator decides what is an integer)."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if _is_js_null(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    to_py = getattr(value, "to_py", None)
+    if callable(to_py):
+        return plain(to_py())
+    return value
+
+
+def _cell(value: Any) -> Any:
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    if _is_js_null(value):
+        return None
+    if isinstance(value, memoryview):
+        return bytes(value)
+    return value
+
+
+async def _maybe_await(value: Any) -> Any:
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+def _once_callable(fn: Callable[[], Any]) -> Any:
+    """Wrap a Python callable handed to JavaScript so Pyodide frees its proxy after one call.
+    Outside Pyodide the callable is returned as is."""
+    try:  # pragma: no cover - only inside Pyodide
+        from pyodide.ffi import create_once_callable  # type: ignore[import-not-found]
+    except ImportError:
+        return fn
+    return create_once_callable(fn)  # pragma: no cover
+
+
+class Storage:
+    """Narrow, Pythonic view of a Durable Object's ``ctx.storage``.
+
+    ``exec`` always consumes its cursor (so DDL never finds a table locked) and returns rows as
+    plain dicts keyed by column name."""
+
+    def __init__(self, ctx: Any) -> None:
+        storage = getattr(ctx, "storage", None)
+        if storage is None:
+            raise TypeError("expected a Durable Object ctx with a .storage attribute")
+        sql = getattr(storage, "sql", None)
+        if sql is None:
+            raise TypeError(
+                "ctx.storage has no .sql: the Durable Object class must be SQLite-backed "
+                "(list it under new_sqlite_classes in wrangler.toml migrations)"
+            )
+        self._storage = storage
+        self._sql = sql
+        #: Number of SQL statements executed through this adapter (for benchmarks).
+        self.statements = 0
+
+    # ------------------------------------------------------------------ SQL
+    def exec(self, query: str, *bindings: Any) -> list[dict[str, Any]]:
+        """Run one statement and return all its rows as dicts."""
+        if len(bindings) > MAX_BINDINGS:
+            raise ValueError(f"{len(bindings)} bound parameters exceed the limit of {MAX_BINDINGS}")
+        self.statements += 1
+        cursor = self._sql.exec(query, *bindings)
+        return self._rows(cursor)
+
+    def one(self, query: str, *bindings: Any) -> dict[str, Any] | None:
+        """Run one statement and return its first row, or ``None``."""
+        rows = self.exec(query, *bindings)
+        return rows[0] if rows else None
+
+    @staticmethod
+    def _rows(cursor: Any) -> list[dict[str, Any]]:
+        to_array = getattr(cursor, "toArray", None)
+        raw: Iterable[Any] = to_array() if callable(to_array) else cursor
+        rows = list(raw)
+        if not rows:
+            return []
+        names: list[str] | None = None
+        out: list[dict[str, Any]] = []
+        for row in rows:
+            if isinstance(row, dict):
+                out.append({str(k): _cell(v) for k, v in row.items()})
+                continue
+            to_py = getattr(row, "to_py", None)
+            if callable(to_py):
+                converted = to_py()
+                if isinstance(converted, dict):
+                    out.append({str(k): _cell(v) for k, v in converted.items()})
+                    continue
+            if names is None:
+                names = [str(n) for n in getattr(cursor, "columnNames")]
+            out.append({n: _cell(getattr(row, n)) for n in names})
+        return out
+
+    def transaction(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` (synchronous) in one storage transaction; an exception rolls it back and
+        propagates. Returns ``fn``'s result (kept on the Python side, never converted)."""
+        box: list[T] = []
+
+        def body() -> None:
+            box.append(fn())
+
+        self._storage.transactionSync(_once_callable(body))
+        return box[0]
+
+    # ------------------------------------------------------------------ alarm
+    async def get_alarm(self) -> int | None:
+        value = _cell(await _maybe_await(self._storage.getAlarm()))
+        return None if value is None else int(value)
+
+    async def set_alarm(self, at_ms: int) -> None:
+        await _maybe_await(self._storage.setAlarm(int(at_ms)))
+
+    async def delete_alarm(self) -> None:
+        await _maybe_await(self._storage.deleteAlarm())

@@ -1,0 +1,397 @@
+"""Test bed: a Durable Object ``ctx`` on real SQLite, a virtual clock and an alarm driver.
+
+Nothing here mocks the library. :class:`LocalStorage` is a real SQLite database (stdlib
+:mod:`sqlite3`) shaped exactly like the runtime's ``ctx.storage`` (camelCase names, cursors with
+``toArray()``/``one()``/iteration/``columnNames``, awaitable alarm calls) and it *enforces* the
+Durable Object rules, so code that passes here does not rely on anything the runtime forbids:
+
+* ``BEGIN``/``COMMIT``/``SAVEPOINT``/``ROLLBACK``/``RELEASE`` are rejected inside ``sql.exec``;
+  use ``transactionSync(fn)``, which rolls back when ``fn`` raises;
+* at most 100 bound parameters, and bindings limited to ``str``, ``int`` (below 2**53 in
+  magnitude), ``float``, ``bytes`` and ``None`` (``bool`` is rejected, as in the runtime);
+* statements of at most 100 KB.
+
+Rows come back as ``JsDict``-like dict subclasses that also allow ``row.col`` (SDK >= 1.9), or,
+with ``row_mode="attr"``, as objects that only allow attribute access (the runtime's built-in SDK).
+
+It is shipped in the library so applications can test their own holder and client classes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import re
+import sqlite3
+from typing import Any, Awaitable, Callable, Iterator
+
+__all__ = [
+    "VirtualClock",
+    "LocalStorage",
+    "LocalContext",
+    "AlarmDriver",
+    "DurableObjectRuleError",
+]
+
+_MAX_INT = 2**53
+_FORBIDDEN = re.compile(r"^\s*(BEGIN|COMMIT|END|SAVEPOINT|ROLLBACK|RELEASE)\b", re.IGNORECASE)
+_LEADING_COMMENTS = re.compile(r"^(\s*(--[^\n]*\n|/\*.*?\*/))*", re.DOTALL)
+
+
+class DurableObjectRuleError(Exception):
+    """Raised where the real runtime would reject a storage call."""
+
+
+# ---------------------------------------------------------------------------------- clock
+
+
+class VirtualClock:
+    """Deterministic time in epoch milliseconds.
+
+    ``clock()`` returns the current virtual time. ``await clock.sleep_until(t)`` suspends until
+    :meth:`advance`/:meth:`advance_to` reach ``t``. Alarm drivers registered with
+    :meth:`add_source` fire in time order while time advances."""
+
+    def __init__(self, start_ms: int = 1_700_000_000_000) -> None:
+        self._now = int(start_ms)
+        self._sleepers: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+        self._sources: list[AlarmDriver] = []
+
+    def __call__(self) -> int:
+        return self._now
+
+    @property
+    def now(self) -> int:
+        return self._now
+
+    async def sleep_until(self, at_ms: int) -> None:
+        if at_ms <= self._now:
+            await asyncio.sleep(0)
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._sleepers, (int(at_ms), next(self._seq), future))
+        await future
+
+    async def sleep(self, ms: int) -> None:
+        await self.sleep_until(self._now + int(ms))
+
+    def add_source(self, driver: "AlarmDriver") -> None:
+        self._sources.append(driver)
+
+    def remove_source(self, driver: "AlarmDriver") -> None:
+        if driver in self._sources:
+            self._sources.remove(driver)
+
+    def next_event(self) -> int | None:
+        """The earliest pending sleeper or alarm time, if any."""
+        times = [t for t, _, f in self._sleepers if not f.done()]
+        times += [t for t in (s.due() for s in self._sources) if t is not None]
+        return min(times) if times else None
+
+    @staticmethod
+    async def settle(rounds: int = 50) -> None:
+        """Let every task that can run, run (yield to the event loop repeatedly)."""
+        for _ in range(rounds):
+            await asyncio.sleep(0)
+
+    async def advance(self, ms: int) -> None:
+        await self.advance_to(self._now + int(ms))
+
+    async def advance_to(self, target_ms: int) -> None:
+        """Move time forward to ``target_ms``, waking sleepers and firing alarms in order."""
+        await self.settle()
+        while True:
+            while self._sleepers and self._sleepers[0][2].done():
+                heapq.heappop(self._sleepers)
+            t_sleep = self._sleepers[0][0] if self._sleepers else None
+            due_sources = [(s.due(), i, s) for i, s in enumerate(self._sources)]
+            due_sources = [x for x in due_sources if x[0] is not None]
+            t_alarm = min(due_sources)[0] if due_sources else None
+            candidates = [t for t in (t_sleep, t_alarm) if t is not None and t <= target_ms]
+            if not candidates:
+                break
+            t = min(candidates)
+            self._now = max(self._now, t)
+            if t_sleep is not None and t_sleep == t:
+                _, _, future = heapq.heappop(self._sleepers)
+                if not future.done():
+                    future.set_result(None)
+            else:
+                source = min(due_sources)[2]
+                await source.fire()
+            await self.settle()
+        self._now = max(self._now, int(target_ms))
+        await self.settle()
+
+    async def run_until_idle(self, limit_ms: int = 24 * 3600 * 1000) -> None:
+        """Advance to each next event until none is left (or ``limit_ms`` have passed)."""
+        end = self._now + limit_ms
+        while True:
+            t = self.next_event()
+            if t is None or t > end:
+                return
+            await self.advance_to(t)
+
+
+# ---------------------------------------------------------------------------------- storage
+
+
+class _JsDictRow(dict):
+    """Like the SDK's JsDict: a dict that also allows ``row.col``."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+class _AttrRow:
+    """Like a JsProxy of a JS object: attribute access only."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        object.__setattr__(self, "_values", values)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+class LocalCursor:
+    """Shaped like the runtime's ``SqlStorageCursor``."""
+
+    def __init__(self, rows: list[Any], column_names: list[str], rows_written: int) -> None:
+        self._rows = rows
+        self._pos = 0
+        self.columnNames = column_names
+        self.rowsRead = len(rows)
+        self.rowsWritten = rows_written
+
+    def toArray(self) -> list[Any]:
+        rest = self._rows[self._pos:]
+        self._pos = len(self._rows)
+        return rest
+
+    def one(self) -> Any:
+        rest = self.toArray()
+        if len(rest) != 1:
+            raise DurableObjectRuleError(
+                f"Expected exactly one result from SQL query, but got {len(rest)}."
+            )
+        return rest[0]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.toArray())
+
+    def raw(self) -> Iterator[list[Any]]:
+        for row in self.toArray():
+            values = row if isinstance(row, dict) else row._values
+            yield [values[n] for n in self.columnNames]
+
+
+class LocalSql:
+    """``ctx.storage.sql`` on a real SQLite connection."""
+
+    def __init__(self, storage: "LocalStorage") -> None:
+        self._storage = storage
+
+    @property
+    def databaseSize(self) -> int:
+        conn = self._storage.connection
+        page_count = conn.execute("PRAGMA page_count").fetchone()[0]
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        return int(page_count * page_size)
+
+    def exec(self, query: str, *bindings: Any) -> LocalCursor:
+        storage = self._storage
+        if storage.fail_next_exec is not None:
+            exc, storage.fail_next_exec = storage.fail_next_exec, None
+            raise exc
+        body = _LEADING_COMMENTS.sub("", query)
+        if _FORBIDDEN.match(body):
+            raise DurableObjectRuleError(
+                "To execute a transaction, please use the state.storage.transaction() or "
+                "state.storage.transactionSync() APIs instead of the SQL BEGIN TRANSACTION or "
+                "SAVEPOINT statements."
+            )
+        if len(query.encode()) > 100_000:
+            raise DurableObjectRuleError("SQL statement too long (over 100 KB)")
+        if len(bindings) > 100:
+            raise DurableObjectRuleError(f"too many SQL variables: {len(bindings)} > 100")
+        for i, value in enumerate(bindings):
+            if isinstance(value, bool) or not (
+                value is None or isinstance(value, (str, int, float, bytes))
+            ):
+                raise DurableObjectRuleError(
+                    f"binding {i}: unsupported type {type(value).__name__} "
+                    "(use str, int, float, bytes or None)"
+                )
+            if isinstance(value, int) and abs(value) >= _MAX_INT:
+                raise DurableObjectRuleError(
+                    f"binding {i}: integer {value} does not fit in a JavaScript number"
+                )
+        storage.statements += 1
+        conn = storage.connection
+        before = conn.total_changes
+        try:
+            cur = conn.execute(query, bindings)
+        except sqlite3.Error as exc:
+            raise DurableObjectRuleError(f"SQL error: {exc}: {query}") from exc
+        names = [d[0] for d in cur.description] if cur.description else []
+        fetched = cur.fetchall()
+        written = conn.total_changes - before
+        for row in fetched:
+            for value in row:
+                if isinstance(value, int) and abs(value) >= _MAX_INT:
+                    raise DurableObjectRuleError(
+                        f"integer {value} read from SQL loses precision in JavaScript"
+                    )
+        make = _JsDictRow if storage.row_mode == "dict" else _AttrRow
+        rows = [make(dict(zip(names, row))) for row in fetched]
+        return LocalCursor(rows, names, written)
+
+
+class LocalStorage:
+    """``ctx.storage`` on a real SQLite database (a file path or ``":memory:"``).
+
+    The same ``LocalStorage`` can be handed to successive object instances to simulate eviction
+    and restart: the database and the alarm survive, in-memory state does not."""
+
+    def __init__(self, path: str = ":memory:", *, row_mode: str = "dict") -> None:
+        if row_mode not in ("dict", "attr"):
+            raise ValueError("row_mode must be 'dict' or 'attr'")
+        self.connection = sqlite3.connect(path, isolation_level=None)
+        self.row_mode = row_mode
+        self.sql = LocalSql(self)
+        self._alarm: int | None = None
+        self._depth = 0
+        self._savepoints = itertools.count()
+        #: Statements executed so far (benchmarks read it).
+        self.statements = 0
+        #: Set to an exception to make the next ``sql.exec`` raise it (fault injection).
+        self.fail_next_exec: Exception | None = None
+
+    def transactionSync(self, fn: Callable[[], Any]) -> Any:
+        name = f"tx{next(self._savepoints)}"
+        conn = self.connection
+        conn.execute(f"SAVEPOINT {name}")
+        self._depth += 1
+        try:
+            result = fn()
+        except BaseException:
+            conn.execute(f"ROLLBACK TO {name}")
+            conn.execute(f"RELEASE {name}")
+            raise
+        else:
+            conn.execute(f"RELEASE {name}")
+            return result
+        finally:
+            self._depth -= 1
+
+    async def getAlarm(self) -> int | None:
+        return self._alarm
+
+    async def setAlarm(self, scheduled_time: int | float) -> None:
+        if isinstance(scheduled_time, bool) or not isinstance(scheduled_time, (int, float)):
+            raise DurableObjectRuleError("setAlarm() takes a number of epoch milliseconds")
+        self._alarm = int(scheduled_time)
+
+    async def deleteAlarm(self) -> None:
+        self._alarm = None
+
+    # test helpers (not part of the runtime's API)
+    @property
+    def alarm(self) -> int | None:
+        return self._alarm
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+class _Id:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def toString(self) -> str:
+        return f"id:{self.name}"
+
+    def __str__(self) -> str:
+        return self.toString()
+
+
+class LocalContext:
+    """``ctx`` of a Durable Object: ``storage``, ``id`` and ``blockConcurrencyWhile``."""
+
+    def __init__(self, storage: LocalStorage | None = None, *, name: str = "object") -> None:
+        self.storage = storage if storage is not None else LocalStorage()
+        self.id = _Id(name)
+
+    async def blockConcurrencyWhile(self, fn: Callable[[], Awaitable[Any]]) -> Any:
+        return await fn()
+
+
+# ---------------------------------------------------------------------------------- alarms
+
+
+class AlarmDriver:
+    """Fires a storage's alarm through a handler as virtual time passes it.
+
+    Like the runtime: the alarm is cleared before the handler runs; a handler that raises is
+    retried with exponential backoff (2 s, 4 s, ... up to ``max_retries``) unless it set a new
+    alarm. ``delay_ms`` (an int or a callable returning one) models late alarm delivery."""
+
+    def __init__(
+        self,
+        clock: VirtualClock,
+        storage: LocalStorage,
+        handler: Callable[[dict[str, Any]], Awaitable[Any]],
+        *,
+        delay_ms: int | Callable[[], int] = 0,
+        max_retries: int = 6,
+    ) -> None:
+        self.clock = clock
+        self.storage = storage
+        self.handler = handler
+        self.delay_ms = delay_ms
+        self.max_retries = max_retries
+        self.fired = 0
+        self.failures: list[BaseException] = []
+        self._retry_count = 0
+        self._delayed_for: tuple[int, int] | None = None
+        clock.add_source(self)
+
+    def close(self) -> None:
+        self.clock.remove_source(self)
+
+    def due(self) -> int | None:
+        alarm = self.storage.alarm
+        if alarm is None:
+            return None
+        if self._delayed_for is None or self._delayed_for[0] != alarm:
+            delay = self.delay_ms() if callable(self.delay_ms) else self.delay_ms
+            self._delayed_for = (alarm, alarm + max(0, int(delay)))
+        return self._delayed_for[1]
+
+    async def fire(self) -> None:
+        scheduled = self.storage.alarm
+        if scheduled is None:
+            return
+        self.storage._alarm = None
+        self._delayed_for = None
+        self.fired += 1
+        info = {"retryCount": self._retry_count, "isRetry": self._retry_count > 0}
+        try:
+            await self.handler(info)
+        except Exception as exc:  # the runtime logs and retries
+            self.failures.append(exc)
+            if self.storage.alarm is None and self._retry_count < self.max_retries:
+                self._retry_count += 1
+                self.storage._alarm = self.clock.now + 2000 * 2 ** (self._retry_count - 1)
+            return
+        self._retry_count = 0
