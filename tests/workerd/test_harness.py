@@ -1,0 +1,321 @@
+"""Tests of the tier 3 harness itself.
+
+The config generator and the failure classifier run on plain CPython. The rest needs the workerd
+binary but no Pyodide bundle: the project's generated config is schema-checked by workerd, a
+broken config must give a different error than the missing bundle, a wrong file in the bundle
+cache must give a checksum error, and the process control (start, restart on the same storage
+and port, kill -9) is exercised on a small JavaScript worker with a SQLite Durable Object.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from .harness import (
+    BUNDLE_FETCH_FAILED,
+    ENV_COMPAT_DATE,
+    ENV_COMPAT_FLAGS,
+    ConfigError,
+    PyodideBundleInvalid,
+    PyodideBundleUnavailable,
+    WorkerdError,
+    WorkerdProcess,
+    WorkerdStartError,
+    _capnp_text,
+    classify_startup_failure,
+    generate_config,
+    validate_config,
+)
+
+pytestmark = pytest.mark.workerd
+
+# What workerd 1.20261117.1 printed here (no network, no cache file), verbatim.
+MISSING_BUNDLE_OUTPUT = (
+    "*** Uncaught exception ***\n"
+    "workerd/server/server/bridge.rs:843: failed: Request for Pyodide bundle failed; url = "
+    "https://pyodide-capnp-bin.edgeworker.net/pyodide_314.0.6_2026-08-17_11.capnp.bin; "
+    "failed to lookup address information: Name or service not known\n"
+)
+BAD_BUNDLE_OUTPUT = (
+    "*** Uncaught exception ***\n"
+    "workerd/server/server/bridge.rs:843: failed: Pyodide bundle integrity check failed: the "
+    "bundle does not match the expected checksum.; version = 314.0.6_2026-08-17_11; "
+    "expectedIntegrity = sha256-NItCLHMj/EjOzDcedzbUDicMYO9n9q0loNUX4scRvbE=; "
+    "actualIntegrity = sha256-47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=\n"
+)
+CONFIG_ERROR_AND_MISSING_BUNDLE_OUTPUT = (
+    "service main: Worker \"main\"'s binding \"HOLDER\" refers to a Durable Object namespace "
+    "named \"Nope\", but no such Durable Object namespace is defined by this Worker.\n"
+    + MISSING_BUNDLE_OUTPUT
+)
+
+WRANGLER_TOML = """\
+name = "harness-test"
+main = "src/entry.py"
+compatibility_date = "2026-11-01"
+compatibility_flags = ["python_workers"]
+
+[vars]
+TEXT = "a \\"quoted\\" value\\nwith a newline"
+NUMBER = 5
+
+[[durable_objects.bindings]]
+name = "HOLDER"
+class_name = "Holder"
+
+[[durable_objects.bindings]]
+name = "OLD"
+class_name = "Legacy"
+
+[[migrations]]
+tag = "v1"
+new_sqlite_classes = ["Holder"]
+new_classes = ["Legacy"]
+"""
+
+
+def make_project(root: Path, wrangler_toml: str = WRANGLER_TOML) -> Path:
+    (root / "src" / "pkg").mkdir(parents=True)
+    (root / "src" / "entry.py").write_text("from pkg import X\n")
+    (root / "src" / "pkg" / "__init__.py").write_text('X = "\\u00e9\\t"\n')
+    (root / "src" / "pkg" / "schema.sql").write_text("CREATE TABLE t (x);\n")
+    (root / "src" / "pkg" / "__pycache__").mkdir()
+    (root / "src" / "pkg" / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"\0")
+    (root / "src" / "notes.md").write_text("not a module\n")
+    pm = root / "python_modules"
+    (pm / "workers").mkdir(parents=True)
+    (pm / "workers" / "__init__.py").write_text("import js\n")
+    (pm / "workers" / "workflows.js").write_text("export const x = 1;\n")
+    (pm / "workers" / "py.typed").write_bytes(b"")
+    (pm / "workers" / "__pycache__").mkdir()
+    (pm / "workers" / "__pycache__" / "a.pyc").write_bytes(b"\0")
+    (pm / "_patch.pth").write_text("import _patch_loader\n")
+    (pm / "blob.bin").write_bytes(bytes(range(256)))
+    (root / "wrangler.toml").write_text(wrangler_toml)
+    return root / "wrangler.toml"
+
+
+def module_entries(text: str) -> list[tuple[str, str]]:
+    text = text.split("compatibilityDate = ", 1)[0]  # the module list comes first
+    return re.findall(r'\(name = "([^"]+)", (pythonModule|esModule|data|text|wasm) = ', text)
+
+
+# --- config generation (no binary) --------------------------------------------------------------
+
+
+def test_generate_config_modules_bindings_and_storage(tmp_path, monkeypatch):
+    monkeypatch.delenv(ENV_COMPAT_DATE, raising=False)
+    monkeypatch.delenv(ENV_COMPAT_FLAGS, raising=False)
+    toml = make_project(tmp_path / "proj")
+    cfg = generate_config(toml, tmp_path / "out", storage_dir=tmp_path / "store", port=1234,
+                          vars_override={"EXTRA": "x"}, secrets={"TOKEN": "s3cret"})
+    text = cfg.read_text()
+    modules = module_entries(text)
+    assert modules[0] == ("entry.py", "pythonModule"), "main module must come first"
+    assert sorted(modules[1:]) == sorted([
+        ("pkg/__init__.py", "pythonModule"),
+        ("pkg/schema.sql", "text"),
+        ("python_modules/_patch.pth", "data"),
+        ("python_modules/blob.bin", "data"),
+        ("python_modules/workers/__init__.py", "data"),
+        ("python_modules/workers/py.typed", "data"),
+        ("python_modules/workers/workflows.js", "esModule"),
+    ])
+    assert 'compatibilityDate = "2026-11-01"' in text
+    assert 'compatibilityFlags = ["python_workers"]' in text
+    assert '(name = "NUMBER", json = "5")' in text
+    assert '(name = "EXTRA", text = "x")' in text
+    assert '(name = "TOKEN", text = "s3cret")' in text
+    assert _capnp_text('a "quoted" value\nwith a newline') in text
+    assert ('(className = "Holder", uniqueKey = "harness-test-Holder", enableSql = true)'
+            in text)
+    assert ('(className = "Legacy", uniqueKey = "harness-test-Legacy", enableSql = false)'
+            in text)
+    assert '(name = "HOLDER", durableObjectNamespace = (className = "Holder"))' in text
+    assert 'durableObjectStorage = (localDisk = "do-storage")' in text
+    assert f'disk = (path = "{(tmp_path / "store").resolve()}", writable = true)' in text
+    assert 'address = "127.0.0.1:1234"' in text
+    assert (tmp_path / "store").is_dir()
+
+
+def test_generate_config_env_overrides(tmp_path, monkeypatch):
+    toml = make_project(tmp_path / "proj")
+    monkeypatch.setenv(ENV_COMPAT_DATE, "2026-09-08")
+    monkeypatch.setenv(ENV_COMPAT_FLAGS, " python_workers , extra_flag,,")
+    text = generate_config(toml, tmp_path / "out", storage_dir=tmp_path / "s").read_text()
+    assert 'compatibilityDate = "2026-09-08"' in text
+    assert 'compatibilityFlags = ["python_workers", "extra_flag"]' in text
+
+
+def test_generate_config_rejects_what_it_cannot_express(tmp_path, monkeypatch):
+    monkeypatch.delenv(ENV_COMPAT_FLAGS, raising=False)
+    no_flag = WRANGLER_TOML.replace('compatibility_flags = ["python_workers"]', "")
+    with pytest.raises(ConfigError, match="python_workers"):
+        generate_config(make_project(tmp_path / "a", no_flag), tmp_path / "o",
+                        storage_dir=tmp_path / "s")
+    other_script = WRANGLER_TOML.replace('class_name = "Legacy"',
+                                         'class_name = "Legacy"\nscript_name = "other"')
+    with pytest.raises(ConfigError, match="another script"):
+        generate_config(make_project(tmp_path / "b", other_script), tmp_path / "o",
+                        storage_dir=tmp_path / "s")
+
+
+def test_renamed_sqlite_class_keeps_sql():
+    from .harness import _sqlite_classes
+
+    created, sqlite = _sqlite_classes([
+        {"new_sqlite_classes": ["A"], "new_classes": ["B"]},
+        {"renamed_classes": [{"from": "A", "to": "A2"}], "deleted_classes": ["B"]},
+    ])
+    assert created == {"A2"} and sqlite == {"A2"}
+
+
+# --- classifying workerd's output (no binary) ------------------------------------------------
+
+
+def test_classify_missing_bundle():
+    err = classify_startup_failure(MISSING_BUNDLE_OUTPUT)
+    assert isinstance(err, PyodideBundleUnavailable)
+    assert err.file_name == "pyodide_314.0.6_2026-08-17_11.capnp.bin"
+    assert err.url.endswith("/pyodide_314.0.6_2026-08-17_11.capnp.bin")
+    assert BUNDLE_FETCH_FAILED in err.reason and "SEMAPHORE_PYODIDE_CACHE" in err.reason
+
+
+def test_classify_bad_bundle_is_not_a_skip():
+    err = classify_startup_failure(BAD_BUNDLE_OUTPUT, cache_dir=Path("/c"))
+    assert isinstance(err, PyodideBundleInvalid)
+    assert "pyodide_314.0.6_2026-08-17_11.capnp.bin" in str(err)
+
+
+def test_classify_config_error_beside_missing_bundle_is_not_a_skip():
+    err = classify_startup_failure(CONFIG_ERROR_AND_MISSING_BUNDLE_OUTPUT)
+    assert type(err) is WorkerdStartError
+    assert "no such Durable Object namespace" in str(err)
+
+
+def test_classify_other_failure():
+    err = classify_startup_failure("x.capnp:3:4: Parse error.\n")
+    assert type(err) is WorkerdStartError and "Parse error" in str(err)
+
+
+# --- with the workerd binary (no Pyodide bundle needed) --------------------------------------
+
+
+def test_project_config_passes_workerd_schema(workerd_bin, project_wrangler_toml, tmp_path):
+    cfg = generate_config(project_wrangler_toml, tmp_path, storage_dir=tmp_path / "s")
+    validate_config(cfg, binary=workerd_bin)
+
+
+def test_schema_error_is_reported(workerd_bin, tmp_path):
+    cfg = generate_config(make_project(tmp_path / "p"), tmp_path / "o", storage_dir=tmp_path / "s")
+    validate_config(cfg, binary=workerd_bin)
+    cfg.write_text(cfg.read_text().replace("enableSql = true", "enableSql = true, bogus = 1"))
+    with pytest.raises(WorkerdStartError, match="no field named 'bogus'"):
+        validate_config(cfg, binary=workerd_bin)
+
+
+def _start_or_bundle_error(proc: WorkerdProcess) -> WorkerdError | None:
+    try:
+        proc.start()
+    except WorkerdError as err:
+        return err
+    return None
+
+
+def test_broken_config_is_not_taken_for_a_missing_bundle(workerd_bin, tmp_path):
+    cfg = generate_config(make_project(tmp_path / "p"), tmp_path / "o", storage_dir=tmp_path / "s")
+    cfg.write_text(cfg.read_text().replace(
+        'durableObjectNamespace = (className = "Holder")',
+        'durableObjectNamespace = (className = "Nope")'))
+    proc = WorkerdProcess(cfg, binary=workerd_bin, pyodide_cache=tmp_path / "cache")
+    err = _start_or_bundle_error(proc)
+    proc.stop()
+    assert type(err) is WorkerdStartError, err
+    assert 'named "Nope"' in str(err)
+
+
+def test_wrong_bundle_file_gives_checksum_error(workerd_bin, tmp_path):
+    """Learn the expected file name from workerd (or from a real download), then corrupt it."""
+    cfg = generate_config(make_project(tmp_path / "p"), tmp_path / "o", storage_dir=tmp_path / "s")
+    cache = tmp_path / "cache"
+    proc = WorkerdProcess(cfg, binary=workerd_bin, pyodide_cache=cache, log_dir=tmp_path / "l1")
+    err = _start_or_bundle_error(proc)
+    proc.stop()
+    if isinstance(err, PyodideBundleUnavailable):
+        name = err.file_name
+    else:  # workerd downloaded the bundle (network) and saved it into the cache dir
+        files = list(cache.glob("pyodide_*.capnp.bin"))
+        assert len(files) == 1, (err, files)
+        name = files[0].name
+    assert re.fullmatch(r"pyodide_[^/]+\.capnp\.bin", name or ""), name
+    (cache / name).write_bytes(b"not a bundle")
+    proc = WorkerdProcess(cfg, binary=workerd_bin, pyodide_cache=cache, log_dir=tmp_path / "l2")
+    err = _start_or_bundle_error(proc)
+    proc.stop()
+    assert isinstance(err, PyodideBundleInvalid), err
+    assert "expectedIntegrity" in str(err)
+
+
+JS_WORKER = """\
+import { DurableObject } from "cloudflare:workers";
+export class Counter extends DurableObject {
+  bump() {
+    this.ctx.storage.sql.exec("CREATE TABLE IF NOT EXISTS t (n INTEGER)");
+    this.ctx.storage.sql.exec("INSERT INTO t VALUES (1)");
+    return this.ctx.storage.sql.exec("SELECT count(*) AS c FROM t").one().c;
+  }
+}
+export default {
+  async fetch(req, env) {
+    if (new URL(req.url).pathname === "/healthz") return new Response("ok " + env.GREETING);
+    return new Response(String(await env.COUNTER.getByName("x").bump()));
+  },
+};
+"""
+
+
+def js_config(tmp_path: Path) -> Path:
+    """The same storage/socket layout generate_config emits, around a JavaScript worker."""
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    cfg = tmp_path / "js.capnp"
+    cfg.write_text(textwrap.dedent(f"""\
+        using Workerd = import "/workerd/workerd.capnp";
+        const config :Workerd.Config = (
+          services = [
+            (name = "main", worker = (
+              modules = [(name = "w.js", esModule = {_capnp_text(JS_WORKER)})],
+              compatibilityDate = "2026-11-01",
+              bindings = [(name = "GREETING", text = "hi"),
+                          (name = "COUNTER", durableObjectNamespace = (className = "Counter"))],
+              durableObjectNamespaces = [
+                (className = "Counter", uniqueKey = "js-Counter", enableSql = true)],
+              durableObjectStorage = (localDisk = "do-storage"))),
+            (name = "do-storage", disk = (path = {json.dumps(str(storage))}, writable = true)),
+          ],
+          sockets = [(name = "http", address = "127.0.0.1:0", http = (), service = "main")]
+        );
+        """))
+    return cfg
+
+
+def test_process_lifecycle_on_js_worker(workerd_bin, tmp_path):
+    proc = WorkerdProcess(js_config(tmp_path), binary=workerd_bin, pyodide_cache=None)
+    with proc:
+        assert proc.request("/healthz") == (200, b"ok hi")
+        assert proc.request("/")[1] == b"1"
+        port = proc.port
+        proc.restart()  # SIGTERM, same storage, same port
+        assert proc.port == port
+        assert proc.request("/")[1] == b"2"
+        proc.restart(hard=True)  # kill -9: committed SQLite writes survive
+        assert proc.port == port
+        assert proc.request("/")[1] == b"3"
+        assert proc.runs == 3
+    assert not proc.running()
+    assert list((tmp_path / "storage" / "js-Counter").glob("*.sqlite"))
