@@ -31,7 +31,7 @@ from .harness import (
 def workerd_bin() -> Path:
     found = workerd_binary()
     if found is None or not found.exists():
-        pytest.skip(f"no workerd binary (run scripts/setup, or set {ENV_WORKERD})")
+        pytest.fail(f"no workerd binary: run scripts/setup, or set {ENV_WORKERD}")
     return found
 
 
