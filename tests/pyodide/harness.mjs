@@ -124,9 +124,11 @@ py.registerJsModule("_cloudflare_compat_flags", {
 });
 py.registerJsModule("_standin_js", {
   clock,
-  newRuntime(autoAlarms, dispatchProxy) {
+  newRuntime(autoAlarms, dispatchProxy, fetchProxy) {
     const rt = new Runtime({ callPy, autoAlarms });
-    rt.setDispatch((inst, method, args) => callPy(dispatchProxy, false, [inst, method, ...args]));
+    rt.setDispatch(
+      (inst, method, args) => callPy(dispatchProxy, false, [inst, method, ...args]),
+      (inst, request) => callPy(fetchProxy, false, [inst, request]));
     currentRuntime = rt;
     return rt;
   },

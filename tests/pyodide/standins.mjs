@@ -604,6 +604,16 @@ export class DurableObjectState {
   getWebSockets() { return []; }
 }
 
+// The ctx of a WorkerEntrypoint.
+export class ExecutionContext {
+  #pending = [];
+  get [Symbol.toStringTag]() { return "ExecutionContext"; }
+  waitUntil(promise) { this.#pending.push(Promise.resolve(promise).catch(() => {})); }
+  passThroughOnException() {}
+  get props() { return {}; }
+  async _drain() { await Promise.allSettled(this.#pending); }
+}
+
 // An RPC error crosses the boundary through the V8 serializer: only standard error names
 // survive (PythonError becomes Error), message and stack are kept, extra fields are dropped.
 function cloneErrorForRpc(e) {
@@ -726,7 +736,24 @@ export class Runtime {
     clock.listeners.add(this._onClock);
   }
 
-  setDispatch(fn) { this._dispatch = fn; }
+  setDispatch(fn, fetchFn) { this._dispatch = fn; this._fetchDispatch = fetchFn; }
+
+  /**
+   * Deliver an HTTP request to a WorkerEntrypoint class (e.g. the `Default` front): a fresh
+   * instance per request with (ExecutionContext, env), then `fetch(request)` the way workerd
+   * calls it (relaxed call; the SDK turns the JS Request into workers.Request and the returned
+   * workers.Response back into a JS Response).
+   */
+  async fetchEntrypoint(pyClass, request) {
+    const ctx = new ExecutionContext();
+    const inst = await this._callPy(pyClass, false, [ctx, this.env]);
+    try {
+      if (typeof inst.fetch !== "function") throw new TypeError("Method fetch does not exist");
+      return await this._fetchDispatch(inst, request);
+    } finally {
+      await ctx._drain();
+    }
+  }
 
   define(binding, pyClass, className) {
     this._classes.set(binding, { pyClass, className });

@@ -18,6 +18,7 @@ from typing import Any
 
 import _standin_js  # registered by harness.mjs
 import js
+from pyodide.code import relaxed_call
 from pyodide.ffi import JsProxy, create_proxy, to_js
 
 from workers import python_from_rpc, python_to_rpc
@@ -63,7 +64,16 @@ async def _dispatch(inst: Any, method: str, *args: Any) -> Any:
     return python_to_rpc(result)
 
 
+async def _dispatch_fetch(inst: Any, request: Any) -> Any:
+    # workerd calls `fetch` through wrapper_func with relaxed=True.
+    result = relaxed_call(inst.fetch, python_from_rpc(request))
+    if inspect.isawaitable(result):
+        result = await result
+    return python_to_rpc(result)
+
+
 _dispatch_proxy = create_proxy(_dispatch)
+_dispatch_fetch_proxy = create_proxy(_dispatch_fetch)
 
 
 class Runtime:
@@ -71,7 +81,7 @@ class Runtime:
 
     def __init__(self, bindings: dict[str, type], *, auto_alarms: bool = True,
                  vars: dict[str, Any] | None = None):
-        self.js = _standin_js.newRuntime(auto_alarms, _dispatch_proxy)
+        self.js = _standin_js.newRuntime(auto_alarms, _dispatch_proxy, _dispatch_fetch_proxy)
         self._class_proxies = []
         for binding, cls in bindings.items():
             proxy = create_proxy(cls)
@@ -97,6 +107,19 @@ class Runtime:
     def evict(self, binding: str, name: str) -> None:
         """Drop the in-memory instance; storage and alarm survive (like an eviction/restart)."""
         self.js.evict(binding, name)
+
+    async def fetch(self, entrypoint: type, url: str, *, method: str = "GET",
+                    headers: dict[str, str] | None = None, body: str | None = None) -> Any:
+        """Send an HTTP request to a WorkerEntrypoint class; returns the JS Response."""
+        init = {"method": method, "headers": headers or {}}
+        if body is not None:
+            init["body"] = body
+        request = js.Request.new(url, raw_js(init))
+        proxy = create_proxy(entrypoint)
+        try:
+            return await self.js.fetchEntrypoint(proxy, request)
+        finally:
+            proxy.destroy()
 
     # -- alarms and time ------------------------------------------------------------------
     def get_alarm(self, binding: str, name: str) -> int | float | None:
