@@ -18,13 +18,16 @@ from .runtime import Storage, plain
 from .scheduler import DurabilityScheduler
 from .store import (
     GROUPS,
+    JSON_IDS,
     META,
     SCHEMA_VERSION,
     GrantRow,
     LeaseRow,
     UnitOfWork,
+    chunks,
     drop_schema,
     ensure_schema,
+    json_list,
 )
 from .wire import (
     Blocked,
@@ -367,6 +370,9 @@ class DurabilitySemaphore:
         self._reclaim(uow, now)
         self._retire_expired(uow, now)
         uow.load_clients(p.client_id for p in clients)
+        # Reported ids the clients do not own (or that are gone): one query for the round.
+        uow.load_grant_ids(r.grant_id for p in clients for m in p.messages for r in m.grants)
+        uow.load_lease_ids(r.lease_id for p in clients for m in p.messages if m.leases for r in m.leases)
         views = {
             p.client_id: self._apply_reports(uow, p.client_id, p.messages, now) for p in clients
         }
@@ -681,12 +687,11 @@ class DurabilitySemaphore:
 
     def _live_lease_pairs(self, client_ids: list[str]) -> set[tuple[str, str]]:
         pairs: set[tuple[str, str]] = set()
-        for i in range(0, len(client_ids), 99):
-            part = client_ids[i:i + 99]
+        for part in chunks(sorted(set(client_ids)), JSON_IDS):
             rows = self.storage.exec(
                 "SELECT DISTINCT client_id, group_name FROM durability_semaphore_leases"
-                f" WHERE status = 'live' AND client_id IN ({','.join('?' * len(part))})",
-                *part,
+                " WHERE status = 'live' AND client_id IN (SELECT value FROM json_each(?))",
+                json_list(part),
             )
             pairs |= {(str(r["client_id"]), str(r["group_name"])) for r in rows}
         return pairs

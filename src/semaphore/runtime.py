@@ -49,6 +49,9 @@ def plain(value: Any) -> Any:
     return value
 
 
+_PLAIN_CELLS = frozenset((str, int, float, type(None)))
+
+
 def _cell(value: Any) -> Any:
     if value is None or isinstance(value, (str, int, float)):
         return value
@@ -121,7 +124,13 @@ class Storage:
         out: list[dict[str, Any]] = []
         for row in rows:
             if isinstance(row, dict):
-                out.append({str(k): _cell(v) for k, v in row.items()})
+                converted = dict(row)
+                # Fast path (plain cells, the common case): one C-level copy, no per-cell calls.
+                for k, v in converted.items():
+                    if type(v) not in _PLAIN_CELLS or type(k) is not str:
+                        converted = {str(k): _cell(v) for k, v in row.items()}
+                        break
+                out.append(converted)
                 continue
             to_py = getattr(row, "to_py", None)
             if callable(to_py):
