@@ -60,6 +60,23 @@ class LeaseConfig:
     limited_groups: LimitedGroups = LimitedGroups.EXCLUDE
 
     def __post_init__(self) -> None:
+        # Built directly with plain strings ("over", "withinGroupLimit"), the enums must still be
+        # honoured: the allocation compares them by identity.
+        try:
+            object.__setattr__(self, "mode", Provisioning(self.mode))
+        except ValueError:
+            raise ConfigurationError(
+                f"leases.provisioning.mode: must be 'strict', 'under' or 'over', got {self.mode!r}",
+                field="leases.provisioning.mode",
+            ) from None
+        try:
+            object.__setattr__(self, "limited_groups", LimitedGroups(self.limited_groups))
+        except ValueError:
+            raise ConfigurationError(
+                "leases.limitedGroups: must be 'exclude' or 'withinGroupLimit', "
+                f"got {self.limited_groups!r}",
+                field="leases.limitedGroups",
+            ) from None
         _int_at_least(self.permits_per_lease, 1, "leases.permitsPerLease")
         _int_at_least(self.ttl_ms, 1, "leases.ttlMs")
         _int_at_least(self.reserve, 0, "leases.provisioning.reserve")
@@ -78,6 +95,11 @@ class LeaseConfig:
                     )
             if self.extra_count is not None:
                 _int_at_least(self.extra_count, 0, "leases.provisioning.extra.count")
+        if self.mode is not Provisioning.OVER and (self.extra_ratio is not None or self.extra_count is not None):
+            raise ConfigurationError(
+                "leases.provisioning.extra: only the 'over' mode takes an extra budget",
+                field="leases.provisioning.extra",
+            )
         if self.mode is not Provisioning.UNDER and self.reserve:
             raise ConfigurationError(
                 "leases.provisioning.reserve: only the 'under' mode takes a reserve",
@@ -118,6 +140,13 @@ class LeaseConfig:
                 f"leases.provisioning.mode: must be 'strict', 'under' or 'over', got {prov.get('mode')!r}",
                 field="leases.provisioning.mode",
             ) from None
+        stray = sorted(set(prov) - {"mode", "reserve", "extra"})
+        if stray:
+            raise ConfigurationError(f"leases.provisioning: unknown option(s) {stray}",
+                                     field="leases.provisioning")
+        if "extra" in prov and mode is not Provisioning.OVER:
+            raise ConfigurationError("leases.provisioning.extra: only the 'over' mode takes an extra budget",
+                                     field="leases.provisioning.extra")
         kwargs: dict[str, Any] = {"mode": mode}
         if mode is Provisioning.UNDER:
             if "reserve" not in prov:
@@ -140,10 +169,13 @@ class LeaseConfig:
                 raise ConfigurationError(f"leases: give {camel} or {snake}, not both", field=f"leases.{camel}")
             if camel in value or snake in value:
                 kwargs[snake] = value.get(camel, value.get(snake))
+        if "limitedGroups" in value and "limited_groups" in value:
+            raise ConfigurationError("leases: give limitedGroups or limited_groups, not both",
+                                     field="leases.limitedGroups")
         lg = value.get("limitedGroups", value.get("limited_groups", "exclude"))
         aliases = {"exclude": "exclude", "withinGroupLimit": "withinGroupLimit",
                    "within_group_limit": "withinGroupLimit"}
-        if lg not in aliases:
+        if not isinstance(lg, str) or lg not in aliases:
             raise ConfigurationError(
                 f"leases.limitedGroups: must be 'exclude' or 'withinGroupLimit', got {lg!r}",
                 field="leases.limitedGroups",

@@ -1,0 +1,667 @@
+"""Leases on the holder (SPEC §7: R25-R34, with the lease parts of R8, R19, R38).
+
+Every case is small and hand-computed; the arithmetic is written next to each assertion. The
+provisioning arithmetic (decided in docs, see the report of issue "Leases on the holder"):
+
+* strict: grant room = limit - grants - leaseFootprint; lease room = limit - charged.
+* under:  grant room = min(limit - grants - leaseFootprint, ceiling - grants) with
+          ceiling = max(limit - reserve, 1 if limit >= 1 else 0); lease room = limit - charged.
+* over:   grant room = limit - grants - max(0, leaseFootprint - extra);
+          lease room = min(extra - leaseFootprint, limit + extra - charged).
+
+``charged`` includes the grants of the round. Lease footprint counts against a group's limit
+whenever the group has one; an unknown lease's charge (R32) counts against the total for its
+round only.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import Bed, async_test, blocked, by_id, request, sync
+from semaphore import ConfigurationError, LeaseConfig, Provisioning
+from semaphore.allocation import grant_ceiling
+from semaphore.config import LimitedGroups
+
+STRICT = {"provisioning": {"mode": "strict"}}
+
+
+def leases(mode: str = "strict", **options):
+    prov = {"mode": mode}
+    for key in ("reserve", "extra"):
+        if key in options:
+            prov[key] = options.pop(key)
+    return {"provisioning": prov, **options}
+
+
+def only(reply, kind="leases"):
+    items = reply[kind]
+    assert len(items) == 1, items
+    return items[0]
+
+
+async def total_charged(bed: Bed) -> int:
+    u = await bed.usage()
+    return u["outstanding"] + u["leaseFootprint"]
+
+
+# ====================================================================== R25 provisioning
+
+
+@async_test
+async def test_r25_strict_leases_take_what_grants_leave_and_reserve_their_footprint():
+    # R25 strict, limit 10: a (lease-capable) wants 4 -> grant 4, lease 10 - 4 = 6.
+    bed = Bed(10, leases=leases("strict"))
+    (ra,) = await bed.round(request("a", {"g": 4}, leases=[], oldest_at=1))
+    assert only(ra, "grants")["permits"] == 4
+    assert only(ra)["permits"] == 6 and only(ra)["status"] == "live"
+    assert await total_charged(bed) == 10
+    # The live lease's footprint is reserved from the same pool: b gets 10 - 4 - 6 = 0.
+    (rb,) = await bed.round(request("b", {"g": 3}, oldest_at=2))
+    assert rb["grants"] == [] and blocked(rb) == {"g": ("limit", 3)}
+    assert await total_charged(bed) == 10
+    bed.check()
+
+
+@async_test
+async def test_r25_under_grants_capped_at_limit_minus_reserve_leases_use_the_rest():
+    # R25 under, limit 10, reserve 4: grants at most 6; the lease gets 10 - 6 = 4.
+    bed = Bed(10, leases=leases("under", reserve=4))
+    (ra,) = await bed.round(request("a", {"g": 20}, leases=[], oldest_at=1))
+    assert only(ra, "grants")["permits"] == 6
+    assert only(ra)["permits"] == 4
+    assert blocked(ra) == {"g": ("limit", 20 - 6 - 4)}
+    assert await total_charged(bed) == 10
+    # A client without lease support cannot go past the ceiling either.
+    bed2 = Bed(10, leases=leases("under", reserve=4))
+    (rb,) = await bed2.round(request("b", {"g": 20}, oldest_at=1))
+    assert only(rb, "grants")["permits"] == 6 and rb["leases"] == []
+    assert blocked(rb) == {"g": ("limit", 14)}
+    bed.check(), bed2.check()
+
+
+@pytest.mark.parametrize("limit,reserve,expected", [(3, 5, 1), (4, 4, 1), (1, 1, 1), (0, 3, 0), (10, 4, 6)])
+def test_r25_under_grant_ceiling(limit, reserve, expected):
+    # R25 under: ceiling = max(limit - reserve, 1 if limit >= 1 else 0)
+    config = LeaseConfig.parse(leases("under", reserve=reserve))
+    assert grant_ceiling(limit, config) == expected
+
+
+@async_test
+async def test_r25_under_reserve_at_or_above_limit_keeps_one_permit_for_grants():
+    # R25 under, limit 3, reserve 5: grant ceiling max(3 - 5, 1) = 1.
+    bed = Bed(3, leases=leases("under", reserve=5))
+    (ra,) = await bed.round(request("a", {"g": 5}, oldest_at=1))  # no lease support
+    assert only(ra, "grants")["permits"] == 1
+    assert blocked(ra) == {"g": ("limit", 4)}
+    # b (lease-capable): grant room min(3 - 1 - 0, 1 - 1) = 0; lease room 3 - 1 = 2.
+    (rb,) = await bed.round(request("b", {"g": 2}, leases=[], oldest_at=2))
+    assert rb["grants"] == [] and only(rb)["permits"] == 2
+    assert await total_charged(bed) == 3
+    bed.check()
+
+
+@async_test
+async def test_r25_under_lowering_limit_below_reserve_still_leaves_grants_one():
+    # R25 under, reserve 5: at limit 10 grants get 5; after lowering to 4 the ceiling is
+    # max(4 - 5, 1) = 1, not 0.
+    current = {"limit": 10}
+    bed = Bed(lambda: current["limit"], leases=leases("under", reserve=5))
+    (ra,) = await bed.round(request("a", {"g": 8}, oldest_at=1))
+    g = only(ra, "grants")
+    assert g["permits"] == 5
+    current["limit"] = 4
+    # a claims and releases its 5 (the grant settles, outstanding 0) and asks for 8 again.
+    (ra,) = await bed.round(request("a", {"g": 8}, grants=[(g["grantId"], 5, 5)], oldest_at=1))
+    new = [x for x in ra["grants"] if x["grantId"] != g["grantId"]]
+    assert len(new) == 1 and new[0]["permits"] == 1
+    assert blocked(ra) == {"g": ("limit", 7)}
+    assert await total_charged(bed) == 1
+    bed.check()
+
+
+@async_test
+async def test_r25_over_ratio_leases_come_from_extra_above_the_limit():
+    # R25 over, limit 10, extra ratio 0.5 -> floor(10 * 0.5) = 5; ceiling 15.
+    bed = Bed(10, leases=leases("over", extra={"ratio": 0.5}))
+    (ra,) = await bed.round(request("a", {"g": 12}, leases=[], oldest_at=1))
+    # grants: 10 - 0 - max(0, 0 - 5) = 10; lease: min(5 - 0, 15 - 10) = 5.
+    assert only(ra, "grants")["permits"] == 10
+    assert only(ra)["permits"] == 5
+    assert await total_charged(bed) == 15
+    bed.check()
+
+
+@async_test
+async def test_r25_over_count_lease_footprint_within_extra_does_not_eat_the_limit():
+    # R25 over, limit 4, extra count 3.
+    bed = Bed(4, leases=leases("over", extra={"count": 3}))
+    (ra,) = await bed.round(request("a", {"g": 1}, leases=[], oldest_at=1))
+    # grant 1; lease min(3 - 0, 7 - 1) = 3.
+    assert only(ra, "grants")["permits"] == 1 and only(ra)["permits"] == 3
+    # b: grants 4 - 1 - max(0, 3 - 3) = 3; the lease footprint stays in the extra budget.
+    (rb,) = await bed.round(request("b", {"g": 5}, oldest_at=2))
+    assert only(rb, "grants")["permits"] == 3
+    assert blocked(rb) == {"g": ("limit", 2)}
+    assert await total_charged(bed) == 7
+    bed.check()
+
+
+@async_test
+async def test_r25_over_footprint_overflowing_extra_eats_the_limit():
+    # R25 over, ratio 0.5: limit 10 -> extra 5, lease of 5; lowering the limit to 6 makes extra
+    # floor(6 * 0.5) = 3, so 5 - 3 = 2 of the lease footprint overflows into the limit.
+    current = {"limit": 10}
+    bed = Bed(lambda: current["limit"], leases=leases("over", extra={"ratio": 0.5}))
+    (ra,) = await bed.round(request("a", {"g": 1}, leases=[], oldest_at=1))
+    g = only(ra, "grants")
+    assert g["permits"] == 1 and only(ra)["permits"] == 5
+    await bed.sem.handle(sync("a", grants=[(g["grantId"], 1, 1)]))  # grant settled
+    current["limit"] = 6
+    (rb,) = await bed.round(request("b", {"h": 10}, oldest_at=2))
+    # grants: 6 - 0 - max(0, 5 - 3) = 4; total 4 + 5 = 9 = limit + extra.
+    assert only(rb, "grants")["permits"] == 4
+    assert await total_charged(bed) == 9
+    bed.check()
+
+
+@async_test
+async def test_r25_over_lease_room_bounded_by_ceiling_when_grants_run_above_limit():
+    # R25 over / I1: limit 10 -> 4 with extra count 3 while 8 grant permits run: lease room is
+    # min(3 - 0, 4 + 3 - 8) < 0, so nothing is issued (extra alone would have given 3 -> 11 > 7).
+    current = {"limit": 10}
+    bed = Bed(lambda: current["limit"], leases=leases("over", extra={"count": 3}))
+    (ra,) = await bed.round(request("a", {"g": 8}, oldest_at=1))
+    g = only(ra, "grants")
+    assert g["permits"] == 8
+    await bed.sem.handle(sync("a", grants=[(g["grantId"], 8, 0)]))  # all 8 running
+    current["limit"] = 4
+    (rb,) = await bed.round(request("b", {"g": 2}, leases=[], oldest_at=2))
+    assert rb["grants"] == [] and rb["leases"] == []
+    assert blocked(rb) == {"g": ("limit", 2)}
+    assert await total_charged(bed) == 8
+    bed.check()
+
+
+# ====================================================================== R26 candidates
+
+
+@async_test
+async def test_r26_lease_candidates():
+    bed = Bed(100, leases=leases("strict", permitsPerLease=4))
+    r_no, r_zero, r_yes = await bed.round(
+        request("noleases", {"g": 2}, oldest_at=1),           # no `leases` key: not capable (R5)
+        request("zero", {"g": 0}, leases=[], oldest_at=2),    # count 0: not a candidate
+        request("yes", {"g": 2}, leases=[], oldest_at=3),     # candidate even though grants served it
+    )
+    assert r_no["leases"] == [] and r_zero["leases"] == []
+    assert only(r_yes, "grants")["permits"] == 2 and only(r_yes)["permits"] == 4
+    lease = only(r_yes)
+    # A live lease with undrawn permits in g: no new lease in g, but one in another group h.
+    first = only(r_yes, "grants")["grantId"]
+    (r2,) = await bed.round(request("yes", {"g": 9, "h": 1}, grants=[(first, 2, 0)],
+                                    leases=[(lease["leaseId"], 3, 0)], oldest_at=3))
+    new = [x for x in r2["leases"] if x["leaseId"] != lease["leaseId"]]
+    assert [x["group"] for x in new] == ["h"]
+    # R20: need in g = 9 - 0 unclaimed - 1 undrawn = 8 (grant 8).
+    assert [x["permits"] for x in r2["grants"] if x["group"] == "g" and x["grantId"] != first] == [8]
+    bed.check()
+
+
+@async_test
+async def test_r26_r34_fully_drawn_lease_makes_client_a_candidate_again_and_released_draws_stay_spent():
+    # R34: a drawn permit is one-shot: a lease of 4 drawn 4, released 4 has no undrawn permits,
+    # its releases do not make it drawable again (need is not reduced by it, R20), and the
+    # client is a lease candidate again (R26).
+    bed = Bed(10, leases=leases("strict", permitsPerLease=4))
+    (r1,) = await bed.round(request("a", {"g": 1}, leases=[], oldest_at=1))
+    grant, lease = only(r1, "grants"), only(r1)
+    assert (grant["permits"], lease["permits"]) == (1, 4)
+    (r2,) = await bed.round(request("a", {"g": 3}, grants=[(grant["grantId"], 1, 1)],
+                                    leases=[(lease["leaseId"], 4, 4)], oldest_at=5))
+    old = by_id(r2, "leases")[lease["leaseId"]]
+    assert (old["drawn"], old["released"], old["status"]) == (4, 4, "live")
+    new_grants = [x for x in r2["grants"] if x["grantId"] != grant["grantId"]]
+    assert [x["permits"] for x in new_grants] == [3]  # need 3 - 0 undrawn
+    new_leases = [x for x in r2["leases"] if x["leaseId"] != lease["leaseId"]]
+    assert [x["permits"] for x in new_leases] == [4]  # lease room 10 - 3 - 0 = 7, capped at 4
+    u = await bed.usage()
+    assert u["leaseFootprint"] == 0 + 4 and u["outstanding"] == 3
+    bed.check()
+
+
+# ====================================================================== R27 limited groups
+
+
+@async_test
+async def test_r27_exclude_gives_limited_groups_no_leases():
+    bed = Bed(100, group_limit={"lim": 5}, leases=leases("strict"))
+    (r,) = await bed.round(request("a", {"lim": 2, "free": 1}, leases=[], oldest_at=1))
+    assert {x["group"] for x in r["leases"]} == {"free"}
+    assert {x["group"]: x["permits"] for x in r["grants"]} == {"lim": 2, "free": 1}
+    bed.check()
+
+
+@async_test
+async def test_r27_within_group_limit_lease_footprint_counts_against_the_group():
+    bed = Bed(100, group_limit={"lim": 5}, leases=leases("strict", limitedGroups="withinGroupLimit"))
+    (ra,) = await bed.round(request("a", {"lim": 2}, leases=[], oldest_at=1))
+    # grant 2; lease min(64, 100 - 2) clamped to the group room 5 - 2 = 3.
+    assert only(ra, "grants")["permits"] == 2 and only(ra)["permits"] == 3
+    u = await bed.usage()
+    assert u["groups"]["lim"] == {"outstanding": 2, "leaseFootprint": 3, "liveLeases": 1,
+                                  "retiredLeases": 0, "limit": 5}
+    (rb,) = await bed.round(request("b", {"lim": 1}, oldest_at=2))
+    assert rb["grants"] == [] and blocked(rb) == {"lim": ("group_limit", 1)}
+    bed.check()
+
+
+# ====================================================================== R28 sharing
+
+
+@async_test
+async def test_r28_equal_share_in_oldest_order():
+    # R28: limit 10, three candidates wanting 1 each: grants 3, budget 7 -> floor(7/3) = 2 each.
+    bed = Bed(10, leases=leases("strict"))
+    replies = await bed.round(*(request(c, {c: 1}, leases=[], oldest_at=i) for i, c in enumerate("abc")))
+    assert [only(r)["permits"] for r in replies] == [2, 2, 2]
+    assert await total_charged(bed) == 9
+    # permitsPerLease caps the share: budget 97 / 3 = 32 -> 5.
+    bed2 = Bed(100, leases=leases("strict", permitsPerLease=5))
+    replies = await bed2.round(*(request(c, {c: 1}, leases=[], oldest_at=i) for i, c in enumerate("abc")))
+    assert [only(r)["permits"] for r in replies] == [5, 5, 5]
+    bed.check(), bed2.check()
+
+
+@async_test
+async def test_r28_fewer_permits_than_candidates_oldest_get_one_each():
+    # R28: limit 5, three candidates wanting 1: grants 3, budget 2 -> share 0 -> the two oldest
+    # by oldestAt (not by arrival) get 1 each.
+    bed = Bed(5, leases=leases("strict"))
+    rc, rb, ra = await bed.round(
+        request("c", {"c": 1}, leases=[], oldest_at=30),
+        request("b", {"b": 1}, leases=[], oldest_at=20),
+        request("a", {"a": 1}, leases=[], oldest_at=10),
+    )
+    assert only(ra)["permits"] == 1 and only(rb)["permits"] == 1 and rc["leases"] == []
+    assert await total_charged(bed) == 5
+    bed.check()
+
+
+# ====================================================================== R29 contended
+
+
+@async_test
+async def test_r29_contended_on_every_reply_of_a_round_with_unserved_need():
+    bed = Bed(2, leases=leases("strict"))
+    ra, rb, rc = await bed.round(
+        request("a", {"g": 5}, oldest_at=1),              # 2 granted, 3 unserved
+        request("b", {"h": 0}, leases=[], oldest_at=2),   # asks for nothing
+        request("c", {}, leases=[], oldest_at=3),
+    )
+    assert blocked(ra) == {"g": ("limit", 3)}
+    assert ra["contended"] is rb["contended"] is rc["contended"] is True
+    # A round that serves everything is not contended.
+    bed2 = Bed(10, leases=leases("strict"))
+    ra, rb = await bed2.round(request("a", {"g": 2}, oldest_at=1), request("b", {"h": 1}, leases=[], oldest_at=2))
+    assert ra["contended"] is False and rb["contended"] is False
+    # Need served by a lease is not unserved: 3 wanted, grant 2 + lease... limit 4: grant 3, lease 1.
+    bed3 = Bed(4, leases=leases("strict"))
+    (r,) = await bed3.round(request("a", {"g": 3}, leases=[], oldest_at=1))
+    assert r["contended"] is False
+
+
+# ====================================================================== R30 footprint
+
+
+@async_test
+async def test_r30_footprint_of_live_retired_stopped_and_settlement():
+    bed = Bed(100, leases=leases("strict", permitsPerLease=6))
+    (r,) = await bed.round(request("a", {"g": 1}, leases=[], oldest_at=1))
+    lid = only(r)["leaseId"]
+    await bed.sem.handle(sync("a", grants=[(only(r, "grants")["grantId"], 1, 1)]))
+    # live: permits - released = 6 - 1 (drawn 4 makes no difference)
+    await bed.sem.handle(sync("a", leases=[(lid, 4, 1)]))
+    assert (await bed.usage())["leaseFootprint"] == 5
+    # retired by TTL, not stopped: still permits - released = 5
+    await bed.clock.advance(bed.sem.leases.ttl_ms)
+    reply = await bed.sem.handle(sync("other"))
+    u = await bed.usage()
+    assert u["leaseFootprint"] == 5 and u["retiredLeases"] == 1 and u["liveLeases"] == 0
+    assert bed.leases()[lid]["status"] == "retired"
+    # stopped: drawn - released = 4 - 2
+    reply = await bed.sem.handle(sync("a", leases=[(lid, 4, 2, True)]))
+    assert by_id(reply, "leases")[lid]["status"] == "retired"
+    assert (await bed.usage())["leaseFootprint"] == 2
+    # released == final drawn: settled and deleted
+    reply = await bed.sem.handle(sync("a", leases=[(lid, 4, 4, True)]))
+    assert by_id(reply, "leases")[lid]["status"] == "settled"
+    assert lid not in bed.leases()
+    u = await bed.usage()
+    assert u["leaseFootprint"] == 0 and u["retiredLeases"] == 0 and u["groups"] == {}
+    bed.check()
+
+
+@async_test
+async def test_r30_stopping_a_live_lease_returns_its_undrawn_permits():
+    bed = Bed(10, leases=leases("strict", permitsPerLease=6))
+    (r,) = await bed.round(request("a", {"g": 1}, leases=[], oldest_at=1))
+    lid = only(r)["leaseId"]
+    assert only(r)["permits"] == 6
+    reply = await bed.sem.handle(sync("a", leases=[(lid, 4, 1, True)]))
+    assert by_id(reply, "leases")[lid]["status"] == "retired"
+    assert (await bed.usage())["leaseFootprint"] == 3  # 4 - 1
+    # the freed 3 are admitted to someone else: 10 - 1 (grant) - 3 = 6
+    (rb,) = await bed.round(request("b", {"g": 9}, oldest_at=2))
+    assert only(rb, "grants")["permits"] == 6
+    bed.check()
+
+
+@async_test
+async def test_r30_i2_repeated_stale_and_excessive_lease_reports_return_capacity_once():
+    # I2 / R31 clamping like R13: drawn clamps to permits, released to drawn, both only rise.
+    bed = Bed(100, leases=leases("strict", permitsPerLease=5))
+    (r,) = await bed.round(request("a", {"g": 1}, leases=[], oldest_at=1))
+    lid = only(r)["leaseId"]
+    await bed.sem.handle(sync("a", leases=[(lid, 4, 3)]))
+    await bed.sem.handle(sync("a", leases=[(lid, 2, 1)]))  # stale
+    row = bed.leases()[lid]
+    assert (row["drawn"], row["released"]) == (4, 3)
+    await bed.sem.handle(sync("a", leases=[(lid, 50, 50)]))  # clamped to permits
+    row = bed.leases()[lid]
+    assert (row["drawn"], row["released"]) == (5, 5)
+    assert (await bed.usage())["leaseFootprint"] == 0
+    for _ in range(3):  # stopping again and again settles once and then stays settled
+        reply = await bed.sem.handle(sync("a", leases=[(lid, 5, 5, True)]))
+        assert by_id(reply, "leases")[lid]["status"] == "settled"
+    assert (await bed.usage())["leaseFootprint"] == 0
+    bed.check()
+
+
+# ====================================================================== R31 heartbeat and TTL
+
+
+@async_test
+async def test_r31_reports_heartbeat_a_lease():
+    bed = Bed(10, leases=leases("strict", ttlMs=60_000))
+    (r,) = await bed.round(request("a", {"g": 1}, leases=[], oldest_at=1))
+    lease = only(r)
+    assert lease["expiresAt"] == bed.now + 60_000
+    await bed.clock.advance(40_000)
+    reply = await bed.sem.handle(sync("a", leases=[(lease["leaseId"], 0, 0)]))
+    assert by_id(reply, "leases")[lease["leaseId"]]["expiresAt"] == bed.now + 60_000
+    await bed.clock.advance(40_000)  # 80 s after issue, 40 s after the heartbeat: still live
+    reply = await bed.sem.handle(sync("b"))
+    assert bed.leases()[lease["leaseId"]]["status"] == "live"
+    # a heartbeat inside a request works too
+    (r2,) = await bed.round(request("a", {"g": 0}, leases=[(lease["leaseId"], 1, 0)]))
+    assert by_id(r2, "leases")[lease["leaseId"]]["expiresAt"] == bed.now + 60_000
+    bed.check()
+
+
+@async_test
+async def test_r31_unreported_lease_retired_at_next_round_never_deleted():
+    bed = Bed(10, leases=leases("strict", ttlMs=60_000))
+    (r,) = await bed.round(request("a", {"g": 1}, leases=[], oldest_at=1))
+    lid = only(r)["leaseId"]
+    permits = only(r)["permits"]
+    await bed.sem.handle(sync("a", grants=[(only(r, "grants")["grantId"], 1, 0)]))  # running
+    await bed.clock.advance(60_000)
+    assert bed.leases()[lid]["status"] == "live"  # retirement happens at a round or report
+    (rb,) = await bed.round(request("b", {"h": 1}, oldest_at=2))
+    assert bed.leases()[lid]["status"] == "retired"
+    # still charged in full: 10 - 1 (a's grant) - 9 (lease) = 0 for b
+    assert rb["grants"] == [] and blocked(rb) == {"h": ("limit", 1)}
+    await bed.clock.advance(10 * 60_000)
+    await bed.round(request("b", {"h": 1}, oldest_at=2))
+    assert bed.leases()[lid]["status"] == "retired"
+    u = await bed.usage()
+    assert u["retiredLeases"] == 1 and u["leaseFootprint"] == permits
+    # its owner hears it is retired (and no new lease while... a gets a new one: no undrawn live)
+    (ra,) = await bed.round(request("a", {"g": 0}, leases=[]))
+    assert by_id(ra, "leases")[lid]["status"] == "retired"
+    bed.check()
+
+
+@async_test
+async def test_r31_expired_lease_retired_at_next_report():
+    bed = Bed(10, leases=leases("strict", ttlMs=1_000))
+    (r,) = await bed.round(request("a", {"g": 1}, leases=[], oldest_at=1))
+    lid = only(r)["leaseId"]
+    await bed.clock.advance(1_000)
+    # a report after expiry does not revive the lease: it is retired first
+    reply = await bed.sem.handle(sync("a", leases=[(lid, 2, 0)]))
+    assert by_id(reply, "leases")[lid]["status"] == "retired"
+    assert bed.leases()[lid]["drawn"] == 2
+    bed.check()
+
+
+# ====================================================================== R32 unknown leases
+
+
+@async_test
+async def test_r32_unknown_lease_answered_retired_and_charged_for_that_round_only():
+    bed = Bed(5, leases=leases("strict"))
+    rx, ry = await bed.round(
+        request("x", {}, leases=[("ghost", 3, 1)], oldest_at=1),
+        request("y", {"g": 5}, oldest_at=2),
+    )
+    ghost = by_id(rx, "leases")["ghost"]
+    assert ghost["status"] == "retired" and ghost["group"] is None
+    # y gets 5 - (3 - 1) = 3: the ghost's live footprint is charged this round.
+    assert only(ry, "grants")["permits"] == 3
+    assert "ghost" not in bed.leases()
+    # The charge is transient: next round (no ghost report) y gets the remaining 5 - 3 = 2.
+    first = only(ry, "grants")["grantId"]
+    (ry2,) = await bed.round(request("y", {"g": 2}, grants=[(first, 3, 0)], oldest_at=2))
+    assert [x["permits"] for x in ry2["grants"] if x["grantId"] != first] == [2]
+    assert await total_charged(bed) == 5
+    bed.check()
+
+
+@async_test
+async def test_r32_unknown_stopped_settled_report_is_answered_settled_without_charge():
+    bed = Bed(5, leases=leases("strict"))
+    rx, ry = await bed.round(
+        request("x", {}, leases=[("gone", 3, 3, True)], oldest_at=1),
+        request("y", {"g": 5}, oldest_at=2),
+    )
+    assert by_id(rx, "leases")["gone"]["status"] == "settled"
+    assert only(ry, "grants")["permits"] == 5
+    # a stopped report with work still running is retired and charged (5 - (3 - 1) = 3)
+    bed2 = Bed(5, leases=leases("strict"))
+    rx, ry = await bed2.round(
+        request("x", {}, leases=[("gone", 3, 1, True)], oldest_at=1),
+        request("y", {"g": 5}, oldest_at=2),
+    )
+    assert by_id(rx, "leases")["gone"]["status"] == "retired"
+    assert only(ry, "grants")["permits"] == 3
+    # sync: answered the same way, nothing stored
+    reply = await bed2.sem.handle(sync("x", leases=[("other", 2, 0)]))
+    assert by_id(reply, "leases")["other"]["status"] == "retired"
+    assert bed2.leases() == {}
+    bed.check(), bed2.check()
+
+
+@async_test
+async def test_r32_lease_of_another_client_is_treated_as_unknown():
+    bed = Bed(100, leases=leases("strict", permitsPerLease=4))
+    (ra,) = await bed.round(request("a", {"g": 1}, leases=[], oldest_at=1))
+    lid = only(ra)["leaseId"]
+    reply = await bed.sem.handle(sync("b", leases=[(lid, 4, 4, True)]))
+    assert by_id(reply, "leases")[lid]["status"] == "settled"
+    row = bed.leases()[lid]  # a's lease untouched
+    assert (row["drawn"], row["released"], row["status"]) == (0, 0, "live")
+    bed.check()
+
+
+# ====================================================================== R33 retirement
+
+
+@async_test
+async def test_r33_group_gaining_a_limit_under_exclude_retires_its_leases():
+    limits: dict[str, int] = {}
+    bed = Bed(100, group_limit=lambda g: limits.get(g), leases=leases("strict", permitsPerLease=4))
+    (ra,) = await bed.round(request("a", {"g": 1, "h": 1}, leases=[], oldest_at=1))
+    ids = {x["group"]: x["leaseId"] for x in ra["leases"]}
+    limits["g"] = 50
+    await bed.round(request("b", {"z": 1}, oldest_at=2))  # any round, even without a
+    rows = bed.leases()
+    assert rows[ids["g"]]["status"] == "retired" and rows[ids["h"]]["status"] == "live"
+    # retired footprint still counts against the group's new limit (R19)
+    u = await bed.usage()
+    assert u["groups"]["g"]["leaseFootprint"] == 4 and u["groups"]["g"]["retiredLeases"] == 1
+    bed.check()
+
+
+@async_test
+async def test_r33_within_group_limit_keeps_leases_when_the_group_gains_a_limit():
+    limits: dict[str, int] = {}
+    bed = Bed(100, group_limit=lambda g: limits.get(g),
+              leases=leases("strict", permitsPerLease=4, limitedGroups="withinGroupLimit"))
+    (ra,) = await bed.round(request("a", {"g": 1}, leases=[], oldest_at=1))
+    lid = only(ra)["leaseId"]
+    limits["g"] = 50
+    await bed.round(request("b", {"z": 1}, oldest_at=2))
+    assert bed.leases()[lid]["status"] == "live"
+
+
+@async_test
+async def test_r33_can_grant_turning_false_retires_the_clients_leases():
+    denied: set[tuple[str, str]] = set()
+    bed = Bed(100, can_grant=lambda c, g: (c, g) not in denied, leases=leases("strict", permitsPerLease=4))
+    (ra,) = await bed.round(request("a", {"g": 1, "h": 1}, leases=[], oldest_at=1))
+    ids = {x["group"]: x["leaseId"] for x in ra["leases"]}
+    denied.add(("a", "g"))
+    (ra,) = await bed.round(request("a", {}, leases=[]))
+    states = by_id(ra, "leases")
+    assert states[ids["g"]]["status"] == "retired" and states[ids["h"]]["status"] == "live"
+    bed.check()
+
+
+@async_test
+async def test_r33_lowering_the_limit_retires_live_leases_raising_does_not():
+    current = {"limit": 100}
+    bed = Bed(lambda: current["limit"], leases=leases("strict", permitsPerLease=4))
+    (ra,) = await bed.round(request("a", {"g": 1}, leases=[], oldest_at=1))
+    lid = only(ra)["leaseId"]
+    current["limit"] = 200
+    await bed.round(request("b", {"z": 1}, oldest_at=2))
+    assert bed.leases()[lid]["status"] == "live"
+    current["limit"] = 150  # lower than the previous round's 200
+    await bed.round(request("b", {"z": 1}, oldest_at=2))
+    assert bed.leases()[lid]["status"] == "retired"
+    assert (await bed.usage())["leaseFootprint"] == 4
+    bed.check()
+
+
+# ====================================================================== R8 re-sending leases
+
+
+@async_test
+async def test_r8_reply_carries_the_clients_live_and_retired_leases_it_did_not_mention():
+    limits: dict[str, int] = {}
+    bed = Bed(100, group_limit=lambda g: limits.get(g), leases=leases("strict", permitsPerLease=4))
+    (ra,) = await bed.round(request("a", {"g1": 1, "g2": 1}, leases=[], oldest_at=1))
+    (rb,) = await bed.round(request("b", {"g1": 1}, leases=[], oldest_at=1))
+    ids = {x["group"]: x["leaseId"] for x in ra["leases"]}
+    limits["g2"] = 10  # retires a's g2 lease at the next round
+    (ra2,) = await bed.round(request("a", {}, leases=[]))
+    states = by_id(ra2, "leases")
+    assert {lid: s["status"] for lid, s in states.items()} == {ids["g1"]: "live", ids["g2"]: "retired"}
+    assert only(rb)["leaseId"] not in states  # only the client's own leases
+    reply = await bed.sem.handle(sync("a"))
+    assert set(by_id(reply, "leases")) == set(ids.values())
+    # a client without lease support still hears about its leases
+    (ra3,) = await bed.round(request("a", {"g1": 1}))
+    assert set(ids.values()) <= set(by_id(ra3, "leases"))
+
+
+# ====================================================================== R38 usage
+
+
+@async_test
+async def test_r38_usage_reports_lease_footprint_per_group_and_total():
+    limits: dict[str, int] = {}
+    bed = Bed(100, group_limit=lambda g: limits.get(g), leases=leases("strict", permitsPerLease=4))
+    (ra,) = await bed.round(request("a", {"g": 2, "h": 1}, leases=[], oldest_at=1))
+    ids = {x["group"]: x["leaseId"] for x in ra["leases"]}
+    await bed.sem.handle(sync("a", leases=[(ids["g"], 3, 1)]))
+    limits["h"] = 20
+    await bed.round(request("b", {}, leases=[]))  # retires h's lease (R33)
+    u = await bed.usage()
+    assert u["limit"] == 100
+    assert u["outstanding"] == 3 and u["leaseFootprint"] == (4 - 1) + 4
+    assert u["liveLeases"] == 1 and u["retiredLeases"] == 1
+    assert u["groups"]["g"] == {"outstanding": 2, "leaseFootprint": 3, "liveLeases": 1,
+                                "retiredLeases": 0, "limit": None}
+    assert u["groups"]["h"] == {"outstanding": 1, "leaseFootprint": 4, "liveLeases": 0,
+                                "retiredLeases": 1, "limit": 20}
+    agg = bed.check()
+    assert agg["total"]["lease_footprint"] == u["leaseFootprint"]
+
+
+# ====================================================================== LeaseConfig
+
+
+def test_lease_config_defaults_and_both_spellings():
+    camel = LeaseConfig.parse({"provisioning": {"mode": "over", "extra": {"ratio": 0.5}},
+                               "permitsPerLease": 16, "ttlMs": 5_000, "limitedGroups": "withinGroupLimit"})
+    snake = LeaseConfig.parse({"provisioning": {"mode": "over", "extra": {"ratio": 0.5}},
+                               "permits_per_lease": 16, "ttl_ms": 5_000, "limited_groups": "within_group_limit"})
+    assert camel == snake
+    assert camel.mode is Provisioning.OVER and camel.extra(10) == 5 and camel.extra(3) == 1
+    assert camel.limited_groups is LimitedGroups.WITHIN_GROUP_LIMIT
+    d = LeaseConfig.parse({})
+    assert (d.mode, d.permits_per_lease, d.ttl_ms, d.limited_groups) == (
+        Provisioning.STRICT, 64, 1_800_000, LimitedGroups.EXCLUDE)
+    assert LeaseConfig.parse({"provisioning": {"mode": "over", "extra": {"count": 7}}}).extra(100) == 7
+    assert LeaseConfig.parse(None) is None
+
+
+@pytest.mark.parametrize("value,field", [
+    ({"provisioning": {"mode": "under", "reserve": -1}}, "leases.provisioning.reserve"),
+    ({"provisioning": {"mode": "under"}}, "leases.provisioning.reserve"),
+    ({"provisioning": {"mode": "over", "extra": {"ratio": -0.1}}}, "leases.provisioning.extra.ratio"),
+    ({"provisioning": {"mode": "over", "extra": {"ratio": float("nan")}}}, "leases.provisioning.extra.ratio"),
+    ({"provisioning": {"mode": "over", "extra": {"count": -1}}}, "leases.provisioning.extra.count"),
+    ({"provisioning": {"mode": "over"}}, "leases.provisioning.extra"),
+    ({"provisioning": {"mode": "over", "extra": {"ratio": 1, "count": 1}}}, "leases.provisioning.extra"),
+    ({"provisioning": {"mode": "strict", "reserve": 2}}, "leases.provisioning.reserve"),
+    ({"provisioning": {"mode": "strict", "extra": {"count": 2}}}, "leases.provisioning.extra"),
+    ({"provisioning": {"mode": "under", "reserve": 2, "resreve": 1}}, "leases.provisioning"),
+    ({"provisioning": {"mode": "fast"}}, "leases.provisioning.mode"),
+    ({"provisioning": "strict"}, "leases.provisioning"),
+    ({"permitsPerLease": 0}, "leases.permitsPerLease"),
+    ({"permits_per_lease": 1.5}, "leases.permitsPerLease"),
+    ({"ttlMs": 0}, "leases.ttlMs"),
+    ({"ttl_ms": True}, "leases.ttlMs"),
+    ({"permitsPerLease": 4, "permits_per_lease": 4}, "leases.permitsPerLease"),
+    ({"limitedGroups": "exclude", "limited_groups": "exclude"}, "leases.limitedGroups"),
+    ({"limitedGroups": "sometimes"}, "leases.limitedGroups"),
+    ({"limitedGroups": ["exclude"]}, "leases.limitedGroups"),
+    ({"permitsPerLeas": 4}, "leases"),
+    ("strict", "leases"),
+])
+def test_lease_config_validation_errors_are_clear(value, field):
+    with pytest.raises(ConfigurationError) as info:
+        LeaseConfig.parse(value)
+    assert info.value.field == field
+    assert field.split(".")[-1] in str(info.value)
+
+
+def test_lease_config_direct_construction_validates_and_coerces():
+    # Built directly with plain strings, the mode must still be honoured (not silently strict).
+    config = LeaseConfig(mode="over", extra_count=3)
+    assert config.mode is Provisioning.OVER and config.extra(10) == 3
+    assert LeaseConfig(limited_groups="withinGroupLimit").limited_groups is LimitedGroups.WITHIN_GROUP_LIMIT
+    for bad in (dict(mode="fast"), dict(mode="over"), dict(permits_per_lease=0), dict(ttl_ms=-5),
+                dict(mode="under", reserve=-1), dict(mode="strict", extra_count=2),
+                dict(limited_groups="never")):
+        with pytest.raises(ConfigurationError):
+            LeaseConfig(**bad)
+
+
+def test_holder_rejects_bad_lease_options_at_construction():
+    with pytest.raises(ConfigurationError):
+        Bed(5, leases={"provisioning": {"mode": "under", "reserve": -2}})
