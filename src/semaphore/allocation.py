@@ -29,7 +29,7 @@ LIMIT_ERROR = _LimitError()
 Key = tuple[str, str]  # (client_id, group)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Entry:
     """One ``(client, group)`` demand of the round.
 
@@ -125,7 +125,7 @@ def allocate(
     are then issued from what the provisioning mode leaves (SPEC R25-R28). Every entry left with
     need is reported with the first constraint that stopped it (SPEC R23)."""
     result = Allocation()
-    ordered = sorted(entries, key=Entry.order)
+    ordered = sorted(entries, key=lambda e: (e.oldest_at, e.arrival, e.client_id))  # Entry.order
     group_charged = dict(usage.groups)
     limit_failed = isinstance(limit, _LimitError)
     room = 0 if limit_failed else max(0, _grant_room(limit, usage, leases))  # type: ignore[arg-type]

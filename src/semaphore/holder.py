@@ -30,13 +30,12 @@ from .store import (
     json_list,
 )
 from .wire import (
-    Blocked,
     GrantState,
     GrantStatus,
     LeaseState,
     LeaseStatus,
+    WIRE_VERSION,
     PermitRequest,
-    PermitResponse,
     SyncMessage,
     parse_message,
 )
@@ -74,8 +73,8 @@ class _Pending:
 class _View:
     """What one client is told about its grants and leases, built during a transaction."""
 
-    grants: dict[str, GrantState] = field(default_factory=dict)
-    leases: dict[str, LeaseState] = field(default_factory=dict)
+    grants: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> wire GrantState
+    leases: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> wire LeaseState
     unknown_lease_charge: int = 0
 
 
@@ -410,18 +409,17 @@ class DurabilitySemaphore:
         result = allocate(entries, limit=limit, group_limits=group_limits, usage=usage, leases=self.leases)
 
         # Writes (SPEC R2): new grants and leases, then everything in one flush.
-        new_grants: dict[str, GrantState] = {}
         for (client_id, group), permits in result.grants.items():
             row = GrantRow(self._new_id(), client_id, group, permits, 0, 0, now,
                            now + self.grant_timeout_ms, False)
             uow.put_grant(row)
-            views[client_id].grants = {row.grant_id: self._grant_state(row), **views[client_id].grants}
+            views[client_id].grants = {row.grant_id: self._grant_wire(row), **views[client_id].grants}
         for (client_id, group), permits in result.leases.items():
             assert self.leases is not None
             lease = LeaseRow(self._new_id(), client_id, group, permits, 0, 0, False, "live", now,
                              now + self.leases.ttl_ms)
             uow.put_lease(lease)
-            views[client_id].leases = {lease.lease_id: self._lease_state(lease), **views[client_id].leases}
+            views[client_id].leases = {lease.lease_id: self._lease_wire(lease), **views[client_id].leases}
         if isinstance(limit, int):
             uow.set_meta("last_limit", limit)
         uow.set_meta("last_round_at", now)
@@ -430,9 +428,9 @@ class DurabilitySemaphore:
 
         self._last_contended = result.contended
         next_at = now + self.round_period_ms
-        blocked: dict[str, list[Blocked]] = {}
-        for client_id, group, reason, waiting in result.blocked:
-            blocked.setdefault(client_id, []).append(Blocked(group, reason, waiting))
+        blocked: dict[str, list[dict[str, Any]]] = {}
+        for client_id, group, reason, waiting in result.blocked:  # wire form of Blocked
+            blocked.setdefault(client_id, []).append({"group": group, "reason": reason.value, "waiting": waiting})
         held = self._held_by_client(uow)
         return {
             p.client_id: self._reply(held, p.client_id, views[p.client_id], blocked.get(p.client_id, []),
@@ -449,6 +447,8 @@ class DurabilitySemaphore:
             self._reclaim(uow, now)
             self._retire_expired(uow, now)
             uow.load_clients([message.client_id])
+            uow.load_grant_ids(r.grant_id for r in message.grants)
+            uow.load_lease_ids(r.lease_id for r in message.leases or ())
             view = self._apply_reports(uow, message.client_id, [message], now)
             uow.flush()
             self._schedule_reclaim()
@@ -539,23 +539,23 @@ class DurabilitySemaphore:
         self, uow: UnitOfWork, client_id: str, messages: list[Any], now: int
     ) -> _View:
         """Apply every grant and lease report of a client's messages, in order (SPEC R13, R14,
-        R30-R32), and return what the client is told about them."""
+        R30-R32), and return what the client is told about them. The caller has loaded the
+        client's rows and every reported id into ``uow`` (one query for the whole round)."""
         view = _View()
-        uow.load_grant_ids(r.grant_id for m in messages for r in m.grants)
-        uow.load_lease_ids(r.lease_id for m in messages if m.leases for r in m.leases)
         unknown: dict[str, int] = {}
         for message in messages:
             for r in message.grants:
                 g = uow.grants.get(r.grant_id)
                 if g is None or g.client_id != client_id:  # SPEC R14, R15
-                    view.grants[r.grant_id] = GrantState(r.grant_id, None, 0, 0, 0, None, GrantStatus.NOT_FOUND)
+                    view.grants[r.grant_id] = GrantState(
+                        r.grant_id, None, 0, 0, 0, None, GrantStatus.NOT_FOUND).to_wire()
                     continue
                 claimed = max(g.claimed, min(r.claimed, g.permits))
                 released = max(g.released, min(r.released, claimed))
                 if (claimed, released) != (g.claimed, g.released):
                     g.claimed, g.released = claimed, released
                     uow.put_grant(g)
-                view.grants[r.grant_id] = self._grant_state(g)
+                view.grants[r.grant_id] = self._grant_wire(g)
                 if g.released >= g.permits:  # SPEC R17: settled
                     uow.delete_grant(g)
             for r in message.leases or ():
@@ -567,7 +567,8 @@ class DurabilitySemaphore:
                     else:
                         status = LeaseStatus.RETIRED
                         unknown[r.lease_id] = r.drawn - r.released
-                    view.leases[r.lease_id] = LeaseState(r.lease_id, None, r.drawn, r.drawn, r.released, None, status)
+                    view.leases[r.lease_id] = LeaseState(
+                        r.lease_id, None, r.drawn, r.drawn, r.released, None, status).to_wire()
                     continue
                 lease.drawn = max(lease.drawn, min(r.drawn, lease.permits))
                 lease.released = max(lease.released, min(r.released, lease.drawn))
@@ -578,10 +579,10 @@ class DurabilitySemaphore:
                     lease.status = "retired"
                 uow.put_lease(lease)
                 if lease.stopped and lease.released >= lease.drawn:  # SPEC R30: settled
-                    view.leases[r.lease_id] = self._lease_state(lease, LeaseStatus.SETTLED)
+                    view.leases[r.lease_id] = self._lease_wire(lease, LeaseStatus.SETTLED)
                     uow.delete_lease(lease)
                 else:
-                    view.leases[r.lease_id] = self._lease_state(lease)
+                    view.leases[r.lease_id] = self._lease_wire(lease)
         view.unknown_lease_charge = sum(unknown.values())
         return view
 
@@ -590,16 +591,21 @@ class DurabilitySemaphore:
 
     # ================================================================== replies
     @staticmethod
-    def _grant_state(g: GrantRow) -> GrantState:
-        status = GrantStatus.EXPIRED if g.reclaimed else GrantStatus.ACTIVE
-        return GrantState(g.grant_id, g.group_name, g.permits, g.claimed, g.released, g.claim_by, status)
+    def _grant_wire(g: GrantRow) -> dict[str, Any]:
+        """Wire form of :class:`GrantState` for a stored grant (built directly: a round answers
+        for every grant of every client in it)."""
+        return {"grantId": g.grant_id, "group": g.group_name, "permits": g.permits,
+                "claimed": g.claimed, "released": g.released, "claimBy": g.claim_by,
+                "status": "expired" if g.reclaimed else "active"}
 
     @staticmethod
-    def _lease_state(lease: LeaseRow, status: LeaseStatus | None = None) -> LeaseState:
+    def _lease_wire(lease: LeaseRow, status: LeaseStatus | None = None) -> dict[str, Any]:
+        """Wire form of :class:`LeaseState` for a stored lease."""
         if status is None:
             status = LeaseStatus.LIVE if lease.status == "live" else LeaseStatus.RETIRED
-        return LeaseState(lease.lease_id, lease.group_name, lease.permits, lease.drawn, lease.released,
-                          lease.expires_at, status)
+        return {"leaseId": lease.lease_id, "group": lease.group_name, "permits": lease.permits,
+                "drawn": lease.drawn, "released": lease.released, "expiresAt": lease.expires_at,
+                "status": status.value}
 
     @staticmethod
     def _held_by_client(uow: UnitOfWork) -> dict[str, tuple[list[GrantRow], list[LeaseRow]]]:
@@ -615,7 +621,7 @@ class DurabilitySemaphore:
         held: dict[str, tuple[list[GrantRow], list[LeaseRow]]],
         client_id: str,
         view: _View,
-        blocked: list[Blocked],
+        blocked: list[dict[str, Any]],
         contended: bool,
         next_request_at: int,
     ) -> dict[str, Any]:
@@ -625,14 +631,19 @@ class DurabilitySemaphore:
         grants = dict(view.grants)
         for g in own_grants:
             if g.grant_id not in grants:
-                grants[g.grant_id] = self._grant_state(g)
+                grants[g.grant_id] = self._grant_wire(g)
         leases = dict(view.leases)
         for lease in own_leases:
             if lease.lease_id not in leases:
-                leases[lease.lease_id] = self._lease_state(lease)
-        return PermitResponse(
-            tuple(grants.values()), tuple(leases.values()), tuple(blocked), contended, next_request_at
-        ).to_wire()
+                leases[lease.lease_id] = self._lease_wire(lease)
+        return {
+            "v": WIRE_VERSION,
+            "grants": list(grants.values()),
+            "leases": list(leases.values()),
+            "blocked": blocked,
+            "contended": contended,
+            "nextRequestAt": next_request_at,
+        }
 
     # ================================================================== limits (SPEC R12)
     async def _resolve_limit(self) -> Any:

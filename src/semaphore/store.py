@@ -117,7 +117,7 @@ def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
         yield items[i:i + size]
 
 
-@dataclass
+@dataclass(slots=True)
 class GrantRow:
     grant_id: str
     client_id: str
@@ -149,7 +149,7 @@ class GrantRow:
                 self.released, self.issued_at, self.claim_by, int(self.reclaimed))
 
 
-@dataclass
+@dataclass(slots=True)
 class LeaseRow:
     lease_id: str
     client_id: str
@@ -200,14 +200,19 @@ class UnitOfWork:
         self.storage = storage
         self.grants: dict[str, GrantRow] = {}
         self.leases: dict[str, LeaseRow] = {}
-        self._grant_base: dict[str, tuple[str, int, bool]] = {}  # id -> (group, charge, in db)
-        self._lease_base: dict[str, tuple[str, int, str, bool]] = {}
+        # What the aggregates already account for, per row: grant id -> (group, charge), lease id
+        # -> (group, footprint, status or ""). Every put/delete adds the difference to `deltas`,
+        # so the aggregates of a round cost O(changed rows) once, not a rescan per read.
+        self._grant_acc: dict[str, tuple[str, int]] = {}
+        self._lease_acc: dict[str, tuple[str, int, str]] = {}
+        self._grants_in_db: set[str] = set()
+        self._leases_in_db: set[str] = set()
         self._dirty_grants: set[str] = set()
         self._dirty_leases: set[str] = set()
         self._deleted_grants: set[str] = set()
         self._deleted_leases: set[str] = set()
+        #: Aggregate changes so far: group -> [outstanding, lease_footprint, live, retired].
         self.deltas: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
-        self.total_deltas = [0, 0, 0, 0]
         self._meta: dict[str, int] | None = None
         self._meta_sets: dict[str, int] = {}
 
@@ -228,7 +233,8 @@ class UnitOfWork:
             if gid not in self.grants and gid not in self._deleted_grants:
                 g = GrantRow.from_row(r)
                 self.grants[gid] = g
-                self._grant_base[gid] = (g.group_name, g.charge, True)
+                self._grant_acc[gid] = (g.group_name, g.charge)
+                self._grants_in_db.add(gid)
 
     def _adopt_leases(self, rows: list[dict[str, Any]]) -> None:
         for r in rows:
@@ -236,7 +242,8 @@ class UnitOfWork:
             if lid not in self.leases and lid not in self._deleted_leases:
                 lease = LeaseRow.from_row(r)
                 self.leases[lid] = lease
-                self._lease_base[lid] = (lease.group_name, lease.footprint, lease.status, True)
+                self._lease_acc[lid] = (lease.group_name, lease.footprint, lease.status)
+                self._leases_in_db.add(lid)
 
     def load_clients(self, client_ids: Iterable[str]) -> None:
         ids = list(client_ids)
@@ -273,47 +280,46 @@ class UnitOfWork:
         return [x for x in self.leases.values() if x.status == "live" and x.group_name in wanted]
 
     # ------------------------------------------------------------------ changes
+    def _account_grant(self, gid: str, group: str, charge: int) -> None:
+        _, before = self._grant_acc.get(gid, (group, 0))
+        if charge != before:
+            self.deltas[group][0] += charge - before
+        self._grant_acc[gid] = (group, charge)
+
+    def _account_lease(self, lid: str, group: str, footprint: int, status: str) -> None:
+        _, fp_before, status_before = self._lease_acc.get(lid, (group, 0, ""))
+        d = self.deltas[group]
+        d[1] += footprint - fp_before
+        if status_before != status:
+            if status_before:
+                d[2 if status_before == "live" else 3] -= 1
+            if status:
+                d[2 if status == "live" else 3] += 1
+        self._lease_acc[lid] = (group, footprint, status)
+
     def put_grant(self, g: GrantRow) -> None:
-        if g.grant_id not in self._grant_base:
-            self._grant_base[g.grant_id] = (g.group_name, 0, False)
+        """Record a new or changed grant (its aggregates follow)."""
         self.grants[g.grant_id] = g
         self._dirty_grants.add(g.grant_id)
+        self._account_grant(g.grant_id, g.group_name, g.charge)
 
     def delete_grant(self, g: GrantRow) -> None:
         self.grants.pop(g.grant_id, None)
         self._dirty_grants.discard(g.grant_id)
         self._deleted_grants.add(g.grant_id)
+        self._account_grant(g.grant_id, g.group_name, 0)
 
     def put_lease(self, lease: LeaseRow) -> None:
-        if lease.lease_id not in self._lease_base:
-            self._lease_base[lease.lease_id] = (lease.group_name, 0, "", False)
+        """Record a new or changed lease (its aggregates follow)."""
         self.leases[lease.lease_id] = lease
         self._dirty_leases.add(lease.lease_id)
+        self._account_lease(lease.lease_id, lease.group_name, lease.footprint, lease.status)
 
     def delete_lease(self, lease: LeaseRow) -> None:
         self.leases.pop(lease.lease_id, None)
         self._dirty_leases.discard(lease.lease_id)
         self._deleted_leases.add(lease.lease_id)
-
-    def grant_deltas(self) -> dict[str, list[int]]:
-        """Aggregate changes implied by the grant and lease changes so far."""
-        deltas: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
-        for gid in self._dirty_grants | self._deleted_grants:
-            group, base_charge, _ = self._grant_base[gid]
-            g = self.grants.get(gid)
-            deltas[group][0] += (g.charge if g is not None else 0) - base_charge
-        for lid in self._dirty_leases | self._deleted_leases:
-            group, base_fp, base_status, _ = self._lease_base[lid]
-            lease = self.leases.get(lid)
-            d = deltas[group]
-            d[1] += (lease.footprint if lease is not None else 0) - base_fp
-            if base_status == "live":
-                d[2] -= 1
-            elif base_status == "retired":
-                d[3] -= 1
-            if lease is not None:
-                d[2 if lease.status == "live" else 3] += 1
-        return deltas
+        self._account_lease(lease.lease_id, lease.group_name, 0, "")
 
     # ------------------------------------------------------------------ aggregates
     def meta(self) -> dict[str, int]:
@@ -327,7 +333,7 @@ class UnitOfWork:
     def totals(self) -> dict[str, int]:
         """Totals including the changes made so far in this unit of work."""
         meta = self.meta()
-        deltas = self.grant_deltas()
+        deltas = self.deltas
         return {
             name: meta.get(name, 0) + sum(d[i] for d in deltas.values())
             for i, name in enumerate(AGGREGATES)
@@ -339,7 +345,7 @@ class UnitOfWork:
         out = {g: dict.fromkeys(AGGREGATES, 0) for g in wanted}
         for r in self._in(GROUPS, "group_name", wanted):
             out[str(r["group_name"])] = {name: int(r[name]) for name in AGGREGATES}
-        for group, d in self.grant_deltas().items():
+        for group, d in self.deltas.items():
             if group in out:
                 for i, name in enumerate(AGGREGATES):
                     out[group][name] += d[i]
@@ -373,11 +379,11 @@ class UnitOfWork:
                               json_list(part))
 
     def flush(self) -> None:
-        deltas = self.grant_deltas()
+        deltas = self.deltas
         self._upsert(GRANTS, _GRANT_COLS, "grant_id", [self.grants[g].values() for g in sorted(self._dirty_grants)])
-        self._delete(GRANTS, "grant_id", [g for g in self._deleted_grants if self._grant_base[g][2]])
+        self._delete(GRANTS, "grant_id", [g for g in self._deleted_grants if g in self._grants_in_db])
         self._upsert(LEASES, _LEASE_COLS, "lease_id", [self.leases[x].values() for x in sorted(self._dirty_leases)])
-        self._delete(LEASES, "lease_id", [x for x in self._deleted_leases if self._lease_base[x][3]])
+        self._delete(LEASES, "lease_id", [x for x in self._deleted_leases if x in self._leases_in_db])
         changed = {g: d for g, d in deltas.items() if any(d)}
         if changed:
             self._add(GROUPS, "group_name", [(g, *d) for g, d in sorted(changed.items())], AGGREGATES)
@@ -391,7 +397,17 @@ class UnitOfWork:
             self._add(META, "key", [(name, totals[i]) for i, name in enumerate(AGGREGATES) if totals[i]], ["value"])
         if self._meta_sets:
             self._upsert(META, ["key", "value"], "key", sorted(self._meta_sets.items()))
-        # The unit of work is spent: a second flush would apply the deltas twice.
+        # Written: later reads of this unit of work see the flushed state, and a second flush
+        # writes only what changed after this one.
+        if self._meta is not None:
+            for i, name in enumerate(AGGREGATES):
+                self._meta[name] = self._meta.get(name, 0) + sum(d[i] for d in deltas.values())
+            self._meta.update(self._meta_sets)
+        self.deltas = defaultdict(lambda: [0, 0, 0, 0])
+        self._grants_in_db |= self._dirty_grants
+        self._grants_in_db -= self._deleted_grants
+        self._leases_in_db |= self._dirty_leases
+        self._leases_in_db -= self._deleted_leases
         self._dirty_grants.clear()
         self._dirty_leases.clear()
         self._deleted_grants.clear()

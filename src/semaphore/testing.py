@@ -248,12 +248,14 @@ class LocalSql:
         written = conn.total_changes - before
         for row in fetched:
             for value in row:
-                if isinstance(value, int) and abs(value) >= _MAX_INT:
+                if type(value) is int and not -_MAX_INT < value < _MAX_INT:
                     raise DurableObjectRuleError(
                         f"integer {value} read from SQL loses precision in JavaScript"
                     )
-        make = _JsDictRow if storage.row_mode == "dict" else _AttrRow
-        rows = [make(dict(zip(names, row))) for row in fetched]
+        if storage.row_mode == "dict":
+            rows: list[Any] = [_JsDictRow(zip(names, row)) for row in fetched]
+        else:
+            rows = [_AttrRow(dict(zip(names, row))) for row in fetched]
         return LocalCursor(rows, names, written)
 
 
