@@ -19,6 +19,9 @@ from .errors import (
 )
 from .holder import DurabilitySemaphore
 from .scheduler import DurabilityScheduler
+from .client import AppliedReply, ClientGrant, ClientLease, SemaphoreClient, Transport
+from .queue import ItemState, Permit, PermitKind, QueueItem, SemaphoreQueue
+from .rpc import SemaphoreRpc, get_by_name, retry, timeout  # also sets DurabilitySemaphore.client
 from .wire import (
     Blocked,
     BlockedReason,
@@ -38,6 +41,20 @@ from .wire import (
 __all__ = [
     "DurabilitySemaphore",
     "DurabilityScheduler",
+    "SemaphoreClient",
+    "ClientGrant",
+    "ClientLease",
+    "AppliedReply",
+    "Transport",
+    "SemaphoreQueue",
+    "QueueItem",
+    "ItemState",
+    "Permit",
+    "PermitKind",
+    "SemaphoreRpc",
+    "get_by_name",
+    "timeout",
+    "retry",
     "LeaseConfig",
     "Provisioning",
     "LimitedGroups",

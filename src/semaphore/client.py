@@ -1,0 +1,687 @@
+"""SemaphoreClient: the client side's durable copy of its grants and leases (SPEC R35).
+
+A client Durable Object talks to one holder per semaphore *key*. The client:
+
+* persists every grant and lease it knows of in its own ``ctx.storage.sql`` (tables
+  ``durability_semaphore_client_grants``, ``..._leases`` and ``..._keys``), so it survives
+  eviction: a new instance over the same storage carries on where the old one stopped;
+* builds cumulative reports (``claimed``/``released`` per grant, ``drawn``/``released``/``stopped``
+  per lease) from them, so a lost, repeated or reordered message never matters (SPEC R13, I2);
+* remembers each key's ``nextRequestAt`` and does not send a ``request`` before it: by default
+  :meth:`SemaphoreClient.request` *waits* until then (``force=True`` sends at once), and
+  :meth:`SemaphoreClient.not_before` tells a caller that prefers to schedule a wake-up instead;
+* turns error replies into typed exceptions (:mod:`semaphore.errors`), drops grants answered
+  ``not_found``, applies ``expired`` clamps, and adopts grants and leases a reply mentions that it
+  did not know (their original reply was lost, SPEC R8).
+
+The transport is any coroutine function ``(key, message_dict) -> reply_dict``; the RPC helper of
+:mod:`semaphore.rpc` provides one, tests use an in-memory one.
+
+Claims are *local* until confirmed (SPEC R15a): :meth:`SemaphoreClient.claim` records the claim
+and returns the claimed slot numbers; a slot ``k`` of a grant is confirmed once
+:attr:`ClientGrant.confirmed` ``>= k`` (a reply showed the holder recorded it). A slot above
+``confirmed`` of a grant that is no longer active (expired or dropped) will never be confirmed.
+
+Dropped grants and settled leases are kept for a while as tombstones (``status`` ``gone`` /
+``settled``) so that a stale reply cannot bring them back.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
+
+from .clock import sleep_until, system_clock
+from .errors import HolderUnavailableError, SemaphoreError, error_from_reply
+from .runtime import Storage, plain
+from .wire import (
+    MAX_LIST_LENGTH,
+    Demand,
+    GrantReport,
+    GrantState,
+    GrantStatus,
+    LeaseReport,
+    LeaseState,
+    LeaseStatus,
+    PermitRequest,
+    PermitResponse,
+    SyncMessage,
+)
+
+__all__ = [
+    "Transport",
+    "ClientGrant",
+    "ClientLease",
+    "AppliedReply",
+    "SemaphoreClient",
+    "CLIENT_TABLES",
+]
+
+log = logging.getLogger("semaphore.client")
+
+#: ``async (key, message) -> reply``: sends one wire message to the holder of ``key``.
+Transport = Callable[[str, dict], Awaitable[Any]]
+
+GRANTS = "durability_semaphore_client_grants"
+LEASES = "durability_semaphore_client_leases"
+KEYS = "durability_semaphore_client_keys"
+#: Tables owned by :class:`SemaphoreClient` (the queue adds its own, same prefix).
+CLIENT_TABLES = (GRANTS, LEASES, KEYS)
+
+_SCHEMA = (
+    f"CREATE TABLE IF NOT EXISTS {GRANTS} ("
+    " key TEXT NOT NULL, grant_id TEXT NOT NULL, group_name TEXT NOT NULL,"
+    " permits INTEGER NOT NULL, claimed INTEGER NOT NULL, released INTEGER NOT NULL,"
+    " confirmed INTEGER NOT NULL, claim_by INTEGER NOT NULL, status TEXT NOT NULL,"
+    " sent_claimed INTEGER NOT NULL, sent_released INTEGER NOT NULL, updated_at INTEGER NOT NULL,"
+    " PRIMARY KEY (key, grant_id))",
+    f"CREATE TABLE IF NOT EXISTS {LEASES} ("
+    " key TEXT NOT NULL, lease_id TEXT NOT NULL, group_name TEXT NOT NULL,"
+    " permits INTEGER NOT NULL, drawn INTEGER NOT NULL, released INTEGER NOT NULL,"
+    " stopped INTEGER NOT NULL, status TEXT NOT NULL, expires_at INTEGER NOT NULL,"
+    " heartbeat_at INTEGER NOT NULL, sent_drawn INTEGER NOT NULL, sent_released INTEGER NOT NULL,"
+    " sent_stopped INTEGER NOT NULL, updated_at INTEGER NOT NULL,"
+    " PRIMARY KEY (key, lease_id))",
+    f"CREATE TABLE IF NOT EXISTS {KEYS} ("
+    " key TEXT PRIMARY KEY, next_request_at INTEGER NOT NULL, contended INTEGER NOT NULL,"
+    " needs_sync INTEGER NOT NULL, check_at INTEGER NOT NULL, updated_at INTEGER NOT NULL)",
+)
+
+#: Local grant status of a dropped grant (tombstone).
+GONE = "gone"
+
+
+@dataclass(frozen=True)
+class ClientGrant:
+    """The client's copy of one grant.
+
+    :ivar permits: permits of the grant (shrinks to the confirmed claims when it expires).
+    :ivar claimed: permits claimed locally (cumulative; reported).
+    :ivar released: claimed permits released locally (cumulative; reported).
+    :ivar confirmed: claims the holder has confirmed (SPEC R15a); slot ``k`` may run iff
+        ``confirmed >= k``.
+    :ivar status: ``"active"``, ``"expired"`` or ``"gone"`` (dropped; a tombstone).
+    :ivar sent_claimed: / :ivar sent_released: counts the holder has acknowledged receiving.
+    """
+
+    key: str
+    grant_id: str
+    group: str
+    permits: int
+    claimed: int
+    released: int
+    confirmed: int
+    claim_by: int
+    status: str
+    sent_claimed: int
+    sent_released: int
+
+    @property
+    def unclaimed(self) -> int:
+        """Permits not yet claimed (0 unless active)."""
+        return max(0, self.permits - self.claimed) if self.status == GrantStatus.ACTIVE.value else 0
+
+    @property
+    def final(self) -> bool:
+        """True when no further claim can be confirmed (expired or dropped)."""
+        return self.status != GrantStatus.ACTIVE.value
+
+    @property
+    def dirty(self) -> bool:
+        """True when local counts have not reached the holder yet."""
+        return self.status != GONE and (self.claimed > self.sent_claimed or self.released > self.sent_released)
+
+    def report(self) -> GrantReport:
+        """The cumulative report of this grant."""
+        claimed = min(self.claimed, self.permits) if self.final else self.claimed
+        return GrantReport(self.grant_id, claimed, min(self.released, claimed))
+
+    @classmethod
+    def _from_row(cls, r: Mapping[str, Any]) -> "ClientGrant":
+        return cls(str(r["key"]), str(r["grant_id"]), str(r["group_name"]), int(r["permits"]),
+                   int(r["claimed"]), int(r["released"]), int(r["confirmed"]), int(r["claim_by"]),
+                   str(r["status"]), int(r["sent_claimed"]), int(r["sent_released"]))
+
+
+@dataclass(frozen=True)
+class ClientLease:
+    """The client's copy of one lease.
+
+    :ivar drawn: permits drawn (one-shot, SPEC R34); :ivar released: drawn permits released.
+    :ivar stopped: the client draws no more from it (its ``drawn`` is final, SPEC R30).
+    :ivar status: ``"live"``, ``"retired"`` or ``"settled"`` (a tombstone).
+    :ivar heartbeat_at: when to report it again to keep it live (half its lifetime, SPEC R37).
+    """
+
+    key: str
+    lease_id: str
+    group: str
+    permits: int
+    drawn: int
+    released: int
+    stopped: bool
+    status: str
+    expires_at: int
+    heartbeat_at: int
+    sent_drawn: int
+    sent_released: int
+    sent_stopped: bool
+
+    @property
+    def undrawn(self) -> int:
+        return max(0, self.permits - self.drawn)
+
+    @property
+    def in_use(self) -> int:
+        """Drawn permits not yet released (work running under this lease)."""
+        return self.drawn - self.released
+
+    def drawable(self, now: int, margin_ms: int = 0) -> bool:
+        """True if a permit may be drawn at ``now``: live, not stopped, undrawn permits left and
+        not within ``margin_ms`` of its expiry."""
+        return (self.status == LeaseStatus.LIVE.value and not self.stopped and self.undrawn > 0
+                and now < self.expires_at - margin_ms)
+
+    @property
+    def dirty(self) -> bool:
+        """True when local counts (or the stop) have not reached the holder yet."""
+        return self.status != LeaseStatus.SETTLED.value and (
+            self.drawn > self.sent_drawn or self.released > self.sent_released
+            or (self.stopped and not self.sent_stopped))
+
+    def report(self) -> LeaseReport:
+        return LeaseReport(self.lease_id, self.drawn, self.released, self.stopped)
+
+    @classmethod
+    def _from_row(cls, r: Mapping[str, Any]) -> "ClientLease":
+        return cls(str(r["key"]), str(r["lease_id"]), str(r["group_name"]), int(r["permits"]),
+                   int(r["drawn"]), int(r["released"]), bool(r["stopped"]), str(r["status"]),
+                   int(r["expires_at"]), int(r["heartbeat_at"]), int(r["sent_drawn"]),
+                   int(r["sent_released"]), bool(r["sent_stopped"]))
+
+
+@dataclass
+class AppliedReply:
+    """What applying one reply changed locally (passed to ``on_reply`` hooks).
+
+    :ivar response: the typed reply.
+    :ivar dropped: grant ids dropped (``not_found``, or settled).
+    :ivar expired: grant ids clamped by an ``expired`` answer.
+    :ivar adopted_grants: / :ivar adopted_leases: ids learnt from this reply (R8).
+    :ivar retired: lease ids the holder retired (the client stopped drawing from them).
+    :ivar settled: lease ids settled (deleted at the holder).
+    """
+
+    key: str
+    response: PermitResponse
+    now: int
+    dropped: list[str] = field(default_factory=list)
+    expired: list[str] = field(default_factory=list)
+    adopted_grants: list[str] = field(default_factory=list)
+    adopted_leases: list[str] = field(default_factory=list)
+    retired: list[str] = field(default_factory=list)
+    settled: list[str] = field(default_factory=list)
+
+    @property
+    def contended(self) -> bool:
+        return self.response.contended
+
+
+ReplyHook = Callable[[AppliedReply], None]
+
+
+def _default_client_id(ctx: Any) -> str:
+    ident = getattr(ctx, "id", None)
+    if ident is None:
+        raise SemaphoreError("ctx has no id; pass client_id=")
+    to_string = getattr(ident, "toString", None)
+    return str(to_string()) if callable(to_string) else str(ident)
+
+
+class SemaphoreClient:
+    """Durable client state for any number of semaphore keys (SPEC R35).
+
+    :param ctx: the client Durable Object's ``ctx`` (SQLite-backed) or a :class:`Storage`.
+    :param transport: ``async (key, message) -> reply``; an exception from it becomes
+        :class:`HolderUnavailableError` (unless it already is a :class:`SemaphoreError`).
+    :param clock: callable returning epoch ms (default: wall clock); a clock with
+        ``sleep_until`` (e.g. ``VirtualClock``) is used for waiting until ``nextRequestAt``.
+    :param client_id: the id reported to the holder (default: ``str(ctx.id)``).
+    :param tombstone_ms: how long dropped grants and settled leases are remembered so that a
+        stale reply cannot resurrect them (default 1 hour).
+    :param recheck_ms: after every ``request`` (answered or not), send one ``sync`` this much
+        later, so that a lease issued to a duplicated or late-delivered request whose reply never
+        arrived is adopted and settled rather than leaked (default 30 s; 0 disables).
+    """
+
+    def __init__(
+        self,
+        ctx: Any,
+        transport: Transport,
+        *,
+        clock: Callable[[], int] | None = None,
+        client_id: str | None = None,
+        tombstone_ms: int = 3_600_000,
+        recheck_ms: int = 30_000,
+    ) -> None:
+        self.storage = ctx if isinstance(ctx, Storage) else Storage(ctx)
+        self.transport = transport
+        self.clock: Callable[[], int] = clock or system_clock
+        self.client_id = client_id if client_id is not None else _default_client_id(ctx)
+        self.tombstone_ms = tombstone_ms
+        self.recheck_ms = recheck_ms
+        self._ready = False
+
+    # ================================================================== schema
+    def ensure_schema(self) -> None:
+        """Create the client tables if missing (done automatically)."""
+        if self._ready:
+            return
+        for statement in _SCHEMA:
+            self.storage.exec(statement)
+        self._ready = True
+
+    @staticmethod
+    def migrate(ctx: Any, to_version: int | None) -> None:
+        """``None`` drops the client tables; ``1`` creates them."""
+        storage = ctx if isinstance(ctx, Storage) else Storage(ctx)
+        if to_version is None:
+            for table in CLIENT_TABLES:
+                storage.exec(f"DROP TABLE IF EXISTS {table}")
+        else:
+            for statement in _SCHEMA:
+                storage.exec(statement)
+
+    def _now(self) -> int:
+        return int(self.clock())
+
+    # ================================================================== reads
+    def grants(self, key: str, *, include_gone: bool = False) -> list[ClientGrant]:
+        """The grants known for ``key``, oldest claim deadline first."""
+        self.ensure_schema()
+        rows = self.storage.exec(
+            f"SELECT * FROM {GRANTS} WHERE key = ? ORDER BY claim_by, grant_id", key)
+        out = [ClientGrant._from_row(r) for r in rows]
+        return out if include_gone else [g for g in out if g.status != GONE]
+
+    def grant(self, key: str, grant_id: str) -> ClientGrant | None:
+        """One grant (tombstones included), or ``None``."""
+        self.ensure_schema()
+        r = self.storage.one(f"SELECT * FROM {GRANTS} WHERE key = ? AND grant_id = ?", key, grant_id)
+        return None if r is None else ClientGrant._from_row(r)
+
+    def leases(self, key: str, *, include_settled: bool = False) -> list[ClientLease]:
+        """The leases known for ``key``, earliest expiry first."""
+        self.ensure_schema()
+        rows = self.storage.exec(
+            f"SELECT * FROM {LEASES} WHERE key = ? ORDER BY expires_at, lease_id", key)
+        out = [ClientLease._from_row(r) for r in rows]
+        return out if include_settled else [x for x in out if x.status != LeaseStatus.SETTLED.value]
+
+    def lease(self, key: str, lease_id: str) -> ClientLease | None:
+        """One lease (tombstones included), or ``None``."""
+        self.ensure_schema()
+        r = self.storage.one(f"SELECT * FROM {LEASES} WHERE key = ? AND lease_id = ?", key, lease_id)
+        return None if r is None else ClientLease._from_row(r)
+
+    def keys(self) -> list[str]:
+        """Every key this client has talked to (or holds state for)."""
+        self.ensure_schema()
+        rows = self.storage.exec(
+            f"SELECT key FROM {KEYS} UNION SELECT key FROM {GRANTS} WHERE status != ?"
+            f" UNION SELECT key FROM {LEASES} WHERE status != ? ORDER BY key",
+            GONE, LeaseStatus.SETTLED.value)
+        return [str(r["key"]) for r in rows]
+
+    def _key_row(self, key: str) -> dict[str, Any] | None:
+        self.ensure_schema()
+        return self.storage.one(f"SELECT * FROM {KEYS} WHERE key = ?", key)
+
+    def not_before(self, key: str) -> int:
+        """The holder's last ``nextRequestAt`` for ``key`` (0 if never asked): the client does
+        not send a ``request`` before it unless forced (SPEC R11, R35)."""
+        row = self._key_row(key)
+        return 0 if row is None else int(row["next_request_at"])
+
+    def contended(self, key: str) -> bool:
+        """Whether the last reply for ``key`` was marked ``contended`` (SPEC R29)."""
+        row = self._key_row(key)
+        return bool(row and row["contended"])
+
+    def needs_sync(self, key: str, now: int | None = None) -> bool:
+        """True when the client should contact the holder even without anything to report:
+        a ``request`` failed (its reply, possibly carrying a new lease, was lost), or the
+        post-request re-check (``recheck_ms``) is due."""
+        row = self._key_row(key)
+        if row is None:
+            return False
+        now = self._now() if now is None else now
+        return bool(row["needs_sync"]) or 0 < int(row["check_at"]) <= now
+
+    def check_at(self, key: str) -> int | None:
+        """When the post-request re-check sync is due, if one is pending."""
+        row = self._key_row(key)
+        return None if row is None or int(row["check_at"]) <= 0 else int(row["check_at"])
+
+    def dirty(self, key: str, *, draws: bool = True) -> bool:
+        """True when some grant or lease of ``key`` has counts the holder has not received.
+        ``draws=False`` ignores undelivered lease draws alone (they need no confirmation: the
+        holder counts a live lease's undrawn permits anyway, SPEC R30)."""
+        if any(g.dirty for g in self.grants(key)):
+            return True
+        for x in self.leases(key):
+            if x.dirty and (draws or x.released > x.sent_released or (x.stopped and not x.sent_stopped)):
+                return True
+        return False
+
+    # ================================================================== local changes
+    def claim(self, key: str, grant_id: str, count: int = 1) -> list[int]:
+        """Claim up to ``count`` unclaimed permits of an active grant locally and return the
+        claimed slot numbers (1-based). Start work for slot ``k`` only once
+        :attr:`ClientGrant.confirmed` ``>= k`` (send the claim with :meth:`sync`, SPEC R15a)."""
+        return self.storage.transaction(lambda: self._claim(key, grant_id, count))
+
+    def _claim(self, key: str, grant_id: str, count: int) -> list[int]:
+        g = self.grant(key, grant_id)
+        if g is None or count <= 0:
+            return []
+        n = min(count, g.unclaimed)
+        if n <= 0:
+            return []
+        self.storage.exec(f"UPDATE {GRANTS} SET claimed = ?, updated_at = ? WHERE key = ? AND grant_id = ?",
+                          g.claimed + n, self._now(), key, grant_id)
+        return list(range(g.claimed + 1, g.claimed + n + 1))
+
+    def release(self, key: str, grant_id: str, count: int = 1) -> int:
+        """Release ``count`` claimed permits of a grant (clamped to what is claimed and not yet
+        released); returns how many were released. Reported with the next message."""
+        return self.storage.transaction(lambda: self._release(key, grant_id, count))
+
+    def _release(self, key: str, grant_id: str, count: int) -> int:
+        g = self.grant(key, grant_id)
+        if g is None or g.status == GONE or count <= 0:
+            return 0
+        n = min(count, min(g.claimed, g.permits if g.final else g.claimed) - g.released)
+        if n <= 0:
+            return 0
+        self.storage.exec(f"UPDATE {GRANTS} SET released = ?, updated_at = ? WHERE key = ? AND grant_id = ?",
+                          g.released + n, self._now(), key, grant_id)
+        return n
+
+    def draw(self, key: str, lease_id: str, *, margin_ms: int = 0) -> int | None:
+        """Draw one permit from a live lease (no round trip, SPEC R30). Returns the drawn
+        slot (1-based), or ``None`` if the lease cannot be drawn from (stopped, retired, used up,
+        or within ``margin_ms`` of its expiry). A drawn permit is one-shot (SPEC R34)."""
+        return self.storage.transaction(lambda: self._draw(key, lease_id, margin_ms))
+
+    def _draw(self, key: str, lease_id: str, margin_ms: int) -> int | None:
+        lease = self.lease(key, lease_id)
+        if lease is None or not lease.drawable(self._now(), margin_ms):
+            return None
+        self.storage.exec(f"UPDATE {LEASES} SET drawn = ?, updated_at = ? WHERE key = ? AND lease_id = ?",
+                          lease.drawn + 1, self._now(), key, lease_id)
+        return lease.drawn + 1
+
+    def release_lease(self, key: str, lease_id: str, count: int = 1) -> int:
+        """Release ``count`` drawn permits of a lease (returns footprint; the permits never become
+        drawable again, SPEC R34). Returns how many were released."""
+        return self.storage.transaction(lambda: self._release_lease(key, lease_id, count))
+
+    def _release_lease(self, key: str, lease_id: str, count: int) -> int:
+        lease = self.lease(key, lease_id)
+        if lease is None or lease.status == LeaseStatus.SETTLED.value or count <= 0:
+            return 0
+        n = min(count, lease.in_use)
+        if n <= 0:
+            return 0
+        self.storage.exec(f"UPDATE {LEASES} SET released = ?, updated_at = ? WHERE key = ? AND lease_id = ?",
+                          lease.released + n, self._now(), key, lease_id)
+        return n
+
+    def stop_lease(self, key: str, lease_id: str) -> bool:
+        """Stop drawing from a lease: its undrawn permits go back to the holder with the next
+        report, which carries ``stopped: true`` until the holder answers ``settled`` (SPEC R29,
+        R37). Returns False if it was already stopped or unknown."""
+        return self.storage.transaction(lambda: self._stop_lease(key, lease_id))
+
+    def _stop_lease(self, key: str, lease_id: str) -> bool:
+        lease = self.lease(key, lease_id)
+        if lease is None or lease.stopped or lease.status == LeaseStatus.SETTLED.value:
+            return False
+        self.storage.exec(f"UPDATE {LEASES} SET stopped = 1, updated_at = ? WHERE key = ? AND lease_id = ?",
+                          self._now(), key, lease_id)
+        return True
+
+    # ================================================================== messages
+    def reports(self, key: str) -> tuple[tuple[GrantReport, ...], tuple[LeaseReport, ...]]:
+        """The cumulative reports of every grant and lease of ``key`` (tombstones excluded).
+        At most 1,000 of each (the wire limit); the rest go with the next message."""
+        grants = tuple(g.report() for g in self.grants(key))[:MAX_LIST_LENGTH]
+        leases = tuple(x.report() for x in self.leases(key))[:MAX_LIST_LENGTH]
+        return grants, leases
+
+    async def request(
+        self,
+        key: str,
+        demand: Iterable[Demand | Mapping[str, Any]],
+        *,
+        leases: bool = True,
+        force: bool = False,
+        on_reply: ReplyHook | None = None,
+    ) -> AppliedReply:
+        """Send a ``request`` with ``demand`` plus cumulative reports and apply the reply.
+
+        Waits until :meth:`not_before` first unless ``force`` (SPEC R35). ``leases=True``
+        announces lease support (SPEC R5). ``on_reply`` runs inside the storage transaction
+        that applies the reply. Raises the typed exception of an error reply, or
+        :class:`HolderUnavailableError` when the transport fails."""
+        self.ensure_schema()
+        if not force:
+            at = self.not_before(key)
+            if at > self._now():
+                await sleep_until(self.clock, at)
+        items = tuple(d if isinstance(d, Demand) else Demand(str(d["group"]), int(d["count"]), int(d["oldestAt"]))
+                      for d in demand)
+        grants, lease_reports = self.reports(key)
+        message = PermitRequest(self.client_id, items, grants, lease_reports if leases else None)
+        # A request may create a lease: until some reply arrives, we must contact the holder.
+        now = self._now()
+        self.storage.transaction(lambda: self._touch_key(key, now, needs_sync=1,
+                                                         check_at=now + self.recheck_ms if self.recheck_ms else 0))
+        return await self._send(key, message, on_reply)
+
+    async def sync(self, key: str, *, leases: bool = True, on_reply: ReplyHook | None = None) -> AppliedReply:
+        """Send a ``sync`` (reports only; answered at once, SPEC R6) and apply the reply."""
+        self.ensure_schema()
+        grants, lease_reports = self.reports(key)
+        message = SyncMessage(self.client_id, grants, lease_reports if leases else None)
+        return await self._send(key, message, on_reply)
+
+    async def _send(self, key: str, message: PermitRequest | SyncMessage, on_reply: ReplyHook | None) -> AppliedReply:
+        wire = message.to_wire()
+        try:
+            raw = await self.transport(key, wire)
+        except SemaphoreError:
+            raise
+        except Exception as exc:
+            raise HolderUnavailableError(f"holder {key!r} unreachable: {exc}") from exc
+        reply = plain(raw)
+        if not isinstance(reply, dict):
+            raise HolderUnavailableError(f"holder {key!r} answered a non-object: {type(reply).__name__}")
+        error = error_from_reply(reply)
+        if error is not None:
+            raise error
+        try:
+            response = PermitResponse.from_wire(reply)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise SemaphoreError(f"malformed reply from holder {key!r}: {exc}") from exc
+        now = self._now()
+        return self.storage.transaction(lambda: self._apply(key, message, response, now, on_reply))
+
+    # ================================================================== applying replies
+    def _touch_key(self, key: str, now: int, **values: int) -> None:
+        row = self._key_row(key)
+        current = {"next_request_at": 0, "contended": 0, "needs_sync": 0, "check_at": 0}
+        if row is not None:
+            current.update({k: int(row[k]) for k in current})
+        current.update(values)
+        self.storage.exec(
+            f"INSERT INTO {KEYS}(key, next_request_at, contended, needs_sync, check_at, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(key) DO UPDATE SET"
+            " next_request_at = excluded.next_request_at, contended = excluded.contended,"
+            " needs_sync = excluded.needs_sync, check_at = excluded.check_at,"
+            " updated_at = excluded.updated_at",
+            key, current["next_request_at"], current["contended"], current["needs_sync"],
+            current["check_at"], now)
+
+    def _apply(
+        self,
+        key: str,
+        message: PermitRequest | SyncMessage,
+        response: PermitResponse,
+        now: int,
+        on_reply: ReplyHook | None,
+    ) -> AppliedReply:
+        applied = AppliedReply(key, response, now)
+        # The holder applied every report of the message: mark them delivered.
+        for r in message.grants:
+            self.storage.exec(
+                f"UPDATE {GRANTS} SET sent_claimed = MAX(sent_claimed, ?), sent_released = MAX(sent_released, ?)"
+                " WHERE key = ? AND grant_id = ?", r.claimed, r.released, key, r.grant_id)
+        for r in message.leases or ():
+            self.storage.exec(
+                f"UPDATE {LEASES} SET sent_drawn = MAX(sent_drawn, ?), sent_released = MAX(sent_released, ?),"
+                " sent_stopped = MAX(sent_stopped, ?) WHERE key = ? AND lease_id = ?",
+                r.drawn, r.released, int(r.stopped), key, r.lease_id)
+        for state in response.grants:
+            self._apply_grant(key, state, now, applied)
+        for state in response.leases:
+            self._apply_lease(key, state, now, applied)
+        # A successful reply listed every grant and lease the holder has for us (SPEC R8).
+        row = self._key_row(key)
+        check_at = 0 if row is None else int(row["check_at"])
+        if isinstance(message, SyncMessage) and 0 < check_at <= now:
+            check_at = 0
+        self._touch_key(key, now, next_request_at=response.next_request_at,
+                        contended=int(response.contended), needs_sync=0, check_at=check_at)
+        self._prune(key, now)
+        if on_reply is not None:
+            on_reply(applied)
+        return applied
+
+    def _write_grant(self, g: ClientGrant, now: int) -> None:
+        self.storage.exec(
+            f"INSERT INTO {GRANTS}(key, grant_id, group_name, permits, claimed, released, confirmed,"
+            " claim_by, status, sent_claimed, sent_released, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(key, grant_id) DO UPDATE SET"
+            " group_name = excluded.group_name, permits = excluded.permits, claimed = excluded.claimed,"
+            " released = excluded.released, confirmed = excluded.confirmed, claim_by = excluded.claim_by,"
+            " status = excluded.status, sent_claimed = excluded.sent_claimed,"
+            " sent_released = excluded.sent_released, updated_at = excluded.updated_at",
+            g.key, g.grant_id, g.group, g.permits, g.claimed, g.released, g.confirmed, g.claim_by,
+            g.status, g.sent_claimed, g.sent_released, now)
+
+    def _apply_grant(self, key: str, s: GrantState, now: int, applied: AppliedReply) -> None:
+        local = self.grant(key, s.grant_id)
+        if local is not None and local.status == GONE:
+            return  # dropped earlier: a stale reply cannot bring it back
+        if s.status is GrantStatus.NOT_FOUND:
+            if local is not None:
+                self._write_grant(_replace(local, status=GONE), now)
+                applied.dropped.append(s.grant_id)
+            return
+        if local is None:
+            if s.group is None:
+                return
+            # SPEC R8: a grant whose reply was lost; adopt it as the holder knows it.
+            settled = s.permits <= 0 or s.released >= s.permits
+            g = ClientGrant(key, s.grant_id, s.group, s.permits, s.claimed, s.released, s.claimed,
+                            int(s.claim_by or 0), GONE if settled else s.status.value, s.claimed, s.released)
+            self._write_grant(g, now)
+            if not settled:
+                applied.adopted_grants.append(s.grant_id)
+            if s.status is GrantStatus.EXPIRED:
+                applied.expired.append(s.grant_id)
+            return
+        expired = local.final or s.status is GrantStatus.EXPIRED
+        permits = min(local.permits, s.permits)
+        claimed = max(local.claimed, s.claimed)
+        if expired:
+            claimed = min(claimed, permits)  # SPEC R15: unconfirmed claims beyond this were refused
+        confirmed = min(max(local.confirmed, s.claimed), permits)
+        released = min(max(local.released, s.released), claimed)
+        status = GrantStatus.EXPIRED.value if expired else GrantStatus.ACTIVE.value
+        if s.released >= s.permits:  # settled at the holder (SPEC R17): it deleted the grant
+            status = GONE
+            applied.dropped.append(s.grant_id)
+        elif expired and not local.final:
+            applied.expired.append(s.grant_id)
+        g = _replace(local, permits=permits, claimed=claimed, released=released, confirmed=confirmed,
+                     claim_by=int(s.claim_by if s.claim_by is not None else local.claim_by), status=status,
+                     sent_claimed=max(local.sent_claimed, s.claimed),
+                     sent_released=max(local.sent_released, s.released))
+        self._write_grant(g, now)
+
+    def _write_lease(self, x: ClientLease, now: int) -> None:
+        self.storage.exec(
+            f"INSERT INTO {LEASES}(key, lease_id, group_name, permits, drawn, released, stopped, status,"
+            " expires_at, heartbeat_at, sent_drawn, sent_released, sent_stopped, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(key, lease_id) DO UPDATE SET"
+            " group_name = excluded.group_name, permits = excluded.permits, drawn = excluded.drawn,"
+            " released = excluded.released, stopped = excluded.stopped, status = excluded.status,"
+            " expires_at = excluded.expires_at, heartbeat_at = excluded.heartbeat_at,"
+            " sent_drawn = excluded.sent_drawn, sent_released = excluded.sent_released,"
+            " sent_stopped = excluded.sent_stopped, updated_at = excluded.updated_at",
+            x.key, x.lease_id, x.group, x.permits, x.drawn, x.released, int(x.stopped), x.status,
+            x.expires_at, x.heartbeat_at, x.sent_drawn, x.sent_released, int(x.sent_stopped), now)
+
+    def _apply_lease(self, key: str, s: LeaseState, now: int, applied: AppliedReply) -> None:
+        local = self.lease(key, s.lease_id)
+        if local is not None and local.status == LeaseStatus.SETTLED.value:
+            return  # settled earlier: a stale reply cannot bring it back
+        if s.status is LeaseStatus.SETTLED:
+            if local is not None:
+                self._write_lease(_replace(local, status=LeaseStatus.SETTLED.value, stopped=True), now)
+            applied.settled.append(s.lease_id)
+            return
+        expires_at = int(s.expires_at) if s.expires_at is not None else now
+        heartbeat_at = now + max(0, expires_at - now) // 2
+        if local is None:
+            if s.group is None:
+                return
+            retired = s.status is LeaseStatus.RETIRED
+            x = ClientLease(key, s.lease_id, s.group, s.permits, s.drawn, s.released, retired, s.status.value,
+                            expires_at, heartbeat_at, s.drawn, s.released, False)
+            self._write_lease(x, now)
+            applied.adopted_leases.append(s.lease_id)
+            if retired:
+                applied.retired.append(s.lease_id)
+            return
+        retired = local.status == LeaseStatus.RETIRED.value or s.status is LeaseStatus.RETIRED
+        if retired and local.status != LeaseStatus.RETIRED.value:
+            applied.retired.append(s.lease_id)
+        drawn = max(local.drawn, min(s.drawn, local.permits))
+        released = min(max(local.released, s.released), drawn)
+        if not retired and s.expires_at is not None and s.expires_at > local.expires_at:
+            new_expiry, new_heartbeat = expires_at, heartbeat_at
+        else:
+            new_expiry, new_heartbeat = local.expires_at, local.heartbeat_at
+        x = _replace(local, drawn=drawn, released=released,
+                     stopped=local.stopped or retired,  # SPEC R33: a retired lease stops drawing at once
+                     status=LeaseStatus.RETIRED.value if retired else LeaseStatus.LIVE.value,
+                     expires_at=new_expiry, heartbeat_at=new_heartbeat,
+                     sent_drawn=max(local.sent_drawn, s.drawn), sent_released=max(local.sent_released, s.released))
+        self._write_lease(x, now)
+
+    def _prune(self, key: str, now: int) -> None:
+        cutoff = now - self.tombstone_ms
+        self.storage.exec(f"DELETE FROM {GRANTS} WHERE key = ? AND status = ? AND updated_at < ?", key, GONE, cutoff)
+        self.storage.exec(f"DELETE FROM {LEASES} WHERE key = ? AND status = ? AND updated_at < ?",
+                          key, LeaseStatus.SETTLED.value, cutoff)
+
+
+def _replace(obj: Any, **changes: Any) -> Any:
+    from dataclasses import replace
+
+    return replace(obj, **changes)

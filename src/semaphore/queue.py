@@ -1,0 +1,606 @@
+"""SemaphoreQueue: durable work items admitted under a shared semaphore (SPEC R37).
+
+The queue lives in a client Durable Object next to a :class:`~semaphore.client.SemaphoreClient`
+and the object's :class:`~semaphore.scheduler.DurabilityScheduler`::
+
+    self.scheduler = DurabilityScheduler(ctx)
+    self.client = SemaphoreClient(ctx, limits.with_(timeout(5_000)).transport(env))
+    self.queue = SemaphoreQueue(client=self.client, scheduler=self.scheduler,
+                                on_admit=self.start_job)
+
+    async def alarm(self, info):                   # the object's alarm delegates
+        await self.scheduler.alarm(info)
+
+Life of an item (table ``durability_semaphore_client_items``)::
+
+    queued --claim (grant)--> claiming --confirmed--> running --complete()--> done
+       |  \\                      \\--refused (expired / not_found): back to queued
+       |   \\--draw (lease)-------------------------> running
+       \\--complete() before admission: done (cancelled)
+
+* :meth:`SemaphoreQueue.enqueue` is idempotent on ``item_id``: enqueueing the same id again
+  (a retried enqueue) returns the existing item and queues nothing.
+* Demand per ``(key, group)`` is computed from the queued items (``count``, ``oldestAt``).
+* **Grants** are admitted only after the claim is confirmed (SPEC R15a): the queue claims slots
+  locally, sends a ``sync`` carrying the claim, and starts exactly the items whose slot the reply
+  shows claimed with status ``active`` (or confirmed before an ``expired`` clamp). Items whose
+  claim was refused go back to the queue with their original ``enqueued_at``.
+* **Leases** are drawn locally with no round trip, one permit per item (one-shot, SPEC R34); a
+  lease the holder retired stops drawing at once (SPEC R33), and the queue never draws within
+  ``lease_margin_ms`` of a lease's expiry.
+* **Admission** calls ``on_admit(item)`` (sync or async) *after* the item and its permit are
+  persisted as ``running``. If the callback raises, or the object is evicted before it returns,
+  the callback is called again later **for the same item under the same permit**, never under a
+  second permit. The application makes ``on_admit`` idempotent per ``item.item_id`` (e.g. start a
+  job whose id is the item id).
+* **Completion** comes back through :meth:`SemaphoreQueue.complete`, which releases the permit;
+  the release reaches the holder with the next ``sync``.
+* **Leases in use** are heartbeated at half their lifetime even when nothing else happens; leases
+  with nothing left to draw are stopped; when a reply is ``contended``, leases in groups with
+  nothing queued are stopped (their undrawn permits go back, SPEC R29); idle leases are stopped
+  shortly before they expire. A stopped lease is reported until the holder answers ``settled``.
+* **Reconciliation** (optional): with ``reconcile_after_ms`` and ``check_running``, an item
+  running longer than the bound is checked with ``check_running(item)`` (sync or async); if it
+  returns False (the work is gone, its completion notice was lost) the item is completed.
+* **Wake-ups** go through the scheduler's timer ``durability_semaphore_queue:wake`` (one timer;
+  per-key wake times in ``durability_semaphore_client_wakeups``): request again at
+  ``nextRequestAt``, retry after failures, claim confirmations, heartbeats, idle lease stops,
+  admission retries and reconciliation checks. Everything lives in SQL, so a new instance after
+  eviction continues where the old one stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import inspect
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Union
+
+from .client import AppliedReply, SemaphoreClient
+from .clock import system_clock
+from .errors import ConfigurationError, SemaphoreError
+from .runtime import Storage
+from .scheduler import DurabilityScheduler
+from .wire import MAX_ID_LENGTH, Demand, LeaseStatus
+
+__all__ = ["ItemState", "PermitKind", "Permit", "QueueItem", "SemaphoreQueue", "QUEUE_TABLES"]
+
+log = logging.getLogger("semaphore.queue")
+
+ITEMS = "durability_semaphore_client_items"
+WAKEUPS = "durability_semaphore_client_wakeups"
+#: Tables owned by :class:`SemaphoreQueue`.
+QUEUE_TABLES = (ITEMS, WAKEUPS)
+
+_SCHEMA = (
+    f"CREATE TABLE IF NOT EXISTS {ITEMS} ("
+    " item_id TEXT PRIMARY KEY, key TEXT NOT NULL, group_name TEXT NOT NULL, payload TEXT NOT NULL,"
+    " enqueued_at INTEGER NOT NULL, seq INTEGER NOT NULL, state TEXT NOT NULL,"
+    " permit_kind TEXT NOT NULL, permit_id TEXT NOT NULL, slot INTEGER NOT NULL,"
+    " started_at INTEGER NOT NULL, admitted INTEGER NOT NULL, attempts INTEGER NOT NULL,"
+    " retry_at INTEGER NOT NULL, checked_at INTEGER NOT NULL, finished_at INTEGER NOT NULL,"
+    " cancel INTEGER NOT NULL)",
+    f"CREATE INDEX IF NOT EXISTS {ITEMS}_state ON {ITEMS}(key, state, group_name, seq)",
+    f"CREATE INDEX IF NOT EXISTS {ITEMS}_done ON {ITEMS}(finished_at) WHERE state = 'done'",
+    f"CREATE TABLE IF NOT EXISTS {WAKEUPS} (key TEXT PRIMARY KEY, wake_at INTEGER NOT NULL)",
+)
+
+
+class ItemState(str, enum.Enum):
+    """Where an item is in its life (see the module documentation)."""
+
+    QUEUED = "queued"
+    CLAIMING = "claiming"
+    RUNNING = "running"
+    DONE = "done"
+
+
+class PermitKind(str, enum.Enum):
+    """What admitted an item: a confirmed grant claim or a lease draw."""
+
+    GRANT = "grant"
+    LEASE = "lease"
+
+
+@dataclass(frozen=True)
+class Permit:
+    """The one permit an item runs (or will run) under: slot ``slot`` of grant or lease ``id``."""
+
+    kind: PermitKind
+    id: str
+    slot: int
+
+
+@dataclass(frozen=True)
+class QueueItem:
+    """A durable work item.
+
+    :ivar payload: the JSON-compatible value given to :meth:`SemaphoreQueue.enqueue`.
+    :ivar permit: set once the item claimed or drew a permit.
+    :ivar attempts: how many times ``on_admit`` has been called for it.
+    :ivar admitted: ``on_admit`` returned for it (the application has the work).
+    """
+
+    item_id: str
+    key: str
+    group: str
+    payload: Any
+    enqueued_at: int
+    state: ItemState
+    permit: Permit | None
+    started_at: int
+    attempts: int
+    admitted: bool
+    finished_at: int
+
+    @classmethod
+    def _from_row(cls, r: dict[str, Any]) -> "QueueItem":
+        permit = None
+        if r["permit_kind"]:
+            permit = Permit(PermitKind(str(r["permit_kind"])), str(r["permit_id"]), int(r["slot"]))
+        return cls(str(r["item_id"]), str(r["key"]), str(r["group_name"]), json.loads(str(r["payload"])),
+                   int(r["enqueued_at"]), ItemState(str(r["state"])), permit, int(r["started_at"]),
+                   int(r["attempts"]), bool(r["admitted"]), int(r["finished_at"]))
+
+
+AdmitCallback = Callable[[QueueItem], Union[Awaitable[Any], Any]]
+CheckCallback = Callable[[QueueItem], Union[Awaitable[bool], bool]]
+
+
+async def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    result = fn(*args)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+def _check_id(value: Any, name: str) -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_ID_LENGTH:
+        raise ConfigurationError(f"{name}: must be a non-empty string of at most {MAX_ID_LENGTH} characters",
+                                 field=name)
+    return value
+
+
+class SemaphoreQueue:
+    """Durable work items per ``(key, group)`` admitted under the semaphore of ``key``
+    (SPEC R37). See the module documentation for the life of an item.
+
+    :param client: the object's :class:`SemaphoreClient` (its storage must be this object's).
+    :param scheduler: the object's :class:`DurabilityScheduler`; the object's ``alarm()`` must
+        delegate to ``scheduler.alarm``. The queue registers the timer
+        ``durability_semaphore_queue:wake`` on it.
+    :param on_admit: ``on_admit(item)`` (sync or async) starts the work of an admitted item;
+        called at least once per admitted item, always under the item's one permit.
+    :param leases: announce lease support to the holder (default True, SPEC R5).
+    :param clock: epoch-ms callable (default: the client's clock).
+    :param retry_ms: wait this long before contacting the holder again after a failure.
+    :param claim_margin_ms: do not claim from a grant this close to its claim deadline.
+    :param lease_margin_ms: do not draw from a lease this close to its expiry; idle leases are
+        stopped at ``expiresAt - lease_margin_ms``.
+    :param admit_retry_ms: wait this long before calling ``on_admit`` again after it raised.
+    :param reconcile_after_ms: / :param check_running: reconciliation (see the module docs).
+    :param retention_ms: finished items are remembered this long (so a retried enqueue of a
+        finished item does not run it again), then deleted. Default one day.
+    """
+
+    TIMER = "durability_semaphore_queue:wake"
+
+    def __init__(
+        self,
+        *,
+        client: SemaphoreClient,
+        scheduler: DurabilityScheduler,
+        on_admit: AdmitCallback,
+        leases: bool = True,
+        clock: Callable[[], int] | None = None,
+        retry_ms: int = 1000,
+        claim_margin_ms: int = 500,
+        lease_margin_ms: int = 1000,
+        admit_retry_ms: int = 1000,
+        reconcile_after_ms: int | None = None,
+        check_running: CheckCallback | None = None,
+        retention_ms: int = 86_400_000,
+    ) -> None:
+        if not callable(on_admit):
+            raise ConfigurationError("on_admit: must be callable", field="on_admit")
+        if (reconcile_after_ms is None) != (check_running is None):
+            raise ConfigurationError("reconcile_after_ms and check_running go together", field="check_running")
+        self.client = client
+        self.scheduler = scheduler
+        self.storage: Storage = scheduler.storage
+        self.on_admit = on_admit
+        self.leases = leases
+        self.clock: Callable[[], int] = clock or client.clock or system_clock
+        self.retry_ms = retry_ms
+        self.claim_margin_ms = claim_margin_ms
+        self.lease_margin_ms = lease_margin_ms
+        self.admit_retry_ms = admit_retry_ms
+        self.reconcile_after_ms = reconcile_after_ms
+        self.check_running = check_running
+        self.retention_ms = retention_ms
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._backoff: dict[str, int] = {}
+        self._ready = False
+        scheduler.on(self.TIMER, self._on_wake)
+
+    # ================================================================== schema
+    def ensure_schema(self) -> None:
+        """Create the queue tables (and the client's) if missing; done automatically."""
+        if self._ready:
+            return
+        self.client.ensure_schema()
+        for statement in _SCHEMA:
+            self.storage.exec(statement)
+        self._ready = True
+
+    @staticmethod
+    def migrate(ctx: Any, to_version: int | None) -> None:
+        """``None`` drops the queue's and the client's tables; ``1`` creates them."""
+        storage = ctx if isinstance(ctx, Storage) else Storage(ctx)
+        SemaphoreClient.migrate(storage, to_version)
+        if to_version is None:
+            for table in QUEUE_TABLES:
+                storage.exec(f"DROP TABLE IF EXISTS {table}")
+        else:
+            for statement in _SCHEMA:
+                storage.exec(statement)
+
+    def _now(self) -> int:
+        return int(self.clock())
+
+    # ================================================================== public API
+    async def enqueue(self, key: str, group: str, item_id: str, payload: Any = None) -> QueueItem:
+        """Queue ``item_id`` for ``(key, group)`` and schedule a wake-up. Idempotent: an item id
+        already known (queued, running or recently finished) is returned unchanged.
+        ``payload`` must be JSON-compatible."""
+        _check_id(key, "key")
+        _check_id(group, "group")
+        _check_id(item_id, "item_id")
+        text = json.dumps(payload)
+        self.ensure_schema()
+        now = self._now()
+
+        def body() -> QueueItem:
+            existing = self._item(item_id)
+            if existing is not None:
+                return existing
+            row = self.storage.one(f"SELECT COALESCE(MAX(seq), 0) + 1 AS seq FROM {ITEMS}")
+            seq = int(row["seq"]) if row else 1
+            self.storage.exec(
+                f"INSERT INTO {ITEMS}(item_id, key, group_name, payload, enqueued_at, seq, state, permit_kind,"
+                " permit_id, slot, started_at, admitted, attempts, retry_at, checked_at, finished_at, cancel)"
+                " VALUES (?, ?, ?, ?, ?, ?, 'queued', '', '', 0, 0, 0, 0, 0, 0, 0, 0)",
+                item_id, key, group, text, now, seq)
+            self._set_wake(key, now, earlier_only=True)
+            item = self._item(item_id)
+            assert item is not None
+            return item
+
+        item = self.storage.transaction(body)
+        await self.scheduler.arm()
+        return item
+
+    async def complete(self, item_id: str) -> bool:
+        """The work of ``item_id`` finished: release its permit (reported with the next sync) and
+        mark it done. Before admission it cancels the item instead. Idempotent: returns False
+        for an unknown or already finished item."""
+        self.ensure_schema()
+        now = self._now()
+        done = self.storage.transaction(lambda: self._complete(item_id, now))
+        if done:
+            await self.scheduler.arm()
+        return done
+
+    def item(self, item_id: str) -> QueueItem | None:
+        """One item, or ``None``."""
+        self.ensure_schema()
+        return self._item(item_id)
+
+    def items(self, key: str | None = None, state: ItemState | None = None) -> list[QueueItem]:
+        """Items (of ``key``, in ``state``), in enqueue order."""
+        self.ensure_schema()
+        query, args = f"SELECT * FROM {ITEMS} WHERE 1 = 1", []
+        if key is not None:
+            query += " AND key = ?"
+            args.append(key)
+        if state is not None:
+            query += " AND state = ?"
+            args.append(ItemState(state).value)
+        return [QueueItem._from_row(r) for r in self.storage.exec(query + " ORDER BY seq", *args)]
+
+    def demand(self, key: str) -> list[Demand]:
+        """Demand of ``key`` per group, from the queued items (``count``, ``oldestAt``)."""
+        self.ensure_schema()
+        rows = self.storage.exec(
+            f"SELECT group_name, COUNT(*) AS n, MIN(enqueued_at) AS oldest FROM {ITEMS}"
+            " WHERE key = ? AND state = 'queued' GROUP BY group_name ORDER BY group_name", key)
+        return [Demand(str(r["group_name"]), int(r["n"]), int(r["oldest"])) for r in rows]
+
+    def wake_at(self, key: str) -> int | None:
+        """When the queue next wants to work on ``key``, if at all."""
+        self.ensure_schema()
+        row = self.storage.one(f"SELECT wake_at FROM {WAKEUPS} WHERE key = ?", key)
+        return None if row is None else int(row["wake_at"])
+
+    async def pump(self, key: str) -> None:
+        """Do everything that is due for ``key`` now: resolve claims, draw from leases, claim
+        from grants (and confirm with a sync), start admitted items, heartbeat/stop leases,
+        reconcile, and ask for permits when ``nextRequestAt`` has come (this waits for the
+        holder's round). Then schedule the next wake-up. Called by the scheduler timer; may be
+        called directly."""
+        self.ensure_schema()
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            try:
+                await self._pump(key)
+            finally:
+                now = self._now()
+                self.storage.transaction(lambda: self._set_wake(key, self._next_wake(key, now)))
+                await self.scheduler.arm()
+
+    # ================================================================== wake-ups
+    async def _on_wake(self, name: str, due_at: int) -> None:
+        self.ensure_schema()
+        now = self._now()
+        keys = [str(r["key"]) for r in self.storage.exec(
+            f"SELECT key FROM {WAKEUPS} WHERE wake_at <= ? ORDER BY wake_at, key", now)]
+        for key in keys:
+            try:
+                await self.pump(key)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("queue pump for key %r failed", key)
+                retry_at = self._now() + self.retry_ms
+                self.storage.transaction(lambda: self._set_wake(key, retry_at))
+        self._set_timer()
+
+    def _set_wake(self, key: str, at: int | None, *, earlier_only: bool = False) -> None:
+        if at is None:
+            self.storage.exec(f"DELETE FROM {WAKEUPS} WHERE key = ?", key)
+        elif earlier_only:
+            self.storage.exec(
+                f"INSERT INTO {WAKEUPS}(key, wake_at) VALUES (?, ?)"
+                " ON CONFLICT(key) DO UPDATE SET wake_at = MIN(wake_at, excluded.wake_at)", key, int(at))
+        else:
+            self.storage.exec(
+                f"INSERT INTO {WAKEUPS}(key, wake_at) VALUES (?, ?)"
+                " ON CONFLICT(key) DO UPDATE SET wake_at = excluded.wake_at", key, int(at))
+        self._set_timer()
+
+    def _set_timer(self) -> None:
+        row = self.storage.one(f"SELECT MIN(wake_at) AS at FROM {WAKEUPS}")
+        at = None if row is None or row["at"] is None else int(row["at"])
+        if at is None:
+            self.scheduler.clear_timer(self.TIMER)
+        elif self.scheduler.timer(self.TIMER) != at:
+            self.scheduler.set_timer(self.TIMER, at)
+
+    # ================================================================== items
+    def _item(self, item_id: str) -> QueueItem | None:
+        r = self.storage.one(f"SELECT * FROM {ITEMS} WHERE item_id = ?", item_id)
+        return None if r is None else QueueItem._from_row(r)
+
+    def _queued(self, key: str) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for r in self.storage.exec(
+                f"SELECT item_id, group_name FROM {ITEMS} WHERE key = ? AND state = 'queued' ORDER BY seq", key):
+            out.setdefault(str(r["group_name"]), []).append(str(r["item_id"]))
+        return out
+
+    def _release_permit(self, item: QueueItem) -> None:
+        p = item.permit
+        if p is None:
+            return
+        if p.kind is PermitKind.GRANT:
+            self.client._release(item.key, p.id, 1)
+        else:
+            self.client._release_lease(item.key, p.id, 1)
+
+    def _complete(self, item_id: str, now: int) -> bool:
+        item = self._item(item_id)
+        if item is None or item.state is ItemState.DONE:
+            return False
+        if item.state is ItemState.CLAIMING:
+            # The claim may be confirmed: resolve it first, then release at once.
+            self.storage.exec(f"UPDATE {ITEMS} SET cancel = 1 WHERE item_id = ?", item_id)
+        else:
+            if item.state is ItemState.RUNNING:
+                self._release_permit(item)
+            self.storage.exec(f"UPDATE {ITEMS} SET state = 'done', finished_at = ? WHERE item_id = ?", now, item_id)
+        self._set_wake(item.key, now, earlier_only=True)
+        return True
+
+    def _start(self, item_id: str, now: int) -> None:
+        self.storage.exec(
+            f"UPDATE {ITEMS} SET state = 'running', started_at = ?, admitted = 0, retry_at = ?, checked_at = ?"
+            " WHERE item_id = ?", now, now, now, item_id)
+
+    def _requeue(self, item_id: str) -> None:
+        self.storage.exec(
+            f"UPDATE {ITEMS} SET state = 'queued', permit_kind = '', permit_id = '', slot = 0 WHERE item_id = ?",
+            item_id)
+
+    # ================================================================== the pump
+    def _resolve_claims(self, key: str, now: int) -> None:
+        """SPEC R15a: start claiming items whose claim the holder confirmed; put back those whose
+        grant will never confirm them (expired clamp, or dropped)."""
+        rows = self.storage.exec(f"SELECT * FROM {ITEMS} WHERE key = ? AND state = 'claiming' ORDER BY seq", key)
+        for r in rows:
+            item = QueueItem._from_row(r)
+            assert item.permit is not None
+            g = self.client.grant(key, item.permit.id)
+            cancelled = bool(r["cancel"])
+            if g is not None and g.confirmed >= item.permit.slot:
+                if cancelled:
+                    self.client._release(key, g.grant_id, 1)
+                    self.storage.exec(f"UPDATE {ITEMS} SET state = 'done', finished_at = ? WHERE item_id = ?",
+                                      now, item.item_id)
+                else:
+                    self._start(item.item_id, now)
+            elif g is None or g.final:
+                if cancelled:
+                    self.storage.exec(f"UPDATE {ITEMS} SET state = 'done', finished_at = ? WHERE item_id = ?",
+                                      now, item.item_id)
+                else:
+                    self._requeue(item.item_id)
+
+    def _stop_idle_leases(self, key: str, now: int, *, contended: bool) -> None:
+        queued = self._queued(key)
+        for lease in self.client.leases(key):
+            if lease.status != LeaseStatus.LIVE.value or lease.stopped:
+                continue
+            if lease.undrawn == 0:
+                self.client._stop_lease(key, lease.lease_id)  # nothing left to draw: settle it
+            elif not queued.get(lease.group) and (contended or now >= lease.expires_at - self.lease_margin_ms):
+                self.client._stop_lease(key, lease.lease_id)  # SPEC R29 / idle before expiry
+
+    def _on_reply(self, applied: AppliedReply) -> None:
+        self._resolve_claims(applied.key, applied.now)
+        self._stop_idle_leases(applied.key, applied.now, contended=applied.contended)
+
+    def _admit_locally(self, key: str, now: int) -> None:
+        """Resolve claims, claim from grants (pending confirmation), draw from leases."""
+        self._resolve_claims(key, now)
+        queued = self._queued(key)
+        for g in self.client.grants(key):
+            items = queued.get(g.group)
+            if not items or g.unclaimed <= 0 or now >= g.claim_by - self.claim_margin_ms:
+                continue
+            slots = self.client._claim(key, g.grant_id, len(items))
+            for slot in slots:
+                item_id = items.pop(0)
+                self.storage.exec(
+                    f"UPDATE {ITEMS} SET state = 'claiming', permit_kind = 'grant', permit_id = ?, slot = ?"
+                    " WHERE item_id = ?", g.grant_id, slot, item_id)
+        for lease in self.client.leases(key):
+            items = queued.get(lease.group)
+            while items and lease.drawable(now, self.lease_margin_ms):
+                slot = self.client._draw(key, lease.lease_id, self.lease_margin_ms)
+                if slot is None:
+                    break
+                item_id = items.pop(0)
+                self.storage.exec(
+                    f"UPDATE {ITEMS} SET permit_kind = 'lease', permit_id = ?, slot = ? WHERE item_id = ?",
+                    lease.lease_id, slot, item_id)
+                self._start(item_id, now)
+                lease = self.client.lease(key, lease.lease_id) or lease
+        self._stop_idle_leases(key, now, contended=False)
+        if self.retention_ms:
+            self.storage.exec(f"DELETE FROM {ITEMS} WHERE state = 'done' AND finished_at < ?",
+                              now - self.retention_ms)
+
+    def _heartbeat_due(self, key: str, now: int) -> bool:
+        queued = self._queued(key)
+        return any(
+            x.status == LeaseStatus.LIVE.value and not x.stopped and x.heartbeat_at <= now
+            and (x.in_use > 0 or queued.get(x.group))
+            for x in self.client.leases(key))
+
+    def _count(self, key: str, state: str) -> int:
+        row = self.storage.one(f"SELECT COUNT(*) AS n FROM {ITEMS} WHERE key = ? AND state = ?", key, state)
+        return int(row["n"]) if row else 0
+
+    async def _pump(self, key: str) -> None:
+        for _ in range(8):
+            now = self._now()
+            self.storage.transaction(lambda: self._admit_locally(key, now))
+            await self._run_callbacks(key, now)
+            await self._reconcile(key, now)
+            if self._backoff.get(key, 0) > now:
+                return
+            claiming = self._count(key, "claiming") > 0
+            demand = self.demand(key)
+            request_due = bool(demand) and now >= self.client.not_before(key)
+            must_sync = claiming or self.client.dirty(key, draws=False) or self.client.needs_sync(key, now) \
+                or self._heartbeat_due(key, now)
+            try:
+                if must_sync and (claiming or not request_due):
+                    await self.client.sync(key, leases=self.leases, on_reply=self._on_reply)
+                elif request_due:
+                    await self.client.request(key, demand, leases=self.leases, force=True, on_reply=self._on_reply)
+                else:
+                    return
+            except SemaphoreError as exc:
+                log.warning("holder %r: %s; retrying in %d ms", key, exc, self.retry_ms)
+                self._backoff[key] = self._now() + self.retry_ms
+                return
+            self._backoff.pop(key, None)
+        # Still work left after 8 exchanges: pause instead of spinning.
+        self._backoff[key] = self._now() + self.retry_ms
+
+    async def _run_callbacks(self, key: str, now: int) -> None:
+        rows = self.storage.exec(
+            f"SELECT * FROM {ITEMS} WHERE key = ? AND state = 'running' AND admitted = 0 AND retry_at <= ?"
+            " ORDER BY seq", key, now)
+        for r in rows:
+            item = QueueItem._from_row(r)
+            # Persist the attempt first: if the object dies in the callback, the retry waits.
+            self.storage.exec(f"UPDATE {ITEMS} SET attempts = attempts + 1, retry_at = ? WHERE item_id = ?",
+                              now + self.admit_retry_ms, item.item_id)
+            item = self._item(item.item_id) or item
+            try:
+                await _call(self.on_admit, item)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("on_admit failed for item %r; retrying under the same permit", item.item_id)
+                continue
+            self.storage.exec(f"UPDATE {ITEMS} SET admitted = 1 WHERE item_id = ? AND state = 'running'",
+                              item.item_id)
+
+    async def _reconcile(self, key: str, now: int) -> None:
+        if self.reconcile_after_ms is None or self.check_running is None:
+            return
+        bound = self.reconcile_after_ms
+        rows = self.storage.exec(
+            f"SELECT * FROM {ITEMS} WHERE key = ? AND state = 'running' AND admitted = 1"
+            " AND started_at <= ? AND checked_at <= ? ORDER BY seq", key, now - bound, now - bound)
+        for r in rows:
+            item = QueueItem._from_row(r)
+            try:
+                running = bool(await _call(self.check_running, item))
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("check_running failed for item %r", item.item_id)
+                running = True
+            at = self._now()
+            if running:
+                self.storage.exec(f"UPDATE {ITEMS} SET checked_at = ? WHERE item_id = ?", at, item.item_id)
+            else:
+                log.warning("item %r is no longer running (completion notice lost); releasing it", item.item_id)
+                self.storage.transaction(lambda: self._complete(item.item_id, at))
+
+    def _next_wake(self, key: str, now: int) -> int | None:
+        times: list[int] = []
+        backoff = self._backoff.get(key, 0)
+        network_at = max(now, backoff)
+        queued = self._queued(key)
+        if queued:
+            times.append(max(self.client.not_before(key), network_at))
+        if self._count(key, "claiming") or self.client.dirty(key, draws=False) or self.client.needs_sync(key, now):
+            times.append(network_at)
+        check = self.client.check_at(key)
+        if check is not None:
+            times.append(max(check, network_at))
+        for x in self.client.leases(key):
+            if x.status == LeaseStatus.LIVE.value and not x.stopped:
+                if x.in_use > 0 or queued.get(x.group):
+                    times.append(max(x.heartbeat_at, network_at))
+                else:
+                    times.append(max(now, x.expires_at - self.lease_margin_ms))
+        row = self.storage.one(
+            f"SELECT MIN(retry_at) AS at FROM {ITEMS} WHERE key = ? AND state = 'running' AND admitted = 0", key)
+        if row is not None and row["at"] is not None:
+            times.append(max(now, int(row["at"])))
+        if self.reconcile_after_ms is not None:
+            row = self.storage.one(
+                f"SELECT MIN(MAX(started_at, checked_at)) AS at FROM {ITEMS}"
+                " WHERE key = ? AND state = 'running' AND admitted = 1", key)
+            if row is not None and row["at"] is not None:
+                times.append(max(now, int(row["at"]) + self.reconcile_after_ms))
+        return min(times) if times else None

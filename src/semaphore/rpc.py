@@ -1,0 +1,251 @@
+"""The client helper: reach the holder of a key over Durable Object RPC (SPEC R36).
+
+Python shape of the original's ``DurabilitySemaphore.client({...})``::
+
+    limits = DurabilitySemaphore.client(
+        binding="ACCOUNT_LIMIT",                      # env.ACCOUNT_LIMIT is the namespace
+        invoke=lambda stub, message: stub.permits(message),
+    )
+
+    # from a client Durable Object:
+    reply = await limits.with_(timeout(5_000)).request(self.env, account_id, message)
+
+    # or as the transport of a SemaphoreClient:
+    client = SemaphoreClient(ctx, limits.with_(timeout(5_000)).transport(env))
+
+* The holder is resolved with :func:`get_by_name` (``namespace.getByName(key)``; the runtime has
+  no snake_case name for it). ``namespace=`` is the escape hatch when there is no binding name:
+  a namespace object, or a callable ``env -> namespace``.
+* ``invoke(stub, message)`` calls the RPC method the application chose (a method *name* string
+  works too). Messages are sent as plain dicts, positionally.
+* A reply that is not a plain dict (a ``JsProxy``) is converted with :func:`runtime.plain`; an
+  error value (``{"v": 1, "error": ...}``) raises its typed exception (:mod:`semaphore.errors`);
+  an exception from the RPC itself (``JsException`` in the runtime: its type is lost) becomes
+  :class:`HolderUnavailableError`.
+* Transforms wrap the call. A transform is a function ``next -> call`` where both are
+  ``async (key, message) -> reply``. **Order**: ``helper.with_(a, b)`` is the same as
+  ``helper.with_(a).with_(b)``; the *first* transform is the *outermost*: a call goes through
+  ``a``, then ``b``, then the RPC. So ``with_(timeout(5_000), retry(3))`` bounds all attempts
+  together by 5 s, while ``with_(retry(3), timeout(5_000))`` gives each attempt 5 s.
+  :func:`timeout` and :func:`retry` are provided; any function of that shape composes.
+
+This module never imports ``workers`` or ``js``: it duck-types what the runtime hands over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Union
+
+from .clock import sleep_until, system_clock
+from .errors import (
+    ConfigurationError,
+    HolderUnavailableError,
+    SemaphoreError,
+    SemaphoreTimeoutError,
+    error_from_reply,
+)
+from .holder import DurabilitySemaphore
+from .runtime import plain
+from .wire import PermitRequest, SyncMessage
+
+__all__ = [
+    "Call",
+    "Transform",
+    "SemaphoreRpc",
+    "client",
+    "get_by_name",
+    "timeout",
+    "retry",
+]
+
+#: ``async (key, message) -> reply dict``: one call to the holder of ``key``.
+Call = Callable[[str, dict], Awaitable[dict]]
+#: A caller transform: wraps a :data:`Call` into another.
+Transform = Callable[[Call], Call]
+Invoke = Union[str, Callable[[Any, dict], Any]]
+
+
+def get_by_name(namespace: Any, name: str) -> Any:
+    """The stub of the Durable Object named ``name`` in ``namespace``: ``namespace.getByName``
+    (falling back to ``namespace.get(namespace.idFromName(name))`` on older runtimes)."""
+    by_name = getattr(namespace, "getByName", None)
+    if callable(by_name):
+        return by_name(name)
+    id_from_name = getattr(namespace, "idFromName", None)
+    get = getattr(namespace, "get", None)
+    if callable(id_from_name) and callable(get):
+        return get(id_from_name(name))
+    raise ConfigurationError(
+        f"{type(namespace).__name__} is not a Durable Object namespace (no getByName)", field="namespace")
+
+
+@dataclass(frozen=True)
+class SemaphoreRpc:
+    """The client helper returned by :meth:`DurabilitySemaphore.client` (immutable; ``with_``
+    returns a new helper). See the module documentation."""
+
+    invoke: Invoke
+    binding: str | None = None
+    namespace: Any = None
+    transforms: tuple[Transform, ...] = ()
+
+    def with_(self, *transforms: Transform) -> "SemaphoreRpc":
+        """A helper whose calls also go through ``transforms`` (first = outermost; transforms
+        added by an earlier ``with_`` stay outside later ones)."""
+        for t in transforms:
+            if not callable(t):
+                raise ConfigurationError(f"transform {t!r} is not callable", field="transforms")
+        return SemaphoreRpc(self.invoke, self.binding, self.namespace, self.transforms + tuple(transforms))
+
+    def resolve_namespace(self, env: Any) -> Any:
+        """The Durable Object namespace of the holder class in ``env``."""
+        ns = self.namespace
+        if ns is not None:
+            if hasattr(ns, "getByName") or hasattr(ns, "idFromName"):
+                return ns
+            if callable(ns):
+                return ns(env)
+            return ns
+        assert self.binding is not None
+        value = getattr(env, self.binding, None)
+        if value is None and isinstance(env, dict):
+            value = env.get(self.binding)
+        if value is None:
+            raise ConfigurationError(f"env has no binding {self.binding!r}", field="binding")
+        return value
+
+    def call(self, env: Any) -> Call:
+        """The composed ``async (key, message) -> reply`` for ``env``."""
+
+        async def rpc(key: str, message: dict) -> dict:
+            try:
+                stub = get_by_name(self.resolve_namespace(env), key)
+                if isinstance(self.invoke, str):
+                    result = getattr(stub, self.invoke)(message)
+                else:
+                    result = self.invoke(stub, message)
+                if inspect.isawaitable(result):
+                    result = await result
+            except SemaphoreError:
+                raise
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # JsException in the runtime: the callee's type is lost
+                raise HolderUnavailableError(f"RPC to holder {key!r} failed: {exc}") from exc
+            reply = plain(result)
+            if not isinstance(reply, dict):
+                raise HolderUnavailableError(
+                    f"holder {key!r} answered a {type(reply).__name__}, not an object")
+            error = error_from_reply(reply)
+            if error is not None:
+                raise error
+            return reply
+
+        composed: Call = rpc
+        for t in reversed(self.transforms):
+            composed = t(composed)
+        return composed
+
+    async def request(self, env: Any, key: str, message: Any) -> dict:
+        """Send ``message`` (a wire dict, or a typed :class:`PermitRequest`/:class:`SyncMessage`)
+        to the holder of ``key`` and return its reply dict. Raises the typed exception of an
+        error reply, :class:`HolderUnavailableError` if the RPC fails, and whatever the
+        transforms raise (e.g. :class:`SemaphoreTimeoutError`)."""
+        if isinstance(message, (PermitRequest, SyncMessage)):
+            message = message.to_wire()
+        return await self.call(env)(key, message)
+
+    def transport(self, env: Any) -> Call:
+        """This helper as the transport of a :class:`~semaphore.client.SemaphoreClient`."""
+        return self.call(env)
+
+
+def client(
+    binding: str | None = None,
+    *,
+    invoke: Invoke,
+    namespace: Any = None,
+    transforms: tuple[Transform, ...] = (),
+) -> SemaphoreRpc:
+    """``DurabilitySemaphore.client(binding=..., invoke=...)``: the client helper (SPEC R36).
+
+    :param binding: name of the holder class's Durable Object binding in ``env``.
+    :param invoke: ``(stub, message) -> awaitable reply`` calling the holder's RPC method, or the
+        method's name (``"permits"``).
+    :param namespace: escape hatch instead of ``binding``: the namespace object itself, or a
+        callable ``env -> namespace``.
+    :param transforms: initial transforms (see :meth:`SemaphoreRpc.with_`).
+    """
+    if (binding is None) == (namespace is None):
+        raise ConfigurationError("give exactly one of binding= or namespace=", field="binding")
+    if not (callable(invoke) or isinstance(invoke, str)):
+        raise ConfigurationError("invoke: a callable (stub, message) -> reply or a method name",
+                                 field="invoke")
+    return SemaphoreRpc(invoke, binding, namespace).with_(*transforms)
+
+
+# ------------------------------------------------------------------------------ transforms
+
+
+def timeout(ms: int, *, clock: Callable[[], int] | None = None) -> Transform:
+    """Give up waiting after ``ms`` milliseconds with :class:`SemaphoreTimeoutError`.
+
+    The holder may still process the message (the runtime has no RPC cancellation); cumulative
+    reports make asking again safe. With a ``clock`` that has ``sleep_until`` (e.g.
+    ``VirtualClock``) the deadline is measured on it; otherwise on the event loop."""
+    if isinstance(ms, bool) or not isinstance(ms, int) or ms <= 0:
+        raise ConfigurationError(f"timeout: ms must be a positive integer, got {ms!r}", field="timeout")
+
+    def transform(call: Call) -> Call:
+        async def timed(key: str, message: dict) -> dict:
+            if clock is None or getattr(clock, "sleep_until", None) is None:
+                try:
+                    return await asyncio.wait_for(call(key, message), ms / 1000)
+                except asyncio.TimeoutError:
+                    raise SemaphoreTimeoutError(f"holder {key!r} did not answer within {ms} ms") from None
+            work = asyncio.ensure_future(call(key, message))
+            timer = asyncio.ensure_future(sleep_until(clock, int(clock()) + ms))
+            try:
+                await asyncio.wait({work, timer}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                timer.cancel()
+            if work.done():
+                return work.result()
+            work.cancel()
+            raise SemaphoreTimeoutError(f"holder {key!r} did not answer within {ms} ms")
+
+        return timed
+
+    return transform
+
+
+def retry(attempts: int, *, backoff_ms: int = 0, clock: Callable[[], int] | None = None) -> Transform:
+    """Retry a call that raised :class:`HolderUnavailableError` (including timeouts) up to
+    ``attempts`` times in all, sleeping ``backoff_ms * 2**i`` between attempts. Other errors
+    (invalid message, round failed) are raised at once."""
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+        raise ConfigurationError(f"retry: attempts must be >= 1, got {attempts!r}", field="retry")
+    sleep_clock = clock or system_clock
+
+    def transform(call: Call) -> Call:
+        async def retried(key: str, message: dict) -> dict:
+            for i in range(attempts):
+                try:
+                    return await call(key, message)
+                except HolderUnavailableError:
+                    if i == attempts - 1:
+                        raise
+                    if backoff_ms:
+                        await sleep_until(sleep_clock, int(sleep_clock()) + backoff_ms * 2**i)
+            raise AssertionError("unreachable")
+
+        return retried
+
+    return transform
+
+
+# ``DurabilitySemaphore.client(...)``, like the original's static helper.
+DurabilitySemaphore.client = staticmethod(client)  # type: ignore[attr-defined]

@@ -1,0 +1,290 @@
+"""SemaphoreClient against a real holder in the same process (SPEC R35, R8, R13-R15a, R29-R34)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from client_harness import T0, HolderSide, Net, async_test
+from semaphore import (
+    Demand,
+    GrantStatus,
+    HolderUnavailableError,
+    InvalidMessageError,
+    RoundFailedError,
+    SemaphoreClient,
+    SemaphoreError,
+)
+from semaphore.testing import LocalContext, LocalStorage, VirtualClock
+
+LEASES = {"provisioning": {"mode": "strict"}, "permitsPerLease": 4, "ttlMs": 20_000}
+
+
+class Setup:
+    def __init__(self, limit: int = 5, **options: Any) -> None:
+        self.clock = VirtualClock(T0)
+        self.holder = HolderSide(self.clock, limit=limit, **options)
+        self.net = Net(self.holder, self.clock)
+        self.storage = LocalStorage()
+        self.ctx = LocalContext(self.storage, name="c1")
+        self.client = self.new_client()
+
+    def new_client(self, **kwargs: Any) -> SemaphoreClient:
+        return SemaphoreClient(self.ctx, self.net, clock=self.clock, client_id="c1", **kwargs)
+
+    async def run(self, coro: Any) -> Any:
+        """Run ``coro`` to completion while virtual time advances event by event."""
+        task = asyncio.ensure_future(coro)
+        await self.clock.settle()
+        while not task.done():
+            t = self.clock.next_event()
+            assert t is not None, "stuck"
+            await self.clock.advance_to(t)
+        return task.result()
+
+    async def ask(self, group: str = "g", count: int = 1, **kwargs: Any):
+        return await self.run(self.client.request("k", [Demand(group, count, T0)], **kwargs))
+
+
+@async_test
+async def test_reports_are_cumulative():
+    # R13, R35: every message carries cumulative counts built from durable state
+    s = Setup()
+    applied = await s.ask(count=3)
+    (g,) = applied.response.grants
+    assert s.client.claim("k", g.grant_id, 2) == [1, 2]
+    await s.run(s.client.sync("k"))
+    assert s.client.release("k", g.grant_id, 1) == 1
+    await s.run(s.client.sync("k"))
+    await s.run(s.client.sync("k"))
+    reports = [m["grants"] for m in s.net.sent[1:]]
+    assert reports == [[{"grantId": g.grant_id, "claimed": 2, "released": 0}],
+                       [{"grantId": g.grant_id, "claimed": 2, "released": 1}],
+                       [{"grantId": g.grant_id, "claimed": 2, "released": 1}]]
+    held = s.holder.storage.connection.execute(
+        "SELECT claimed, released FROM durability_semaphore_grants").fetchall()
+    assert held == [(2, 1)]
+    assert "leases" in s.net.sent[0]  # R5: the client announces lease support by default
+    await s.run(s.client.request("k", [], leases=False))
+    assert "leases" not in s.net.sent[-1]
+
+
+@async_test
+async def test_next_request_at_is_respected():
+    # R11, R35: the client does not ask before nextRequestAt unless forced
+    s = Setup()
+    first = await s.ask()
+    not_before = first.response.next_request_at
+    assert not_before > s.clock.now and s.client.not_before("k") == not_before
+    sent_at: list[int] = []
+    s.net.intercept = lambda key, msg: sent_at.append(s.clock.now)  # type: ignore[func-returns-value]
+    await s.ask()
+    assert sent_at[0] >= not_before
+    # force=True sends at once
+    before = s.clock.now
+    await s.ask(force=True)
+    assert sent_at[1] == before
+
+
+@async_test
+async def test_error_replies_become_typed_exceptions():
+    # R7: error values turn into typed exceptions on the client side
+    s = Setup()
+    bad = SemaphoreClient(s.ctx, s.net, clock=s.clock, client_id="x" * 300)
+    with pytest.raises(InvalidMessageError) as info:
+        await s.run(bad.request("k", [Demand("g", 1, T0)]))
+    assert info.value.field == "clientId"
+    # R2: a round that cannot commit is answered round_failed
+    from semaphore.testing import DurableObjectRuleError
+    s.holder.sem._ready = True
+    task = asyncio.ensure_future(s.client.request("k", [Demand("g", 1, T0)]))
+    await s.clock.settle()
+    s.holder.storage.fail_next_exec = DurableObjectRuleError("disk full")
+    with pytest.raises(RoundFailedError):
+        await s.run(task)
+    # transport failures and malformed replies
+    async def broken(key: str, message: dict) -> Any:
+        raise RuntimeError("connection reset")
+    c = SemaphoreClient(s.ctx, broken, clock=s.clock, client_id="c1")
+    with pytest.raises(HolderUnavailableError):
+        await c.sync("k")
+
+    async def weird(key: str, message: dict) -> Any:
+        return ["not", "a", "dict"]
+    c = SemaphoreClient(s.ctx, weird, clock=s.clock, client_id="c1")
+    with pytest.raises(HolderUnavailableError):
+        await c.sync("k")
+
+    async def unknown_code(key: str, message: dict) -> Any:
+        return {"v": 1, "error": {"code": "teapot", "message": "short and stout"}}
+    c = SemaphoreClient(s.ctx, unknown_code, clock=s.clock, client_id="c1")
+    with pytest.raises(SemaphoreError) as err:
+        await c.sync("k")
+    assert err.value.code == "teapot"
+
+
+@async_test
+async def test_not_found_drops_the_grant():
+    # R15: nothing claimed by claimBy -> the grant is deleted; a later report is not_found
+    s = Setup()
+    (g,) = (await s.ask(count=2)).response.grants
+    await s.clock.advance_to(g.claim_by + 1)  # the holder's alarm reclaims
+    applied = await s.run(s.client.sync("k"))
+    assert applied.dropped == [g.grant_id]
+    assert s.client.grants("k") == []
+    assert s.client.grant("k", g.grant_id).status == "gone"  # tombstone
+    await s.run(s.client.sync("k"))
+    assert s.net.sent[-1]["grants"] == []  # no longer reported
+
+
+@async_test
+async def test_expired_clamps_unconfirmed_claims():
+    # R15, R15a: a claim reaching the holder after claimBy is clamped; only confirmed slots run
+    s = Setup()
+    (g,) = (await s.ask(count=3)).response.grants
+    s.client.claim("k", g.grant_id, 2)
+    await s.run(s.client.sync("k"))
+    assert s.client.grant("k", g.grant_id).confirmed == 2
+    assert s.client.claim("k", g.grant_id, 1) == [3]  # too late: not confirmed before claimBy
+    await s.clock.advance_to(g.claim_by + 1)
+    applied = await s.run(s.client.sync("k"))
+    assert applied.expired == [g.grant_id]
+    local = s.client.grant("k", g.grant_id)
+    assert (local.permits, local.claimed, local.confirmed, local.status) == (2, 2, 2, "expired")
+    assert local.confirmed < 3 and local.final  # slot 3 will never be confirmed
+    # releasing the confirmed slots settles it
+    s.client.release("k", g.grant_id, 2)
+    applied = await s.run(s.client.sync("k"))
+    assert applied.dropped == [g.grant_id]
+    assert (await s.holder.usage())["outstanding"] == 0
+
+
+@async_test
+async def test_adopts_grants_and_leases_of_a_lost_reply():
+    # R8: a grant (and lease) whose reply was lost reaches the client at its next message
+    s = Setup(limit=10, leases=LEASES)
+    delivered: list[dict] = []
+    # deliver for real, then lose the reply
+    orig = s.net.__call__
+
+    async def deliver_then_lose(key: str, message: dict) -> dict:
+        reply = await orig(key, message)
+        delivered.append(reply)
+        raise HolderUnavailableError("reply lost")
+
+    s.client.transport = deliver_then_lose
+    with pytest.raises(HolderUnavailableError):
+        await s.ask(count=3)
+    assert delivered and delivered[0]["grants"] and delivered[0]["leases"]
+    assert s.client.grants("k") == [] and s.client.needs_sync("k")
+    s.client.transport = s.net
+    applied = await s.run(s.client.sync("k"))
+    assert applied.adopted_grants == [delivered[0]["grants"][0]["grantId"]]
+    assert applied.adopted_leases == [delivered[0]["leases"][0]["leaseId"]]
+    assert not s.client.needs_sync("k")
+    g = s.client.grants("k")[0]
+    assert s.client.claim("k", g.grant_id, 3) == [1, 2, 3]
+    await s.run(s.client.sync("k"))
+    assert s.client.grant("k", g.grant_id).confirmed == 3
+
+
+@async_test
+async def test_stale_reply_cannot_resurrect_a_dropped_grant():
+    # I2 on the client: tombstones keep a stale "active" from bringing a dropped grant back
+    s = Setup()
+    first = await s.ask(count=1)
+    stale = first.response.to_wire()
+    (g,) = first.response.grants
+    await s.clock.advance_to(g.claim_by + 1)
+    await s.run(s.client.sync("k"))
+    assert s.client.grants("k") == []
+
+    s.net.intercept = lambda key, msg: stale
+    await s.run(s.client.sync("k"))
+    assert s.client.grants("k") == []
+
+
+@async_test
+async def test_lease_retired_stops_and_settles():
+    # R30, R31, R33, R34: a retired lease stops drawing at once; stopped reports until settled
+    s = Setup(limit=10, leases={**LEASES, "ttlMs": 5_000})
+    applied = await s.ask(count=2)
+    (lease,) = applied.response.leases
+    lid = lease.lease_id
+    assert s.client.draw("k", lid) == 1
+    await s.clock.advance(6_000)  # unreported for ttlMs: the holder retires it
+    applied = await s.run(s.client.sync("k"))
+    assert applied.retired == [lid]
+    local = s.client.lease("k", lid)
+    assert local.stopped and local.status == "retired"
+    assert s.client.draw("k", lid) is None  # stops drawing at once
+    assert s.net.sent[-1]["leases"][0]["drawn"] == 1
+    await s.run(s.client.sync("k"))
+    assert s.net.sent[-1]["leases"] == [{"leaseId": lid, "drawn": 1, "released": 0, "stopped": True}]
+    assert (await s.holder.usage())["leaseFootprint"] == 1  # drawn - released once confirmed
+    assert s.client.release_lease("k", lid) == 1
+    assert s.client.release_lease("k", lid) == 0  # one-shot
+    applied = await s.run(s.client.sync("k"))
+    assert applied.settled == [lid]
+    assert s.client.leases("k") == []
+    assert (await s.holder.usage())["leaseFootprint"] == 0
+
+
+@async_test
+async def test_draw_is_one_shot_and_stop_returns_undrawn():
+    # R34, R29: releasing never makes a permit drawable again; stopping returns the undrawn ones
+    s = Setup(limit=10, leases=LEASES)
+    (lease,) = (await s.ask(count=1)).response.leases
+    lid = lease.lease_id
+    slots = [s.client.draw("k", lid) for _ in range(lease.permits + 1)]
+    assert slots == list(range(1, lease.permits + 1)) + [None]
+    s.client.release_lease("k", lid, lease.permits)
+    assert s.client.draw("k", lid) is None
+    assert s.client.stop_lease("k", lid)
+    applied = await s.run(s.client.sync("k"))
+    assert applied.settled == [lid]
+    assert (await s.holder.usage())["leaseFootprint"] == 0
+
+
+@async_test
+async def test_survives_eviction():
+    # R35: everything the client needs is in its own storage
+    s = Setup(limit=10, leases=LEASES)
+    applied = await s.ask(count=3)
+    g = next(x for x in applied.response.grants)
+    (lease,) = applied.response.leases
+    s.client.claim("k", g.grant_id, 2)
+    s.client.draw("k", lease.lease_id)
+    not_before = s.client.not_before("k")
+
+    fresh = s.new_client()  # a new instance over the same storage
+    assert fresh.not_before("k") == not_before
+    assert fresh.grant("k", g.grant_id).claimed == 2
+    assert fresh.lease("k", lease.lease_id).drawn == 1
+    assert fresh.dirty("k")
+    await s.run(fresh.sync("k"))
+    assert not fresh.dirty("k")
+    assert fresh.grant("k", g.grant_id).confirmed == 2
+    held = s.holder.storage.connection.execute(
+        "SELECT drawn FROM durability_semaphore_leases").fetchall()
+    assert held == [(1,)]
+
+
+@async_test
+async def test_recheck_sync_after_a_request():
+    # R8 + the seed's "lost response": one sync recheck_ms after a request, so a lease issued to
+    # a duplicated or late copy of the request (whose reply nobody received) is adopted
+    s = Setup(limit=10, leases=LEASES)
+    first = await s.ask(count=1)
+    copy = dict(s.net.sent[-1], demand=[{"group": "h", "count": 1, "oldestAt": T0}])
+    late = await s.run(s.holder.handle(copy))  # a late duplicate with other demand
+    (late_lease,) = [x for x in late["leases"] if x["group"] == "h"]
+    assert s.client.check_at("k") is not None
+    await s.clock.advance_to(s.client.check_at("k"))
+    assert s.client.needs_sync("k")
+    applied = await s.run(s.client.sync("k"))
+    assert late_lease["leaseId"] in applied.adopted_leases
+    assert not s.client.needs_sync("k") and s.client.check_at("k") is None
+    assert first.response.grants[0].status is GrantStatus.ACTIVE

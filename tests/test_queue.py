@@ -1,0 +1,272 @@
+"""SemaphoreQueue against a real holder over the in-memory transport (SPEC R15a, R29-R37)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+
+from client_harness import T0, ClientSide, HolderSide, Net, SimClock, async_test
+from semaphore import HolderUnavailableError, ItemState, PermitKind, QueueItem
+
+KEY = "acct"
+LEASES = {"provisioning": {"mode": "strict"}, "permitsPerLease": 2, "ttlMs": 20_000}
+
+
+@pytest.fixture(autouse=True)
+def quiet_logs():
+    logging.disable(logging.CRITICAL)
+    yield
+    logging.disable(logging.NOTSET)
+
+
+class Setup:
+    def __init__(self, limit: int = 3, *, fail_admit: int = 0, **holder_options: Any) -> None:
+        self.clock = SimClock(T0)
+        self.holder = HolderSide(self.clock, limit=limit, **holder_options)
+        self.net = Net(self.holder, self.clock)
+        self.admitted: list[QueueItem] = []
+        self.alive: set[str] = set()
+        self.fail_admit = fail_admit
+        self.side = ClientSide("c1", self.clock, self.net, on_admit=self.on_admit,
+                               check_running=lambda side, item: item.item_id in self.alive,
+                               reconcile_after_ms=30_000)
+
+    def on_admit(self, side: ClientSide, item: QueueItem) -> None:
+        self.admitted.append(item)
+        self.alive.add(item.item_id)
+        if self.fail_admit:
+            self.fail_admit -= 1
+            raise RuntimeError("crashed after starting the work")
+
+    @property
+    def queue(self):
+        return self.side.queue
+
+    def state(self, item_id: str) -> ItemState:
+        return self.queue.item(item_id).state
+
+    async def complete(self, item_id: str) -> None:
+        self.alive.discard(item_id)
+        await self.queue.complete(item_id)
+
+    async def usage(self) -> dict:
+        return await self.holder.usage()
+
+    def sent(self, kind: str | None = None) -> list[dict]:
+        return [m for m in self.net.sent if kind is None or m["type"] == kind]
+
+
+@async_test
+async def test_enqueue_is_idempotent_and_demand_comes_from_items():
+    # R37: the same item id queues once (a retried enqueue), demand = count/oldestAt of items
+    s = Setup()
+    await s.queue.enqueue(KEY, "g", "a")
+    await s.clock.advance(10)
+    await s.queue.enqueue(KEY, "g", "b")
+    again = await s.queue.enqueue(KEY, "g", "a", {"ignored": True})
+    assert again.payload is None and len(s.queue.items()) == 2
+    (d,) = s.queue.demand(KEY)
+    assert (d.group, d.count, d.oldest_at) == ("g", 2, T0)
+    await s.clock.advance(6000)
+    assert sorted(i.item_id for i in s.admitted) == ["a", "b"]
+    await s.complete("a")
+    await s.queue.enqueue(KEY, "g", "a")  # retried after it finished: not run again
+    await s.clock.advance(5000)
+    assert [i.item_id for i in s.admitted].count("a") == 1
+
+
+@async_test
+async def test_grant_items_start_only_after_the_claim_is_confirmed():
+    # R15a: claim, send it with a sync, start only what the reply shows claimed and active
+    s = Setup()
+    for i in range(2):
+        await s.queue.enqueue(KEY, "g", f"i{i}")
+    lost = {"n": 0}
+
+    def lose_syncs(key: str, message: dict) -> Any:
+        if message["type"] == "sync" and message["grants"] and lost["n"] < 2:
+            lost["n"] += 1
+            raise HolderUnavailableError("lost")
+        return None
+
+    s.net.intercept = lose_syncs
+    await s.clock.advance(1500)  # the round grants 2; the claim's sync is lost
+    assert s.admitted == [] and s.state("i0") is ItemState.CLAIMING
+    await s.clock.advance(1000)  # retry lost again
+    assert s.admitted == []
+    await s.clock.advance(1000)  # retry reaches the holder
+    assert [i.item_id for i in s.admitted] == ["i0", "i1"]
+    assert all(i.permit.kind is PermitKind.GRANT for i in s.admitted)
+    held = s.holder.storage.connection.execute("SELECT claimed FROM durability_semaphore_grants").fetchall()
+    assert held == [(2,)]
+
+
+@async_test
+async def test_claim_answered_expired_requeues_and_runs_later():
+    # R15, R15a: a claim reaching the holder after claimBy is refused; the item is re-queued
+    s = Setup(grant_timeout_ms=2000)
+    await s.queue.enqueue(KEY, "g", "x")
+
+    def lose_syncs(key: str, message: dict) -> Any:
+        if message["type"] == "sync":
+            raise HolderUnavailableError("lost")
+        return None
+
+    s.net.intercept = lose_syncs
+    await s.clock.advance(1200)
+    first_grant = s.queue.item("x").permit
+    assert first_grant is not None and s.state("x") is ItemState.CLAIMING
+    await s.clock.advance(2500)  # claimBy passes; the holder reclaims the grant
+    s.net.intercept = None
+    await s.clock.advance(8000)
+    assert [i.item_id for i in s.admitted] == ["x"]
+    assert s.admitted[0].permit.id != first_grant.id  # ran under a new, confirmed grant
+    await s.complete("x")
+    await s.clock.advance(3000)
+    assert (await s.usage())["outstanding"] == 0
+
+
+@async_test
+async def test_lease_draws_need_no_round_trip_and_are_one_shot():
+    # R30, R34: items drawn from a live lease start without a message
+    s = Setup(limit=10, leases={**LEASES, "permitsPerLease": 3})
+    await s.queue.enqueue(KEY, "g", "a")
+    await s.clock.advance(1500)
+    (lease,) = s.side.client.leases(KEY)
+    assert lease.permits == 3
+    sent = len(s.net.sent)
+    await s.queue.enqueue(KEY, "g", "b")
+    await s.queue.pump(KEY)
+    assert s.state("b") is ItemState.RUNNING and s.queue.item("b").permit.kind is PermitKind.LEASE
+    assert len(s.net.sent) == sent  # no round trip
+    slots = {(i.permit.id, i.permit.slot) for i in s.admitted if i.permit.kind is PermitKind.LEASE}
+    await s.complete("b")
+    await s.queue.enqueue(KEY, "g", "c")
+    await s.queue.pump(KEY)
+    c = s.queue.item("c").permit
+    assert (c.id, c.slot) not in slots  # a released permit is never drawn again
+
+
+@async_test
+async def test_lease_in_use_is_heartbeated_at_half_ttl_even_when_idle():
+    # R31, R37: heartbeats keep a lease with running work live
+    s = Setup(limit=10, leases=LEASES)
+    await s.queue.enqueue(KEY, "g", "a")
+    await s.queue.enqueue(KEY, "g", "b")
+    await s.clock.advance(1500)
+    (lease,) = s.side.client.leases(KEY)
+    await s.queue.enqueue(KEY, "g", "c")
+    await s.queue.pump(KEY)
+    drawn = [i for i in s.admitted if i.permit.kind is PermitKind.LEASE]
+    assert [i.item_id for i in drawn] == ["c"]
+    for i in ("a", "b"):
+        await s.complete(i)
+    await s.clock.advance(5000)
+    await s.clock.advance(60_000)  # three TTLs, nothing else happening
+    syncs = [m for m in s.sent("sync") if m.get("leases")]
+    assert len(syncs) >= 5
+    row = s.holder.storage.connection.execute(
+        "SELECT status FROM durability_semaphore_leases WHERE lease_id = ?", (lease.lease_id,)).fetchone()
+    assert row == ("live",)
+    for i in s.admitted:
+        await s.complete(i.item_id)
+    await s.clock.advance(30_000)
+    usage = await s.usage()
+    assert (usage["outstanding"], usage["leaseFootprint"]) == (0, 0)  # I3
+
+
+@async_test
+async def test_contended_reply_stops_idle_leases_and_reports_until_settled():
+    # R29, R37: on contended, leases in groups with nothing queued are stopped and reported
+    s = Setup(limit=4, leases={**LEASES, "permitsPerLease": 2})
+    await s.queue.enqueue(KEY, "idle", "a")
+    await s.clock.advance(1500)
+    lease = next(x for x in s.side.client.leases(KEY) if x.group == "idle")
+    await s.complete("a")
+    await s.clock.advance(100)
+    # another client's demand the holder cannot serve makes replies contended
+    other = asyncio.ensure_future(s.holder.handle({
+        "type": "request", "v": 1, "clientId": "other",
+        "demand": [{"group": "busy", "count": 9, "oldestAt": T0}], "grants": []}))
+    await s.clock.advance(2500)
+    assert other.result()["contended"] is True
+    await s.queue.enqueue(KEY, "other-group", "b")  # makes the client talk to the holder
+    await s.clock.advance(4000)
+    stopped = [m for m in s.net.sent if any(x["leaseId"] == lease.lease_id and x["stopped"]
+                                               for x in m.get("leases", []))]
+    assert stopped
+    assert s.side.client.lease(KEY, lease.lease_id).status == "settled"
+    row = s.holder.storage.connection.execute(
+        "SELECT COUNT(*) FROM durability_semaphore_leases WHERE lease_id = ?", (lease.lease_id,)).fetchone()
+    assert row == (0,)
+
+
+@async_test
+async def test_retired_lease_stops_drawing_at_once():
+    # R33: lowering the limit retires live leases; the client stops drawing at once
+    limit = {"value": 10}
+    s = Setup(limit=lambda: limit["value"], leases={**LEASES, "permitsPerLease": 4})
+    await s.queue.enqueue(KEY, "g", "a")
+    await s.clock.advance(1500)
+    (lease,) = s.side.client.leases(KEY)
+    limit["value"] = 5
+    await s.queue.enqueue(KEY, "h", "b")  # next round retires the lease
+    await s.clock.advance(3000)
+    assert s.side.client.lease(KEY, lease.lease_id).stopped
+    await s.queue.enqueue(KEY, "g", "c")
+    await s.queue.pump(KEY)
+    assert s.queue.item("c").permit is None or s.queue.item("c").permit.id != lease.lease_id
+
+
+@async_test
+async def test_admission_callback_is_retried_under_the_same_permit():
+    # retry-safe admission: a crashed callback is called again for the same item and permit
+    s = Setup(fail_admit=2)
+    await s.queue.enqueue(KEY, "g", "a")
+    await s.clock.advance(6000)
+    calls = [i for i in s.admitted if i.item_id == "a"]
+    assert len(calls) == 3
+    assert len({(c.permit.id, c.permit.slot) for c in calls}) == 1
+    assert [c.attempts for c in calls] == [1, 2, 3] and s.queue.item("a").admitted
+
+
+@async_test
+async def test_reconciliation_releases_work_whose_completion_was_lost():
+    # composition: items running longer than the bound are checked, and released when gone
+    s = Setup()
+    await s.queue.enqueue(KEY, "g", "a")
+    await s.clock.advance(1500)
+    assert s.state("a") is ItemState.RUNNING
+    await s.clock.advance(40_000)
+    assert s.state("a") is ItemState.RUNNING  # still running: checked, kept
+    s.alive.discard("a")  # the work ended but complete() never came
+    await s.clock.advance(40_000)
+    assert s.state("a") is ItemState.DONE
+    assert (await s.usage())["outstanding"] == 0
+
+
+@async_test
+async def test_queue_survives_eviction():
+    # R37: items, claims and permits survive eviction of the client object
+    s = Setup()
+    for i in range(4):
+        await s.queue.enqueue(KEY, "g", f"i{i}")
+    await s.clock.advance(1200)
+    s.side.evict()
+    await s.clock.advance(2000)
+    running = {i.item_id for i in s.queue.items(state=ItemState.RUNNING)}
+    assert len(running) == 3
+    s.side.evict()
+    for item_id in sorted(running):
+        await s.complete(item_id)
+    s.side.evict()
+    await s.clock.advance(10_000)
+    assert len({i.item_id for i in s.admitted}) == 4
+    await s.complete("i3")
+    await s.clock.advance(30_000)
+    assert all(i.state is ItemState.DONE for i in s.queue.items())
+    usage = await s.usage()
+    assert (usage["outstanding"], usage["leaseFootprint"]) == (0, 0)

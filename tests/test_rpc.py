@@ -1,0 +1,248 @@
+"""The client helper (SPEC R36): ``DurabilitySemaphore.client(...)`` over a stand-in ``env``.
+
+The env/namespace/stub below stand in for the runtime boundary only (``getByName`` returning a
+stub whose ``permits`` coroutine forwards to a real holder); the helper itself is not mocked."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from client_harness import T0, HolderSide, async_test
+from semaphore import (
+    ConfigurationError,
+    DurabilitySemaphore,
+    HolderUnavailableError,
+    InvalidMessageError,
+    PermitRequest,
+    Demand,
+    SemaphoreClient,
+    SemaphoreTimeoutError,
+    retry,
+    timeout,
+)
+from semaphore.rpc import SemaphoreRpc, get_by_name
+from semaphore.testing import LocalContext, LocalStorage, VirtualClock
+
+
+class JsLikeReply:
+    """Like a JsProxy of a JS object: converts with to_py()."""
+
+    def __init__(self, value: dict) -> None:
+        self._value = value
+
+    def to_py(self) -> dict:
+        return self._value
+
+
+class Stub:
+    def __init__(self, env: "Env", name: str) -> None:
+        self.env, self.name = env, name
+
+    async def permits(self, message: Any) -> Any:
+        self.env.calls.append((self.name, message))
+        if self.env.fail:
+            raise RuntimeError("JsException: Error: Durable Object reset because its code was updated")
+        if self.env.hang:
+            await asyncio.Event().wait()
+        reply = await self.env.holders[self.name].handle(message)
+        return JsLikeReply(reply) if self.env.proxy_replies else reply
+
+
+class Namespace:
+    def __init__(self, env: "Env") -> None:
+        self.env = env
+
+    def getByName(self, name: str) -> Stub:
+        self.env.resolved.append(name)
+        return Stub(self.env, name)
+
+
+class Env:
+    def __init__(self, clock: VirtualClock) -> None:
+        self.clock = clock
+        self.holders: dict[str, HolderSide] = {}
+        self.calls: list[tuple[str, Any]] = []
+        self.resolved: list[str] = []
+        self.fail = False
+        self.hang = False
+        self.proxy_replies = False
+        self.ACCOUNT_LIMIT = Namespace(self)
+
+    def holder(self, name: str) -> HolderSide:
+        return self.holders.setdefault(name, HolderSide(self.clock, limit=3, round_wait_ms=0, round_period_ms=0))
+
+
+def message(client_id: str = "c1", count: int = 1) -> dict:
+    return PermitRequest(client_id, (Demand("g", count, T0),), (), ()).to_wire()
+
+
+def sync(client_id: str = "c1") -> dict:
+    return {"type": "sync", "v": 1, "clientId": client_id, "grants": []}
+
+
+limits = DurabilitySemaphore.client(binding="ACCOUNT_LIMIT", invoke=lambda stub, msg: stub.permits(msg))
+
+
+@async_test
+async def test_request_resolves_the_holder_by_name():
+    # R36: env.<BINDING>.getByName(key), then the application's RPC method
+    env = Env(VirtualClock(T0))
+    env.holder("acct-1")
+    reply = await limits.request(env, "acct-1", sync())
+    assert env.resolved == ["acct-1"] and env.calls[0][0] == "acct-1"
+    assert reply["v"] == 1 and reply["grants"] == []
+    assert isinstance(limits, SemaphoreRpc)
+    # a typed message is sent as its wire dict
+    await limits.request(env, "acct-1", PermitRequest("c1"))
+    assert isinstance(env.calls[-1][1], dict) and env.calls[-1][1]["type"] == "request"
+
+
+@async_test
+async def test_method_name_and_proxy_replies():
+    # R36: invoke may name the method; a JsProxy-like reply is converted with plain()
+    env = Env(VirtualClock(T0))
+    env.holder("a")
+    env.proxy_replies = True
+    helper = DurabilitySemaphore.client(binding="ACCOUNT_LIMIT", invoke="permits")
+    reply = await helper.request(env, "a", sync())
+    assert type(reply) is dict and reply["contended"] is False
+
+
+@async_test
+async def test_namespace_escape_hatch():
+    # R36: namespace= instead of a binding name: the namespace itself or env -> namespace
+    env = Env(VirtualClock(T0))
+    env.holder("a")
+    direct = DurabilitySemaphore.client(namespace=env.ACCOUNT_LIMIT, invoke="permits")
+    assert (await direct.request(object(), "a", sync()))["v"] == 1
+    lazy = DurabilitySemaphore.client(namespace=lambda e: e.ACCOUNT_LIMIT, invoke="permits")
+    assert (await lazy.request(env, "a", sync()))["v"] == 1
+    assert env.resolved == ["a", "a"]
+    with pytest.raises(ConfigurationError):
+        DurabilitySemaphore.client(invoke="permits")
+    with pytest.raises(ConfigurationError):
+        DurabilitySemaphore.client(binding="X", namespace=env.ACCOUNT_LIMIT, invoke="permits")
+    with pytest.raises(ConfigurationError):
+        await DurabilitySemaphore.client(binding="MISSING", invoke="permits").request(env, "a", sync())
+
+
+def test_get_by_name_falls_back_to_id_from_name():
+    class Old:
+        def idFromName(self, name: str) -> str:
+            return f"id({name})"
+
+        def get(self, ident: str) -> str:
+            return f"stub[{ident}]"
+
+    assert get_by_name(Old(), "k") == "stub[id(k)]"
+    with pytest.raises(ConfigurationError):
+        get_by_name(object(), "k")
+
+
+@async_test
+async def test_error_values_and_rpc_exceptions():
+    # R7: error values raise typed exceptions; an RPC exception (JsException) -> HolderUnavailableError
+    env = Env(VirtualClock(T0))
+    env.holder("a")
+    with pytest.raises(InvalidMessageError) as info:
+        await limits.request(env, "a", {"type": "sync", "v": 2, "clientId": "c1", "grants": []})
+    assert info.value.field == "v"
+    env.fail = True
+    with pytest.raises(HolderUnavailableError) as err:
+        await limits.request(env, "a", sync())
+    assert "JsException" in str(err.value) and not isinstance(err.value, SemaphoreTimeoutError)
+
+    bad = DurabilitySemaphore.client(binding="ACCOUNT_LIMIT", invoke=lambda stub, msg: 42)
+    env.fail = False
+    with pytest.raises(HolderUnavailableError):
+        await bad.request(env, "a", sync())
+
+
+@async_test
+async def test_timeout_raises_semaphore_timeout_error():
+    # R36: a timeout transform composes with the helper
+    clock = VirtualClock(T0)
+    env = Env(clock)
+    env.holder("a")
+    env.hang = True
+    helper = limits.with_(timeout(5_000, clock=clock))
+    task = asyncio.ensure_future(helper.request(env, "a", sync()))
+    await clock.advance(4_999)
+    assert not task.done()
+    await clock.advance(1)
+    with pytest.raises(SemaphoreTimeoutError):
+        await task
+    # wall-clock variant (event loop time)
+    with pytest.raises(SemaphoreTimeoutError):
+        await limits.with_(timeout(20)).request(env, "a", sync())
+    # an answer within the deadline passes through
+    env.hang = False
+    assert (await limits.with_(timeout(5_000)).request(env, "a", sync()))["v"] == 1
+    with pytest.raises(ConfigurationError):
+        timeout(0)
+
+
+@async_test
+async def test_transform_order_first_is_outermost():
+    # R36: with_(a, b) == with_(a).with_(b); the first transform is the outermost
+    env = Env(VirtualClock(T0))
+    env.holder("a")
+    trace: list[str] = []
+
+    def tag(name: str):
+        def transform(call):
+            async def wrapped(key, msg):
+                trace.append(f"{name}>")
+                reply = await call(key, msg)
+                trace.append(f"<{name}")
+                return reply
+            return wrapped
+        return transform
+
+    await limits.with_(tag("a"), tag("b")).request(env, "a", sync())
+    assert trace == ["a>", "b>", "<b", "<a"]
+    trace.clear()
+    await limits.with_(tag("a")).with_(tag("b")).request(env, "a", sync())
+    assert trace == ["a>", "b>", "<b", "<a"]
+    assert limits.transforms == ()  # with_ returns a new helper
+
+
+@async_test
+async def test_retry_inside_timeout_vs_timeout_inside_retry():
+    # R36: composition order matters and is documented: with_(retry(3), timeout(t)) times each try
+    clock = VirtualClock(T0)
+    env = Env(clock)
+    env.holder("a")
+    env.hang = True
+    per_try = limits.with_(retry(3), timeout(1_000, clock=clock))
+    task = asyncio.ensure_future(per_try.request(env, "a", sync()))
+    await clock.advance(2_500)
+    assert not task.done() and len(env.calls) == 3
+    await clock.advance(600)
+    with pytest.raises(SemaphoreTimeoutError):
+        await task
+    env.calls.clear()
+    overall = limits.with_(timeout(1_000, clock=clock), retry(3))
+    task = asyncio.ensure_future(overall.request(env, "a", sync()))
+    await clock.advance(1_000)
+    with pytest.raises(SemaphoreTimeoutError):
+        await task
+    assert len(env.calls) == 1
+
+
+@async_test
+async def test_helper_as_the_transport_of_a_client():
+    # R35, R36: SemaphoreClient over the helper's transport
+    clock = VirtualClock(T0)
+    env = Env(clock)
+    env.holder("acct")
+    client = SemaphoreClient(LocalContext(LocalStorage(), name="c1"), limits.transport(env), clock=clock,
+                             client_id="c1")
+    applied = await client.request("acct", [Demand("g", 2, T0)])
+    assert [g.permits for g in applied.response.grants] == [2]
+    env.fail = True
+    with pytest.raises(HolderUnavailableError):
+        await client.sync("acct")
