@@ -1,8 +1,15 @@
 """Reference Worker: one account-wide concurrency budget, queues that run jobs under it.
 
 * ``AccountLimit`` (binding ``ACCOUNT_LIMIT``, one per account id) is the holder: it wraps
-  :class:`semaphore.DurabilitySemaphore` and exposes the RPC method ``permits(message)``.
+  :class:`semaphore.DurabilitySemaphore` and exposes the RPC method ``permits(message)``. It also
+  keeps the account's job directory (job id -> queue), so a job can be completed by id alone.
+* ``JobQueue`` (binding ``JOB_QUEUE``, one per ``account:queue``) is a client: a
+  :class:`semaphore.SemaphoreQueue` whose items are the queue's jobs, admitted under the
+  account's budget through the client helper (``ACCOUNT_LIMIT`` by name, RPC ``permits``).
 * ``Default`` is the HTTP front (JSON in and out).
+
+A job's work is external: admission marks it ``running`` (its permit is held), and
+``POST /accounts/{account}/jobs/{id}/complete`` releases the permit.
 
 Configuration (``[vars]`` in wrangler.toml, all optional): ``ACCOUNT_CONCURRENCY`` (default limit
 per account, 10), ``GRANT_TIMEOUT_MS``, ``ROUND_WAIT_MS``, ``ROUND_PERIOD_MS``. Secret
@@ -19,13 +26,27 @@ from urllib.parse import urlparse
 
 from workers import DurableObject, Response, WorkerEntrypoint
 
-from semaphore import DurabilityScheduler, DurabilitySemaphore
+from semaphore import (
+    DurabilityScheduler,
+    DurabilitySemaphore,
+    QueueItem,
+    SemaphoreClient,
+    SemaphoreQueue,
+    timeout,
+)
 from semaphore.runtime import Storage, plain
+from semaphore.wire import MAX_ID_LENGTH
 
-__all__ = ["AccountLimit", "Default"]
+__all__ = ["AccountLimit", "JobQueue", "Default"]
 
 DEFAULT_CONCURRENCY = 10
 SETTINGS = "app_account_settings"
+JOBS = "app_job_directory"
+RPC_TIMEOUT_MS = 5_000
+
+#: How client objects reach an account's holder (SPEC R36): env.ACCOUNT_LIMIT.getByName(account),
+#: RPC method ``permits``, each call bounded by a timeout.
+limits = DurabilitySemaphore.client(binding="ACCOUNT_LIMIT", invoke=lambda stub, message: stub.permits(message))
 
 
 def env_int(env: Any, name: str, default: int, minimum: int = 0) -> int:
@@ -103,6 +124,80 @@ class AccountLimit(DurableObject):
         self._override = limit
         return {"limit": self.current_limit(), "override": limit, "defaultLimit": self.default_limit}
 
+    async def register_job(self, job_id: Any, queue: Any) -> dict[str, Any]:
+        """Record that ``job_id`` lives in ``queue`` (idempotent). Answers the queue the job is
+        registered to, which differs from ``queue`` when the id is already taken elsewhere."""
+        job_id, queue = str(plain(job_id)), str(plain(queue))
+        self._jobs_table()
+        self.storage.exec(f"INSERT INTO {JOBS}(job_id, queue) VALUES (?, ?) ON CONFLICT(job_id) DO NOTHING",
+                          job_id, queue)
+        row = self.storage.one(f"SELECT queue FROM {JOBS} WHERE job_id = ?", job_id)
+        return {"jobId": job_id, "queue": str(row["queue"]) if row else queue}
+
+    async def find_job(self, job_id: Any) -> dict[str, Any]:
+        """The queue holding ``job_id``: ``{"queue": name}`` or ``{"queue": None}``."""
+        self._jobs_table()
+        row = self.storage.one(f"SELECT queue FROM {JOBS} WHERE job_id = ?", str(plain(job_id)))
+        return {"queue": str(row["queue"]) if row else None}
+
+    def _jobs_table(self) -> None:
+        self.storage.exec(f"CREATE TABLE IF NOT EXISTS {JOBS} (job_id TEXT PRIMARY KEY, queue TEXT NOT NULL)")
+
+    async def alarm(self, alarm_info: Any = None) -> None:
+        await self.scheduler.alarm(alarm_info)
+
+
+def job_view(item: QueueItem) -> dict[str, Any]:
+    """JSON view of a queued job."""
+    return {
+        "id": item.item_id,
+        "group": item.group,
+        "state": item.state.value,
+        "payload": item.payload,
+        "enqueuedAt": item.enqueued_at,
+        "startedAt": item.started_at or None,
+        "finishedAt": item.finished_at or None,
+        "permit": None if item.permit is None else {"kind": item.permit.kind.value, "id": item.permit.id},
+    }
+
+
+class JobQueue(DurableObject):
+    """A queue of jobs of one account (one object per ``account:queue``).
+
+    Jobs are items of a :class:`SemaphoreQueue` keyed by the account id: they wait for permits of
+    the account's ``AccountLimit`` (rounds, or draws from leases), run while they hold one, and
+    release it on completion. Everything is in this object's SQLite storage, so eviction loses
+    nothing; the object's alarm drives the queue."""
+
+    def __init__(self, ctx: Any, env: Any) -> None:
+        super().__init__(ctx, env)
+        self.scheduler = DurabilityScheduler(ctx)
+        self.client = SemaphoreClient(ctx, limits.with_(timeout(RPC_TIMEOUT_MS)).transport(env))
+        self.queue = SemaphoreQueue(client=self.client, scheduler=self.scheduler, on_admit=self.start_job)
+
+    def start_job(self, item: QueueItem) -> None:
+        """Admission callback. The reference app's work is external: holding the permit while the
+        job is ``running`` is the whole effect, so there is nothing to start here (and calling
+        it twice for the same job, as the queue may after an eviction, is harmless)."""
+
+    async def enqueue(self, account: Any, job_id: Any, group: Any, payload: Any = None) -> dict[str, Any]:
+        """Queue a job (idempotent on ``job_id``)."""
+        account, job_id, group = str(plain(account)), str(plain(job_id)), str(plain(group))
+        known = self.queue.item(job_id) is not None
+        item = await self.queue.enqueue(account, group, job_id, plain(payload))
+        return {"job": job_view(item), "created": not known}
+
+    async def complete(self, job_id: Any) -> dict[str, Any]:
+        """The job's work finished: release its permit (or cancel it if still queued)."""
+        job_id = str(plain(job_id))
+        changed = await self.queue.complete(job_id)
+        item = self.queue.item(job_id)
+        return {"job": None if item is None else job_view(item), "changed": changed}
+
+    async def status(self) -> dict[str, Any]:
+        """Every job of this queue with its state."""
+        return {"jobs": [job_view(item) for item in self.queue.items()]}
+
     async def alarm(self, alarm_info: Any = None) -> None:
         await self.scheduler.alarm(alarm_info)
 
@@ -144,10 +239,24 @@ def holder(env: Any, account: str) -> Any:
     return env.ACCOUNT_LIMIT.getByName(account)
 
 
+def job_queue(env: Any, account: str, queue: str) -> Any:
+    return env.JOB_QUEUE.getByName(f"{account}:{queue}")
+
+
+def identifier(value: Any, name: str) -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_ID_LENGTH:
+        raise HttpError(400, "invalid_request", f"{name} must be a string of 1 to {MAX_ID_LENGTH} characters")
+    return value
+
+
 ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("GET", re.compile(r"^/healthz$"), "healthz"),
     ("GET", re.compile(r"^/accounts/([^/]+)/usage$"), "usage"),
     ("PUT", re.compile(r"^/accounts/([^/]+)/limit$"), "set_limit"),
+    ("POST", re.compile(r"^/accounts/([^/]+)/queues/([^/]+)/jobs$"), "enqueue"),
+    ("GET", re.compile(r"^/accounts/([^/]+)/queues/([^/]+)$"), "queue_status"),
+    ("POST", re.compile(r"^/accounts/([^/]+)/jobs/([^/]+)/complete$"), "complete"),
+    ("POST", re.compile(r"^/accounts/([^/]+)/permits$"), "permits"),
 ]
 
 
@@ -185,3 +294,35 @@ class Default(WorkerEntrypoint):
         if "error" in result:
             return json_response(result, 400)
         return json_response(result)
+
+    async def route_enqueue(self, request: Any, account: str, queue: str) -> Response:
+        require_admin(request, self.env)
+        body = await read_json(request)
+        job_id = identifier(body.get("id"), "id")
+        group = identifier(body.get("group", "default"), "group")
+        owner = plain(await holder(self.env, account).register_job(job_id, queue))
+        if owner["queue"] != queue:
+            raise HttpError(409, "conflict", f"job {job_id!r} already belongs to queue {owner['queue']!r}")
+        result = plain(await job_queue(self.env, account, queue).enqueue(account, job_id, group, body.get("payload")))
+        return json_response(result, 201 if result["created"] else 200)
+
+    async def route_complete(self, request: Any, account: str, job_id: str) -> Response:
+        require_admin(request, self.env)
+        found = plain(await holder(self.env, account).find_job(job_id))
+        if found["queue"] is None:
+            raise HttpError(404, "not_found", f"no job {job_id!r} in account {account!r}")
+        result = plain(await job_queue(self.env, account, found["queue"]).complete(job_id))
+        if result["job"] is None:
+            raise HttpError(404, "not_found", f"no job {job_id!r} in queue {found['queue']!r}")
+        return json_response(result)
+
+    async def route_queue_status(self, request: Any, account: str, queue: str) -> Response:
+        result = plain(await job_queue(self.env, account, queue).status())
+        return json_response({"account": account, "queue": queue, **result})
+
+    async def route_permits(self, request: Any, account: str) -> Response:
+        """Operator endpoint: one wire message straight to the account's holder (SPEC §3), e.g.
+        to inspect a client's grants with a ``sync``. Admin only."""
+        require_admin(request, self.env)
+        body = await read_json(request)
+        return json_response(plain(await holder(self.env, account).permits(body)))
