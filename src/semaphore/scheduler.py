@@ -35,11 +35,19 @@ class DurabilityScheduler:
     :param clock: callable returning epoch milliseconds (default: wall clock).
     """
 
+    #: While a handler runs, its timer is moved this far ahead instead of being deleted, so an
+    #: instance that dies mid-handler (process killed, eviction) runs it again once the runtime
+    #: re-delivers the alarm (alarms are at-least-once); it is deleted when the handler returns.
+    RUN_LEASE_MS = 2000
+
     def __init__(self, ctx: Any, *, clock: Callable[[], int] | None = None) -> None:
         self.ctx = ctx
         self.storage = ctx if isinstance(ctx, Storage) else Storage(ctx)
         self.clock: Callable[[], int] = clock or system_clock
         self._handlers: dict[str, TimerHandler] = {}
+        self._running: dict[str, int] = {}  # timer name -> its lease while its handler runs
+        self._rerun: set[str] = set()  # running timers that came due again meanwhile
+        self._touched: set[str] = set()  # running timers set or cleared meanwhile
         self._ready = False
 
     # ------------------------------------------------------------------ schema
@@ -64,6 +72,8 @@ class DurabilityScheduler:
         """Persist timer ``name`` at ``due_at`` (replacing any earlier time). Synchronous SQL
         only, so it can run inside a storage transaction; call :meth:`arm` afterwards."""
         self.ensure_schema()
+        if name in self._running:
+            self._touched.add(name)
         self.storage.exec(
             f"INSERT INTO {TABLE}(name, due_at) VALUES (?, ?)"
             " ON CONFLICT(name) DO UPDATE SET due_at = excluded.due_at",
@@ -74,18 +84,24 @@ class DurabilityScheduler:
     def clear_timer(self, name: str) -> None:
         """Remove timer ``name`` (synchronous SQL; call :meth:`arm` afterwards)."""
         self.ensure_schema()
+        if name in self._running:
+            self._touched.add(name)
         self.storage.exec(f"DELETE FROM {TABLE} WHERE name = ?", name)
 
     def clear_prefix(self, prefix: str) -> None:
         """Remove every timer whose name starts with ``prefix``."""
         self.ensure_schema()
+        self._touched.update(n for n in self._running if n.startswith(prefix))
         self.storage.exec(
             f"DELETE FROM {TABLE} WHERE substr(name, 1, ?) = ?", len(prefix), prefix
         )
 
     def timer(self, name: str) -> int | None:
-        """Due time of timer ``name``, or ``None``."""
+        """Due time of timer ``name``, or ``None``. While its handler runs a timer is not
+        scheduled (its run lease is internal) until it is set again."""
         self.ensure_schema()
+        if name in self._running and name not in self._touched:
+            return None
         row = self.storage.one(f"SELECT due_at FROM {TABLE} WHERE name = ?", name)
         return None if row is None else int(row["due_at"])
 
@@ -135,18 +151,42 @@ class DurabilityScheduler:
                 log.warning("dropping due timer %r: no handler registered", name)
                 self.storage.exec(f"DELETE FROM {TABLE} WHERE name = ? AND due_at = ?", name, due_at)
                 continue
-            # Remove the timer first (only if unchanged), so a handler can re-schedule itself.
-            self.storage.exec(f"DELETE FROM {TABLE} WHERE name = ? AND due_at = ?", name, due_at)
+            if name in self._running:
+                # Still running from an earlier alarm of this instance (a long run outlived its
+                # lease, or the timer was set again meanwhile): never run it twice at once, nor
+                # leave it due (the alarm would fire in a loop); run it again after this run.
+                self._running[name] = now + self.RUN_LEASE_MS
+                self._rerun.add(name)
+                self.storage.exec(f"UPDATE {TABLE} SET due_at = ? WHERE name = ?",
+                                  self._running[name], name)
+                continue
+            # Lease the timer rather than delete it, so a run cut short by the death of the
+            # instance happens again; after the run it is deleted unless set or cleared
+            # meanwhile, so a handler can still re-schedule or clear itself.
+            self._running[name] = now + self.RUN_LEASE_MS
+            self._touched.discard(name)
+            self.storage.exec(f"UPDATE {TABLE} SET due_at = ? WHERE name = ? AND due_at = ?",
+                              self._running[name], name, due_at)
             try:
                 result = handler(name, due_at)
                 if inspect.isawaitable(result):
                     await result
             except Exception as exc:  # keep the timer for the retry
                 log.exception("timer %r failed", name)
-                if self.timer(name) is None:
+                if name not in self._touched or self.timer(name) is None:
                     self.set_timer(name, due_at)
                 if first_error is None:
                     first_error = exc
+            else:
+                if name in self._rerun:  # came due again during the run: run it once more
+                    self.storage.exec(f"UPDATE {TABLE} SET due_at = ? WHERE name = ?",
+                                      int(self.clock()), name)
+                elif name not in self._touched:
+                    self.storage.exec(f"DELETE FROM {TABLE} WHERE name = ?", name)
+            finally:
+                self._running.pop(name, None)
+                self._rerun.discard(name)
+                self._touched.discard(name)
         if first_error is not None:
             # Leave the alarm to the runtime's retry (with backoff); re-arming at a due time
             # would fire again at once.

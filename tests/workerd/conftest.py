@@ -72,18 +72,20 @@ def workerd_runtime(workerd_bin: Path, project_wrangler_toml: Path,
 def workerd_factory(workerd_runtime: dict[str, Any], workerd_bin: Path,
                     project_wrangler_toml: Path, tmp_path: Path
                     ) -> Iterator[Callable[..., WorkerdProcess]]:
-    """``make(vars_override=None, storage_dir=None, start=True)`` -> a WorkerdProcess of the
-    project's config (fresh storage in tmp_path unless given). All are stopped at teardown."""
+    """``make(vars_override=None, storage_dir=None, start=True, secrets=None)`` -> a
+    WorkerdProcess of the project's config (fresh storage in tmp_path unless given; ``secrets``
+    become text bindings, as ``.dev.vars`` under ``wrangler dev``). All are stopped at
+    teardown."""
     if workerd_runtime["skip"]:
         pytest.skip(workerd_runtime["skip"])
     made: list[WorkerdProcess] = []
 
     def make(vars_override: dict[str, Any] | None = None, storage_dir: os.PathLike[str] | None = None,
-             start: bool = True) -> WorkerdProcess:
+             start: bool = True, secrets: dict[str, str] | None = None) -> WorkerdProcess:
         n = len(made)
         config = generate_config(project_wrangler_toml, tmp_path / f"config{n}",
                                  storage_dir=storage_dir or tmp_path / f"storage{n}", port=0,
-                                 vars_override=vars_override)
+                                 vars_override=vars_override, secrets=secrets)
         proc = WorkerdProcess(config, binary=workerd_bin, log_dir=tmp_path / f"logs{n}")
         made.append(proc)
         if start:
