@@ -325,4 +325,8 @@ class Default(WorkerEntrypoint):
         to inspect a client's grants with a ``sync``. Admin only."""
         require_admin(request, self.env)
         body = await read_json(request)
-        return json_response(plain(await holder(self.env, account).permits(body)))
+        result = plain(await holder(self.env, account).permits(body))
+        error = result.get("error") if isinstance(result, dict) else None
+        if isinstance(error, dict):  # an error value (SPEC R7): not a 200
+            return json_response(result, 400 if error.get("code") == "invalid_message" else 503)
+        return json_response(result)

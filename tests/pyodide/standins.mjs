@@ -388,20 +388,25 @@ export class SqlStorage {
 export class DurableObjectStorage {
   #sql;
   #txnDepth = 0;
-  #trustedDepth = 0;
-  #deniedTxn = false;
 
   constructor(record) {
     this._record = record;
     this._db = record.db;
     this.#sql = new SqlStorage(this);
-    this._db.setAuthorizer((code, a1, a2) => this.#authorize(code, a1, a2));
+    // One authorizer per database, its state on the record: shared by every storage object
+    // over that database (a new instance after eviction AND the tasks an evicted instance
+    // leaves running, which would otherwise find their SAVEPOINTs refused).
+    this._gate = record.sqlGate;
+    if (!this._gate) {
+      this._gate = record.sqlGate = { trustedDepth: 0, deniedTxn: false };
+      this._db.setAuthorizer((code, a1, a2) => this.#authorize(code, a1, a2));
+    }
   }
 
   #authorize(code, a1, a2) {
-    if (this.#trustedDepth > 0) return C.SQLITE_OK;
+    if (this._gate.trustedDepth > 0) return C.SQLITE_OK;
     if (code === C.SQLITE_TRANSACTION || code === C.SQLITE_SAVEPOINT) {
-      this.#deniedTxn = true;
+      this._gate.deniedTxn = true;
       return C.SQLITE_DENY;
     }
     if (code === C.SQLITE_PRAGMA) {
@@ -421,16 +426,16 @@ export class DurableObjectStorage {
   }
 
   _trusted(fn) {
-    this.#trustedDepth++;
-    try { return fn(); } finally { this.#trustedDepth--; }
+    this._gate.trustedDepth++;
+    try { return fn(); } finally { this._gate.trustedDepth--; }
   }
 
   _prepare(text) {
-    this.#deniedTxn = false;
+    this._gate.deniedTxn = false;
     try {
       return this._db.prepare(text);
     } catch (e) {
-      if (this.#deniedTxn) throw new Error(TXN_MESSAGE);
+      if (this._gate.deniedTxn) throw new Error(TXN_MESSAGE);
       throw sqlError(e);
     }
   }
@@ -640,7 +645,8 @@ function makeStub(namespace, id) {
   return new Proxy(target, {
     get(t, prop, receiver) {
       if (typeof prop !== "string") return Reflect.get(t, prop, receiver);
-      if (prop in t) return Reflect.get(t, prop, receiver);
+      // Own members (id, name, fetch) run with the target as `this` (they read private fields).
+      if (prop in t) return Reflect.get(t, prop, t);
       if (prop === "then") return undefined; // a stub is not itself awaitable
       return (...args) => namespace._runtime._rpc(namespace, id, prop, args);
     },
@@ -878,6 +884,22 @@ export class Runtime {
     return { fired: true, error: error ? String(error?.message ?? error) : null, retryScheduled };
   }
 
+  /**
+   * Stop firing alarms by themselves and wait (real time, up to timeoutMs) until no alarm handler
+   * is running, so a test can end without handlers still touching storage after close().
+   */
+  async quiesce(timeoutMs = 5000) {
+    this.autoAlarms = false;
+    for (const r of this._records.values()) {
+      if (r.alarmTimer) { clearTimeout(r.alarmTimer); r.alarmTimer = null; }
+    }
+    const deadline = performance.now() + timeoutMs;
+    while ([...this._records.values()].some((r) => r.alarmRunning)) {
+      if (performance.now() > deadline) throw new Error("quiesce: alarm handlers still running");
+      await new Promise((resolve) => setTimeout(resolve, 5));
+    }
+  }
+
   async fireDueAlarms() {
     let n = 0;
     for (const r of [...this._records.values()]) {
@@ -900,7 +922,10 @@ export class Runtime {
         return out;
       });
     };
-    return record.state ? record.state.storage._trusted(run) : run();
+    const gate = record.sqlGate;   // set once any instance has opened the storage
+    if (!gate) return run();
+    gate.trustedDepth++;
+    try { return run(); } finally { gate.trustedDepth--; }
   }
 
   _evictRecord(record, reason) {

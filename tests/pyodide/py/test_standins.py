@@ -404,3 +404,23 @@ async def test_block_concurrency_while_and_eviction_keep_storage():
     rt.evict("STORE", "bcw")
     assert await rt.stub("STORE", "bcw").get("z") == 1
     assert [e["kind"] for e in rt.events].count("construct") == 2
+
+
+async def test_evicted_instance_tasks_keep_their_storage_and_stubs_expose_id_and_name():
+    # "Eviction is not a crash" here: a task the old instance left running must still be able to
+    # open transactions after a new instance took over the same database (shared authorizer).
+    rt = Runtime({"STORE": Store}, auto_alarms=False)
+    old = await rt.instance("STORE", "ev")
+    rt.evict("STORE", "ev")
+    assert await rt.stub("STORE", "ev").put("a", 1) == 1          # a new instance opened storage
+    assert old.ctx.storage.transactionSync(lambda: sql(old).exec("SELECT 7 AS n").one().n) == 7
+    try:
+        sql(old).exec("BEGIN")
+    except JsException as exc:
+        assert "transactionSync" in str(exc)                         # still workerd's message
+    else:
+        raise AssertionError("BEGIN should be refused")
+    assert rt.sql("STORE", "ev", "SELECT k FROM kv") == [{"k": "a"}]
+    # stub.id / stub.name are the stub's own members (not RPC methods).
+    stub = rt.stub("STORE", "ev")
+    assert stub.name == "ev" and stub.id.name == "ev" and len(stub.id.toString()) == 64

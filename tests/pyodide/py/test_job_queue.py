@@ -1,0 +1,255 @@
+"""The reference app (src/entry.py) end to end inside Pyodide: HTTP through ``Default.fetch``,
+RPC from the front to ``AccountLimit`` and ``JobQueue`` objects, RPC from each ``JobQueue`` (a
+SemaphoreQueue client object) to the account's holder through the client helper, and the
+objects' alarms firing by themselves on real timers (``auto_alarms=True``) to admit jobs.
+"""
+
+import asyncio
+import json
+import time
+
+from entry import AccountLimit, Default, JobQueue
+from standins import Runtime
+
+TOKEN = "s3cret"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+VARS = {"ACCOUNT_CONCURRENCY": "2", "ROUND_WAIT_MS": "10", "ROUND_PERIOD_MS": "50",
+        "GRANT_TIMEOUT_MS": "5000", "ADMIN_TOKEN": TOKEN}
+BASE = "http://w/accounts/a"
+RELEASE_REPORT_MS = 10_000
+QUEUE_OF = {"a": "q1", "b": "q2", "c": "q3"}   # job id prefix -> queue
+
+
+def runtime(**kw):
+    return Runtime({"ACCOUNT_LIMIT": AccountLimit, "JOB_QUEUE": JobQueue}, vars=VARS, **kw)
+
+
+async def call(rt, method, path, body=None, auth=True):
+    resp = await rt.fetch(Default, BASE + path, method=method, headers=AUTH if auth else {},
+                          body=None if body is None else json.dumps(body))
+    return resp.status, json.loads(await resp.text())
+
+
+async def enqueue(rt, queue, job_id, **extra):
+    return await call(rt, "POST", f"/queues/{queue}/jobs", {"id": job_id, **extra})
+
+
+async def states(rt, queues):
+    """{job id: state} across queues, via GET /accounts/a/queues/{q}."""
+    out = {}
+    for q in queues:
+        status, body = await call(rt, "GET", f"/queues/{q}", auth=False)
+        assert status == 200 and body["account"] == "a" and body["queue"] == q, body
+        out.update({j["id"]: j["state"] for j in body["jobs"]})
+    return out
+
+
+async def usage(rt):
+    status, body = await call(rt, "GET", "/usage", auth=False)
+    assert status == 200, body
+    return body
+
+
+async def until(rt, queues, done, *, limit, seconds=5.0, step=None):
+    """Poll the HTTP front until done(states) holds, checking at every step that no more than
+    ``limit`` jobs run at once across the queues and the holder has no more out (I1).
+    ``step`` (async) runs between polls, e.g. to fire alarms by hand."""
+    deadline = time.monotonic() + seconds
+    while True:
+        s = await states(rt, queues)
+        running = [j for j, st in s.items() if st == "running"]
+        assert len(running) <= limit, s
+        u = await usage(rt)
+        assert u["outstanding"] <= limit and len(running) <= u["outstanding"], (s, u)
+        if done(s):
+            return s
+        assert time.monotonic() < deadline, f"timed out waiting; states {s}, usage {u}"
+        await asyncio.sleep(0.03)
+        if step is not None:
+            await step()
+
+
+def release_pending(rt, queue):
+    """Whether the queue object has grant releases the holder has not received yet."""
+    name = f"a:{queue}"
+    if not rt.sql("JOB_QUEUE", name, "SELECT name FROM sqlite_master WHERE name = 'durability_semaphore_client_grants'"):
+        return False
+    (row,) = rt.sql("JOB_QUEUE", name, "SELECT COUNT(*) AS n FROM durability_semaphore_client_grants"
+                                       " WHERE status != 'gone' AND released > sent_released")
+    return row["n"] > 0
+
+
+async def complete(rt, queue, job_id):
+    """POST .../jobs/{id}/complete, then make sure the release reaches the holder: a queue may
+    hold a release back for a while, to send it with its next message (the queue's
+    release-report bound; 10 s by default where it exists, counted from a wake-up after the
+    release). Moving Date.now() past it re-arms the objects' alarms, so the report goes out."""
+    status, body = await call(rt, "POST", f"/jobs/{job_id}/complete")
+    for _ in range(10):
+        if not release_pending(rt, queue):
+            break
+        await rt.fire_due_alarms()
+        rt.advance(RELEASE_REPORT_MS + 1)
+        await asyncio.sleep(0.05)
+    assert not release_pending(rt, queue), f"the release of {job_id} never reached the holder"
+    return status, body
+
+
+async def settle(rt, outstanding=0):
+    """Wait until the holder's outstanding count is ``outstanding`` (every release arrived)."""
+    for _ in range(40):
+        if (await usage(rt))["outstanding"] == outstanding:
+            return
+        await rt.fire_due_alarms()
+        rt.advance(RELEASE_REPORT_MS + 1)
+        await asyncio.sleep(0.05)
+    raise AssertionError(await usage(rt))
+
+
+def count(s, state):
+    return sum(1 for v in s.values() if v == state)
+
+
+async def test_jobs_of_three_queues_run_at_most_limit_at_once_until_all_done():
+    # R21, I1: one account budget (limit 2) shared by three queue objects; alarms admit jobs
+    rt = runtime(auto_alarms=True)
+    queues = ["q1", "q2", "q3"]
+    jobs = {"q1": ["a1", "a2"], "q2": ["b1", "b2"], "q3": ["c1"]}
+    status, body = await call(rt, "POST", "/queues/q1/jobs", {"id": "a1"}, auth=False)
+    assert status == 401 and body["error"]["code"] == "unauthorized"
+    for q, ids in jobs.items():
+        for job_id in ids:
+            status, body = await enqueue(rt, q, job_id, payload={"n": job_id})
+            assert status == 201 and body["created"] is True, body
+            assert body["job"]["state"] == "queued" and body["job"]["payload"] == {"n": job_id}
+    s = await until(rt, queues, lambda s: count(s, "running") == 2, limit=2)
+    # Several round periods later still exactly two run: the others stay queued (R21).
+    await asyncio.sleep(0.3)
+    s = await until(rt, queues, lambda s: True, limit=2)
+    assert count(s, "running") == 2 and count(s, "queued") == 3, s
+    finished = set()
+    while len(finished) < 5:
+        running = sorted(j for j, st in s.items() if st == "running")
+        assert running, s
+        status, body = await complete(rt, QUEUE_OF[running[0][0]], running[0])
+        assert status == 200 and body["changed"] is True and body["job"]["state"] == "done", body
+        assert body["job"]["finishedAt"] >= body["job"]["startedAt"] > 0
+        finished.add(running[0])
+        want = min(2, 5 - len(finished))
+        s = await until(rt, queues, lambda s: count(s, "done") == len(finished) and count(s, "running") == want,
+                        limit=2)
+    await settle(rt)                                              # every release arrived (I3)
+    status, body = await call(rt, "POST", "/jobs/a1/complete")
+    assert status == 200 and body["changed"] is False          # completing twice changes nothing
+    await rt.quiesce()
+
+
+async def test_enqueue_is_idempotent_and_job_ids_are_unique_per_account():
+    rt = runtime(auto_alarms=False)
+    status, body = await enqueue(rt, "q1", "j1", group="g1")
+    assert status == 201 and body["job"]["group"] == "g1"
+    status, body = await enqueue(rt, "q1", "j1", group="g1")
+    assert status == 200 and body["created"] is False and body["job"]["id"] == "j1"
+    status, body = await enqueue(rt, "q2", "j1")
+    assert status == 409 and body["error"]["code"] == "conflict" and "'q1'" in body["error"]["message"]
+    assert await states(rt, ["q1", "q2"]) == {"j1": "queued"}
+    status, body = await call(rt, "POST", "/jobs/nope/complete")
+    assert status == 404 and body["error"]["code"] == "not_found"
+    status, body = await call(rt, "POST", "/jobs/j1/complete", auth=False)
+    assert status == 401
+    status, body = await enqueue(rt, "q1", "")
+    assert status == 400 and body["error"]["code"] == "invalid_request"
+    status, body = await call(rt, "POST", "/queues/q1/jobs", {"id": "x" * 300})
+    assert status == 400
+    # Completing a queued job cancels it: it never runs and asks for nothing more.
+    status, body = await call(rt, "POST", "/jobs/j1/complete")
+    assert status == 200 and body["changed"] is True and body["job"]["state"] == "done"
+    assert body["job"]["startedAt"] is None and body["job"]["permit"] is None
+    assert (await rt.fire_alarm("JOB_QUEUE", "a:q1"))["error"] is None
+    assert (await usage(rt))["outstanding"] == 0
+
+
+async def test_lowering_the_limit_stops_admissions_without_revoking_running_jobs():
+    # R24: a lower limit takes effect at the next round; running jobs keep their permits
+    rt = runtime(auto_alarms=True)
+    for job_id in ("j1", "j2", "j3", "j4"):
+        assert (await enqueue(rt, "q", job_id))[0] == 201
+    s = await until(rt, ["q"], lambda s: count(s, "running") == 2, limit=2)
+    status, body = await call(rt, "PUT", "/limit", {"limit": 1})
+    assert status == 200 and body["limit"] == 1
+    rt.evict("ACCOUNT_LIMIT", "a")                              # the override is durable
+    u = await usage(rt)
+    assert (u["limit"], u["limitOverride"], u["defaultLimit"]) == (1, 1, 2), u
+    s = await until(rt, ["q"], lambda s: True, limit=2)
+    assert count(s, "running") == 2, s                        # not revoked
+    first, second = sorted(j for j, st in s.items() if st == "running")
+    assert (await complete(rt, "q", first))[0] == 200
+    await settle(rt, 1)                                         # the release reached the holder
+    # One still runs: at the new limit of 1, nothing more is admitted (the queue keeps asking).
+    deadline = time.monotonic() + 0.4
+    while time.monotonic() < deadline:
+        s = await until(rt, ["q"], lambda s: True, limit=1)
+        assert count(s, "running") == 1 and count(s, "queued") == 2, s
+        await asyncio.sleep(0.05)
+    assert (await complete(rt, "q", second))[0] == 200
+    s = await until(rt, ["q"], lambda s: count(s, "done") == 2 and count(s, "running") == 1, limit=1)
+    assert (await usage(rt))["limit"] == 1
+    await rt.quiesce()
+
+
+async def test_raw_permits_endpoint_shows_a_queue_clients_grants():
+    # R8: a sync with no reports lists every grant the holder has for that client
+    rt = runtime(auto_alarms=False)
+    for job_id in ("j1", "j2"):
+        await enqueue(rt, "q", job_id)
+    assert (await rt.fire_alarm("JOB_QUEUE", "a:q"))["error"] is None
+    assert await states(rt, ["q"]) == {"j1": "running", "j2": "running"}
+    client_id = rt.js.recordFor("JOB_QUEUE", "a:q").id.toString()
+    message = {"type": "sync", "v": 1, "clientId": client_id, "grants": []}
+    status, body = await call(rt, "POST", "/permits", message, auth=False)
+    assert status == 401
+    status, body = await call(rt, "POST", "/permits", message)
+    assert status == 200 and body["v"] == 1, body
+    (grant,) = body["grants"]
+    assert (grant["group"], grant["permits"], grant["claimed"], grant["status"]) == ("default", 2, 2, "active")
+    # An invalid message: the holder's error value, with a 400 (it used to be a 200).
+    status, body = await call(rt, "POST", "/permits", {"type": "sync", "v": 1, "grants": []})
+    assert status == 400, (status, body)
+    assert body["error"]["code"] == "invalid_message" and body["error"]["field"] == "clientId", body
+
+
+async def test_evicting_queue_and_holder_objects_between_steps_loses_nothing():
+    # R35, R37, I2: every object keeps its state in its own SQLite; fresh instances continue.
+    # Alarms are fired by hand and every object is evicted between the HTTP steps, so no evicted
+    # instance still has work in flight (the stand-in's eviction is not a crash).
+    rt = runtime(auto_alarms=False)
+    queues = ["q1", "q2"]
+
+    def evict_all():
+        for name in ("a:q1", "a:q2"):
+            rt.evict("JOB_QUEUE", name)
+        rt.evict("ACCOUNT_LIMIT", "a")
+
+    for q, job_id in (("q1", "a1"), ("q1", "a2"), ("q2", "b1"), ("q2", "b2")):
+        assert (await enqueue(rt, q, job_id))[0] == 201
+        evict_all()
+    assert (await enqueue(rt, "q1", "a1"))[0] == 200              # the job directory survived
+    evict_all()
+    assert (await enqueue(rt, "q2", "a1"))[0] == 409
+    evict_all()
+    s = await until(rt, queues, lambda s: count(s, "running") == 2, limit=2, step=rt.fire_due_alarms)
+    evict_all()
+    assert await states(rt, queues) == s
+    done = 0
+    while done < 4:
+        running = sorted(j for j, st in s.items() if st == "running")
+        evict_all()
+        assert (await complete(rt, QUEUE_OF[running[0][0]], running[0]))[0] == 200
+        done += 1
+        want = min(2, 4 - done)
+        s = await until(rt, queues, lambda s: count(s, "done") == done and count(s, "running") == want,
+                        limit=2, step=rt.fire_due_alarms)
+        evict_all()
+    await settle(rt)                                              # every release arrived (I3)
+    constructs = [e for e in rt.events if e["kind"] == "construct" and e["binding"] == "JOB_QUEUE"]
+    assert len(constructs) >= 10                                  # really served by fresh instances
