@@ -8,6 +8,7 @@ writes what it returns, all inside the round's transaction.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Mapping
 
 from .config import LeaseConfig, LimitedGroups, Provisioning
@@ -110,6 +111,10 @@ def _lease_room(limit: int, granted: int, usage: Usage, config: LeaseConfig) -> 
     return limit - charged
 
 
+#: Sort key of :meth:`Entry.order` (evaluated in C).
+_ORDER = attrgetter("oldest_at", "arrival", "client_id")
+
+
 def allocate(
     entries: list[Entry],
     *,
@@ -125,7 +130,7 @@ def allocate(
     are then issued from what the provisioning mode leaves (SPEC R25-R28). Every entry left with
     need is reported with the first constraint that stopped it (SPEC R23)."""
     result = Allocation()
-    ordered = sorted(entries, key=lambda e: (e.oldest_at, e.arrival, e.client_id))  # Entry.order
+    ordered = sorted(entries, key=_ORDER)
     group_charged = dict(usage.groups)
     limit_failed = isinstance(limit, _LimitError)
     room = 0 if limit_failed else max(0, _grant_room(limit, usage, leases))  # type: ignore[arg-type]
@@ -142,23 +147,24 @@ def allocate(
     for e in ordered:
         if e.need <= 0:
             continue
+        key = e.key
         gl = group_limits.get(e.group)
         if not e.permitted:
-            reasons[e.key], left[e.key] = BlockedReason.NOT_PERMITTED, e.need
+            reasons[key], left[key] = BlockedReason.NOT_PERMITTED, e.need
             continue
         if limit_failed or isinstance(gl, _LimitError):
-            reasons[e.key], left[e.key] = BlockedReason.LIMIT_RESOLUTION_ERROR, e.need
+            reasons[key], left[key] = BlockedReason.LIMIT_RESOLUTION_ERROR, e.need
             continue
         g_room = group_room(e.group)
         give = min(e.need, room) if g_room is None else min(e.need, room, g_room)
         if give > 0:
-            result.grants[e.key] = give
+            result.grants[key] = give
             room -= give
             granted_total += give
             group_charged[e.group] = group_charged.get(e.group, 0) + give
         if give < e.need:
-            left[e.key] = e.need - give
-            reasons[e.key] = (
+            left[key] = e.need - give
+            reasons[key] = (
                 BlockedReason.GROUP_LIMIT
                 if g_room is not None and g_room < e.need
                 else BlockedReason.LIMIT

@@ -337,7 +337,10 @@ class DurabilitySemaphore:
             lease_pairs = self._live_lease_pairs([p.client_id for p in clients])
             lease_groups = self._groups_with_live_leases()
         group_limits = {g: await self._resolve_group_limit(g) for g in sorted(groups | lease_groups)}
-        permitted = {pair: await self._resolve_can_grant(*pair) for pair in sorted(demand_pairs | lease_pairs)}
+        if callable(self.can_grant):
+            permitted = {pair: await self._resolve_can_grant(*pair) for pair in sorted(demand_pairs | lease_pairs)}
+        else:  # None or a bool: the same answer for every pair, no call per pair
+            permitted = dict.fromkeys(demand_pairs | lease_pairs, self.can_grant is None or bool(self.can_grant))
 
         try:
             replies = self.storage.transaction(
@@ -388,8 +391,9 @@ class DurabilitySemaphore:
         )
         held_unclaimed: dict[tuple[str, str], int] = {}
         for g in uow.grants.values():
-            key = (g.client_id, g.group_name)
-            held_unclaimed[key] = held_unclaimed.get(key, 0) + g.unclaimed
+            if g.claimed < g.permits:
+                key = (g.client_id, g.group_name)
+                held_unclaimed[key] = held_unclaimed.get(key, 0) + g.unclaimed
         undrawn: dict[tuple[str, str], int] = {}
         for lease in uow.leases.values():
             if lease.status == "live":
@@ -397,14 +401,17 @@ class DurabilitySemaphore:
                 undrawn[key] = undrawn.get(key, 0) + lease.undrawn
         entries = []
         for p in clients:
-            lease_capable = p.latest.leases is not None
-            for d in p.latest.demand:
+            latest = p.latest
+            lease_capable = latest.leases is not None
+            for d in latest.demand:
                 key = (p.client_id, d.group)
                 need = max(0, d.count - held_unclaimed.get(key, 0) - undrawn.get(key, 0))
+                # Entry(client_id, group, count, oldest_at, arrival, need, permitted,
+                # lease_candidate), positional: one per (client, group) of the round
                 entries.append(Entry(
-                    client_id=p.client_id, group=d.group, count=d.count, oldest_at=d.oldest_at,
-                    arrival=p.arrival, need=need, permitted=permitted.get(key, True),
-                    lease_candidate=lease_capable and d.count > 0 and undrawn.get(key, 0) == 0,
+                    p.client_id, d.group, d.count, d.oldest_at, p.arrival, need,
+                    permitted.get(key, True),
+                    lease_capable and d.count > 0 and undrawn.get(key, 0) == 0,
                 ))
         result = allocate(entries, limit=limit, group_limits=group_limits, usage=usage, leases=self.leases)
 
@@ -552,7 +559,7 @@ class DurabilitySemaphore:
                     continue
                 claimed = max(g.claimed, min(r.claimed, g.permits))
                 released = max(g.released, min(r.released, claimed))
-                if (claimed, released) != (g.claimed, g.released):
+                if claimed != g.claimed or released != g.released:
                     g.claimed, g.released = claimed, released
                     uow.put_grant(g)
                 view.grants[r.grant_id] = self._grant_wire(g)

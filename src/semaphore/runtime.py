@@ -15,6 +15,7 @@ it runs unchanged on CPython (against :mod:`semaphore.testing`) and inside Pyodi
 from __future__ import annotations
 
 import inspect
+from itertools import chain, repeat
 from typing import Any, Callable, Iterable, TypeVar
 
 __all__ = ["Storage", "plain", "MAX_BINDINGS"]
@@ -50,6 +51,7 @@ def plain(value: Any) -> Any:
 
 
 _PLAIN_CELLS = frozenset((str, int, float, type(None)))
+_STR_KEYS = frozenset((str,))
 
 
 def _cell(value: Any) -> Any:
@@ -68,21 +70,26 @@ async def _maybe_await(value: Any) -> Any:
     return value
 
 
+try:  # pragma: no cover - only inside Pyodide
+    from pyodide.ffi import create_once_callable as _create_once_callable  # type: ignore[import-not-found]
+except ImportError:  # CPython (tests): looked up once here, not at every transaction
+    _create_once_callable = None
+
+
 def _once_callable(fn: Callable[[], Any]) -> Any:
     """Wrap a Python callable handed to JavaScript so Pyodide frees its proxy after one call.
     Outside Pyodide the callable is returned as is."""
-    try:  # pragma: no cover - only inside Pyodide
-        from pyodide.ffi import create_once_callable  # type: ignore[import-not-found]
-    except ImportError:
+    if _create_once_callable is None:
         return fn
-    return create_once_callable(fn)  # pragma: no cover
+    return _create_once_callable(fn)  # pragma: no cover
 
 
 class Storage:
     """Narrow, Pythonic view of a Durable Object's ``ctx.storage``.
 
     ``exec`` always consumes its cursor (so DDL never finds a table locked) and returns rows as
-    plain dicts keyed by column name."""
+    dicts keyed by column name with plain cells (a row that already is one, such as the SDK's
+    ``JsDict``, is returned as it is)."""
 
     def __init__(self, ctx: Any) -> None:
         storage = getattr(ctx, "storage", None)
@@ -120,17 +127,18 @@ class Storage:
         rows = list(raw)
         if not rows:
             return []
+        # Fast path (the common case): dicts or JsDicts with str keys (the rows of one statement
+        # share their column names) and plain cells are used as they are: no copy, and the type
+        # checks run in C over all cells at once.
+        if (all(map(isinstance, rows, repeat(dict)))
+                and _STR_KEYS.issuperset(map(type, rows[0]))
+                and _PLAIN_CELLS.issuperset(map(type, chain.from_iterable(map(dict.values, rows))))):
+            return rows
         names: list[str] | None = None
         out: list[dict[str, Any]] = []
         for row in rows:
             if isinstance(row, dict):
-                converted = dict(row)
-                # Fast path (plain cells, the common case): one C-level copy, no per-cell calls.
-                for k, v in converted.items():
-                    if type(v) not in _PLAIN_CELLS or type(k) is not str:
-                        converted = {str(k): _cell(v) for k, v in row.items()}
-                        break
-                out.append(converted)
+                out.append({str(k): _cell(v) for k, v in row.items()})
                 continue
             to_py = getattr(row, "to_py", None)
             if callable(to_py):
