@@ -125,7 +125,7 @@ async def test_claim_answered_expired_requeues_and_runs_later():
     assert [i.item_id for i in s.admitted] == ["x"]
     assert s.admitted[0].permit.id != first_grant.id  # ran under a new, confirmed grant
     await s.complete("x")
-    await s.clock.advance(3000)
+    await s.clock.advance(12_000)  # the release is reported within report_releases_within_ms (10 s)
     assert (await s.usage())["outstanding"] == 0
 
 
@@ -153,7 +153,7 @@ async def test_lease_draws_need_no_round_trip_and_are_one_shot():
 @async_test
 async def test_lease_in_use_is_heartbeated_at_half_ttl_even_when_idle():
     # R31, R37: heartbeats keep a lease with running work live
-    s = Setup(limit=10, leases=LEASES)
+    s = Setup(limit=10, leases={**LEASES, "permitsPerLease": 4})
     await s.queue.enqueue(KEY, "g", "a")
     await s.queue.enqueue(KEY, "g", "b")
     await s.clock.advance(1500)
@@ -161,9 +161,7 @@ async def test_lease_in_use_is_heartbeated_at_half_ttl_even_when_idle():
     await s.queue.enqueue(KEY, "g", "c")
     await s.queue.pump(KEY)
     drawn = [i for i in s.admitted if i.permit.kind is PermitKind.LEASE]
-    assert [i.item_id for i in drawn] == ["c"]
-    for i in ("a", "b"):
-        await s.complete(i)
+    assert [i.item_id for i in drawn] == ["a", "b", "c"]  # all fit in the lease: drawn, no claim
     await s.clock.advance(5000)
     await s.clock.advance(60_000)  # three TTLs, nothing else happening
     syncs = [m for m in s.sent("sync") if m.get("leases")]
@@ -193,7 +191,8 @@ async def test_contended_reply_stops_idle_leases_and_reports_until_settled():
         "demand": [{"group": "busy", "count": 9, "oldestAt": T0}], "grants": []}))
     await s.clock.advance(2500)
     assert other.result()["contended"] is True
-    await s.queue.enqueue(KEY, "other-group", "b")  # makes the client talk to the holder
+    for item_id in ("b", "b2", "b3"):  # more than is free: the client's round is contended too
+        await s.queue.enqueue(KEY, "other-group", item_id)
     await s.clock.advance(4000)
     stopped = [m for m in s.net.sent if any(x["leaseId"] == lease.lease_id and x["stopped"]
                                                for x in m.get("leases", []))]

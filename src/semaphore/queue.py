@@ -34,7 +34,10 @@ Life of an item (table ``durability_semaphore_client_items``)::
   second permit. The application makes ``on_admit`` idempotent per ``item.item_id`` (e.g. start a
   job whose id is the item id).
 * **Completion** comes back through :meth:`SemaphoreQueue.complete`, which releases the permit;
-  the release reaches the holder with the next ``sync``.
+  the release rides on the next message to the holder, and a ``sync`` is sent just for releases
+  only once the oldest has waited ``report_releases_within_ms`` (default 10 s).
+* **Leases first**: items of a group that all fit in its live leases are drawn from them (no
+  round trip) even when a grant has unclaimed permits; those go back at ``claimBy`` (R15).
 * **Leases in use** are heartbeated at half their lifetime even when nothing else happens; leases
   with nothing left to draw are stopped; when a reply is ``contended``, leases in groups with
   nothing queued are stopped (their undrawn permits go back, SPEC R29); idle leases are stopped
@@ -184,6 +187,18 @@ class SemaphoreQueue:
     :param reconcile_after_ms: / :param check_running: reconciliation (see the module docs).
     :param retention_ms: finished items are remembered this long (so a retried enqueue of a
         finished item does not run it again), then deleted. Default one day.
+    :param report_releases_within_ms: releases (of grant permits and lease draws, and the stop
+        of a lease with nothing left to draw) ride on the next message to the holder; a ``sync``
+        is sent just for them only once the oldest has waited this long (default 10 s; ``0``
+        reports every release at once). Releases only free capacity at the holder sooner (R19,
+        R30), so a longer bound trades utilization under contention for fewer holder calls.
+        Claims (R15a), stops that return undrawn lease permits (R29) and heartbeats (R37) are
+        never delayed.
+    :param prefer_leases: when the queued items of a group fit in the undrawn permits of its
+        live leases, draw them all from the leases and leave grant permits unclaimed (they go
+        back at ``claimBy``, R15), which saves the ``sync`` a claim confirmation costs; when they
+        do not fit, claim from grants first and draw the rest (default True; False always claims
+        grants first).
     """
 
     TIMER = "durability_semaphore_queue:wake"
@@ -203,9 +218,15 @@ class SemaphoreQueue:
         reconcile_after_ms: int | None = None,
         check_running: CheckCallback | None = None,
         retention_ms: int = 86_400_000,
+        report_releases_within_ms: int = 10_000,
+        prefer_leases: bool = True,
     ) -> None:
         if not callable(on_admit):
             raise ConfigurationError("on_admit: must be callable", field="on_admit")
+        if isinstance(report_releases_within_ms, bool) or not isinstance(report_releases_within_ms, int) \
+                or report_releases_within_ms < 0:
+            raise ConfigurationError("report_releases_within_ms: must be a non-negative integer",
+                                     field="report_releases_within_ms")
         if (reconcile_after_ms is None) != (check_running is None):
             raise ConfigurationError("reconcile_after_ms and check_running go together", field="check_running")
         self.client = client
@@ -221,6 +242,11 @@ class SemaphoreQueue:
         self.reconcile_after_ms = reconcile_after_ms
         self.check_running = check_running
         self.retention_ms = retention_ms
+        self.report_releases_within_ms = report_releases_within_ms
+        self.prefer_leases = prefer_leases
+        #: per key: when the oldest release not yet reported became pending (in memory only: after
+        #: eviction the wait restarts, which only delays a report by at most the bound again).
+        self._releases_since: dict[str, int] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._backoff: dict[str, int] = {}
         self._ready = False
@@ -459,6 +485,7 @@ class SemaphoreQueue:
                 self.client._stop_lease(key, lease.lease_id)  # SPEC R29 / idle before expiry
 
     def _on_reply(self, applied: AppliedReply) -> None:
+        self._releases_since.pop(applied.key, None)  # what was pending went with this message
         self._resolve_claims(applied.key, applied.now)
         self._stop_idle_leases(applied.key, applied.now, contended=applied.contended)
 
@@ -466,9 +493,19 @@ class SemaphoreQueue:
         """Resolve claims, claim from grants (pending confirmation), draw from leases."""
         self._resolve_claims(key, now)
         queued = self._queued(key)
+        lease_only: set[str] = set()
+        if self.prefer_leases:
+            # Items that all fit in live leases are drawn (no round trip); a grant claim would
+            # cost a confirming sync (R15a). Unclaimed grant permits go back at claimBy (R15).
+            room: dict[str, int] = {}
+            for lease in self.client.leases(key):
+                if lease.drawable(now, self.lease_margin_ms):
+                    room[lease.group] = room.get(lease.group, 0) + lease.undrawn
+            lease_only = {group for group, items in queued.items() if len(items) <= room.get(group, 0)}
         for g in self.client.grants(key):
             items = queued.get(g.group)
-            if not items or g.unclaimed <= 0 or now >= g.claim_by - self.claim_margin_ms:
+            if not items or g.group in lease_only or g.unclaimed <= 0 \
+                    or now >= g.claim_by - self.claim_margin_ms:
                 continue
             slots = self.client._claim(key, g.grant_id, len(items))
             for slot in slots:
@@ -493,6 +530,41 @@ class SemaphoreQueue:
             self.storage.exec(f"DELETE FROM {ITEMS} WHERE state = 'done' AND finished_at < ?",
                               now - self.retention_ms)
 
+    def _report_due_at(self, key: str, now: int) -> int | None:
+        """When the reports of ``key`` need a message of their own (``None``: not at all).
+
+        At once: a request whose reply was lost (``needs_sync``), claims not yet sent, a stop
+        that returns undrawn lease permits (R29). Releases alone (grant or lease permits, the
+        stop of a lease with nothing left to draw) wait up to ``report_releases_within_ms`` for
+        another message to carry them; so does the client's post-request re-check (it only
+        looks for a lease a duplicated request may have created, which any reply lists, R8)."""
+        row = self.client._key_row(key)
+        check_at = 0
+        if row is not None:
+            if int(row["needs_sync"]):
+                return now
+            check_at = int(row["check_at"])
+        releases = False
+        for g in self.client.grants(key):
+            if g.claimed > g.sent_claimed and not g.final:
+                return now
+            if g.dirty:
+                releases = True
+        for x in self.client.leases(key):
+            if x.stopped and not x.sent_stopped and x.undrawn > 0:
+                return now
+            if x.dirty and (x.released > x.sent_released or (x.stopped and not x.sent_stopped)):
+                releases = True
+        due: int | None = None
+        if releases:
+            due = self._releases_since.setdefault(key, now) + self.report_releases_within_ms
+        else:
+            self._releases_since.pop(key, None)
+        if check_at > 0:
+            due = min(due, check_at + self.report_releases_within_ms) if due is not None \
+                else check_at + self.report_releases_within_ms
+        return due
+
     def _heartbeat_due(self, key: str, now: int) -> bool:
         queued = self._queued(key)
         return any(
@@ -515,8 +587,8 @@ class SemaphoreQueue:
             claiming = self._count(key, "claiming") > 0
             demand = self.demand(key)
             request_due = bool(demand) and now >= self.client.not_before(key)
-            must_sync = claiming or self.client.dirty(key, draws=False) or self.client.needs_sync(key, now) \
-                or self._heartbeat_due(key, now)
+            report_at = self._report_due_at(key, now)
+            must_sync = claiming or (report_at is not None and report_at <= now) or self._heartbeat_due(key, now)
             try:
                 if must_sync and (claiming or not request_due):
                     await self.client.sync(key, leases=self.leases, on_reply=self._on_reply)
@@ -582,11 +654,11 @@ class SemaphoreQueue:
         queued = self._queued(key)
         if queued:
             times.append(max(self.client.not_before(key), network_at))
-        if self._count(key, "claiming") or self.client.dirty(key, draws=False) or self.client.needs_sync(key, now):
+        if self._count(key, "claiming"):
             times.append(network_at)
-        check = self.client.check_at(key)
-        if check is not None:
-            times.append(max(check, network_at))
+        report_at = self._report_due_at(key, now)
+        if report_at is not None:
+            times.append(max(report_at, network_at))
         for x in self.client.leases(key):
             if x.status == LeaseStatus.LIVE.value and not x.stopped:
                 if x.in_use > 0 or queued.get(x.group):
