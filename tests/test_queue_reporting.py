@@ -199,3 +199,36 @@ def test_report_releases_within_ms_is_validated(bad):
     with pytest.raises(ConfigurationError):
         ClientSide("c", clock, Net(holder, clock), on_admit=lambda side, item: None,
                    report_releases_within_ms=bad)
+
+
+@async_test
+async def test_releases_are_reported_at_once_when_the_last_reply_was_contended():
+    # R29: a contended reply means other work waits for capacity; holding a release back then
+    # only idles permits, so it is reported at once whatever the bound
+    s = Setup(limit=1, queue={"report_releases_within_ms": 60_000})
+    await s.queue.enqueue(KEY, "g", "a")
+    await s.queue.enqueue(KEY, "g", "b")  # limit 1: b waits, the round is contended
+    await s.clock.advance(1500)
+    assert [i.item_id for i in s.admitted] == ["a"] and s.side.client.contended(KEY)
+    sent = len(s.net.sent)
+    await s.queue.complete("a")
+    await s.clock.advance(1)
+    assert released_in(s.messages(sent)) == 1 and s.outstanding() == 0
+    await s.clock.advance(3000)
+    assert [i.item_id for i in s.admitted] == ["a", "b"]
+
+
+@async_test
+async def test_the_release_bound_survives_evictions():
+    # report_releases_within_ms counts from the first unreported release, kept in SQL: an
+    # object evicted more often than the bound still reports within it (I3)
+    s = Setup(queue={"report_releases_within_ms": 5000})
+    await s.queue.enqueue(KEY, "g", "a")
+    await s.clock.advance(1500)
+    await s.queue.complete("a")
+    sent = len(s.net.sent)
+    for _ in range(4):  # evicted every 2 s: an in-memory timer would restart each time
+        await s.clock.advance(2000)
+        s.side.evict()
+        await s.side.queue.pump(KEY)
+    assert released_in(s.messages(sent)) == 1 and s.outstanding() == 0

@@ -75,8 +75,11 @@ log = logging.getLogger("semaphore.queue")
 
 ITEMS = "durability_semaphore_client_items"
 WAKEUPS = "durability_semaphore_client_wakeups"
+#: Per key, since when releases wait to be reported (``report_releases_within_ms``). Durable, so
+#: an object evicted more often than the bound still reports them on time.
+PENDING = "durability_semaphore_client_pending_releases"
 #: Tables owned by :class:`SemaphoreQueue`.
-QUEUE_TABLES = (ITEMS, WAKEUPS)
+QUEUE_TABLES = (ITEMS, WAKEUPS, PENDING)
 
 _SCHEMA = (
     f"CREATE TABLE IF NOT EXISTS {ITEMS} ("
@@ -89,6 +92,7 @@ _SCHEMA = (
     f"CREATE INDEX IF NOT EXISTS {ITEMS}_state ON {ITEMS}(key, state, group_name, seq)",
     f"CREATE INDEX IF NOT EXISTS {ITEMS}_done ON {ITEMS}(finished_at) WHERE state = 'done'",
     f"CREATE TABLE IF NOT EXISTS {WAKEUPS} (key TEXT PRIMARY KEY, wake_at INTEGER NOT NULL)",
+    f"CREATE TABLE IF NOT EXISTS {PENDING} (key TEXT PRIMARY KEY, since INTEGER NOT NULL)",
 )
 
 
@@ -190,10 +194,12 @@ class SemaphoreQueue:
     :param report_releases_within_ms: releases (of grant permits and lease draws, and the stop
         of a lease with nothing left to draw) ride on the next message to the holder; a ``sync``
         is sent just for them only once the oldest has waited this long (default 10 s; ``0``
-        reports every release at once). Releases only free capacity at the holder sooner (R19,
-        R30), so a longer bound trades utilization under contention for fewer holder calls.
-        Claims (R15a), stops that return undrawn lease permits (R29) and heartbeats (R37) are
-        never delayed.
+        reports every release at once), or at once when the key's last reply was ``contended``
+        (other work is waiting for that capacity, R29). Releases only free capacity at the holder
+        sooner (R19, R30), so the bound trades idle capacity for fewer holder calls only while
+        nobody is waiting. Claims (R15a), stops that return undrawn lease permits (R29) and
+        heartbeats (R37) are never delayed. The waiting time is kept in SQL, so evictions do not
+        restart it.
     :param prefer_leases: when the queued items of a group fit in the undrawn permits of its
         live leases, draw them all from the leases and leave grant permits unclaimed (they go
         back at ``claimBy``, R15), which saves the ``sync`` a claim confirmation costs; when they
@@ -246,7 +252,6 @@ class SemaphoreQueue:
         self.prefer_leases = prefer_leases
         #: per key: when the oldest release not yet reported became pending (in memory only: after
         #: eviction the wait restarts, which only delays a report by at most the bound again).
-        self._releases_since: dict[str, int] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._backoff: dict[str, int] = {}
         self._ready = False
@@ -485,7 +490,8 @@ class SemaphoreQueue:
                 self.client._stop_lease(key, lease.lease_id)  # SPEC R29 / idle before expiry
 
     def _on_reply(self, applied: AppliedReply) -> None:
-        self._releases_since.pop(applied.key, None)  # what was pending went with this message
+        # What was pending went with this message.
+        self.storage.exec(f"DELETE FROM {PENDING} WHERE key = ?", applied.key)
         self._resolve_claims(applied.key, applied.now)
         self._stop_idle_leases(applied.key, applied.now, contended=applied.contended)
 
@@ -556,10 +562,15 @@ class SemaphoreQueue:
             if x.dirty and (x.released > x.sent_released or (x.stopped and not x.sent_stopped)):
                 releases = True
         due: int | None = None
+        if releases and self.client.contended(key):
+            return now  # others wait for this capacity (R29): no reason to hold it back
         if releases:
-            due = self._releases_since.setdefault(key, now) + self.report_releases_within_ms
+            self.storage.exec(f"INSERT INTO {PENDING}(key, since) VALUES (?, ?) ON CONFLICT(key) DO NOTHING",
+                              key, now)
+            row = self.storage.one(f"SELECT since FROM {PENDING} WHERE key = ?", key)
+            due = (int(row["since"]) if row else now) + self.report_releases_within_ms
         else:
-            self._releases_since.pop(key, None)
+            self.storage.exec(f"DELETE FROM {PENDING} WHERE key = ?", key)
         if check_at > 0:
             due = min(due, check_at + self.report_releases_within_ms) if due is not None \
                 else check_at + self.report_releases_within_ms
