@@ -34,7 +34,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
 
 from .clock import sleep_until, system_clock
 from .errors import HolderUnavailableError, SemaphoreError, error_from_reply
-from .runtime import Storage, plain
+from .runtime import Storage, migrate_tables, plain
 from .wire import (
     MAX_LIST_LENGTH,
     Demand,
@@ -285,13 +285,7 @@ class SemaphoreClient:
     @staticmethod
     def migrate(ctx: Any, to_version: int | None) -> None:
         """``None`` drops the client tables; ``1`` creates them."""
-        storage = ctx if isinstance(ctx, Storage) else Storage(ctx)
-        if to_version is None:
-            for table in CLIENT_TABLES:
-                storage.exec(f"DROP TABLE IF EXISTS {table}")
-        else:
-            for statement in _SCHEMA:
-                storage.exec(statement)
+        migrate_tables(ctx, to_version, CLIENT_TABLES, _SCHEMA)
 
     def _now(self) -> int:
         return int(self.clock())

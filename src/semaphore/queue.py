@@ -65,7 +65,7 @@ from typing import Any, Awaitable, Callable, Union
 from .client import AppliedReply, SemaphoreClient
 from .clock import system_clock
 from .errors import ConfigurationError, SemaphoreError
-from .runtime import Storage
+from .runtime import Storage, migrate_tables
 from .scheduler import DurabilityScheduler
 from .wire import MAX_ID_LENGTH, Demand, LeaseStatus
 
@@ -272,12 +272,7 @@ class SemaphoreQueue:
         """``None`` drops the queue's and the client's tables; ``1`` creates them."""
         storage = ctx if isinstance(ctx, Storage) else Storage(ctx)
         SemaphoreClient.migrate(storage, to_version)
-        if to_version is None:
-            for table in QUEUE_TABLES:
-                storage.exec(f"DROP TABLE IF EXISTS {table}")
-        else:
-            for statement in _SCHEMA:
-                storage.exec(statement)
+        migrate_tables(storage, to_version, QUEUE_TABLES, _SCHEMA)
 
     def _now(self) -> int:
         return int(self.clock())

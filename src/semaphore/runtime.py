@@ -18,7 +18,7 @@ import inspect
 from itertools import chain, repeat
 from typing import Any, Callable, Iterable, TypeVar
 
-__all__ = ["Storage", "plain", "MAX_BINDINGS"]
+__all__ = ["Storage", "plain", "MAX_BINDINGS", "migrate_tables"]
 
 T = TypeVar("T")
 
@@ -172,3 +172,15 @@ class Storage:
 
     async def delete_alarm(self) -> None:
         await _maybe_await(self._storage.deleteAlarm())
+
+
+def migrate_tables(ctx: Any, to_version: int | None, tables: Iterable[str], schema: Iterable[str]) -> None:
+    """The ``migrate(ctx, to_version)`` of a component owning ``tables``: ``None`` drops them,
+    ``1`` runs its ``schema`` statements (``CREATE ... IF NOT EXISTS``)."""
+    storage = ctx if isinstance(ctx, Storage) else Storage(ctx)
+    if to_version is None:
+        for table in tables:
+            storage.exec(f"DROP TABLE IF EXISTS {table}")
+    else:
+        for statement in schema:
+            storage.exec(statement)
