@@ -999,3 +999,18 @@ async def test_scheduler_handlers_survive_via_constructor_registration():
     bed = Bed(limit=5)
     assert isinstance(bed.scheduler, DurabilityScheduler)
     assert RECLAIM_TIMER in bed.scheduler._handlers
+
+
+@async_test
+async def test_r4_a_round_timer_that_dies_while_waiting_does_not_block_later_rounds():
+    # R4: losing the round timer fails the waiting calls (they ask again); it must not leave the
+    # instance believing a round is still scheduled, or no later request would ever be answered
+    bed = Bed(5)
+    first = bed.send(request("c1", {"g": 1}))
+    await bed.settle()
+    bed.sem._round_task.cancel()
+    await bed.settle()
+    assert first.result()["error"]["code"] == "round_failed"
+    (reply,) = await bed.finish(bed.send(request("c2", {"g": 2})), within_ms=5_000)
+    assert [g["permits"] for g in reply["grants"]] == [2]
+    bed.check()

@@ -665,3 +665,19 @@ def test_lease_config_direct_construction_validates_and_coerces():
 def test_holder_rejects_bad_lease_options_at_construction():
     with pytest.raises(ConfigurationError):
         Bed(5, leases={"provisioning": {"mode": "under", "reserve": -2}})
+
+
+@async_test
+async def test_r33_a_reported_lease_retired_by_the_same_round_is_answered_retired():
+    # R33: "a retired lease stops drawing at once on the client": the reply of the round that
+    # retires a lease must say so even when the message also reported that lease (the report is
+    # applied before the retirement)
+    limit = {"value": 10}
+    bed = Bed(lambda: limit["value"], leases=leases("strict", permitsPerLease=4))
+    (ra,) = await bed.round(request("a", {"g": 1}, leases=[], oldest_at=1))
+    lid = only(ra)["leaseId"]
+    limit["value"] = 2  # lowered below the previous round's limit
+    (ra,) = await bed.round(request("a", {"g": 1}, leases=[(lid, 1, 0)]))
+    assert bed.leases()[lid]["status"] == "retired"
+    assert by_id(ra, "leases")[lid]["status"] == "retired"
+    bed.check()

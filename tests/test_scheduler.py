@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from helpers import T0, async_test, timers
@@ -167,3 +169,33 @@ async def test_clear_prefix_only_touches_matching_names():
         s.set_timer(name, T0 + 1)
     s.clear_prefix("durability_semaphore:")
     assert set(timers(ctx.storage)) == {"app:y", "durability_semaphoreZ"}
+
+
+def test_a_timer_rescheduled_by_an_earlier_handler_of_the_same_alarm_does_not_run():
+    # The due list is read once per alarm; a handler that reschedules (or cancels) another due
+    # timer must win: that timer neither runs now nor loses its new time.
+    async def main() -> None:
+        clock = VirtualClock(1_000)
+        ctx = LocalContext()
+        sched = DurabilityScheduler(ctx, clock=clock)
+        ran: list[str] = []
+
+        async def first(name: str, due: int) -> None:
+            ran.append(name)
+            sched.set_timer("b", clock.now + 3_600_000)
+            sched.set_timer("c", clock.now + 60_000)
+            sched.clear_timer("c")
+
+        sched.on("a", first)
+        sched.on("b", lambda name, due: ran.append(name))
+        sched.on("c", lambda name, due: ran.append(name))
+        sched.set_timer("a", 1_000)
+        sched.set_timer("b", 1_001)
+        sched.set_timer("c", 1_002)
+        await clock.advance(10)
+        await sched.alarm({})
+        assert ran == ["a"]
+        assert sched.timer("b") == 1_010 + 3_600_000 and sched.timer("c") is None
+        assert await ctx.storage.getAlarm() == 1_010 + 3_600_000
+
+    asyncio.run(main())

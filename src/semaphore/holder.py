@@ -313,15 +313,16 @@ class DurabilitySemaphore:
             await self._run_round(batch)
         except BaseException as exc:  # never leave a caller hanging
             log.exception("round failed")
-            for pending in (batch or self._pending).values():
+            if not batch:  # failed while waiting: the waiting calls were this round's
+                batch, self._pending = self._pending, {}
+                self._round_task = None
+                self._round_at = None
+            for pending in batch.values():
                 for f in pending.futures:
                     if not f.done():
                         f.set_result(RoundFailedError(f"round failed: {exc}").to_wire())
             if isinstance(exc, asyncio.CancelledError):
                 raise
-        finally:
-            if self._round_task is not None and self._round_task.done():
-                self._round_task = None
 
     async def _run_round(self, batch: dict[str, _Pending]) -> None:
         now = int(self.clock())
@@ -641,7 +642,9 @@ class DurabilitySemaphore:
                 grants[g.grant_id] = self._grant_wire(g)
         leases = dict(view.leases)
         for lease in own_leases:
-            if lease.lease_id not in leases:
+            # Also re-render reported leases: the round may have retired them after their
+            # report was applied (R33), and the client must stop drawing at once.
+            if lease.lease_id not in leases or leases[lease.lease_id]["status"] != LeaseStatus.SETTLED.value:
                 leases[lease.lease_id] = self._lease_wire(lease)
         return {
             "v": WIRE_VERSION,

@@ -163,10 +163,15 @@ class DurabilityScheduler:
             # Lease the timer rather than delete it, so a run cut short by the death of the
             # instance happens again; after the run it is deleted unless set or cleared
             # meanwhile, so a handler can still re-schedule or clear itself.
+            # Only if unchanged since the due list was read: an earlier handler of this loop (or
+            # a request meanwhile) may have rescheduled or cancelled it.
+            leased = self.storage.exec(
+                f"UPDATE {TABLE} SET due_at = ? WHERE name = ? AND due_at = ? RETURNING name",
+                now + self.RUN_LEASE_MS, name, due_at)
+            if not leased:
+                continue
             self._running[name] = now + self.RUN_LEASE_MS
             self._touched.discard(name)
-            self.storage.exec(f"UPDATE {TABLE} SET due_at = ? WHERE name = ? AND due_at = ?",
-                              self._running[name], name, due_at)
             try:
                 result = handler(name, due_at)
                 if inspect.isawaitable(result):
