@@ -3,7 +3,7 @@
 * ``AccountLimit`` (binding ``ACCOUNT_LIMIT``, one per account id) is the holder: it wraps
   :class:`semaphore.DurabilitySemaphore` and exposes the RPC method ``permits(message)``. It also
   keeps the account's job directory (job id -> queue), so a job can be completed by id alone.
-* ``JobQueue`` (binding ``JOB_QUEUE``, one per ``account:queue``) is a client: a
+* ``JobQueue`` (binding ``JOB_QUEUE``, one per (account, queue), named ``["account", "queue"]``) is a client: a
   :class:`semaphore.SemaphoreQueue` whose items are the queue's jobs, admitted under the
   account's budget through the client helper (``ACCOUNT_LIMIT`` by name, RPC ``permits``).
 * ``Default`` is the HTTP front (JSON in and out).
@@ -22,7 +22,7 @@ import hmac
 import json
 import re
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 from workers import DurableObject, Response, WorkerEntrypoint
 
@@ -35,7 +35,7 @@ from semaphore import (
     timeout,
 )
 from semaphore.runtime import Storage, plain
-from semaphore.wire import MAX_ID_LENGTH
+from semaphore.wire import MAX_ID_LENGTH, MAX_INT
 
 __all__ = ["AccountLimit", "JobQueue", "Default"]
 
@@ -111,9 +111,10 @@ class AccountLimit(DurableObject):
         """Set (an int >= 0) or clear (``None``) this account's limit override. Takes effect at
         the next round; lowering it never revokes running work (SPEC R24)."""
         limit = plain(limit)
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                                  or not 0 <= limit <= MAX_INT):
             return {"error": {"code": "invalid_limit", "field": "limit",
-                              "message": "limit must be an integer >= 0 or null"}}
+                              "message": "limit must be an integer from 0 to 2**53 - 1, or null"}}
         self._settings()
         if limit is None:
             self.storage.exec(f"DELETE FROM {SETTINGS} WHERE key = 'limit'")
@@ -162,7 +163,7 @@ def job_view(item: QueueItem) -> dict[str, Any]:
 
 
 class JobQueue(DurableObject):
-    """A queue of jobs of one account (one object per ``account:queue``).
+    """A queue of jobs of one account (one object per (account, queue)).
 
     Jobs are items of a :class:`SemaphoreQueue` keyed by the account id: they wait for permits of
     the account's ``AccountLimit`` (rounds, or draws from leases), run while they hold one, and
@@ -194,9 +195,9 @@ class JobQueue(DurableObject):
         item = self.queue.item(job_id)
         return {"job": None if item is None else job_view(item), "changed": changed}
 
-    async def status(self) -> dict[str, Any]:
-        """Every job of this queue with its state."""
-        return {"jobs": [job_view(item) for item in self.queue.items()]}
+    async def status(self, account: Any) -> dict[str, Any]:
+        """Every job of this queue (of ``account``) with its state."""
+        return {"jobs": [job_view(item) for item in self.queue.items(key=str(plain(account)))]}
 
     async def alarm(self, alarm_info: Any = None) -> None:
         await self.scheduler.alarm(alarm_info)
@@ -240,7 +241,8 @@ def holder(env: Any, account: str) -> Any:
 
 
 def job_queue(env: Any, account: str, queue: str) -> Any:
-    return env.JOB_QUEUE.getByName(f"{account}:{queue}")
+    # An unambiguous name: "a:b" + "c" and "a" + "b:c" must be different objects.
+    return env.JOB_QUEUE.getByName(json.dumps([account, queue]))
 
 
 def identifier(value: Any, name: str) -> str:
@@ -272,7 +274,8 @@ class Default(WorkerEntrypoint):
                 if match:
                     if route_method != method:
                         continue
-                    return await getattr(self, f"route_{name}")(request, *match.groups())
+                    params = [identifier(unquote(p), "path segment") for p in match.groups()]
+                    return await getattr(self, f"route_{name}")(request, *params)
             if any(p.match(path) for _, p, _ in ROUTES):
                 raise HttpError(405, "method_not_allowed", f"{method} is not allowed on {path}")
             raise HttpError(404, "not_found", f"no route for {path}")
@@ -317,7 +320,7 @@ class Default(WorkerEntrypoint):
         return json_response(result)
 
     async def route_queue_status(self, request: Any, account: str, queue: str) -> Response:
-        result = plain(await job_queue(self.env, account, queue).status())
+        result = plain(await job_queue(self.env, account, queue).status(account))
         return json_response({"account": account, "queue": queue, **result})
 
     async def route_permits(self, request: Any, account: str) -> Response:

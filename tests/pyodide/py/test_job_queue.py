@@ -69,9 +69,14 @@ async def until(rt, queues, done, *, limit, seconds=5.0, step=None):
             await step()
 
 
+def queue_object(account, queue):
+    """The JOB_QUEUE object name of (account, queue) in src/entry.py."""
+    return json.dumps([account, queue])
+
+
 def release_pending(rt, queue):
     """Whether the queue object has grant releases the holder has not received yet."""
-    name = f"a:{queue}"
+    name = queue_object("a", queue)
     if not rt.sql("JOB_QUEUE", name, "SELECT name FROM sqlite_master WHERE name = 'durability_semaphore_client_grants'"):
         return False
     (row,) = rt.sql("JOB_QUEUE", name, "SELECT COUNT(*) AS n FROM durability_semaphore_client_grants"
@@ -165,7 +170,7 @@ async def test_enqueue_is_idempotent_and_job_ids_are_unique_per_account():
     status, body = await call(rt, "POST", "/jobs/j1/complete")
     assert status == 200 and body["changed"] is True and body["job"]["state"] == "done"
     assert body["job"]["startedAt"] is None and body["job"]["permit"] is None
-    assert (await rt.fire_alarm("JOB_QUEUE", "a:q1"))["error"] is None
+    assert (await rt.fire_alarm("JOB_QUEUE", queue_object("a", "q1")))["error"] is None
     assert (await usage(rt))["outstanding"] == 0
 
 
@@ -202,9 +207,9 @@ async def test_raw_permits_endpoint_shows_a_queue_clients_grants():
     rt = runtime(auto_alarms=False)
     for job_id in ("j1", "j2"):
         await enqueue(rt, "q", job_id)
-    assert (await rt.fire_alarm("JOB_QUEUE", "a:q"))["error"] is None
+    assert (await rt.fire_alarm("JOB_QUEUE", queue_object("a", "q")))["error"] is None
     assert await states(rt, ["q"]) == {"j1": "running", "j2": "running"}
-    client_id = rt.js.recordFor("JOB_QUEUE", "a:q").id.toString()
+    client_id = rt.js.recordFor("JOB_QUEUE", queue_object("a", "q")).id.toString()
     message = {"type": "sync", "v": 1, "clientId": client_id, "grants": []}
     status, body = await call(rt, "POST", "/permits", message, auth=False)
     assert status == 401
@@ -226,7 +231,7 @@ async def test_evicting_queue_and_holder_objects_between_steps_loses_nothing():
     queues = ["q1", "q2"]
 
     def evict_all():
-        for name in ("a:q1", "a:q2"):
+        for name in (queue_object("a", "q1"), queue_object("a", "q2")):
             rt.evict("JOB_QUEUE", name)
         rt.evict("ACCOUNT_LIMIT", "a")
 
@@ -253,3 +258,32 @@ async def test_evicting_queue_and_holder_objects_between_steps_loses_nothing():
     await settle(rt)                                              # every release arrived (I3)
     constructs = [e for e in rt.events if e["kind"] == "construct" and e["binding"] == "JOB_QUEUE"]
     assert len(constructs) >= 10                                  # really served by fresh instances
+
+
+async def test_queues_are_isolated_per_account_and_path_segments_are_validated():
+    # Account "a:b" + queue "c" and account "a" + queue "b:c" are different objects: neither can
+    # see or complete the other's jobs (a shared object would let one account release another's
+    # permits). Over-long path segments and out-of-range limits are 400s that change nothing.
+    rt = runtime(auto_alarms=False)
+
+    async def at(method, path, body=None):
+        resp = await rt.fetch(Default, "http://w" + path, method=method, headers=AUTH,
+                              body=None if body is None else json.dumps(body))
+        return resp.status, json.loads(await resp.text())
+
+    assert (await at("POST", "/accounts/a:b/queues/c/jobs", {"id": "x"}))[0] == 201
+    status, body = await at("GET", "/accounts/a/queues/b:c")
+    assert status == 200 and body["jobs"] == []
+    assert (await at("POST", "/accounts/a/jobs/x/complete"))[0] == 404
+    status, body = await at("POST", "/accounts/a/queues/b:c/jobs", {"id": "x"})
+    assert status == 201 and body["created"] is True
+    status, body = await at("GET", "/accounts/a:b/queues/c")
+    assert [j["id"] for j in body["jobs"]] == ["x"] and body["jobs"][0]["state"] == "queued"
+    long = "n" * 257
+    status, body = await at("POST", f"/accounts/{long}/queues/q/jobs", {"id": "y"})
+    assert status == 400 and body["error"]["code"] == "invalid_request"
+    assert (await at("GET", f"/accounts/{long}/usage"))[0] == 400
+    status, body = await at("PUT", "/accounts/a/limit", {"limit": 2**53})
+    assert status == 400 and body["error"]["code"] == "invalid_limit"
+    status, body = await at("GET", "/accounts/a/usage")
+    assert body["limitOverride"] is None
