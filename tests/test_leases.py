@@ -681,3 +681,19 @@ async def test_r33_a_reported_lease_retired_by_the_same_round_is_answered_retire
     assert bed.leases()[lid]["status"] == "retired"
     assert by_id(ra, "leases")[lid]["status"] == "retired"
     bed.check()
+
+
+@async_test
+async def test_r33_can_grant_turning_false_retires_leases_of_clients_not_in_the_round():
+    # R33: a client living off its lease may never send a request; can_grant turning false must
+    # still retire its lease at the next round (whoever is in that round)
+    denied: set[tuple[str, str]] = set()
+    bed = Bed(100, can_grant=lambda c, g: (c, g) not in denied, leases=leases("strict", permitsPerLease=4))
+    (ra,) = await bed.round(request("a", {"g": 1}, leases=[], oldest_at=1))
+    lid = only(ra)["leaseId"]
+    denied.add(("a", "g"))
+    await bed.round(request("b", {"h": 1}, leases=[]))  # a round without client a
+    assert bed.leases()[lid]["status"] == "retired"
+    (sa,) = await bed.round(sync("a", leases=[(lid, 1, 0)]))
+    assert by_id(sa, "leases")[lid]["status"] == "retired"
+    bed.check()

@@ -335,7 +335,10 @@ class DurabilitySemaphore:
         lease_pairs: set[tuple[str, str]] = set()
         lease_groups: set[str] = set()
         if self.leases is not None or self._has_live_leases():
-            lease_pairs = self._live_lease_pairs([p.client_id for p in clients])
+            # R33: a can_grant that may say no is checked for every live lease, not only those
+            # of the clients in this round (a client drawing from its lease may never request).
+            everyone = self.can_grant is not None
+            lease_pairs = self._live_lease_pairs(None if everyone else [p.client_id for p in clients])
             lease_groups = self._groups_with_live_leases()
         group_limits = {g: await self._resolve_group_limit(g) for g in sorted(groups | lease_groups)}
         if callable(self.can_grant):
@@ -379,7 +382,7 @@ class DurabilitySemaphore:
         views = {
             p.client_id: self._apply_reports(uow, p.client_id, p.messages, now) for p in clients
         }
-        self._retire_ineligible(uow, now, limit, group_limits, permitted, [p.client_id for p in clients])
+        self._retire_ineligible(uow, now, limit, group_limits, permitted)
 
         # Usage and need (SPEC R19, R20)
         demand_groups = {d.group for p in clients for d in p.latest.demand}
@@ -520,11 +523,10 @@ class DurabilitySemaphore:
         limit: Any,
         group_limits: dict[str, Any],
         permitted: dict[tuple[str, str], bool],
-        client_ids: list[str],
     ) -> None:
         """SPEC R33: a lowered limit retires every live lease; a group that gained a limit under
         ``exclude`` retires its live leases; ``canGrant`` turning false retires the live leases of
-        that ``(client, group)`` (checked for the clients of the round)."""
+        that ``(client, group)`` (``permitted`` holds the answer for every live lease's pair)."""
         to_retire: list[LeaseRow] = []
         last_limit = uow.meta().get("last_limit")
         if isinstance(limit, int) and last_limit is not None and limit < last_limit:
@@ -533,11 +535,10 @@ class DurabilitySemaphore:
         if exclude:
             limited = [g for g, gl in group_limits.items() if isinstance(gl, int)]
             to_retire += uow.load_live_leases(limited)
-        clients = set(client_ids)
-        for lease in list(uow.leases.values()):
-            if lease.status == "live" and lease.client_id in clients:
-                if not permitted.get((lease.client_id, lease.group_name), True):
-                    to_retire.append(lease)
+        denied = {pair for pair, ok in permitted.items() if not ok}
+        if denied:
+            to_retire += [lease for lease in uow.load_live_leases({g for _, g in denied})
+                          if (lease.client_id, lease.group_name) in denied]
         for lease in to_retire:
             if lease.status == "live":
                 lease.status = "retired"
@@ -706,7 +707,12 @@ class DurabilitySemaphore:
         row = self.storage.one(f"SELECT value FROM {META} WHERE key = 'live_leases'")
         return row is not None and int(row["value"]) > 0
 
-    def _live_lease_pairs(self, client_ids: list[str]) -> set[tuple[str, str]]:
+    def _live_lease_pairs(self, client_ids: list[str] | None) -> set[tuple[str, str]]:
+        """``(client, group)`` pairs holding a live lease: of the given clients, or all."""
+        if client_ids is None:
+            rows = self.storage.exec(
+                "SELECT DISTINCT client_id, group_name FROM durability_semaphore_leases WHERE status = 'live'")
+            return {(str(r["client_id"]), str(r["group_name"])) for r in rows}
         pairs: set[tuple[str, str]] = set()
         for part in chunks(sorted(set(client_ids)), JSON_IDS):
             rows = self.storage.exec(
