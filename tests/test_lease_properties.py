@@ -29,9 +29,9 @@ from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from helpers import Bed, check_aggregates, dump, lease_rows, grant_rows, request, sync
+from helpers import Bed, check_aggregates, dump, request, sync
 from semaphore import LeaseConfig
 from semaphore.allocation import grant_ceiling
 

@@ -4,7 +4,6 @@ R37; I3. Real holder and real queue over the in-memory transport (tests/client_h
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 from .clock import sleep_until, system_clock
 from .errors import HolderUnavailableError, SemaphoreError, error_from_reply
