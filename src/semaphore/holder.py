@@ -19,7 +19,6 @@ from .scheduler import DurabilityScheduler
 from .store import (
     GROUPS,
     JSON_IDS,
-    META,
     SCHEMA_VERSION,
     GrantRow,
     LeaseRow,
@@ -27,6 +26,7 @@ from .store import (
     chunks,
     drop_schema,
     ensure_schema,
+    read_meta,
     json_list,
 )
 from .wire import (
@@ -216,7 +216,7 @@ class DurabilitySemaphore:
         when the limit (or a group's limit) is not set or could not be resolved."""
         await self._ensure_ready()
         limit = await self._resolve_limit()
-        meta = {str(r["key"]): int(r["value"]) for r in self.storage.exec(f"SELECT key, value FROM {META}")}
+        meta = read_meta(self.storage)
         groups: dict[str, Any] = {}
         for r in self.storage.exec(f"SELECT * FROM {GROUPS} ORDER BY group_name"):
             name = str(r["group_name"])
@@ -278,9 +278,9 @@ class DurabilitySemaphore:
         if self._ready:
             return
         ensure_schema(self.storage)
-        row = self.storage.one(f"SELECT value FROM {META} WHERE key = 'last_round_at'")
-        if row is not None and self._last_round_at is None:
-            self._last_round_at = int(row["value"])
+        last_round_at = read_meta(self.storage).get("last_round_at")
+        if last_round_at is not None and self._last_round_at is None:
+            self._last_round_at = last_round_at
         self._ready = True
         # Repairs an alarm lost between a commit and its setAlarm (e.g. an eviction).
         await self.scheduler.arm()
@@ -372,16 +372,7 @@ class DurabilitySemaphore:
         group_limits: dict[str, Any],
         permitted: dict[tuple[str, str], bool],
     ) -> dict[str, dict[str, Any]]:
-        uow = UnitOfWork(self.storage)
-        self._reclaim(uow, now)
-        self._retire_expired(uow, now)
-        uow.load_clients(p.client_id for p in clients)
-        # Reported ids the clients do not own (or that are gone): one query for the round.
-        uow.load_grant_ids(r.grant_id for p in clients for m in p.messages for r in m.grants)
-        uow.load_lease_ids(r.lease_id for p in clients for m in p.messages if m.leases for r in m.leases)
-        views = {
-            p.client_id: self._apply_reports(uow, p.client_id, p.messages, now) for p in clients
-        }
+        uow, views = self._open(now, {p.client_id: p.messages for p in clients})
         self._retire_ineligible(uow, now, limit, group_limits, permitted)
 
         # Usage and need (SPEC R19, R20)
@@ -454,13 +445,8 @@ class DurabilitySemaphore:
         now = int(self.clock())
 
         def body() -> dict[str, Any]:
-            uow = UnitOfWork(self.storage)
-            self._reclaim(uow, now)
-            self._retire_expired(uow, now)
-            uow.load_clients([message.client_id])
-            uow.load_grant_ids(r.grant_id for r in message.grants)
-            uow.load_lease_ids(r.lease_id for r in message.leases or ())
-            view = self._apply_reports(uow, message.client_id, [message], now)
+            uow, views = self._open(now, {message.client_id: [message]})
+            view = views[message.client_id]
             uow.flush()
             self._schedule_reclaim()
             return self._reply(self._held_by_client(uow), message.client_id, view, [],
@@ -474,9 +460,22 @@ class DurabilitySemaphore:
         await self.scheduler.arm()
         return reply
 
+    def _open(self, now: int, messages: dict[str, list[Any]]) -> tuple[UnitOfWork, dict[str, _View]]:
+        """The start of every round and sync (inside its transaction): reclaim (R15) and retire
+        (R31) what is due, load the clients' rows and every reported id (one query each for all
+        clients), and apply the reports; returns the unit of work and each client's view."""
+        uow = UnitOfWork(self.storage)
+        self._reclaim(uow, now)
+        self._retire_expired(uow, now)
+        uow.load_clients(messages)
+        uow.load_grant_ids(r.grant_id for ms in messages.values() for m in ms for r in m.grants)
+        uow.load_lease_ids(r.lease_id for ms in messages.values() for m in ms for r in m.leases or ())
+        return uow, {client_id: self._apply_reports(uow, client_id, ms, now) for client_id, ms in messages.items()}
+
     def _on_reclaim_timer(self, name: str, due_at: int) -> None:
         """Alarm: reclaim unclaimed permits past their deadline (SPEC R16)."""
-        ensure_schema(self.storage)
+        if not self._ready:  # an alarm can be the first call an instance gets
+            ensure_schema(self.storage)
         now = int(self.clock())
 
         def body() -> None:
@@ -492,11 +491,7 @@ class DurabilitySemaphore:
         row = self.storage.one(
             "SELECT MIN(claim_by) AS due FROM durability_semaphore_grants WHERE claimed < permits"
         )
-        due = None if row is None or row["due"] is None else int(row["due"])
-        if due is None:
-            self.scheduler.clear_timer(RECLAIM_TIMER)
-        elif self.scheduler.timer(RECLAIM_TIMER) != due:
-            self.scheduler.set_timer(RECLAIM_TIMER, due)
+        self.scheduler.point_timer(RECLAIM_TIMER, None if row is None or row["due"] is None else int(row["due"]))
 
     # ================================================================== state changes
     def _reclaim(self, uow: UnitOfWork, now: int) -> None:
@@ -548,8 +543,8 @@ class DurabilitySemaphore:
         self, uow: UnitOfWork, client_id: str, messages: list[Any], now: int
     ) -> _View:
         """Apply every grant and lease report of a client's messages, in order (SPEC R13, R14,
-        R30-R32), and return what the client is told about them. The caller has loaded the
-        client's rows and every reported id into ``uow`` (one query for the whole round)."""
+        R30-R32), and return what the client is told about them. :meth:`_open` has loaded the
+        client's rows and every reported id into ``uow``."""
         view = _View()
         unknown: dict[str, int] = {}
         for message in messages:
@@ -596,7 +591,8 @@ class DurabilitySemaphore:
         return view
 
     def _ttl_ms(self) -> int:
-        return self.leases.ttl_ms if self.leases is not None else 1_800_000
+        # Leases may outlive a config that had them: heartbeat with the default lifetime then.
+        return (self.leases or LeaseConfig()).ttl_ms
 
     # ================================================================== replies
     @staticmethod
@@ -704,8 +700,7 @@ class DurabilitySemaphore:
             return False
 
     def _has_live_leases(self) -> bool:
-        row = self.storage.one(f"SELECT value FROM {META} WHERE key = 'live_leases'")
-        return row is not None and int(row["value"]) > 0
+        return read_meta(self.storage).get("live_leases", 0) > 0
 
     def _live_lease_pairs(self, client_ids: list[str] | None) -> set[tuple[str, str]]:
         """``(client, group)`` pairs holding a live lease: of the given clients, or all."""

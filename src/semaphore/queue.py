@@ -399,11 +399,7 @@ class SemaphoreQueue:
 
     def _set_timer(self) -> None:
         row = self.storage.one(f"SELECT MIN(wake_at) AS at FROM {WAKEUPS}")
-        at = None if row is None or row["at"] is None else int(row["at"])
-        if at is None:
-            self.scheduler.clear_timer(self.TIMER)
-        elif self.scheduler.timer(self.TIMER) != at:
-            self.scheduler.set_timer(self.TIMER, at)
+        self.scheduler.point_timer(self.TIMER, None if row is None or row["at"] is None else int(row["at"]))
 
     # ================================================================== items
     def _item(self, item_id: str) -> QueueItem | None:

@@ -88,6 +88,14 @@ class DurabilityScheduler:
             self._touched.add(name)
         self.storage.exec(f"DELETE FROM {TABLE} WHERE name = ?", name)
 
+    def point_timer(self, name: str, due_at: int | None) -> None:
+        """Keep timer ``name`` at ``due_at``, or remove it when ``None``; writes nothing when it is
+        already so (synchronous SQL; call :meth:`arm` afterwards)."""
+        if due_at is None:
+            self.clear_timer(name)
+        elif self.timer(name) != due_at:
+            self.set_timer(name, due_at)
+
     def clear_prefix(self, prefix: str) -> None:
         """Remove every timer whose name starts with ``prefix``."""
         self.ensure_schema()

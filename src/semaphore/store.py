@@ -47,6 +47,7 @@ __all__ = [
     "UnitOfWork",
     "ensure_schema",
     "drop_schema",
+    "read_meta",
 ]
 
 SCHEMA_VERSION = 1
@@ -93,6 +94,11 @@ def ensure_schema(storage: Storage) -> None:
             f"storage holds semaphore schema v{int(row['value'])}, newer than this release "
             f"(v{SCHEMA_VERSION}); upgrade the library"
         )
+
+
+def read_meta(storage: Storage) -> dict[str, int]:
+    """Every row of ``durability_semaphore_meta`` (schema version, totals, last limit/round)."""
+    return {str(r["key"]): int(r["value"]) for r in storage.exec(f"SELECT key, value FROM {META}")}
 
 
 def drop_schema(storage: Storage) -> None:
@@ -338,7 +344,7 @@ class UnitOfWork:
     # ------------------------------------------------------------------ aggregates
     def meta(self) -> dict[str, int]:
         if self._meta is None:
-            self._meta = {str(r["key"]): int(r["value"]) for r in self.storage.exec(f"SELECT key, value FROM {META}")}
+            self._meta = read_meta(self.storage)
         return self._meta
 
     def set_meta(self, key: str, value: int) -> None:
