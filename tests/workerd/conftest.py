@@ -2,7 +2,8 @@
 
 The tier skips as a whole only when workerd itself says it could not get the Pyodide bundle
 (``PyodideBundleUnavailable``, detected from workerd's own "Request for Pyodide bundle failed"
-line). Anything else that stops workerd (a config error, a bad bundle file in the cache, a crash)
+line), or when ``scripts/test`` says why it could not build the development bundle
+(``SEMAPHORE_WORKERD_SKIP``, the builder's own one-line reason). Anything else that stops workerd (a config error, a bad bundle file in the cache, a crash)
 fails the tests, with workerd's output in the message.
 """
 
@@ -19,6 +20,7 @@ import pytest
 from .harness import (
     DEFAULT_WRANGLER_TOML,
     ENV_WORKERD,
+    ENV_WORKERD_SKIP,
     PyodideBundleUnavailable,
     WorkerdError,
     WorkerdProcess,
@@ -53,6 +55,8 @@ def workerd_runtime(workerd_bin: Path, project_wrangler_toml: Path,
     Returns ``{"skip": reason}`` when workerd could not get the Pyodide bundle, else
     ``{"skip": None}``. Other start-up failures raise (and so fail every test that needs it).
     """
+    if os.environ.get(ENV_WORKERD_SKIP):
+        return {"skip": os.environ[ENV_WORKERD_SKIP]}
     base = tmp_path_factory.mktemp("workerd-probe")
     config = generate_config(project_wrangler_toml, base / "config",
                              storage_dir=base / "storage", port=0)

@@ -40,7 +40,16 @@ Environment variables (read by :func:`workerd_binary`, :func:`generate_config` a
 ``SEMAPHORE_COMPAT_DATE``
     overrides ``compatibility_date``.
 ``SEMAPHORE_COMPAT_FLAGS``
-    comma-separated compatibility flags added to wrangler.toml's.
+    comma-separated compatibility flags added to wrangler.toml's. ``scripts/test`` sets
+    ``python_workers_development`` here when it built the development Pyodide bundle
+    (``../shared/devbundle``); that flag is experimental, so :class:`WorkerdProcess` then runs
+    ``workerd serve --experimental`` (see :data:`EXPERIMENTAL_FLAGS`).
+``SEMAPHORE_WORKERD_SKIP``
+    set by ``scripts/test`` to the development-bundle builder's reason when it cannot build a
+    bundle for this workerd (its exit 2): tier 3 then skips with that reason.
+``SEMAPHORE_WORKERD_ARGS``
+    extra arguments for ``workerd serve``, split like a shell would (``shlex``), appended after
+    the harness's own (e.g. ``--verbose``).
 """
 
 from __future__ import annotations
@@ -49,6 +58,7 @@ import fnmatch
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -69,6 +79,15 @@ ENV_PYODIDE_CACHE = "SEMAPHORE_PYODIDE_CACHE"
 ENV_PYODIDE_PACKAGE_CACHE = "SEMAPHORE_PYODIDE_PACKAGE_CACHE"
 ENV_COMPAT_DATE = "SEMAPHORE_COMPAT_DATE"
 ENV_COMPAT_FLAGS = "SEMAPHORE_COMPAT_FLAGS"
+ENV_WORKERD_ARGS = "SEMAPHORE_WORKERD_ARGS"
+ENV_WORKERD_SKIP = "SEMAPHORE_WORKERD_SKIP"
+
+#: Compatibility flags workerd accepts only with ``serve --experimental``. A generated config
+#: that names one of them makes :class:`WorkerdProcess` pass that switch.
+EXPERIMENTAL_FLAGS = frozenset({"python_workers_development"})
+
+#: The compatibility date a hand-written test config uses when SEMAPHORE_COMPAT_DATE is unset.
+DEFAULT_COMPAT_DATE = "2026-11-01"
 
 SOCKET_NAME = "http"
 WORKER_SERVICE = "main"
@@ -256,6 +275,25 @@ def effective_compat(wrangler: Mapping[str, Any]) -> tuple[str, list[str]]:
     if "python_workers" not in flags:
         raise ConfigError("the python_workers compatibility flag is required for a Python main")
     return date, flags
+
+
+def compat_date() -> str:
+    """SEMAPHORE_COMPAT_DATE, else :data:`DEFAULT_COMPAT_DATE` (for configs written by hand)."""
+    return os.environ.get(ENV_COMPAT_DATE) or DEFAULT_COMPAT_DATE
+
+
+def extra_serve_args() -> list[str]:
+    """The arguments SEMAPHORE_WORKERD_ARGS adds to ``workerd serve``."""
+    return shlex.split(os.environ.get(ENV_WORKERD_ARGS, ""))
+
+
+def uses_experimental_flag(config_path: str | os.PathLike[str]) -> bool:
+    """Whether the config at ``config_path`` names a flag of :data:`EXPERIMENTAL_FLAGS`."""
+    try:
+        text = Path(config_path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return any(f'"{flag}"' in text for flag in EXPERIMENTAL_FLAGS)
 
 
 def generate_config(
@@ -542,7 +580,7 @@ class WorkerdProcess:
                                       else pyodide_package_cache_dir())
         self.log_dir = Path(log_dir) if log_dir else self.config_path.parent
         self.start_timeout = start_timeout
-        self.extra_args = list(extra_args)
+        self.extra_args = list(extra_args) + extra_serve_args()
         self.address = address
         self.port: int | None = None
         self.proc: subprocess.Popen[bytes] | None = None
@@ -583,6 +621,8 @@ class WorkerdProcess:
         if self.pyodide_package_cache is not None:
             self.pyodide_package_cache.mkdir(parents=True, exist_ok=True)
             cmd.append(f"--pyodide-package-disk-cache-dir={self.pyodide_package_cache}")
+        if "--experimental" not in self.extra_args and uses_experimental_flag(self.config_path):
+            cmd.append("--experimental")
         cmd.extend(self.extra_args)
         return cmd
 

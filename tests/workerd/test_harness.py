@@ -10,6 +10,7 @@ and port, kill -9) is exercised on a small JavaScript worker with a SQLite Durab
 from __future__ import annotations
 
 import json
+import os
 import re
 import textwrap
 from pathlib import Path
@@ -20,6 +21,8 @@ from .harness import (
     BUNDLE_FETCH_FAILED,
     ENV_COMPAT_DATE,
     ENV_COMPAT_FLAGS,
+    ENV_WORKERD_ARGS,
+    EXPERIMENTAL_FLAGS,
     ConfigError,
     PyodideBundleInvalid,
     PyodideBundleUnavailable,
@@ -28,6 +31,7 @@ from .harness import (
     WorkerdStartError,
     _capnp_text,
     classify_startup_failure,
+    compat_date,
     generate_config,
     validate_config,
 )
@@ -203,6 +207,31 @@ def test_classify_other_failure():
     assert type(err) is WorkerdStartError and "Parse error" in str(err)
 
 
+def test_experimental_flag_adds_serve_experimental(tmp_path, monkeypatch):
+    monkeypatch.delenv(ENV_WORKERD_ARGS, raising=False)
+    monkeypatch.setenv(ENV_COMPAT_FLAGS, "")
+    project = make_project(tmp_path / "p")
+    plain = generate_config(project, tmp_path / "o1", storage_dir=tmp_path / "s")
+    assert "--experimental" not in WorkerdProcess(plain, binary="/bin/true").command()
+    monkeypatch.setenv(ENV_COMPAT_FLAGS, "python_workers_development")
+    dev = generate_config(project, tmp_path / "o2", storage_dir=tmp_path / "s")
+    assert "python_workers_development" in EXPERIMENTAL_FLAGS
+    cmd = WorkerdProcess(dev, binary="/bin/true").command()
+    assert cmd.count("--experimental") == 1
+
+
+def test_workerd_args_from_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV_WORKERD_ARGS, "--verbose --inspector-addr='127.0.0.1:9229'")
+    cfg = generate_config(make_project(tmp_path / "p"), tmp_path / "o", storage_dir=tmp_path / "s")
+    cmd = WorkerdProcess(cfg, binary="/bin/true", extra_args=["--x"]).command()
+    assert cmd[-3:] == ["--x", "--verbose", "--inspector-addr=127.0.0.1:9229"]
+
+
+def test_hand_written_configs_follow_compat_date(monkeypatch, tmp_path):
+    monkeypatch.setenv(ENV_COMPAT_DATE, "2026-09-08")
+    assert 'compatibilityDate = "2026-09-08"' in js_config(tmp_path).read_text()
+
+
 # --- with the workerd binary (no Pyodide bundle needed) --------------------------------------
 
 
@@ -239,8 +268,14 @@ def test_broken_config_is_not_taken_for_a_missing_bundle(workerd_bin, tmp_path):
     assert 'named "Nope"' in str(err)
 
 
-def test_wrong_bundle_file_gives_checksum_error(workerd_bin, tmp_path):
-    """Learn the expected file name from workerd (or from a real download), then corrupt it."""
+def test_wrong_bundle_file_gives_checksum_error(workerd_bin, tmp_path, monkeypatch):
+    """Learn the expected file name from workerd (or from a real download), then corrupt it.
+
+    This is about the released-bundle route, so it runs without the development flag even when
+    SEMAPHORE_COMPAT_FLAGS names it (a development bundle is never checksum-checked)."""
+    flags = [f for f in os.environ.get(ENV_COMPAT_FLAGS, "").split(",")
+             if f.strip() and f.strip() not in EXPERIMENTAL_FLAGS]
+    monkeypatch.setenv(ENV_COMPAT_FLAGS, ",".join(flags))
     cfg = generate_config(make_project(tmp_path / "p"), tmp_path / "o", storage_dir=tmp_path / "s")
     cache = tmp_path / "cache"
     proc = WorkerdProcess(cfg, binary=workerd_bin, pyodide_cache=cache, log_dir=tmp_path / "l1")
@@ -290,7 +325,7 @@ def js_config(tmp_path: Path) -> Path:
           services = [
             (name = "main", worker = (
               modules = [(name = "w.js", esModule = {_capnp_text(JS_WORKER)})],
-              compatibilityDate = "2026-11-01",
+              compatibilityDate = {_capnp_text(compat_date())},
               bindings = [(name = "GREETING", text = "hi"),
                           (name = "COUNTER", durableObjectNamespace = (className = "Counter"))],
               durableObjectNamespaces = [
