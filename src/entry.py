@@ -11,8 +11,25 @@
 A job's work is external: admission marks it ``running`` (its permit is held), and
 ``POST /accounts/{account}/jobs/{id}/complete`` releases the permit.
 
+What the routes expose and create (README, "The reference Worker"):
+
+* Every route that writes needs the admin token (secret ``ADMIN_TOKEN``, sent as
+  ``Authorization: Bearer ...``). Only they create storage.
+* The reading routes (``GET .../usage``, ``GET .../queues/{queue}``) need no token and never
+  create storage: an object without the tables of its part answers the empty state (default
+  limit, nothing outstanding, no jobs) without a ``CREATE TABLE``, an alarm or a write, so
+  unauthenticated reads of arbitrary names leave nothing behind.
+* Job payloads are shown only to the admin token: the public queue view omits ``payload``. A
+  request that sends an ``Authorization`` header must send the right token (401 otherwise).
+* Every error value, from the HTTP front or from an RPC method, carries ``"v": 1``:
+  ``{"v": 1, "error": {"code", "message", "field"?}}``.
+* The job directory (job id -> queue, in the account's holder) forgets a job
+  ``JOB_RETENTION_MS`` after its completion, the same time the queue keeps the finished job (by a
+  scheduler timer on the holder's alarm), so it holds only live and recently finished jobs.
+
 Configuration (``[vars]`` in wrangler.toml, all optional): ``ACCOUNT_CONCURRENCY`` (default limit
-per account, 10), ``GRANT_TIMEOUT_MS``, ``ROUND_WAIT_MS``, ``ROUND_PERIOD_MS``. Secret
+per account, 10), ``GRANT_TIMEOUT_MS``, ``ROUND_WAIT_MS``, ``ROUND_PERIOD_MS``,
+``JOB_RETENTION_MS`` (how long finished jobs are remembered, default one day). Secret
 ``ADMIN_TOKEN`` guards every request that changes state.
 """
 
@@ -34,7 +51,9 @@ from semaphore import (
     SemaphoreQueue,
     timeout,
 )
+from semaphore.queue import QUEUE_TABLES
 from semaphore.runtime import Storage, plain
+from semaphore.store import TABLES as HOLDER_TABLES
 from semaphore.wire import MAX_ID_LENGTH, MAX_INT
 
 __all__ = ["AccountLimit", "JobQueue", "Default"]
@@ -43,10 +62,33 @@ DEFAULT_CONCURRENCY = 10
 SETTINGS = "app_account_settings"
 JOBS = "app_job_directory"
 RPC_TIMEOUT_MS = 5_000
+#: How long a finished job is remembered, by its queue (``SemaphoreQueue(retention_ms=...)``, so a
+#: retried enqueue does not run it again) and by the account's job directory (``JOB_RETENTION_MS``).
+DEFAULT_JOB_RETENTION_MS = 86_400_000
+#: The holder's scheduler timer that prunes the job directory.
+JOB_PRUNE_TIMER = "app:prune_job_directory"
+#: The ``v`` of every error value (the wire format's version, SPEC R7).
+ERROR_VERSION = 1
 
 #: How client objects reach an account's holder (SPEC R36): env.ACCOUNT_LIMIT.getByName(account),
 #: RPC method ``permits``, each call bounded by a timeout.
 limits = DurabilitySemaphore.client(binding="ACCOUNT_LIMIT", invoke=lambda stub, message: stub.permits(message))
+
+
+def has_tables(storage: Storage, names: tuple[str, ...] | list[str]) -> bool:
+    """Whether any of the tables ``names`` exists (a read of ``sqlite_master``: creates nothing)."""
+    marks = ", ".join("?" for _ in names)
+    row = storage.one(f"SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ({marks}) LIMIT 1",
+                      *names)
+    return row is not None
+
+
+def error_value(code: str, message: str, field: str | None = None) -> dict[str, Any]:
+    """An error value (``{"v": 1, "error": {...}}``), as RPC methods and the front return them."""
+    error: dict[str, Any] = {"code": code, "message": message}
+    if field is not None:
+        error["field"] = field
+    return {"v": ERROR_VERSION, "error": error}
 
 
 def env_int(env: Any, name: str, default: int, minimum: int = 0) -> int:
@@ -65,15 +107,23 @@ def env_int(env: Any, name: str, default: int, minimum: int = 0) -> int:
 
 
 class AccountLimit(DurableObject):
-    """Holder of one account's concurrency budget (one object per account id)."""
+    """Holder of one account's concurrency budget (one object per account id).
+
+    Storage: the semaphore's tables, ``app_account_settings`` (the limit override, written only by
+    :meth:`set_limit`) and ``app_job_directory`` (job id -> queue, written only by
+    :meth:`register_job` / :meth:`finish_job`). The reading methods (:meth:`usage`,
+    :meth:`find_job`) never create any of them: an account never written to keeps no storage."""
 
     def __init__(self, ctx: Any, env: Any) -> None:
         super().__init__(ctx, env)
         self.storage = Storage(ctx)
         self.default_limit = env_int(env, "ACCOUNT_CONCURRENCY", DEFAULT_CONCURRENCY)
+        self.job_retention_ms = env_int(env, "JOB_RETENTION_MS", DEFAULT_JOB_RETENTION_MS, 1)
         self._override: int | None = None
         self._override_loaded = False
+        self._jobs_ready = False
         self.scheduler = DurabilityScheduler(ctx)
+        self.scheduler.on(JOB_PRUNE_TIMER, self._prune_jobs)
         self.semaphore = DurabilitySemaphore(
             scheduler=self.scheduler,
             limit=self.current_limit,
@@ -84,10 +134,12 @@ class AccountLimit(DurableObject):
 
     # -- configuration -------------------------------------------------------------------
     def _settings(self) -> None:
+        """Load the stored override once per instance (read only: no table, no override)."""
         if self._override_loaded:
             return
-        self.storage.exec(f"CREATE TABLE IF NOT EXISTS {SETTINGS} (key TEXT PRIMARY KEY, value INTEGER NOT NULL)")
-        row = self.storage.one(f"SELECT value FROM {SETTINGS} WHERE key = 'limit'")
+        row = None
+        if has_tables(self.storage, [SETTINGS]):
+            row = self.storage.one(f"SELECT value FROM {SETTINGS} WHERE key = 'limit'")
         self._override = None if row is None else int(row["value"])
         self._override_loaded = True
 
@@ -102,23 +154,33 @@ class AccountLimit(DurableObject):
         return await self.semaphore.handle(message)
 
     async def usage(self) -> dict[str, Any]:
-        usage = await self.semaphore.usage()
+        """The semaphore's ``usage()`` (SPEC R38) plus ``defaultLimit`` and ``limitOverride``.
+        Read only: a holder whose semaphore never ran (no tables) answers the empty usage under
+        its current limit without creating its schema or arming an alarm."""
+        if has_tables(self.storage, HOLDER_TABLES):
+            usage = await self.semaphore.usage()
+        else:
+            usage = {"limit": self.current_limit(), "outstanding": 0, "leaseFootprint": 0,
+                     "liveLeases": 0, "retiredLeases": 0, "groups": {}}
         usage["defaultLimit"] = self.default_limit
         usage["limitOverride"] = self._override
         return usage
 
     async def set_limit(self, limit: Any) -> dict[str, Any]:
         """Set (an int >= 0) or clear (``None``) this account's limit override. Takes effect at
-        the next round; lowering it never revokes running work (SPEC R24)."""
+        the next round; lowering it never revokes running work (SPEC R24). An invalid limit is
+        answered with the error value ``{"v": 1, "error": {"code": "invalid_limit", ...}}`` and
+        changes nothing; clearing an override that was never set creates nothing."""
         limit = plain(limit)
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
                                   or not 0 <= limit <= MAX_INT):
-            return {"error": {"code": "invalid_limit", "field": "limit",
-                              "message": "limit must be an integer from 0 to 2**53 - 1, or null"}}
+            return error_value("invalid_limit", "limit must be an integer from 0 to 2**53 - 1, or null", "limit")
         self._settings()
         if limit is None:
-            self.storage.exec(f"DELETE FROM {SETTINGS} WHERE key = 'limit'")
+            if has_tables(self.storage, [SETTINGS]):
+                self.storage.exec(f"DELETE FROM {SETTINGS} WHERE key = 'limit'")
         else:
+            self.storage.exec(f"CREATE TABLE IF NOT EXISTS {SETTINGS} (key TEXT PRIMARY KEY, value INTEGER NOT NULL)")
             self.storage.exec(
                 f"INSERT INTO {SETTINGS}(key, value) VALUES ('limit', ?)"
                 " ON CONFLICT(key) DO UPDATE SET value = excluded.value", limit)
@@ -127,29 +189,88 @@ class AccountLimit(DurableObject):
 
     async def register_job(self, job_id: Any, queue: Any) -> dict[str, Any]:
         """Record that ``job_id`` lives in ``queue`` (idempotent). Answers the queue the job is
-        registered to, which differs from ``queue`` when the id is already taken elsewhere."""
+        registered to, which differs from ``queue`` when the id is already taken elsewhere.
+
+        Registering a job of the same queue again clears its completion mark: the job is live
+        again (or the queue answers it finished, and the front calls :meth:`finish_job`), so the
+        directory never forgets a job its queue may still run."""
         job_id, queue = str(plain(job_id)), str(plain(queue))
         self._jobs_table()
-        self.storage.exec(f"INSERT INTO {JOBS}(job_id, queue) VALUES (?, ?) ON CONFLICT(job_id) DO NOTHING",
-                          job_id, queue)
+        self.storage.exec(
+            f"INSERT INTO {JOBS}(job_id, queue) VALUES (?, ?)"
+            " ON CONFLICT(job_id) DO UPDATE SET done_at = NULL WHERE queue = excluded.queue",
+            job_id, queue)
         row = self.storage.one(f"SELECT queue FROM {JOBS} WHERE job_id = ?", job_id)
         return {"jobId": job_id, "queue": str(row["queue"]) if row else queue}
 
     async def find_job(self, job_id: Any) -> dict[str, Any]:
-        """The queue holding ``job_id``: ``{"queue": name}`` or ``{"queue": None}``."""
-        self._jobs_table()
+        """The queue holding ``job_id``: ``{"queue": name}`` or ``{"queue": None}`` (read only)."""
+        if not has_tables(self.storage, [JOBS]):
+            return {"queue": None}
         row = self.storage.one(f"SELECT queue FROM {JOBS} WHERE job_id = ?", str(plain(job_id)))
         return {"queue": str(row["queue"]) if row else None}
 
+    async def finish_job(self, job_id: Any) -> dict[str, Any]:
+        """``job_id`` is finished in its queue: the directory forgets it ``JOB_RETENTION_MS``
+        after the first such call (the holder's scheduler timer ``app:prune_job_directory``).
+        Idempotent; an unknown id changes nothing. Answers ``{"jobId", "pruneAt"}`` (``pruneAt``:
+        when the entry goes, ``None`` if there is none)."""
+        job_id = str(plain(job_id))
+        if not has_tables(self.storage, [JOBS]):
+            return {"jobId": job_id, "pruneAt": None}
+        self._jobs_table()
+        now = int(self.scheduler.clock())
+
+        def body() -> int | None:
+            self.storage.exec(f"UPDATE {JOBS} SET done_at = ? WHERE job_id = ? AND done_at IS NULL", now, job_id)
+            self.scheduler.point_timer(JOB_PRUNE_TIMER, self._next_prune_at())
+            row = self.storage.one(f"SELECT done_at FROM {JOBS} WHERE job_id = ?", job_id)
+            return None if row is None or row["done_at"] is None else int(row["done_at"]) + self.job_retention_ms
+
+        prune_at = self.storage.transaction(body)
+        await self.scheduler.arm()
+        return {"jobId": job_id, "pruneAt": prune_at}
+
+    def _next_prune_at(self) -> int | None:
+        row = self.storage.one(f"SELECT MIN(done_at) AS done FROM {JOBS} WHERE done_at IS NOT NULL")
+        return None if row is None or row["done"] is None else int(row["done"]) + self.job_retention_ms
+
+    def _prune_jobs(self, name: str, due_at: int) -> None:
+        """Timer handler: drop directory entries of jobs finished ``JOB_RETENTION_MS`` ago, then
+        point the timer at the next one (the scheduler re-arms the alarm)."""
+        if not has_tables(self.storage, [JOBS]):
+            return
+        self._jobs_table()
+        now = int(self.scheduler.clock())
+
+        def body() -> None:
+            self.storage.exec(f"DELETE FROM {JOBS} WHERE done_at IS NOT NULL AND done_at <= ?",
+                              now - self.job_retention_ms)
+            next_at = self._next_prune_at()
+            if next_at is not None:
+                self.scheduler.set_timer(JOB_PRUNE_TIMER, next_at)
+
+        self.storage.transaction(body)
+
     def _jobs_table(self) -> None:
-        self.storage.exec(f"CREATE TABLE IF NOT EXISTS {JOBS} (job_id TEXT PRIMARY KEY, queue TEXT NOT NULL)")
+        """Create the job directory, or add ``done_at`` to one created by an earlier version."""
+        if self._jobs_ready:
+            return
+        row = self.storage.one("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", JOBS)
+        if row is None:
+            self.storage.exec(f"CREATE TABLE IF NOT EXISTS {JOBS} (job_id TEXT PRIMARY KEY, queue TEXT NOT NULL,"
+                              " done_at INTEGER)")
+        elif not re.search(r"\bdone_at\b", str(row["sql"] or "")):
+            self.storage.exec(f"ALTER TABLE {JOBS} ADD COLUMN done_at INTEGER")
+        self.storage.exec(f"CREATE INDEX IF NOT EXISTS {JOBS}_done ON {JOBS}(done_at) WHERE done_at IS NOT NULL")
+        self._jobs_ready = True
 
     async def alarm(self, alarm_info: Any = None) -> None:
         await self.scheduler.alarm(alarm_info)
 
 
 def job_view(item: QueueItem) -> dict[str, Any]:
-    """JSON view of a queued job."""
+    """JSON view of a queued job (the HTTP front drops ``payload`` from the public view)."""
     return {
         "id": item.item_id,
         "group": item.group,
@@ -168,13 +289,15 @@ class JobQueue(DurableObject):
     Jobs are items of a :class:`SemaphoreQueue` keyed by the account id: they wait for permits of
     the account's ``AccountLimit`` (rounds, or draws from leases), run while they hold one, and
     release it on completion. Everything is in this object's SQLite storage, so eviction loses
-    nothing; the object's alarm drives the queue."""
+    nothing; the object's alarm drives the queue. Finished jobs are kept ``JOB_RETENTION_MS``
+    (default one day). :meth:`status` is read only: a queue never written to keeps no storage."""
 
     def __init__(self, ctx: Any, env: Any) -> None:
         super().__init__(ctx, env)
         self.scheduler = DurabilityScheduler(ctx)
         self.client = SemaphoreClient(ctx, limits.with_(timeout(RPC_TIMEOUT_MS)).transport(env))
-        self.queue = SemaphoreQueue(client=self.client, scheduler=self.scheduler, on_admit=self.start_job)
+        self.queue = SemaphoreQueue(client=self.client, scheduler=self.scheduler, on_admit=self.start_job,
+                                    retention_ms=env_int(env, "JOB_RETENTION_MS", DEFAULT_JOB_RETENTION_MS, 1))
 
     def start_job(self, item: QueueItem) -> None:
         """Admission callback. The reference app's work is external: holding the permit while the
@@ -196,7 +319,10 @@ class JobQueue(DurableObject):
         return {"job": None if item is None else job_view(item), "changed": changed}
 
     async def status(self, account: Any) -> dict[str, Any]:
-        """Every job of this queue (of ``account``) with its state."""
+        """Every job of this queue (of ``account``) with its state. Read only: a queue without
+        its tables answers no jobs and creates nothing."""
+        if not has_tables(self.scheduler.storage, QUEUE_TABLES):
+            return {"jobs": []}
         return {"jobs": [job_view(item) for item in self.queue.items(key=str(plain(account)))]}
 
     async def alarm(self, alarm_info: Any = None) -> None:
@@ -205,9 +331,11 @@ class JobQueue(DurableObject):
 
 # ------------------------------------------------------------------------------- HTTP front
 class HttpError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
+    """An HTTP error answer: ``status`` with the error value ``{"v": 1, "error": {...}}``."""
+
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
         super().__init__(message)
-        self.status, self.code, self.message = status, code, message
+        self.status, self.code, self.message, self.field = status, code, message, field
 
 
 def json_response(data: Any, status: int = 200) -> Response:
@@ -215,12 +343,22 @@ def json_response(data: Any, status: int = 200) -> Response:
 
 
 def require_admin(request: Any, env: Any) -> None:
+    """401 unless the request carries ``Authorization: Bearer <ADMIN_TOKEN>``."""
     token = getattr(env, "ADMIN_TOKEN", None)
     if not token:
         raise HttpError(401, "unauthorized", "ADMIN_TOKEN is not configured; state changes are disabled")
     header = request.headers.get("authorization") or ""
     if not hmac.compare_digest(header.encode(), f"Bearer {token}".encode()):
         raise HttpError(401, "unauthorized", "missing or wrong Authorization: Bearer token")
+
+
+def is_admin(request: Any, env: Any) -> bool:
+    """For reading routes: ``False`` without an ``Authorization`` header (the public view),
+    ``True`` with the right admin token, 401 with any other header value."""
+    if not request.headers.get("authorization"):
+        return False
+    require_admin(request, env)
+    return True
 
 
 async def read_json(request: Any) -> dict[str, Any]:
@@ -263,7 +401,10 @@ ROUTES: list[tuple[str, re.Pattern[str], str]] = [
 
 
 class Default(WorkerEntrypoint):
-    """HTTP front. Every answer is JSON; errors are ``{"error": {"code", "message"}}``."""
+    """HTTP front. Every answer is JSON; errors are ``{"v": 1, "error": {"code", "message"}}``.
+
+    Routes that write need the admin token; the reading routes (usage, queue status) need none,
+    create no storage, and show job payloads only to the admin token."""
 
     async def fetch(self, request: Any) -> Response:
         path = urlparse(request.url).path
@@ -280,19 +421,20 @@ class Default(WorkerEntrypoint):
                 raise HttpError(405, "method_not_allowed", f"{method} is not allowed on {path}")
             raise HttpError(404, "not_found", f"no route for {path}")
         except HttpError as exc:
-            return json_response({"error": {"code": exc.code, "message": exc.message}}, exc.status)
+            return json_response(error_value(exc.code, exc.message, exc.field), exc.status)
 
     async def route_healthz(self, request: Any) -> Response:
         return json_response({"ok": True})
 
     async def route_usage(self, request: Any, account: str) -> Response:
+        """Public: the holder's usage (counts, limits, group names). Creates no storage."""
         return json_response(plain(await holder(self.env, account).usage()))
 
     async def route_set_limit(self, request: Any, account: str) -> Response:
         require_admin(request, self.env)
         body = await read_json(request)
         if "limit" not in body:
-            raise HttpError(400, "invalid_limit", "body must be {\"limit\": int >= 0 | null}")
+            raise HttpError(400, "invalid_limit", "body must be {\"limit\": int >= 0 | null}", "limit")
         result = plain(await holder(self.env, account).set_limit(body["limit"]))
         if "error" in result:
             return json_response(result, 400)
@@ -307,6 +449,8 @@ class Default(WorkerEntrypoint):
         if owner["queue"] != queue:
             raise HttpError(409, "conflict", f"job {job_id!r} already belongs to queue {owner['queue']!r}")
         result = plain(await job_queue(self.env, account, queue).enqueue(account, job_id, group, body.get("payload")))
+        if result["job"]["state"] == "done":  # a finished job enqueued again: keep its directory TTL
+            await holder(self.env, account).finish_job(job_id)
         return json_response(result, 201 if result["created"] else 200)
 
     async def route_complete(self, request: Any, account: str, job_id: str) -> Response:
@@ -317,10 +461,18 @@ class Default(WorkerEntrypoint):
         result = plain(await job_queue(self.env, account, found["queue"]).complete(job_id))
         if result["job"] is None:
             raise HttpError(404, "not_found", f"no job {job_id!r} in queue {found['queue']!r}")
+        if result["job"]["state"] == "done":  # the directory forgets it after JOB_RETENTION_MS
+            await holder(self.env, account).finish_job(job_id)
         return json_response(result)
 
     async def route_queue_status(self, request: Any, account: str, queue: str) -> Response:
+        """Public: the queue's jobs without their payloads; with the admin token, with them.
+        Creates no storage (a queue never written to answers no jobs)."""
+        admin = is_admin(request, self.env)
         result = plain(await job_queue(self.env, account, queue).status(account))
+        if not admin:
+            for job in result["jobs"]:
+                job.pop("payload", None)
         return json_response({"account": account, "queue": queue, **result})
 
     async def route_permits(self, request: Any, account: str) -> Response:

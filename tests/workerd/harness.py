@@ -191,9 +191,73 @@ class Module:
 
 
 def collect_modules(
-    project_root: Path, main: str, python_modules_exclude: Iterable[str] | None = None
+    project_root: Path, main: str, python_modules_exclude: Iterable[str] | None = None,
+    rules: Iterable[Mapping[str, Any]] | None = None,
 ) -> list[Module]:
-    """The modules wrangler would upload for a Python worker, main module first."""
+    """The modules wrangler would upload for a Python worker, main module first.
+
+    Files under the main module's folder are matched against wrangler's module rules as
+    wrangler 4 does (``parseRules`` / ``matchFiles``): the user's ``rules`` (``None``: the
+    ``rules`` of ``project_root/wrangler.toml``), then the ``PythonModule`` rule ``**/*.py`` it
+    adds for a ``.py`` main (unless the user gave one), then its defaults (``Text``:
+    ``**/*.txt``, ``**/*.html``, ``**/*.sql``; ``Data``: ``**/*.bin``; ``CompiledWasm``:
+    ``**/*.wasm``). A rule whose type an earlier rule without ``fallthrough = true`` already
+    has is dropped (so an empty ``Text`` rule with ``fallthrough = false`` uploads no text
+    modules); the first rule and glob matching the path relative to that folder (glob-to-regexp
+    with globstar: ``*`` within one segment, ``**/`` any depth) gives the module's type."""
+    if rules is None:
+        toml_path = project_root / "wrangler.toml"
+        rules = []
+        if toml_path.is_file():
+            with toml_path.open("rb") as fh:
+                rules = tomllib.load(fh).get("rules", [])
+    kinds = {"PythonModule": "pythonModule", "Text": "text", "Data": "data",
+             "CompiledWasm": "wasm", "ESModule": "esModule", "CommonJS": "commonJsModule"}
+    all_rules = [dict(r) for r in rules]
+    if not any(r.get("type") == "PythonModule" for r in all_rules):
+        all_rules.append({"type": "PythonModule", "globs": ["**/*.py"]})
+    all_rules += [{"type": "Text", "globs": ["**/*.txt", "**/*.html", "**/*.sql"]},
+                  {"type": "Data", "globs": ["**/*.bin"]},
+                  {"type": "CompiledWasm", "globs": ["**/*.wasm", "**/*.wasm?module"]}]
+
+    def glob_regex(glob: str) -> re.Pattern[str]:
+        out, i = [], 0
+        while i < len(glob):
+            if glob[i] != "*":
+                out.append(re.escape(glob[i]))
+                i += 1
+                continue
+            start = i
+            while i + 1 < len(glob) and glob[i + 1] == "*":
+                i += 1
+            prev = glob[start - 1] if start else None
+            nxt = glob[i + 1] if i + 1 < len(glob) else None
+            if i > start and prev in (None, "/") and nxt in (None, "/"):
+                out.append("((?:[^/]*(?:/|$))*)")
+                i += 1  # the "/" after "**" is part of the globstar
+            else:
+                out.append("([^/]*)")
+            i += 1
+        return re.compile("^" + "".join(out) + "$")
+
+    matchers: list[tuple[str, list[re.Pattern[str]]]] = []
+    completed: set[str] = set()
+    for rule in all_rules:
+        rtype = rule.get("type")
+        if rtype not in kinds:
+            raise ConfigError(f"module rule type {rtype!r} is not supported by this harness")
+        if rtype in completed:
+            continue
+        if rule.get("fallthrough") is not True:
+            completed.add(rtype)
+        matchers.append((kinds[rtype], [glob_regex(g) for g in rule.get("globs", [])]))
+
+    def kind_of(rel: str) -> str | None:
+        for kind, regexes in matchers:
+            if any(rx.match(rel) for rx in regexes):
+                return kind
+        return None
+
     main_path = (project_root / main).resolve()
     if main_path.suffix != ".py":
         raise ConfigError(f"main = {main!r} is not a Python module")
@@ -213,7 +277,7 @@ def collect_modules(
         rel = path.relative_to(module_root).as_posix()
         if path.name == "wrangler.toml" and path.parent == project_root:
             continue
-        kind = _module_type_for(rel)
+        kind = kind_of(rel)
         if kind is None:
             continue
         modules.append(Module(rel, kind, path.read_bytes()))

@@ -169,6 +169,76 @@ def test_generate_config_rejects_what_it_cannot_express(tmp_path, monkeypatch):
                         storage_dir=tmp_path / "s")
 
 
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+#: The module rules of the project's wrangler.toml (empty Text/Data/CompiledWasm rules).
+QUIET_RULES = """
+[[rules]]
+type = "Text"
+globs = []
+fallthrough = false
+
+[[rules]]
+type = "Data"
+globs = []
+fallthrough = false
+
+[[rules]]
+type = "CompiledWasm"
+globs = []
+fallthrough = false
+"""
+
+
+def src_modules(toml: Path) -> list[tuple[str, str]]:
+    from .harness import collect_modules
+
+    return sorted((m.name, m.kind) for m in collect_modules(toml.parent, "src/entry.py")
+                  if not m.name.startswith("python_modules/"))
+
+
+def test_collect_modules_follows_wrangler_module_rules(tmp_path):
+    # As wrangler's parseRules/matchFiles: a user rule shadows the default rule of its type
+    # unless it falls through; globs are matched on the path relative to src/ ("*" stays in one
+    # segment, "**/" is any depth); an empty rule of a type uploads nothing of it.
+    quiet = make_project(tmp_path / "quiet", WRANGLER_TOML + QUIET_RULES)
+    (quiet.parent / "src" / "pkg.egg-info").mkdir()
+    (quiet.parent / "src" / "pkg.egg-info" / "SOURCES.txt").write_text("pkg/__init__.py\n")
+    assert src_modules(quiet) == [("entry.py", "pythonModule"), ("pkg/__init__.py", "pythonModule")]
+
+    md_only = WRANGLER_TOML + '[[rules]]\ntype = "Text"\nglobs = ["*.md"]\n'
+    toml = make_project(tmp_path / "md", md_only)
+    (toml.parent / "src" / "pkg" / "deep.md").write_text("not top level\n")
+    assert src_modules(toml) == [("entry.py", "pythonModule"), ("notes.md", "text"),
+                                 ("pkg/__init__.py", "pythonModule")]
+
+    both = WRANGLER_TOML + '[[rules]]\ntype = "Text"\nglobs = ["**/*.md"]\nfallthrough = true\n'
+    toml = make_project(tmp_path / "both", both)
+    assert src_modules(toml) == [("entry.py", "pythonModule"), ("notes.md", "text"),
+                                 ("pkg/__init__.py", "pythonModule"), ("pkg/schema.sql", "text")]
+
+
+def test_project_modules_leave_build_output_out(tmp_path):
+    # The project's wrangler.toml on a copy of src/ holding an editable install's egg-info and
+    # bytecode: the modules are the entry and the library's .py files, as wrangler uploads them.
+    import shutil
+
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy2(PROJECT_ROOT / "wrangler.toml", project / "wrangler.toml")
+    shutil.copytree(PROJECT_ROOT / "src", project / "src",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+    egg = project / "src" / "durability_semaphore.egg-info"
+    egg.mkdir()
+    for name in ("SOURCES.txt", "top_level.txt", "PKG-INFO"):
+        (egg / name).write_text("x\n")
+    (project / "src" / "semaphore" / "__pycache__").mkdir()
+    (project / "src" / "semaphore" / "__pycache__" / "wire.cpython-314.pyc").write_bytes(b"\0")
+    library = sorted(p.relative_to(project / "src").as_posix()
+                     for p in (project / "src" / "semaphore").rglob("*.py") if "__pycache__" not in p.parts)
+    assert src_modules(project / "wrangler.toml") == sorted(
+        [("entry.py", "pythonModule")] + [(name, "pythonModule") for name in library])
+
+
 def test_renamed_sqlite_class_keeps_sql():
     from .harness import _sqlite_classes
 

@@ -58,3 +58,75 @@ async def test_set_limit_needs_the_admin_token_and_takes_effect():
     assert usage["limit"] == 3
     resp = await rt.fetch(Default, url, method="PUT", headers=auth, body=json.dumps({"limit": None}))
     assert (await body(resp))["limit"] == 7
+
+
+def full_runtime():
+    from entry import JobQueue
+    return Runtime({"ACCOUNT_LIMIT": AccountLimit, "JOB_QUEUE": JobQueue}, vars=VARS, auto_alarms=False)
+
+
+def tables(rt, binding, name):
+    return [r["name"] for r in rt.sql(binding, name, "SELECT name FROM sqlite_master ORDER BY name")]
+
+
+async def test_reads_of_a_never_used_account_create_no_storage():
+    # Unauthenticated reads of any name must leave nothing behind: no CREATE TABLE, no alarm.
+    rt = full_runtime()
+    resp = await rt.fetch(Default, "http://w/accounts/ghost/usage")
+    assert resp.status == 200
+    usage = await body(resp)
+    assert usage == {"limit": 7, "outstanding": 0, "leaseFootprint": 0, "liveLeases": 0,
+                     "retiredLeases": 0, "groups": {}, "defaultLimit": 7, "limitOverride": None}
+    resp = await rt.fetch(Default, "http://w/accounts/ghost/queues/q")
+    assert resp.status == 200 and await body(resp) == {"account": "ghost", "queue": "q", "jobs": []}
+    # Admin calls that find nothing create nothing either.
+    auth = {"authorization": "Bearer s3cret"}
+    resp = await rt.fetch(Default, "http://w/accounts/ghost/jobs/x/complete", method="POST", headers=auth)
+    assert resp.status == 404
+    resp = await rt.fetch(Default, "http://w/accounts/ghost/limit", method="PUT", headers=auth,
+                          body=json.dumps({"limit": None}))
+    assert resp.status == 200 and (await body(resp))["limit"] == 7
+    queue_name = json.dumps(["ghost", "q"])
+    assert tables(rt, "ACCOUNT_LIMIT", "ghost") == []
+    assert tables(rt, "JOB_QUEUE", queue_name) == []
+    assert rt.get_alarm("ACCOUNT_LIMIT", "ghost") is None and rt.get_alarm("JOB_QUEUE", queue_name) is None
+    # The empty usage has the shape of a used account's usage.
+    resp = await rt.fetch(Default, "http://w/accounts/acme/queues/q/jobs", method="POST", headers=auth,
+                          body=json.dumps({"id": "j1"}))
+    assert resp.status == 201
+    await rt.fire_alarm("JOB_QUEUE", json.dumps(["acme", "q"]), force=True)
+    used = await body(await rt.fetch(Default, "http://w/accounts/acme/usage"))
+    assert set(used) == set(usage) and used["outstanding"] == 1, used
+    assert tables(rt, "ACCOUNT_LIMIT", "acme") != []
+    # An account with an override but no semaphore tables still reads without creating them.
+    resp = await rt.fetch(Default, "http://w/accounts/ghost/limit", method="PUT", headers=auth,
+                          body=json.dumps({"limit": 3}))
+    assert resp.status == 200
+    rt.evict("ACCOUNT_LIMIT", "ghost")
+    usage = await body(await rt.fetch(Default, "http://w/accounts/ghost/usage"))
+    assert (usage["limit"], usage["limitOverride"]) == (3, 3)
+    assert tables(rt, "ACCOUNT_LIMIT", "ghost") == ["app_account_settings", "sqlite_autoindex_app_account_settings_1"]
+
+
+async def test_every_error_value_carries_v1():
+    rt = runtime()
+    auth = {"authorization": "Bearer s3cret"}
+    url = "http://w/accounts/acme/limit"
+    resp = await rt.fetch(Default, url, method="PUT", headers=auth, body=json.dumps({"limit": -2}))
+    assert resp.status == 400
+    err = await body(resp)
+    assert err["v"] == 1 and err["error"]["code"] == "invalid_limit" and err["error"]["field"] == "limit", err
+    # The holder's RPC error value itself carries it (SPEC R7's shape).
+    reply = await rt.stub("ACCOUNT_LIMIT", "acme").set_limit(True)
+    assert reply["v"] == 1 and reply["error"]["code"] == "invalid_limit"
+    for method, path, headers, data, status in (
+        ("GET", "http://w/nope", {}, None, 404),
+        ("POST", "http://w/accounts/a/usage", {}, None, 405),
+        ("PUT", url, {}, json.dumps({"limit": 1}), 401),
+        ("PUT", url, auth, "{not json", 400),
+        ("PUT", url, auth, "{}", 400),
+        ("GET", "http://w/accounts/acme/queues/q", {"authorization": "Bearer wrong"}, None, 401),
+    ):
+        resp = await rt.fetch(Default, path, method=method, headers=headers, body=data)
+        err = await body(resp)
+        assert resp.status == status and err["v"] == 1 and set(err["error"]) >= {"code", "message"}, (path, err)

@@ -53,7 +53,9 @@ async def usage(rt):
 async def until(rt, queues, done, *, limit, seconds=5.0, step=None):
     """Poll the HTTP front until done(states) holds, checking at every step that no more than
     ``limit`` jobs run at once across the queues and the holder has no more out (I1).
-    ``step`` (async) runs between polls, e.g. to fire alarms by hand."""
+    ``step`` (async) runs between polls, e.g. to fire alarms by hand; by default the due alarms
+    are fired (the stand-in's alarm timer can fire a millisecond before ``Date.now()`` reaches
+    the alarm and then gives up, leaving a due alarm that never fires by itself)."""
     deadline = time.monotonic() + seconds
     while True:
         s = await states(rt, queues)
@@ -65,8 +67,7 @@ async def until(rt, queues, done, *, limit, seconds=5.0, step=None):
             return s
         assert time.monotonic() < deadline, f"timed out waiting; states {s}, usage {u}"
         await asyncio.sleep(0.03)
-        if step is not None:
-            await step()
+        await (step or rt.fire_due_alarms)()
 
 
 def queue_object(account, queue):
@@ -287,3 +288,60 @@ async def test_queues_are_isolated_per_account_and_path_segments_are_validated()
     assert status == 400 and body["error"]["code"] == "invalid_limit"
     status, body = await at("GET", "/accounts/a/usage")
     assert body["limitOverride"] is None
+
+
+async def test_job_payloads_are_shown_only_with_the_admin_token():
+    rt = runtime(auto_alarms=False)
+    status, _ = await enqueue(rt, "q", "j1", payload={"secret": "s"})
+    assert status == 201
+    status, body = await call(rt, "GET", "/queues/q", auth=False)
+    assert status == 200 and [j["id"] for j in body["jobs"]] == ["j1"]
+    assert "payload" not in body["jobs"][0] and body["jobs"][0]["state"] == "queued", body
+    status, body = await call(rt, "GET", "/queues/q")
+    assert status == 200 and body["jobs"][0]["payload"] == {"secret": "s"}
+    resp = await rt.fetch(Default, BASE + "/queues/q", headers={"authorization": "Bearer nope"})
+    assert resp.status == 401 and "jobs" not in json.loads(await resp.text())
+
+
+def directory(rt):
+    return {r["job_id"]: r["done_at"] for r in rt.sql(
+        "ACCOUNT_LIMIT", "a", "SELECT job_id, done_at FROM app_job_directory ORDER BY job_id")}
+
+
+async def test_job_directory_forgets_finished_jobs_after_the_retention():
+    rt = runtime(auto_alarms=False)
+    for job_id in ("j1", "j2"):
+        assert (await enqueue(rt, "q1", job_id))[0] == 201
+    assert directory(rt) == {"j1": None, "j2": None}
+    status, body = await call(rt, "POST", "/jobs/j1/complete")         # cancels the queued job
+    assert status == 200 and body["job"]["state"] == "done"
+    done_at = directory(rt)["j1"]
+    assert done_at is not None and directory(rt)["j2"] is None
+    retention = 86_400_000
+    assert rt.get_alarm("ACCOUNT_LIMIT", "a") <= done_at + retention
+    # Within the retention the id still belongs to q1: enqueueing it again is the finished job.
+    status, body = await enqueue(rt, "q1", "j1")
+    assert status == 200 and body["created"] is False and body["job"]["state"] == "done"
+    assert (await enqueue(rt, "q2", "j1"))[0] == 409
+    assert directory(rt)["j1"] is not None
+    rt.advance(retention + 1000)
+    for _ in range(5):                                                   # every due timer
+        await rt.fire_alarm("ACCOUNT_LIMIT", "a")
+        if "j1" not in directory(rt):
+            break
+    assert directory(rt) == {"j2": None}                                 # live jobs stay
+    assert rt.sql("ACCOUNT_LIMIT", "a", "SELECT name FROM durability_scheduler_timers"
+                                        " WHERE name = 'app:prune_job_directory'") == []
+    # The id is free again; completing it now is the new job.
+    status, body = await enqueue(rt, "q2", "j1")
+    assert status == 201 and body["created"] is True
+    assert (await call(rt, "POST", "/jobs/j1/complete"))[1]["job"]["state"] == "done"
+
+
+async def test_job_directory_of_an_earlier_version_gets_the_completion_column():
+    rt = runtime(auto_alarms=False)
+    rt.sql("ACCOUNT_LIMIT", "a", "CREATE TABLE app_job_directory (job_id TEXT PRIMARY KEY, queue TEXT NOT NULL)")
+    rt.sql("ACCOUNT_LIMIT", "a", "INSERT INTO app_job_directory VALUES ('old', 'q1')")
+    assert (await enqueue(rt, "q1", "old"))[0] == 201
+    assert (await call(rt, "POST", "/jobs/old/complete"))[0] == 200
+    assert directory(rt)["old"] is not None
