@@ -4,10 +4,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
-import pytest
-
-from helpers import T0, async_test, timers
+from helpers import RECLAIM_TIMER, T0, Bed, async_test, request, tables, timers
 from semaphore import DurabilityScheduler
 from semaphore.testing import AlarmDriver, LocalContext, VirtualClock
 
@@ -118,7 +117,13 @@ async def test_unknown_due_timers_are_dropped():
 
 
 @async_test
-async def test_raising_handler_keeps_its_timer_others_run_error_reraised():
+async def test_raising_handler_keeps_its_timer_backed_off_others_run_nothing_raised(caplog):
+    """A raising handler keeps its timer (moved back by the backoff) and the other due timers
+    still run. This used to assert that the first error was re-raised to the runtime, leaving
+    the retry to the runtime's alarm backoff; that contract was dropped (SPEC R16): the runtime's
+    retries are limited, and once spent no alarm was left, so one failing timer stopped every
+    other one (the holder's reclaim). Now alarm() returns normally and re-arms itself."""
+    # R16
     ctx, clock, s = make()
     ran = []
     state = {"fail": True}
@@ -133,18 +138,147 @@ async def test_raising_handler_keeps_its_timer_others_run_error_reraised():
     await s.schedule("a", T0 + 10)
     await s.schedule("b", T0 + 20)
     clock._now = T0 + 30
-    with pytest.raises(RuntimeError, match="flaky"):
-        await s.alarm()
+    with caplog.at_level(logging.ERROR, logger="semaphore.scheduler"):
+        await s.alarm()   # does not raise
     assert ran == ["b"]
-    assert timers(ctx.storage) == {"a": T0 + 10}
-    # with the driver: the runtime retries (backoff) until the handler succeeds
+    assert timers(ctx.storage) == {"a": T0 + 30 + 1000} and s.attempts("a") == 1
+    assert ctx.storage.alarm == T0 + 30 + 1000
+    (record,) = [r for r in caplog.records if r.name == "semaphore.scheduler"]
+    assert record.levelno == logging.ERROR and record.exc_info is not None
+    assert "'a'" in record.getMessage() and "attempt 1" in record.getMessage()
+    # with the driver: the scheduler retries (backoff) until the handler succeeds; the runtime
+    # never sees a failure
     driver = AlarmDriver(clock, ctx.storage, s.alarm)
-    await s.arm()
-    await clock.advance(0)
-    assert len(driver.failures) == 1 and ctx.storage.alarm == clock.now + 2000
+    await clock.advance(1000)
+    assert driver.failures == [] and s.attempts("a") == 2
+    assert ctx.storage.alarm == clock.now + 2000
     state["fail"] = False
     await clock.run_until_idle()
     assert ran == ["b", "a"] and timers(ctx.storage) == {} and ctx.storage.alarm is None
+    assert driver.failures == []
+
+
+@async_test
+async def test_r16_an_always_failing_timer_never_starves_a_later_one():
+    # R16: timer "a" always raises; "b" (say the holder's reclaim) is due long after the
+    # runtime's alarm retries (6, 2 s doubling: ~2 min) would have been spent. After every
+    # alarm() the alarm is still set, "a" backs off exponentially (1 s doubling, capped at
+    # 5 min) with its attempts recorded, and "b" runs on time.
+    ctx, clock, s = make()
+    ran = []
+
+    def broken(name, due):
+        raise RuntimeError("always")
+
+    s.on("a", broken)
+    s.on("b", lambda n, d: ran.append((n, clock.now)))
+    await s.schedule("a", T0)
+    b_due = T0 + 30 * 60_000
+    await s.schedule("b", b_due)
+    delays = []
+    logging.disable(logging.CRITICAL)
+    try:
+        for attempt in range(1, 25):
+            clock._now = ctx.storage.alarm
+            ctx.storage._alarm = None   # the runtime clears the alarm before delivering it
+            await s.alarm({})
+            assert ctx.storage.alarm is not None, f"no alarm left after alarm() #{attempt}"
+            if ran:
+                break
+            assert s.attempts("a") == attempt
+            delays.append(s.timer("a") - clock.now)
+            assert ctx.storage.alarm == min(s.timer("a"), b_due)
+    finally:
+        logging.disable(logging.NOTSET)
+    assert delays[:9] == [1000, 2000, 4000, 8000, 16_000, 32_000, 64_000, 128_000, 256_000]
+    assert all(d == DurabilityScheduler.BACKOFF_MAX_MS == 300_000 for d in delays[9:])
+    assert ran == [("b", b_due)]
+    assert set(timers(ctx.storage)) == {"a"} and ctx.storage.alarm == s.timer("a")
+    assert DurabilityScheduler.backoff_ms(1) == 1000 and DurabilityScheduler.backoff_ms(10**6) == 300_000
+
+
+@async_test
+async def test_r16_a_timer_that_succeeds_after_failures_resets_its_attempts():
+    # R16: attempts count consecutive failures only: a run that returns resets them, so the
+    # next failure backs off from 1 s again. Setting the timer meanwhile keeps the count.
+    ctx, clock, s = make()
+    fails = {"left": 3}
+    ran = []
+
+    def flaky(name, due):
+        if fails["left"]:
+            fails["left"] -= 1
+            raise RuntimeError("flaky")
+        ran.append(due)
+        s.set_timer(name, clock.now + 60_000)   # a periodic job: it re-schedules itself
+
+    s.on("job", flaky)
+    AlarmDriver(clock, ctx.storage, s.alarm)
+    await s.schedule("job", T0 + 100)
+    logging.disable(logging.CRITICAL)
+    try:
+        await clock.advance(100 + 1000 + 2000)   # runs at +100, +1100, +3100: three failures
+        assert s.attempts("job") == 3 and s.timer("job") == clock.now + 4000
+        s.set_timer("job", clock.now + 4000)   # re-set by a request: the count stays
+        assert s.attempts("job") == 3
+        await clock.advance(4000)   # succeeds
+        assert ran == [T0 + 100 + 1000 + 2000 + 4000] and s.attempts("job") == 0
+        assert s.timer("job") == clock.now + 60_000 == ctx.storage.alarm
+        fails["left"] = 1
+        await clock.advance(60_000)   # fails again: backs off from 1 s, not 16 s
+        assert s.attempts("job") == 1 and s.timer("job") == clock.now + 1000
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+@async_test
+async def test_r16_a_handler_that_reschedules_itself_later_then_raises_keeps_the_later_time():
+    # R16: the backoff never brings a timer earlier than where its handler put it.
+    ctx, clock, s = make()
+
+    def later_then_fail(name, due):
+        s.set_timer(name, clock.now + 3_600_000)
+        raise RuntimeError("after rescheduling")
+
+    s.on("t", later_then_fail)
+    await s.schedule("t", T0)
+    logging.disable(logging.CRITICAL)
+    try:
+        await s.alarm({})
+    finally:
+        logging.disable(logging.NOTSET)
+    assert s.timer("t") == T0 + 3_600_000 and s.attempts("t") == 1
+    assert ctx.storage.alarm == T0 + 3_600_000
+
+
+@async_test
+async def test_r1_a_timer_table_of_an_earlier_release_is_migrated_in_place():
+    # R1: the scheduler's table is versioned by its columns: a table created by an earlier
+    # release (name, due_at) gets the attempts column (default 0); its timers survive and run.
+    ctx = LocalContext()
+    conn = ctx.storage.connection
+    conn.execute("CREATE TABLE durability_scheduler_timers (name TEXT PRIMARY KEY, due_at INTEGER NOT NULL)")
+    conn.execute("CREATE INDEX durability_scheduler_timers_due ON durability_scheduler_timers(due_at)")
+    conn.execute("INSERT INTO durability_scheduler_timers VALUES ('old', ?), ('later', ?)", (T0, T0 + 500))
+    clock = VirtualClock(T0)
+    s = DurabilityScheduler(ctx, clock=clock)
+    assert s.attempts("old") == 0 and s.timer("later") == T0 + 500
+    columns = [r[1] for r in conn.execute("PRAGMA table_info(durability_scheduler_timers)")]
+    assert columns == ["name", "due_at", "attempts"]
+    # an older release writing (name, due_at) only still works against the new table
+    conn.execute("INSERT INTO durability_scheduler_timers(name, due_at) VALUES ('legacy', ?)", (T0 + 900,))
+    assert s.attempts("legacy") == 0
+    ran = []
+    s.on("old", lambda n, d: ran.append(n))
+    s.on("later", lambda n, d: ran.append(n))
+    await s.alarm({})
+    assert ran == ["old"] and timers(ctx.storage) == {"later": T0 + 500, "legacy": T0 + 900}
+    # idempotent: a second instance (and migrate(ctx, 1)) change nothing
+    DurabilityScheduler.migrate(ctx, 1)
+    assert DurabilityScheduler(ctx, clock=clock).timer("later") == T0 + 500
+    assert [r[1] for r in conn.execute("PRAGMA table_info(durability_scheduler_timers)")] == columns
+    DurabilityScheduler.migrate(ctx, None)
+    assert "durability_scheduler_timers" not in tables(ctx.storage)
 
 
 @async_test
@@ -199,3 +333,34 @@ def test_a_timer_rescheduled_by_an_earlier_handler_of_the_same_alarm_does_not_ru
         assert await ctx.storage.getAlarm() == 1_010 + 3_600_000
 
     asyncio.run(main())
+
+
+@async_test
+async def test_r16_holder_reclaim_still_happens_via_the_alarm_when_another_timer_raises():
+    # R16: the holder object's scheduler also carries an application timer that always raises.
+    # The grant's claimBy (10 min) lies after the runtime's alarm retries (6, from 2 s doubling:
+    # ~2 min) would have been spent, so with a scheduler that leaves the retry to the runtime no
+    # alarm is left by then and the unclaimed permits are never reclaimed without a request.
+    bed = Bed(limit=5, grant_timeout_ms=600_000)
+
+    def broken(name, due):
+        raise RuntimeError("application timer bug")
+
+    bed.scheduler.on("app:broken", broken)
+    await bed.scheduler.schedule("app:broken", bed.now + 1)
+    logging.disable(logging.CRITICAL)
+    try:
+        [reply] = await bed.round(request("a", {"g": 2}))
+        (grant,) = reply["grants"]
+        assert grant["permits"] == 2 and timers(bed.storage)[RECLAIM_TIMER] == grant["claimBy"]
+        assert (await bed.usage())["outstanding"] == 2
+        await bed.clock.advance_to(grant["claimBy"])   # no request: only the alarm can reclaim
+    finally:
+        logging.disable(logging.NOTSET)
+    assert grant["grantId"] not in bed.grants()   # nothing claimed: deleted at reclaim (R15)
+    assert (await bed.usage())["outstanding"] == 0
+    assert RECLAIM_TIMER not in timers(bed.storage)
+    assert bed.scheduler.attempts("app:broken") > 6   # kept failing, kept being retried
+    assert bed.storage.alarm == bed.scheduler.timer("app:broken")   # still armed
+    assert bed.driver.failures == [] and bed.alarm_loops == 0
+    bed.check()

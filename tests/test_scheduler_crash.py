@@ -1,5 +1,9 @@
 """Tier 1: DurabilityScheduler when the object dies while a timer handler runs (R4, R16, R37).
 
+A run cut short by the death of the instance is neither a success nor a failure: the timer keeps
+its run lease (``RUN_LEASE_MS``) and its ``attempts`` count, and runs again on the re-delivered
+alarm; only a handler that raises is backed off (see ``tests/test_scheduler.py``).
+
 Alarms are at-least-once: when a handler is cut short (the process is killed, the object is
 evicted), the runtime delivers the alarm again to a new instance. The timer whose handler was
 running must then still be there, or its work (a queue's wake-up, a reclaim) is never done.
@@ -11,6 +15,7 @@ queue never asked again).
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from helpers import T0, async_test, timers
 from semaphore import DurabilityScheduler
@@ -106,3 +111,47 @@ async def test_a_handler_may_reschedule_itself_to_any_time_even_its_lease():
     await sched.schedule(NAME, T0)
     await sched.alarm({})
     assert timers(ctx.storage) == {NAME: lease} and ctx.storage.alarm == lease
+
+
+@async_test
+async def test_a_failing_timer_cut_short_by_death_runs_again_and_keeps_its_attempts():
+    # R16, R4: a timer backing off after failures is leased like any other while it runs: if
+    # the instance dies mid-run it runs again on the re-delivered alarm, its failure count is
+    # kept (the death is not a success), and a run that returns resets it.
+    clock, ctx = VirtualClock(T0), LocalContext()
+    first = DurabilityScheduler(ctx, clock=clock)
+    never = asyncio.get_running_loop().create_future()
+    calls: list[int] = []
+
+    async def failing_then_hanging(name: str, due_at: int) -> None:
+        calls.append(due_at)
+        if len(calls) <= 2:
+            raise RuntimeError("fails")
+        await never
+
+    first.on(NAME, failing_then_hanging)
+    await first.schedule(NAME, T0)
+    logging.disable(logging.CRITICAL)
+    try:
+        await first.alarm({})                       # attempt 1 fails: retry in 1 s
+        await clock.advance_to(ctx.storage.alarm)
+        await first.alarm({})                       # attempt 2 fails: retry in 2 s
+    finally:
+        logging.disable(logging.NOTSET)
+    assert first.attempts(NAME) == 2 and ctx.storage.alarm == clock.now + 2000
+    await clock.advance_to(ctx.storage.alarm)
+    delivery = asyncio.ensure_future(first.alarm({}))  # third run hangs: the process dies
+    await settle()
+    assert len(calls) == 3
+    delivery.cancel()
+    await settle()
+
+    second = DurabilityScheduler(ctx, clock=clock)
+    assert second.attempts(NAME) == 2                # kept through the death
+    ran: list[int] = []
+    second.on(NAME, lambda name, due_at: ran.append(due_at))
+    await second.alarm({"isRetry": True})              # not yet: the run lease holds it
+    assert ran == [] and ctx.storage.alarm == clock.now + DurabilityScheduler.RUN_LEASE_MS
+    await clock.advance_to(ctx.storage.alarm)
+    await second.alarm({})
+    assert len(ran) == 1 and NAME not in timers(ctx.storage) and ctx.storage.alarm is None

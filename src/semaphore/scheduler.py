@@ -8,15 +8,34 @@ due and re-arms the alarm at the earliest remaining one.
 Handlers are registered in memory with :meth:`on` (do it in the object's constructor, before any
 alarm can run). A due timer whose name has no handler is dropped (logged), so a renamed handler
 cannot keep the alarm firing forever.
+
+A handler that raises never stops the other timers (SPEC R16: the holder's reclaim must not
+depend on an unrelated timer). :meth:`DurabilityScheduler.alarm` logs the failure (ERROR, with
+the timer's name and attempt), records it in the timer's row (``attempts``: consecutive failed
+runs), moves that timer back by an exponential backoff (``BACKOFF_BASE_MS`` = 1 s, doubling per
+attempt, capped at ``BACKOFF_MAX_MS`` = 5 min), still runs the other due timers, re-arms the alarm
+at the earliest remaining due time and returns normally: it never relies on the runtime's alarm
+retries, which are limited (once they are spent no alarm would be left). A run that returns
+resets ``attempts`` to 0.
+
+Schema (``durability_scheduler_timers``): ``name`` (primary key), ``due_at`` (epoch ms) and
+``attempts``. A table created by an earlier release (without ``attempts``) gets the column added
+(``DEFAULT 0``) when an instance first uses it; rows written by an earlier release read as 0.
+The table is shared by every user of the object's scheduler (the holder, a queue, the
+application); a component's ``migrate(ctx, None)`` removes only its own timers and leaves the
+table (a live scheduler instance keeps using it). :meth:`DurabilityScheduler.migrate` with
+``None`` drops the table itself (every timer), for a full uninstall.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+import re
 from typing import Any, Awaitable, Callable, Union
 
 from .clock import system_clock
+from .errors import ConfigurationError
 from .runtime import Storage
 
 __all__ = ["DurabilityScheduler", "TimerHandler"]
@@ -39,6 +58,11 @@ class DurabilityScheduler:
     #: instance that dies mid-handler (process killed, eviction) runs it again once the runtime
     #: re-delivers the alarm (alarms are at-least-once); it is deleted when the handler returns.
     RUN_LEASE_MS = 2000
+    #: A timer whose handler raised is retried after ``BACKOFF_BASE_MS * 2 ** (attempts - 1)``
+    #: (1 s, 2 s, 4 s, ...) capped at ``BACKOFF_MAX_MS`` (5 min); ``attempts`` (persisted in its
+    #: row) counts its consecutive failed runs and is reset when a run returns.
+    BACKOFF_BASE_MS = 1000
+    BACKOFF_MAX_MS = 300_000
 
     def __init__(self, ctx: Any, *, clock: Callable[[], int] | None = None) -> None:
         self.ctx = ctx
@@ -52,25 +76,49 @@ class DurabilityScheduler:
 
     # ------------------------------------------------------------------ schema
     def ensure_schema(self) -> None:
+        """Create the timer table if missing, or add the ``attempts`` column to a table created
+        by an earlier release (done automatically on first use)."""
         if self._ready:
             return
-        self.storage.exec(
-            f"CREATE TABLE IF NOT EXISTS {TABLE} ("
-            " name TEXT PRIMARY KEY,"
-            " due_at INTEGER NOT NULL)"
-        )
-        self.storage.exec(f"CREATE INDEX IF NOT EXISTS {TABLE}_due ON {TABLE}(due_at)")
+        _migrate_schema(self.storage)
         self._ready = True
+
+    @staticmethod
+    def migrate(ctx: Any, to_version: int | None) -> None:
+        """``1`` creates (or upgrades) the timer table; ``None`` drops it with every timer in it
+        (whoever set them), for a full uninstall after the components using the scheduler have
+        been migrated away. Discard any live :class:`DurabilityScheduler` instance afterwards."""
+        storage = ctx if isinstance(ctx, Storage) else Storage(ctx)
+        if to_version is None:
+            storage.exec(f"DROP TABLE IF EXISTS {TABLE}")
+        elif to_version == 1:
+            _migrate_schema(storage)
+        else:
+            raise ConfigurationError(f"migrate: unknown scheduler schema version {to_version!r}",
+                                     field="to_version")
+
+    @classmethod
+    def backoff_ms(cls, attempts: int) -> int:
+        """Delay before the retry of a timer whose handler has failed ``attempts`` times in a row."""
+        return min(cls.BACKOFF_MAX_MS, cls.BACKOFF_BASE_MS * 2 ** min(max(attempts, 1) - 1, 30))
+
+    def attempts(self, name: str) -> int:
+        """Consecutive failed runs of timer ``name`` (0 when it never failed, or is not set)."""
+        self.ensure_schema()
+        row = self.storage.one(f"SELECT attempts FROM {TABLE} WHERE name = ?", name)
+        return 0 if row is None or row["attempts"] is None else int(row["attempts"])
 
     # ------------------------------------------------------------------ timers
     def on(self, name: str, handler: TimerHandler) -> None:
         """Register the handler run when timer ``name`` is due: ``handler(name, due_at)``,
-        sync or async. A handler that raises keeps its timer, and the alarm is retried."""
+        sync or async. A handler that raises keeps its timer, retried with backoff (see the
+        module documentation); the exception never reaches the runtime."""
         self._handlers[name] = handler
 
     def set_timer(self, name: str, due_at: int) -> None:
-        """Persist timer ``name`` at ``due_at`` (replacing any earlier time). Synchronous SQL
-        only, so it can run inside a storage transaction; call :meth:`arm` afterwards."""
+        """Persist timer ``name`` at ``due_at`` (replacing any earlier time; its failure count,
+        ``attempts``, is kept). Synchronous SQL only, so it can run inside a storage
+        transaction; call :meth:`arm` afterwards."""
         self.ensure_schema()
         if name in self._running:
             self._touched.add(name)
@@ -144,14 +192,19 @@ class DurabilityScheduler:
 
     async def alarm(self, alarm_info: Any = None) -> None:
         """The object's ``alarm()`` handler delegates here: runs every due timer (earliest
-        first), then re-arms. If a handler raises, its timer stays, the rest still run, and the
-        first error is re-raised so the runtime retries the alarm with backoff."""
+        first), then re-arms the alarm at the earliest remaining timer.
+
+        A handler that raises does not stop the others, and its exception is not re-raised: it
+        is logged (ERROR, with the timer's name and attempt), the timer's ``attempts`` is
+        incremented and the timer moved to ``now + backoff_ms(attempts)`` (or later, if the
+        handler set it later before raising). So the runtime's limited alarm retries are never
+        needed, and the alarm stays set while any timer is left (SPEC R16). Only a failure of
+        the scheduler's own storage calls propagates (then the runtime retries the alarm)."""
         self.ensure_schema()
         now = int(self.clock())
         due = self.storage.exec(
-            f"SELECT name, due_at FROM {TABLE} WHERE due_at <= ? ORDER BY due_at, name", now
+            f"SELECT name, due_at, attempts FROM {TABLE} WHERE due_at <= ? ORDER BY due_at, name", now
         )
-        first_error: BaseException | None = None
         for row in due:
             name, due_at = str(row["name"]), int(row["due_at"])
             handler = self._handlers.get(name)
@@ -174,34 +227,72 @@ class DurabilityScheduler:
             # Only if unchanged since the due list was read: an earlier handler of this loop (or
             # a request meanwhile) may have rescheduled or cancelled it.
             leased = self.storage.exec(
-                f"UPDATE {TABLE} SET due_at = ? WHERE name = ? AND due_at = ? RETURNING name",
+                f"UPDATE {TABLE} SET due_at = ? WHERE name = ? AND due_at = ? RETURNING attempts",
                 now + self.RUN_LEASE_MS, name, due_at)
             if not leased:
                 continue
-            self._running[name] = now + self.RUN_LEASE_MS
+            attempts = int(leased[0]["attempts"] or 0)
+            self._running[name] = lease = now + self.RUN_LEASE_MS
             self._touched.discard(name)
             try:
                 result = handler(name, due_at)
                 if inspect.isawaitable(result):
                     await result
-            except Exception as exc:  # keep the timer for the retry
-                log.exception("timer %r failed", name)
-                if name not in self._touched or self.timer(name) is None:
-                    self.set_timer(name, due_at)
-                if first_error is None:
-                    first_error = exc
+            except Exception:  # keep the timer, backed off; never stop the other timers
+                self._record_failure(name, attempts + 1, lease)
             else:
                 if name in self._rerun:  # came due again during the run: run it once more
-                    self.storage.exec(f"UPDATE {TABLE} SET due_at = ? WHERE name = ?",
+                    self.storage.exec(f"UPDATE {TABLE} SET due_at = ?, attempts = 0 WHERE name = ?",
                                       int(self.clock()), name)
                 elif name not in self._touched:
                     self.storage.exec(f"DELETE FROM {TABLE} WHERE name = ?", name)
+                elif attempts:  # the handler re-scheduled itself: keep its time, reset the count
+                    self.storage.exec(f"UPDATE {TABLE} SET attempts = 0 WHERE name = ?", name)
             finally:
                 self._running.pop(name, None)
                 self._rerun.discard(name)
                 self._touched.discard(name)
-        if first_error is not None:
-            # Leave the alarm to the runtime's retry (with backoff); re-arming at a due time
-            # would fire again at once.
-            raise first_error
         await self.arm()
+
+    def _record_failure(self, name: str, attempts: int, lease: int) -> None:
+        """Log the current exception, count the failed run and back the timer off. Called from
+        an ``except`` block; never raises (if the write fails too, the run lease left in the
+        row retries the timer after ``RUN_LEASE_MS``)."""
+        delay = self.backoff_ms(attempts)
+        retry_at = int(self.clock()) + delay
+        log.error("timer %r failed (attempt %d); retrying in %d ms", name, attempts, delay,
+                  exc_info=True)
+        try:
+            if name in self._touched:  # set (or cleared) by the handler before it raised
+                row = self.storage.one(f"SELECT due_at FROM {TABLE} WHERE name = ?", name)
+                if row is not None and int(row["due_at"]) != lease:
+                    retry_at = max(retry_at, int(row["due_at"]))  # a later time it chose wins
+                self.storage.exec(
+                    f"INSERT INTO {TABLE}(name, due_at, attempts) VALUES (?, ?, ?)"
+                    " ON CONFLICT(name) DO UPDATE SET due_at = excluded.due_at, attempts = excluded.attempts",
+                    name, retry_at, attempts)
+            else:  # its row still holds the run lease, unless a migrate removed it: then it stays gone
+                self.storage.exec(f"UPDATE {TABLE} SET due_at = ?, attempts = ? WHERE name = ?",
+                                  retry_at, attempts, name)
+        except Exception:
+            log.exception("could not record the failure of timer %r", name)
+
+
+_ATTEMPTS_COLUMN = re.compile(r"\battempts\b", re.IGNORECASE)
+
+
+def _migrate_schema(storage: Storage) -> None:
+    """Create the timer table, or bring one created by an earlier release up to date: add the
+    ``attempts`` column (``NOT NULL DEFAULT 0``, so older rows, and rows an older release would
+    still write, read as 0). Idempotent."""
+    row = storage.one("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", TABLE)
+    if row is None:
+        storage.exec(
+            f"CREATE TABLE IF NOT EXISTS {TABLE} ("
+            " name TEXT PRIMARY KEY,"
+            " due_at INTEGER NOT NULL,"
+            " attempts INTEGER NOT NULL DEFAULT 0)"
+        )
+    elif not _ATTEMPTS_COLUMN.search(str(row["sql"] or "")):
+        storage.exec(f"ALTER TABLE {TABLE} ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0")
+    storage.exec(f"CREATE INDEX IF NOT EXISTS {TABLE}_due ON {TABLE}(due_at)")
