@@ -23,7 +23,27 @@ and returns the claimed slot numbers; a slot ``k`` of a grant is confirmed once
 ``confirmed`` of a grant that is no longer active (expired or dropped) will never be confirmed.
 
 Dropped grants and settled leases are kept for a while as tombstones (``status`` ``gone`` /
-``settled``) so that a stale reply cannot bring them back.
+``settled``) so that a stale reply cannot bring them back. Tombstones cost nothing while they
+wait: every read of live rows and the pruning go through partial indexes that leave them out
+(``..._live`` over live rows, ``..._gone``/``..._settled`` over tombstones), so a client's work
+grows with its live grants and leases only.
+
+**Reports beyond the wire limit.** A message carries at most 1,000 grant and 1,000 lease reports
+(SPEC R7). Each message takes, per list, first every entry with *something to report* (counts the
+holder has not acknowledged: claims, releases, draws, a stop; and live leases whose heartbeat is
+due, R31), oldest first, then fills the rest of the window with the least recently reported
+entries. Every row keeps ``report_at``: since when it has had something to report, or else when
+it was last reported. A delivered report resets it, so no entry is starved: with ``n`` entries to
+report, ``ceil(n / 1000)`` delivered messages carry them all (R13, R15a). A reply whose message
+could not carry every such entry has :attr:`AppliedReply.more` set; :meth:`SemaphoreClient.flush`
+(and the queue) then send the next window at once. Replies list every grant of the client (R8),
+reported or not; an unreported grant's state is merged like a reported one (claims beyond what
+the holder shows are never confirmed by it).
+
+**Schema upgrades** happen on first use (:meth:`SemaphoreClient.ensure_schema`, also run by
+``migrate(ctx, 1)``): tables of an older release gain the ``report_at`` column (``ALTER TABLE ...
+ADD COLUMN``, default 0: such rows are reported first) and the indexes (``CREATE INDEX IF NOT
+EXISTS``); nothing else changes.
 """
 
 from __future__ import annotations
@@ -69,12 +89,17 @@ KEYS = "durability_semaphore_client_keys"
 #: Tables owned by :class:`SemaphoreClient` (the queue adds its own, same prefix).
 CLIENT_TABLES = (GRANTS, LEASES, KEYS)
 
+#: Local grant status of a dropped grant (tombstone).
+GONE = "gone"
+_SETTLED = LeaseStatus.SETTLED.value
+
 _SCHEMA = (
     f"CREATE TABLE IF NOT EXISTS {GRANTS} ("
     " key TEXT NOT NULL, grant_id TEXT NOT NULL, group_name TEXT NOT NULL,"
     " permits INTEGER NOT NULL, claimed INTEGER NOT NULL, released INTEGER NOT NULL,"
     " confirmed INTEGER NOT NULL, claim_by INTEGER NOT NULL, status TEXT NOT NULL,"
     " sent_claimed INTEGER NOT NULL, sent_released INTEGER NOT NULL, updated_at INTEGER NOT NULL,"
+    " report_at INTEGER NOT NULL DEFAULT 0,"
     " PRIMARY KEY (key, grant_id))",
     f"CREATE TABLE IF NOT EXISTS {LEASES} ("
     " key TEXT NOT NULL, lease_id TEXT NOT NULL, group_name TEXT NOT NULL,"
@@ -82,14 +107,51 @@ _SCHEMA = (
     " stopped INTEGER NOT NULL, status TEXT NOT NULL, expires_at INTEGER NOT NULL,"
     " heartbeat_at INTEGER NOT NULL, sent_drawn INTEGER NOT NULL, sent_released INTEGER NOT NULL,"
     " sent_stopped INTEGER NOT NULL, updated_at INTEGER NOT NULL,"
+    " report_at INTEGER NOT NULL DEFAULT 0,"
     " PRIMARY KEY (key, lease_id))",
     f"CREATE TABLE IF NOT EXISTS {KEYS} ("
     " key TEXT PRIMARY KEY, next_request_at INTEGER NOT NULL, contended INTEGER NOT NULL,"
     " needs_sync INTEGER NOT NULL, check_at INTEGER NOT NULL, updated_at INTEGER NOT NULL)",
 )
 
-#: Local grant status of a dropped grant (tombstone).
-GONE = "gone"
+#: Columns added after the first release: ``(table, column, declaration)``; tables created by an
+#: older release gain them on first use (``ALTER TABLE ... ADD COLUMN``).
+_ADDED_COLUMNS = (
+    (GRANTS, "report_at", "INTEGER NOT NULL DEFAULT 0"),
+    (LEASES, "report_at", "INTEGER NOT NULL DEFAULT 0"),
+)
+
+# Partial indexes: live rows (what every read wants, in the order it wants them) apart from
+# tombstones (what pruning wants), so neither ever walks the other. The queries that use them
+# repeat the index's WHERE term literally (SQLite uses a partial index only then).
+_LIVE_GRANTS = f"status <> '{GONE}'"
+_LIVE_LEASES = f"status <> '{_SETTLED}'"
+_INDEXES = (
+    f"CREATE INDEX IF NOT EXISTS {GRANTS}_live ON {GRANTS}(key, claim_by, grant_id) WHERE {_LIVE_GRANTS}",
+    f"CREATE INDEX IF NOT EXISTS {GRANTS}_gone ON {GRANTS}(key, updated_at) WHERE status = '{GONE}'",
+    f"CREATE INDEX IF NOT EXISTS {LEASES}_live ON {LEASES}(key, expires_at, lease_id) WHERE {_LIVE_LEASES}",
+    f"CREATE INDEX IF NOT EXISTS {LEASES}_settled ON {LEASES}(key, updated_at) WHERE status = '{_SETTLED}'",
+)
+
+# "Something to report" (SQL over a row; the same as ClientGrant.dirty / ClientLease.dirty for
+# live rows, plus, for leases, a due heartbeat, R31).
+_GRANT_DIRTY_SQL = "(claimed > sent_claimed OR released > sent_released)"
+_LEASE_DIRTY_SQL = "(drawn > sent_drawn OR released > sent_released OR (stopped <> 0 AND sent_stopped = 0))"
+_LEASE_DUE_SQL = f"({_LEASE_DIRTY_SQL} OR (status = '{LeaseStatus.LIVE.value}' AND stopped = 0 AND heartbeat_at <= ?))"
+
+
+def _install_schema(storage: Storage) -> None:
+    """Create the client tables, add columns missing from tables of an older release, and create
+    the indexes. Every step is idempotent, so a step cut short is completed on the next use (no
+    transaction of its own: first use may happen inside the caller's)."""
+    for statement in _SCHEMA:
+        storage.exec(statement)
+    for table, column, declaration in _ADDED_COLUMNS:
+        present = {str(r["name"]) for r in storage.exec(f"PRAGMA table_info({table})")}
+        if column not in present:
+            storage.exec(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+    for statement in _INDEXES:
+        storage.exec(statement)
 
 
 @dataclass(frozen=True)
@@ -211,6 +273,9 @@ class AppliedReply:
     :ivar adopted_grants: / :ivar adopted_leases: ids learnt from this reply (R8).
     :ivar retired: lease ids the holder retired (the client stopped drawing from them).
     :ivar settled: lease ids settled (deleted at the holder).
+    :ivar more: the message could not carry every grant or lease with something to report (over
+        1,000 in a list, SPEC R7): send another message (the next window) soon, e.g. with
+        :meth:`SemaphoreClient.flush`.
     """
 
     key: str
@@ -222,6 +287,7 @@ class AppliedReply:
     adopted_leases: list[str] = field(default_factory=list)
     retired: list[str] = field(default_factory=list)
     settled: list[str] = field(default_factory=list)
+    more: bool = False
 
     @property
     def contended(self) -> bool:
@@ -272,32 +338,38 @@ class SemaphoreClient:
         self.tombstone_ms = tombstone_ms
         self.recheck_ms = recheck_ms
         self._ready = False
+        self._last_report_stamp = 0
 
     # ================================================================== schema
     def ensure_schema(self) -> None:
-        """Create the client tables if missing (done automatically)."""
+        """Create the client tables if missing, or bring tables of an older release up to date
+        (added columns, indexes); done automatically, once per instance."""
         if self._ready:
             return
-        for statement in _SCHEMA:
-            self.storage.exec(statement)
+        _install_schema(self.storage)
         self._ready = True
 
     @staticmethod
     def migrate(ctx: Any, to_version: int | None) -> None:
-        """``None`` drops the client tables; ``1`` creates them."""
-        migrate_tables(ctx, to_version, CLIENT_TABLES, _SCHEMA)
+        """``None`` drops the client tables (their indexes go with them); ``1`` creates them, or
+        upgrades tables of an older release (see the module documentation)."""
+        if to_version is None:
+            migrate_tables(ctx, None, CLIENT_TABLES, _SCHEMA)
+        else:
+            _install_schema(ctx if isinstance(ctx, Storage) else Storage(ctx))
 
     def _now(self) -> int:
         return int(self.clock())
 
     # ================================================================== reads
     def grants(self, key: str, *, include_gone: bool = False) -> list[ClientGrant]:
-        """The grants known for ``key``, oldest claim deadline first."""
+        """The grants known for ``key``, oldest claim deadline first. Tombstones are left out in
+        SQL, through the ``_live`` partial index (they are never read), unless ``include_gone``."""
         self.ensure_schema()
+        where = "" if include_gone else f" AND {_LIVE_GRANTS}"
         rows = self.storage.exec(
-            f"SELECT * FROM {GRANTS} WHERE key = ? ORDER BY claim_by, grant_id", key)
-        out = [ClientGrant._from_row(r) for r in rows]
-        return out if include_gone else [g for g in out if g.status != GONE]
+            f"SELECT * FROM {GRANTS} WHERE key = ?{where} ORDER BY claim_by, grant_id", key)
+        return [ClientGrant._from_row(r) for r in rows]
 
     def grant(self, key: str, grant_id: str) -> ClientGrant | None:
         """One grant (tombstones included), or ``None``."""
@@ -306,12 +378,13 @@ class SemaphoreClient:
         return None if r is None else ClientGrant._from_row(r)
 
     def leases(self, key: str, *, include_settled: bool = False) -> list[ClientLease]:
-        """The leases known for ``key``, earliest expiry first."""
+        """The leases known for ``key``, earliest expiry first. Tombstones are left out in SQL,
+        through the ``_live`` partial index, unless ``include_settled``."""
         self.ensure_schema()
+        where = "" if include_settled else f" AND {_LIVE_LEASES}"
         rows = self.storage.exec(
-            f"SELECT * FROM {LEASES} WHERE key = ? ORDER BY expires_at, lease_id", key)
-        out = [ClientLease._from_row(r) for r in rows]
-        return out if include_settled else [x for x in out if x.status != LeaseStatus.SETTLED.value]
+            f"SELECT * FROM {LEASES} WHERE key = ?{where} ORDER BY expires_at, lease_id", key)
+        return [ClientLease._from_row(r) for r in rows]
 
     def lease(self, key: str, lease_id: str) -> ClientLease | None:
         """One lease (tombstones included), or ``None``."""
@@ -323,9 +396,8 @@ class SemaphoreClient:
         """Every key this client has talked to (or holds state for)."""
         self.ensure_schema()
         rows = self.storage.exec(
-            f"SELECT key FROM {KEYS} UNION SELECT key FROM {GRANTS} WHERE status != ?"
-            f" UNION SELECT key FROM {LEASES} WHERE status != ? ORDER BY key",
-            GONE, LeaseStatus.SETTLED.value)
+            f"SELECT key FROM {KEYS} UNION SELECT key FROM {GRANTS} WHERE {_LIVE_GRANTS}"
+            f" UNION SELECT key FROM {LEASES} WHERE {_LIVE_LEASES} ORDER BY key")
         return [str(r["key"]) for r in rows]
 
     def _key_row(self, key: str) -> dict[str, Any] | None:
@@ -383,8 +455,7 @@ class SemaphoreClient:
         n = min(count, g.unclaimed)
         if n <= 0:
             return []
-        self.storage.exec(f"UPDATE {GRANTS} SET claimed = ?, updated_at = ? WHERE key = ? AND grant_id = ?",
-                          g.claimed + n, self._now(), key, grant_id)
+        self._change_grant(key, grant_id, "claimed", g.claimed + n)
         return list(range(g.claimed + 1, g.claimed + n + 1))
 
     def release(self, key: str, grant_id: str, count: int = 1) -> int:
@@ -399,8 +470,7 @@ class SemaphoreClient:
         n = min(count, min(g.claimed, g.permits if g.final else g.claimed) - g.released)
         if n <= 0:
             return 0
-        self.storage.exec(f"UPDATE {GRANTS} SET released = ?, updated_at = ? WHERE key = ? AND grant_id = ?",
-                          g.released + n, self._now(), key, grant_id)
+        self._change_grant(key, grant_id, "released", g.released + n)
         return n
 
     def draw(self, key: str, lease_id: str, *, margin_ms: int = 0) -> int | None:
@@ -413,8 +483,7 @@ class SemaphoreClient:
         lease = self.lease(key, lease_id)
         if lease is None or not lease.drawable(self._now(), margin_ms):
             return None
-        self.storage.exec(f"UPDATE {LEASES} SET drawn = ?, updated_at = ? WHERE key = ? AND lease_id = ?",
-                          lease.drawn + 1, self._now(), key, lease_id)
+        self._change_lease(key, lease_id, "drawn", lease.drawn + 1)
         return lease.drawn + 1
 
     def release_lease(self, key: str, lease_id: str, count: int = 1) -> int:
@@ -429,8 +498,7 @@ class SemaphoreClient:
         n = min(count, lease.in_use)
         if n <= 0:
             return 0
-        self.storage.exec(f"UPDATE {LEASES} SET released = ?, updated_at = ? WHERE key = ? AND lease_id = ?",
-                          lease.released + n, self._now(), key, lease_id)
+        self._change_lease(key, lease_id, "released", lease.released + n)
         return n
 
     def stop_lease(self, key: str, lease_id: str) -> bool:
@@ -443,17 +511,56 @@ class SemaphoreClient:
         lease = self.lease(key, lease_id)
         if lease is None or lease.stopped or lease.status == LeaseStatus.SETTLED.value:
             return False
-        self.storage.exec(f"UPDATE {LEASES} SET stopped = 1, updated_at = ? WHERE key = ? AND lease_id = ?",
-                          self._now(), key, lease_id)
+        self._change_lease(key, lease_id, "stopped", 1)
         return True
 
+    def _change_grant(self, key: str, grant_id: str, column: str, value: int) -> None:
+        # A clean row that turns dirty has had something to report since now (report order).
+        now = self._now()
+        self.storage.exec(
+            f"UPDATE {GRANTS} SET {column} = ?, updated_at = ?,"
+            f" report_at = CASE WHEN {_GRANT_DIRTY_SQL} THEN report_at ELSE ? END"
+            " WHERE key = ? AND grant_id = ?", value, now, now, key, grant_id)
+
+    def _change_lease(self, key: str, lease_id: str, column: str, value: int) -> None:
+        now = self._now()
+        self.storage.exec(
+            f"UPDATE {LEASES} SET {column} = ?, updated_at = ?,"
+            f" report_at = CASE WHEN {_LEASE_DIRTY_SQL} THEN report_at ELSE ? END"
+            " WHERE key = ? AND lease_id = ?", value, now, now, key, lease_id)
+
     # ================================================================== messages
-    def reports(self, key: str) -> tuple[tuple[GrantReport, ...], tuple[LeaseReport, ...]]:
-        """The cumulative reports of every grant and lease of ``key`` (tombstones excluded).
-        At most 1,000 of each (the wire limit); the rest go with the next message."""
-        grants = tuple(g.report() for g in self.grants(key))[:MAX_LIST_LENGTH]
-        leases = tuple(x.report() for x in self.leases(key))[:MAX_LIST_LENGTH]
+    def reports(self, key: str, now: int | None = None) -> tuple[tuple[GrantReport, ...], tuple[LeaseReport, ...]]:
+        """The cumulative reports the next message for ``key`` carries (tombstones excluded):
+        at most 1,000 grants and 1,000 leases (the wire limit, SPEC R7), chosen by
+        :meth:`_window` (entries with something to report first, oldest first)."""
+        grants, leases, _ = self._window(key, self._now() if now is None else now)
         return grants, leases
+
+    def _window(self, key: str, now: int, *, leases: bool = True
+                ) -> tuple[tuple[GrantReport, ...], tuple[LeaseReport, ...], bool]:
+        """``(grant reports, lease reports, more)`` for the next message of ``key``.
+
+        Per list, first the entries with something to report (unacknowledged claims/releases,
+        draws/releases/stop, a due lease heartbeat, R31), longest waiting first (``report_at``),
+        then the least recently reported others, up to 1,000 (R7). ``more``: some entry with
+        something to report did not fit (the next message carries it: a delivered report moves
+        an entry behind every waiting one, so ``ceil(n / 1000)`` messages carry ``n``, R13)."""
+        self.ensure_schema()
+        limit = MAX_LIST_LENGTH + 1  # one more: does an entry with something to report remain?
+        grant_rows = self.storage.exec(
+            f"SELECT *, {_GRANT_DIRTY_SQL} AS due FROM {GRANTS} WHERE key = ? AND {_LIVE_GRANTS}"
+            " ORDER BY due DESC, report_at, claim_by, grant_id LIMIT ?", key, limit)
+        more = len(grant_rows) > MAX_LIST_LENGTH and bool(grant_rows[MAX_LIST_LENGTH]["due"])
+        grants = tuple(ClientGrant._from_row(r).report() for r in grant_rows[:MAX_LIST_LENGTH])
+        lease_reports: tuple[LeaseReport, ...] = ()
+        if leases:
+            lease_rows = self.storage.exec(
+                f"SELECT *, {_LEASE_DUE_SQL} AS due FROM {LEASES} WHERE key = ? AND {_LIVE_LEASES}"
+                " ORDER BY due DESC, report_at, expires_at, lease_id LIMIT ?", now, key, limit)
+            more = more or (len(lease_rows) > MAX_LIST_LENGTH and bool(lease_rows[MAX_LIST_LENGTH]["due"]))
+            lease_reports = tuple(ClientLease._from_row(r).report() for r in lease_rows[:MAX_LIST_LENGTH])
+        return grants, lease_reports, more
 
     async def request(
         self,
@@ -477,22 +584,47 @@ class SemaphoreClient:
                 await sleep_until(self.clock, at)
         items = tuple(d if isinstance(d, Demand) else Demand(str(d["group"]), int(d["count"]), int(d["oldestAt"]))
                       for d in demand)
-        grants, lease_reports = self.reports(key)
+        now = self._now()
+        grants, lease_reports, more = self._window(key, now, leases=leases)
         message = PermitRequest(self.client_id, items, grants, lease_reports if leases else None)
         # A request may create a lease: until some reply arrives, we must contact the holder.
-        now = self._now()
         self.storage.transaction(lambda: self._touch_key(key, now, needs_sync=1,
                                                          check_at=now + self.recheck_ms if self.recheck_ms else 0))
-        return await self._send(key, message, on_reply)
+        return await self._send(key, message, on_reply, more)
 
     async def sync(self, key: str, *, leases: bool = True, on_reply: ReplyHook | None = None) -> AppliedReply:
-        """Send a ``sync`` (reports only; answered at once, SPEC R6) and apply the reply."""
+        """Send a ``sync`` (reports only; answered at once, SPEC R6) and apply the reply. It
+        carries at most 1,000 reports per list (R7); :attr:`AppliedReply.more` says whether
+        entries with something to report were left for the next message (see :meth:`flush`)."""
         self.ensure_schema()
-        grants, lease_reports = self.reports(key)
+        grants, lease_reports, more = self._window(key, self._now(), leases=leases)
         message = SyncMessage(self.client_id, grants, lease_reports if leases else None)
-        return await self._send(key, message, on_reply)
+        return await self._send(key, message, on_reply, more)
 
-    async def _send(self, key: str, message: PermitRequest | SyncMessage, on_reply: ReplyHook | None) -> AppliedReply:
+    async def flush(self, key: str, *, leases: bool = True, on_reply: ReplyHook | None = None) -> list[AppliedReply]:
+        """Send ``sync`` messages until every grant and lease of ``key`` with something to report
+        has been carried (R13, R15a): one message per 1,000 such entries (R7), so at most
+        ``ceil(n / 1000)`` for ``n`` entries (one more if entries turn dirty meanwhile; never
+        more than ``ceil(n / 1000) + 1``). Returns the applied replies; a failure raises as in
+        :meth:`sync` (what was delivered before stays delivered)."""
+        self.ensure_schema()
+        grant_rows = self.storage.one(
+            f"SELECT COUNT(*) AS n FROM {GRANTS} WHERE key = ? AND {_LIVE_GRANTS} AND {_GRANT_DIRTY_SQL}", key)
+        lease_rows = self.storage.one(
+            f"SELECT COUNT(*) AS n FROM {LEASES} WHERE key = ? AND {_LIVE_LEASES} AND {_LEASE_DUE_SQL}",
+            self._now(), key) if leases else None
+        waiting = max(int(grant_rows["n"]) if grant_rows else 0, int(lease_rows["n"]) if lease_rows else 0)
+        bound = -(-waiting // MAX_LIST_LENGTH) + 1
+        replies: list[AppliedReply] = []
+        for _ in range(max(1, bound)):
+            applied = await self.sync(key, leases=leases, on_reply=on_reply)
+            replies.append(applied)
+            if not applied.more:
+                break
+        return replies
+
+    async def _send(self, key: str, message: PermitRequest | SyncMessage, on_reply: ReplyHook | None,
+                    more: bool = False) -> AppliedReply:
         wire = message.to_wire()
         try:
             raw = await self.transport(key, wire)
@@ -511,7 +643,7 @@ class SemaphoreClient:
         except (KeyError, ValueError, TypeError) as exc:
             raise SemaphoreError(f"malformed reply from holder {key!r}: {exc}") from exc
         now = self._now()
-        return self.storage.transaction(lambda: self._apply(key, message, response, now, on_reply))
+        return self.storage.transaction(lambda: self._apply(key, message, response, now, on_reply, more))
 
     # ================================================================== applying replies
     def _touch_key(self, key: str, now: int, **values: int) -> None:
@@ -536,18 +668,26 @@ class SemaphoreClient:
         response: PermitResponse,
         now: int,
         on_reply: ReplyHook | None,
+        more: bool = False,
     ) -> AppliedReply:
-        applied = AppliedReply(key, response, now)
-        # The holder applied every report of the message: mark them delivered.
+        applied = AppliedReply(key, response, now, more=more)
+        # The holder applied every report of the message: mark them delivered, and move them
+        # behind every entry still waiting to be reported (fair rotation, R7). The stamp is
+        # ``now``, or one more than the previous one: two messages within one millisecond must
+        # still rotate.
+        stamp = self._last_report_stamp = max(now, self._last_report_stamp + 1)
         for r in message.grants:
             self.storage.exec(
-                f"UPDATE {GRANTS} SET sent_claimed = MAX(sent_claimed, ?), sent_released = MAX(sent_released, ?)"
-                " WHERE key = ? AND grant_id = ?", r.claimed, r.released, key, r.grant_id)
+                f"UPDATE {GRANTS} SET sent_claimed = MAX(sent_claimed, ?), sent_released = MAX(sent_released, ?),"
+                " report_at = ? WHERE key = ? AND grant_id = ?", r.claimed, r.released, stamp, key, r.grant_id)
         for r in message.leases or ():
             self.storage.exec(
                 f"UPDATE {LEASES} SET sent_drawn = MAX(sent_drawn, ?), sent_released = MAX(sent_released, ?),"
-                " sent_stopped = MAX(sent_stopped, ?) WHERE key = ? AND lease_id = ?",
-                r.drawn, r.released, int(r.stopped), key, r.lease_id)
+                " sent_stopped = MAX(sent_stopped, ?), report_at = ? WHERE key = ? AND lease_id = ?",
+                r.drawn, r.released, int(r.stopped), stamp, key, r.lease_id)
+        # Reported or not: the reply lists every grant and lease the holder has for us (R8), and
+        # each is merged the same way (an unreported one keeps its own report_at and its claims
+        # the holder does not show yet stay unconfirmed, R15a).
         for state in response.grants:
             self._apply_grant(key, state, now, applied)
         for state in response.leases:
@@ -567,14 +707,14 @@ class SemaphoreClient:
     def _write_grant(self, g: ClientGrant, now: int) -> None:
         self.storage.exec(
             f"INSERT INTO {GRANTS}(key, grant_id, group_name, permits, claimed, released, confirmed,"
-            " claim_by, status, sent_claimed, sent_released, updated_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(key, grant_id) DO UPDATE SET"
+            " claim_by, status, sent_claimed, sent_released, updated_at, report_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(key, grant_id) DO UPDATE SET"
             " group_name = excluded.group_name, permits = excluded.permits, claimed = excluded.claimed,"
             " released = excluded.released, confirmed = excluded.confirmed, claim_by = excluded.claim_by,"
             " status = excluded.status, sent_claimed = excluded.sent_claimed,"
             " sent_released = excluded.sent_released, updated_at = excluded.updated_at",
             g.key, g.grant_id, g.group, g.permits, g.claimed, g.released, g.confirmed, g.claim_by,
-            g.status, g.sent_claimed, g.sent_released, now)
+            g.status, g.sent_claimed, g.sent_released, now, now)
 
     def _apply_grant(self, key: str, s: GrantState, now: int, applied: AppliedReply) -> None:
         local = self.grant(key, s.grant_id)
@@ -620,15 +760,15 @@ class SemaphoreClient:
     def _write_lease(self, x: ClientLease, now: int) -> None:
         self.storage.exec(
             f"INSERT INTO {LEASES}(key, lease_id, group_name, permits, drawn, released, stopped, status,"
-            " expires_at, heartbeat_at, sent_drawn, sent_released, sent_stopped, updated_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(key, lease_id) DO UPDATE SET"
+            " expires_at, heartbeat_at, sent_drawn, sent_released, sent_stopped, updated_at, report_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(key, lease_id) DO UPDATE SET"
             " group_name = excluded.group_name, permits = excluded.permits, drawn = excluded.drawn,"
             " released = excluded.released, stopped = excluded.stopped, status = excluded.status,"
             " expires_at = excluded.expires_at, heartbeat_at = excluded.heartbeat_at,"
             " sent_drawn = excluded.sent_drawn, sent_released = excluded.sent_released,"
             " sent_stopped = excluded.sent_stopped, updated_at = excluded.updated_at",
             x.key, x.lease_id, x.group, x.permits, x.drawn, x.released, int(x.stopped), x.status,
-            x.expires_at, x.heartbeat_at, x.sent_drawn, x.sent_released, int(x.sent_stopped), now)
+            x.expires_at, x.heartbeat_at, x.sent_drawn, x.sent_released, int(x.sent_stopped), now, now)
 
     def _apply_lease(self, key: str, s: LeaseState, now: int, applied: AppliedReply) -> None:
         local = self.lease(key, s.lease_id)
@@ -669,10 +809,11 @@ class SemaphoreClient:
         self._write_lease(x, now)
 
     def _prune(self, key: str, now: int) -> None:
+        # Through the tombstone indexes (literal status: SQLite then uses the partial index).
         cutoff = now - self.tombstone_ms
-        self.storage.exec(f"DELETE FROM {GRANTS} WHERE key = ? AND status = ? AND updated_at < ?", key, GONE, cutoff)
-        self.storage.exec(f"DELETE FROM {LEASES} WHERE key = ? AND status = ? AND updated_at < ?",
-                          key, LeaseStatus.SETTLED.value, cutoff)
+        self.storage.exec(f"DELETE FROM {GRANTS} WHERE key = ? AND status = '{GONE}' AND updated_at < ?", key, cutoff)
+        self.storage.exec(f"DELETE FROM {LEASES} WHERE key = ? AND status = '{_SETTLED}' AND updated_at < ?",
+                          key, cutoff)
 
 
 def _replace(obj: Any, **changes: Any) -> Any:

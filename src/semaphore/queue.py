@@ -35,7 +35,9 @@ Life of an item (table ``durability_semaphore_client_items``)::
   job whose id is the item id).
 * **Completion** comes back through :meth:`SemaphoreQueue.complete`, which releases the permit;
   the release rides on the next message to the holder, and a ``sync`` is sent just for releases
-  only once the oldest has waited ``report_releases_within_ms`` (default 10 s).
+  only once the oldest has waited ``report_releases_within_ms`` (default 10 s). A message
+  carries at most 1,000 reports per list (R7); when more are due, the pump sends the next window
+  at once (``AppliedReply.more``), one message per 1,000, oldest first.
 * **Leases first**: items of a group that all fit in its live leases are drawn from them (no
   round trip) even when a grant has unclaimed permits; those go back at ``claimBy`` (R15).
 * **Leases in use** are heartbeated at half their lifetime even when nothing else happens; leases
@@ -269,10 +271,23 @@ class SemaphoreQueue:
 
     @staticmethod
     def migrate(ctx: Any, to_version: int | None) -> None:
-        """``None`` drops the queue's and the client's tables; ``1`` creates them."""
+        """``None`` removes the queue's schema: its tables, the client's tables, and the queue's
+        scheduler timers (names starting ``durability_semaphore_queue:``, SPEC R3 for the client
+        side), so a later alarm does not run a wake-up over dropped tables. Other timers and the
+        scheduler's table itself stay (it is shared with the holder and the application, and a
+        live scheduler instance keeps using it; :meth:`DurabilityScheduler.migrate` drops it).
+        The object's alarm is left as it is: when it fires the scheduler finds nothing of the
+        queue's and re-arms for whatever timers are left. ``1`` creates the schema (done
+        automatically on first use). Discard any live queue and client instances afterwards."""
+        from .scheduler import TABLE as SCHEDULER_TABLE
+
         storage = ctx if isinstance(ctx, Storage) else Storage(ctx)
         SemaphoreClient.migrate(storage, to_version)
         migrate_tables(storage, to_version, QUEUE_TABLES, _SCHEMA)
+        if to_version is None and storage.one(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?", SCHEDULER_TABLE):
+            prefix = SemaphoreQueue.TIMER.rsplit(":", 1)[0] + ":"
+            storage.exec(f"DELETE FROM {SCHEDULER_TABLE} WHERE substr(name, 1, ?) = ?", len(prefix), prefix)
 
     def _now(self) -> int:
         return int(self.clock())
@@ -481,8 +496,11 @@ class SemaphoreQueue:
                 self.client._stop_lease(key, lease.lease_id)  # SPEC R29 / idle before expiry
 
     def _on_reply(self, applied: AppliedReply) -> None:
-        # What was pending went with this message.
-        self.storage.exec(f"DELETE FROM {PENDING} WHERE key = ?", applied.key)
+        # What was pending went with this message, unless it could not carry every report (over
+        # 1,000, R7): then the rest stays due since the same time, so the pump's next exchange
+        # sends the next window at once (claims are due at once anyway: items stay claiming).
+        if not applied.more:
+            self.storage.exec(f"DELETE FROM {PENDING} WHERE key = ?", applied.key)
         self._resolve_claims(applied.key, applied.now)
         self._stop_idle_leases(applied.key, applied.now, contended=applied.contended)
 

@@ -1,0 +1,140 @@
+"""Tier 1: ``migrate(ctx, None)`` of the client side and of the holder leaves no timer behind
+that would run over dropped tables (SPEC R3, read for the client side too: a component's
+``migrate(ctx, None)`` removes its tables AND its scheduler entries).
+
+Found: ``SemaphoreQueue.migrate(ctx, None)`` dropped the queue's and the client's tables but left
+the queue's wake timer (``durability_semaphore_queue:wake``) in the scheduler's table, so the next
+alarm ran the queue's wake-up over the dropped tables ("no such table") on a live instance, and on
+a fresh instance re-created the dropped tables.
+
+Decision: the scheduler's own table ``durability_scheduler_timers`` stays (like
+``DurabilitySemaphore.migrate``, which leaves it too): it is shared with the holder and the
+application, and a live scheduler instance keeps using it. ``DurabilityScheduler.migrate(ctx,
+None)`` drops it, for a full uninstall.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from client_harness import T0, ClientSide, HolderSide, Net, SimClock, async_test
+from helpers import RECLAIM_TIMER, Bed, request, tables, timers
+from semaphore import DurabilityScheduler, DurabilitySemaphore, SemaphoreClient, SemaphoreQueue
+
+KEY = "acct"
+APP_TIMER = "app:cleanup"
+
+
+@pytest.fixture(autouse=True)
+def quiet_logs():
+    logging.disable(logging.CRITICAL)
+    yield
+    logging.disable(logging.NOTSET)
+
+
+def client_side_tables(storage) -> set[str]:
+    return {t for t in tables(storage) if t.startswith("durability_semaphore_client")}
+
+
+async def queue_in_use(limit: int = 2):
+    """A client object whose queue has admitted work and has a wake-up pending, plus an
+    application timer and a holder-style timer on the same scheduler."""
+    clock = SimClock(T0)
+    holder = HolderSide(clock, limit=limit)
+    side = ClientSide("c1", clock, Net(holder, clock), on_admit=lambda side, item: None)
+    side.scheduler.on(APP_TIMER, lambda name, due: None)
+    await side.scheduler.schedule(APP_TIMER, T0 + 3_600_000)
+    for i in range(3):
+        await side.queue.enqueue(KEY, "g", f"item{i}")
+    await clock.advance(6_000)
+    side.driver.close()   # from here on the test delivers the client's alarm itself
+    while side.driver.task is not None and not side.driver.task.done():
+        await clock.advance(10)   # let the wake-up in flight finish its holder round
+    await side.queue.enqueue(KEY, "g", "late")   # wake-up due now
+    assert {i.state.value for i in side.queue.items(KEY)} == {"running", "queued"}
+    assert timers(side.storage)[SemaphoreQueue.TIMER] == clock.now
+    assert client_side_tables(side.storage) >= {
+        "durability_semaphore_client_items", "durability_semaphore_client_wakeups"}
+    return clock, side
+
+
+@async_test
+async def test_r3_queue_migrate_none_removes_its_tables_and_its_wake_timer():
+    # R3: after SemaphoreQueue.migrate(ctx, None) no table of the queue (or its client) and no
+    # queue timer is left; other timers and the scheduler's table stay.
+    clock, side = await queue_in_use()
+    side.scheduler.set_timer(RECLAIM_TIMER, T0 + 7_200_000)   # an object that is a holder too
+    SemaphoreQueue.migrate(side.ctx, None)
+    assert client_side_tables(side.storage) == set()
+    assert timers(side.storage) == {APP_TIMER: T0 + 3_600_000, RECLAIM_TIMER: T0 + 7_200_000}
+    assert "durability_scheduler_timers" in tables(side.storage)
+
+
+@async_test
+async def test_r3_after_queue_migrate_none_the_next_alarm_neither_fails_nor_recreates_tables():
+    # R3: the alarm that was armed for the queue's wake-up still comes; neither the live
+    # scheduler instance nor a fresh one (after eviction) may fail on it ("no such table"), and
+    # none may re-create the dropped tables.
+    clock, side = await queue_in_use()
+    SemaphoreQueue.migrate(side.ctx, None)
+    clock._now += 1_000   # the queue's wake-up is due
+    await side.scheduler.alarm({})   # live instance: must not raise
+    assert client_side_tables(side.storage) == set()
+    side.evict()   # fresh scheduler + client + queue over the same storage
+    await side.scheduler.alarm({})
+    assert client_side_tables(side.storage) == set()
+    assert timers(side.storage) == {APP_TIMER: T0 + 3_600_000}
+    assert side.storage.alarm == T0 + 3_600_000   # re-armed for what is left
+    # Idempotent, also on a storage that never had any of it.
+    SemaphoreQueue.migrate(side.ctx, None)
+    SemaphoreQueue.migrate(ClientSide("c2", clock, side.transport, on_admit=lambda s, i: None).ctx, None)
+
+
+@async_test
+async def test_r3_queue_migrate_then_fresh_queue_starts_from_scratch():
+    # R3, R37: after migrate(None) a new queue recreates its schema on first use and works.
+    clock, side = await queue_in_use(limit=10)
+    SemaphoreQueue.migrate(side.ctx, None)
+    side.evict()
+    side.driver = type(side.driver)(clock, side.storage, side._alarm)
+    admitted = []
+    side._on_admit = lambda s, item: admitted.append(item.item_id)
+    await side.queue.enqueue(KEY, "g", "fresh")
+    await clock.advance(6_000)
+    assert admitted == ["fresh"]
+
+
+@async_test
+async def test_r3_client_and_holder_migrate_none_leave_no_timer_that_runs_over_dropped_tables():
+    # R3: SemaphoreClient owns no timer; DurabilitySemaphore.migrate removes its reclaim timer,
+    # so a fresh holder's alarm does not re-create its tables either.
+    clock, side = await queue_in_use()
+    before = timers(side.storage)
+    SemaphoreClient.migrate(side.ctx, None)
+    assert timers(side.storage) == before   # nothing of the client's in the scheduler
+
+    bed = Bed(limit=5)
+    await bed.one(request("a", {"g": 2}))
+    assert RECLAIM_TIMER in timers(bed.storage)
+    bed.driver.close()
+    DurabilitySemaphore.migrate(bed.ctx, None)
+    assert RECLAIM_TIMER not in timers(bed.storage)
+    bed.clock._now += 60_000   # the reclaim would be due
+    bed.evict()
+    await bed.scheduler.alarm({})
+    assert not any(t.startswith("durability_semaphore") for t in tables(bed.storage))
+
+
+@async_test
+async def test_r1_scheduler_migrate_none_drops_its_table_for_a_full_uninstall():
+    # R1, R3: once every component is migrated away, DurabilityScheduler.migrate(ctx, None)
+    # removes the last durability_ table; a fresh scheduler recreates it on first use.
+    clock, side = await queue_in_use()
+    SemaphoreQueue.migrate(side.ctx, None)
+    DurabilityScheduler.migrate(side.ctx, None)
+    assert not any(t.startswith("durability_") for t in tables(side.storage))
+    fresh = DurabilityScheduler(side.ctx, clock=clock)
+    await fresh.alarm({})
+    assert fresh.earliest() is None and side.storage.alarm is None
