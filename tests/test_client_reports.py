@@ -364,3 +364,28 @@ def test_tables_of_the_previous_release_are_upgraded_on_first_use(via_migrate):
     assert [(r.grant_id, r.claimed) for r in grants] == [("g1", 1)] and leases == ()
     SemaphoreClient.migrate(ctx, None)
     assert {r[0] for r in conn.execute("SELECT name FROM sqlite_master")} == set()
+
+
+@async_test
+async def test_r7_r21_queue_demand_over_1000_groups_asks_for_the_oldest_1000_first():
+    # 1,100 items in 1,100 groups: a request may carry at most 1,000 demand entries (R7), so the
+    # queue asks for the 1,000 groups with the oldest items (R21 serves oldest first anyway) and
+    # the rest in the next request; every item is admitted and no request is invalid. Before,
+    # the queue sent all 1,100, got invalid_message back and retried the same request forever.
+    clock = SimClock(T0)
+    holder = HolderSide(clock, limit=5000, grant_timeout_ms=60_000)
+    net = Net(holder, clock)
+    admitted: list[QueueItem] = []
+    side = ClientSide("c1", clock, net, on_admit=lambda side, item: admitted.append(item), recheck_ms=0)
+    q = side.queue
+    for i in range(1100):
+        await q.enqueue(KEY, f"g{i:04d}", f"a{i}")
+        if i == 99:
+            await clock.advance(1)  # g0000..g0099 are the oldest
+    demand = q.demand(KEY)
+    assert len(demand) == 1000
+    assert {d.group for d in demand} >= {f"g{i:04d}" for i in range(100)}
+    await clock.advance(10_000)
+    requests = [m for m in net.sent if m["type"] == "request"]
+    assert requests and all(len(m["demand"]) <= 1000 for m in requests)
+    assert {i.item_id for i in admitted} == {f"a{i}" for i in range(1100)}

@@ -69,7 +69,7 @@ from .clock import system_clock
 from .errors import ConfigurationError, SemaphoreError
 from .runtime import Storage, migrate_tables
 from .scheduler import DurabilityScheduler
-from .wire import MAX_ID_LENGTH, Demand, LeaseStatus
+from .wire import MAX_ID_LENGTH, MAX_LIST_LENGTH, Demand, LeaseStatus
 
 __all__ = ["ItemState", "PermitKind", "Permit", "QueueItem", "SemaphoreQueue", "QUEUE_TABLES"]
 
@@ -353,11 +353,16 @@ class SemaphoreQueue:
         return [QueueItem._from_row(r) for r in self.storage.exec(query + " ORDER BY seq", *args)]
 
     def demand(self, key: str) -> list[Demand]:
-        """Demand of ``key`` per group, from the queued items (``count``, ``oldestAt``)."""
+        """Demand of ``key`` per group, from the queued items (``count``, ``oldestAt``).
+
+        At most the :data:`~semaphore.wire.MAX_LIST_LENGTH` (1,000) groups with the oldest
+        queued item: a request may carry no more (R7), and the holder serves oldest demand
+        first anyway (R21); the other groups are asked for once these are served."""
         self.ensure_schema()
         rows = self.storage.exec(
             f"SELECT group_name, COUNT(*) AS n, MIN(enqueued_at) AS oldest FROM {ITEMS}"
-            " WHERE key = ? AND state = 'queued' GROUP BY group_name ORDER BY group_name", key)
+            " WHERE key = ? AND state = 'queued' GROUP BY group_name"
+            " ORDER BY oldest, group_name LIMIT ?", key, MAX_LIST_LENGTH)
         return [Demand(str(r["group_name"]), int(r["n"]), int(r["oldest"])) for r in rows]
 
     def wake_at(self, key: str) -> int | None:
