@@ -269,3 +269,26 @@ async def test_queue_survives_eviction():
     assert all(i.state is ItemState.DONE for i in s.queue.items())
     usage = await s.usage()
     assert (usage["outstanding"], usage["leaseFootprint"]) == (0, 0)
+
+
+@async_test
+async def test_r7_enqueue_refuses_ids_outside_the_wire_alphabet_and_writes_nothing():
+    # R7: a group (or key, or item id) the holder would refuse is refused at enqueue, naming the
+    # field, so one bad item can never make the holder reject the queue's whole request.
+    from semaphore import ConfigurationError
+
+    s = Setup()
+    await s.queue.enqueue(KEY, "good", "ok")
+    for key, group, item_id, field in [
+        (KEY, "bulk\x00x", "a", "group"),
+        (KEY, "b\ud800", "b", "group"),
+        ("k\x1f", "g", "c", "key"),
+        (KEY, "g", "i\x7f", "item_id"),
+    ]:
+        with pytest.raises(ConfigurationError) as err:
+            await s.queue.enqueue(key, group, item_id)
+        assert err.value.field == field
+    assert [i.item_id for i in s.queue.items()] == ["ok"]
+    await s.clock.advance(6000)
+    assert [i.item_id for i in s.admitted] == ["ok"]
+    assert all("error" not in m for m in s.net.sent)

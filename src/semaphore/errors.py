@@ -42,7 +42,9 @@ class SemaphoreError(Exception):
 
 class InvalidMessageError(SemaphoreError, ValueError):
     """A message broke the wire format (SPEC R7). ``field`` names the offending field,
-    e.g. ``"demand[2].count"``. Nothing was written."""
+    e.g. ``"demand[2].count"`` (``""``: the message itself is not an object); ``reason`` says
+    why, describing the received value in a few ASCII characters at most (never its ``repr``,
+    which a hostile value could make huge or unprintable). Nothing was written."""
 
     code = "invalid_message"
 

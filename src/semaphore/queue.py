@@ -69,7 +69,7 @@ from .clock import system_clock
 from .errors import ConfigurationError, SemaphoreError
 from .runtime import Storage, migrate_tables
 from .scheduler import DurabilityScheduler
-from .wire import MAX_ID_LENGTH, MAX_LIST_LENGTH, Demand, LeaseStatus
+from .wire import MAX_LIST_LENGTH, Demand, LeaseStatus, id_problem
 
 __all__ = ["ItemState", "PermitKind", "Permit", "QueueItem", "SemaphoreQueue", "QUEUE_TABLES"]
 
@@ -167,9 +167,11 @@ async def _call(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def _check_id(value: Any, name: str) -> str:
-    if not isinstance(value, str) or not value or len(value) > MAX_ID_LENGTH:
-        raise ConfigurationError(f"{name}: must be a non-empty string of at most {MAX_ID_LENGTH} characters",
-                                 field=name)
+    """``value`` if it is in the wire's id alphabet (:func:`semaphore.wire.id_problem`, R7), so
+    a queued group can never make the holder refuse the queue's whole request."""
+    problem = id_problem(value)
+    if problem is not None:
+        raise ConfigurationError(f"{name}: {problem}", field=name)
     return value
 
 

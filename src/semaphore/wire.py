@@ -5,11 +5,38 @@ module turns a received dict into frozen dataclasses (or raises
 :class:`~semaphore.errors.InvalidMessageError` naming the first offending field, SPEC R7), and
 turns typed objects back into dicts with :meth:`to_wire`. It never touches storage, so an invalid
 message cannot change anything (SPEC I5).
+
+**Ids** (``clientId``, ``demand[i].group``, ``grants[i].grantId``, ``leases[i].leaseId``) share
+one alphabet, checked in one place (:func:`id_problem` / :func:`check_id`, for the queue and the
+reference Worker to reuse): a ``str`` of 1 to :data:`MAX_ID_LENGTH` (256) characters (Unicode
+code points, as Python's ``len``), any Unicode except
+
+* control characters (category ``Cc``: C0 ``U+0000``-``U+001F`` including NUL, ``U+007F`` DEL,
+  and C1 ``U+0080``-``U+009F``): the store passes id lists as one JSON binding, and SQLite's
+  JSON functions may cut a string at an embedded NUL (CPython's SQLite does), so
+  ``"a\\x00evil"`` would be stored as ``"a"`` and charged to another client or group;
+* surrogate code points (``U+D800``-``U+DFFF``, i.e. the id must encode as UTF-8 strictly): a
+  lone surrogate cannot be bound to SQL from CPython (the whole round of every client would
+  fail), and JavaScript's SQLite binding turns it into U+FFFD (two ids would collide).
+
+Everything else is allowed (spaces, ``:``, ``/``, quotes, non-ASCII letters, emoji, ...). Ids
+are compared exactly, code point by code point: no trimming, case folding or Unicode
+normalisation.
+
+**Hostile shapes.** Validation reads only the fields the format defines, one level at a time
+(a JavaScript proxy is converted with ``to_py(depth=1)``, a field at a time), so unknown keys are
+never walked: nesting of any depth, in an unknown key or anywhere else, cannot raise
+``RecursionError``. Lists are length-checked before their entries are read, and error messages
+describe a received value in at most a few dozen ASCII characters (never its ``repr``: a deep
+list would recurse, an integer of thousands of digits cannot be printed). Every input thus gets
+either a typed message or an :class:`~semaphore.errors.InvalidMessageError`, never another
+exception.
 """
 
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -33,6 +60,8 @@ __all__ = [
     "Blocked",
     "PermitResponse",
     "parse_message",
+    "id_problem",
+    "check_id",
 ]
 
 WIRE_VERSION = 1
@@ -74,59 +103,137 @@ def _fail(field_name: str, message: str) -> InvalidMessageError:
     return InvalidMessageError(field_name, message)
 
 
+def _show(value: Any) -> str:
+    """A short ASCII description of a received value for an error message. Never recursive and
+    never long: the ``repr`` of a deeply nested list raises ``RecursionError``, and an integer
+    of more than 4,300 digits cannot be turned into a string at all."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"a boolean ({value})"
+    if isinstance(value, int):
+        if -(10**15) < value < 10**15:
+            return str(int(value))
+        sign = "a negative" if value < 0 else "an"
+        return f"{sign} integer of {value.bit_length()} bits"
+    if isinstance(value, float):
+        return repr(float(value))
+    if isinstance(value, str):
+        text = ascii(str(value[:41]))
+        if len(value) <= 40 and len(text) <= 60:
+            return text
+        return f"{text[:50]}... ({len(value)} characters)"
+    return f"a {type(value).__name__}"
+
+
+def _local(value: Any, name: str) -> Any:
+    """One level of a received value as plain Python, leaving what it contains untouched.
+
+    Plain values (what the SDK's RPC conversion hands over: ``dict``/``JsDict``, ``list``, str,
+    numbers, None) are returned as they are. A JavaScript proxy is converted one level deep
+    (``to_py(depth=1)``), so validation never walks more of a message than the fields it reads;
+    JavaScript ``null``/``undefined`` become ``None``. A proxy that cannot be read (a JS getter
+    that throws, ...) fails validation of field ``name``."""
+    if value is None or isinstance(value, (str, int, float, dict, list, tuple)):
+        return value
+    if type(value).__name__ in ("JsNull", "JsUndefined"):
+        return None
+    try:
+        to_py = getattr(value, "to_py", None)
+        if not callable(to_py):
+            return value
+        try:
+            return to_py(depth=1)
+        except TypeError:  # a proxy-like object whose to_py() takes no depth
+            return to_py()
+    except Exception as exc:
+        raise _fail(name, f"could not be read ({type(exc).__name__})") from None
+
+
 def _count(value: Any, name: str) -> int:
     """A non-negative integer below 2**53. Integral floats are accepted (JS numbers)."""
     if isinstance(value, bool):
-        raise _fail(name, f"must be an integer, got a boolean ({value!r})")
+        raise _fail(name, f"must be an integer, got {_show(value)}")
     if isinstance(value, float):
         if not value.is_integer():
-            raise _fail(name, f"must be an integer, got {value!r}")
+            raise _fail(name, f"must be an integer, got {_show(value)}")
         value = int(value)
     if not isinstance(value, int):
-        raise _fail(name, f"must be an integer, got {type(value).__name__}")
+        raise _fail(name, f"must be an integer, got {_show(value)}")
     if value < 0:
-        raise _fail(name, f"must not be negative, got {value}")
+        raise _fail(name, f"must not be negative, got {_show(value)}")
     if value > MAX_INT:
-        raise _fail(name, f"must be below 2**53, got {value}")
-    return value
+        raise _fail(name, f"must be below 2**53, got {_show(value)}")
+    return int(value)
 
 
-def _ident(value: Any, name: str) -> str:
+#: What an id may not contain (see the module docstring): control characters (Unicode category
+#: Cc: C0 incl. NUL, DEL, C1) and surrogate code points (no strict UTF-8 encoding).
+_FORBIDDEN_ID_CHARS = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def id_problem(value: Any) -> str | None:
+    """Why ``value`` is not a valid id, or ``None`` if it is one (SPEC R7).
+
+    The one definition of the id alphabet (module docstring): a ``str`` of 1 to
+    :data:`MAX_ID_LENGTH` characters, without control characters (C0 incl. NUL, DEL, C1) or
+    surrogate code points. Callers that raise their own error type (the queue's
+    ``ConfigurationError``, the Worker's HTTP 400) use this; :func:`check_id` raises
+    :class:`InvalidMessageError`."""
     if not isinstance(value, str):
-        raise _fail(name, f"must be a string, got {type(value).__name__}")
+        return f"must be a string, got {_show(value)}"
     if not value:
-        raise _fail(name, "must not be empty")
+        return "must not be empty"
     if len(value) > MAX_ID_LENGTH:
-        raise _fail(name, f"must be at most {MAX_ID_LENGTH} characters, got {len(value)}")
+        return f"must be at most {MAX_ID_LENGTH} characters, got {len(value)}"
+    bad = _FORBIDDEN_ID_CHARS.search(value)
+    if bad is not None:
+        char = bad.group()
+        what = "a surrogate code point" if "\ud800" <= char <= "\udfff" else "a control character"
+        return f"must not contain {what} (U+{ord(char):04X} at index {bad.start()})"
+    return None
+
+
+def check_id(value: Any, field_name: str) -> str:
+    """``value`` if it is a valid id (:func:`id_problem`), else raise
+    :class:`InvalidMessageError` naming ``field_name`` (e.g. ``"demand[0].group"``)."""
+    problem = id_problem(value)
+    if problem is not None:
+        raise _fail(field_name, problem)
     return value
 
 
 def _boolean(value: Any, name: str) -> bool:
     if not isinstance(value, bool):
-        raise _fail(name, f"must be a boolean, got {type(value).__name__}")
+        raise _fail(name, f"must be a boolean, got {_show(value)}")
     return value
 
 
 def _entries(message: Mapping[str, Any], key: str, *, required: bool) -> list[Mapping[str, Any]] | None:
-    if key not in message or message[key] is None:
+    value = _local(message[key], key) if key in message else None
+    if value is None:
         if required:
             raise _fail(key, "is required")
         return None
-    value = message[key]
     if not isinstance(value, (list, tuple)):
-        raise _fail(key, f"must be a list, got {type(value).__name__}")
+        raise _fail(key, f"must be a list, got {_show(value)}")
     if len(value) > MAX_LIST_LENGTH:
         raise _fail(key, f"must have at most {MAX_LIST_LENGTH} entries, got {len(value)}")
+    entries = []
     for index, entry in enumerate(value):
+        name = f"{key}[{index}]"
+        entry = _local(entry, name)
         if not isinstance(entry, Mapping):
-            raise _fail(f"{key}[{index}]", f"must be an object, got {type(entry).__name__}")
-    return list(value)
+            raise _fail(name, f"must be an object, got {_show(entry)}")
+        entries.append(entry)
+    return entries
 
 
 def _get(entry: Mapping[str, Any], key: str, name: str) -> Any:
-    if key not in entry or entry[key] is None:
+    value = _local(entry[key], name) if key in entry else None
+    if value is None:
         raise _fail(name, "is required")
-    return entry[key]
+    return value
 
 
 # --------------------------------------------------------------------------- messages
@@ -230,13 +337,13 @@ def _parse_grants(message: Mapping[str, Any]) -> tuple[GrantReport, ...]:
     seen: set[str] = set()
     for i, entry in enumerate(_entries(message, "grants", required=True) or ()):
         name = f"grants[{i}]"
-        grant_id = _ident(_get(entry, "grantId", f"{name}.grantId"), f"{name}.grantId")
+        grant_id = check_id(_get(entry, "grantId", f"{name}.grantId"), f"{name}.grantId")
         claimed = _count(_get(entry, "claimed", f"{name}.claimed"), f"{name}.claimed")
         released = _count(_get(entry, "released", f"{name}.released"), f"{name}.released")
         if released > claimed:
             raise _fail(f"{name}.released", f"must not exceed claimed ({released} > {claimed})")
         if grant_id in seen:
-            raise _fail(f"{name}.grantId", f"duplicate grant id {grant_id!r}")
+            raise _fail(f"{name}.grantId", f"duplicate grant id {_show(grant_id)}")
         seen.add(grant_id)
         reports.append(GrantReport(grant_id, claimed, released))
     return tuple(reports)
@@ -250,14 +357,14 @@ def _parse_leases(message: Mapping[str, Any]) -> tuple[LeaseReport, ...] | None:
     seen: set[str] = set()
     for i, entry in enumerate(entries):
         name = f"leases[{i}]"
-        lease_id = _ident(_get(entry, "leaseId", f"{name}.leaseId"), f"{name}.leaseId")
+        lease_id = check_id(_get(entry, "leaseId", f"{name}.leaseId"), f"{name}.leaseId")
         drawn = _count(_get(entry, "drawn", f"{name}.drawn"), f"{name}.drawn")
         released = _count(_get(entry, "released", f"{name}.released"), f"{name}.released")
         stopped = _boolean(_get(entry, "stopped", f"{name}.stopped"), f"{name}.stopped")
         if released > drawn:
             raise _fail(f"{name}.released", f"must not exceed drawn ({released} > {drawn})")
         if lease_id in seen:
-            raise _fail(f"{name}.leaseId", f"duplicate lease id {lease_id!r}")
+            raise _fail(f"{name}.leaseId", f"duplicate lease id {_show(lease_id)}")
         seen.add(lease_id)
         reports.append(LeaseReport(lease_id, drawn, released, stopped))
     return tuple(reports)
@@ -268,11 +375,11 @@ def _parse_demand(message: Mapping[str, Any]) -> tuple[Demand, ...]:
     seen: set[str] = set()
     for i, entry in enumerate(_entries(message, "demand", required=True) or ()):
         name = f"demand[{i}]"
-        group = _ident(_get(entry, "group", f"{name}.group"), f"{name}.group")
+        group = check_id(_get(entry, "group", f"{name}.group"), f"{name}.group")
         count = _count(_get(entry, "count", f"{name}.count"), f"{name}.count")
         oldest_at = _count(_get(entry, "oldestAt", f"{name}.oldestAt"), f"{name}.oldestAt")
         if group in seen:
-            raise _fail(f"{name}.group", f"duplicate group {group!r}")
+            raise _fail(f"{name}.group", f"duplicate group {_show(group)}")
         seen.add(group)
         demand.append(Demand(group, count, oldest_at))
     return tuple(demand)
@@ -281,17 +388,20 @@ def _parse_demand(message: Mapping[str, Any]) -> tuple[Demand, ...]:
 def parse_message(message: Any) -> PermitRequest | SyncMessage:
     """Validate a received message (SPEC R7) and return its typed view.
 
-    Raises :class:`InvalidMessageError` naming the first offending field. Unknown extra keys
-    are ignored (forward compatibility)."""
+    Raises :class:`InvalidMessageError` naming the first offending field, and nothing else,
+    whatever ``message`` is (module docstring: hostile shapes). Unknown extra keys are ignored
+    (forward compatibility) and never read. ``message`` may be a dict (``JsDict``) as the RPC
+    conversion delivers it, or a JavaScript proxy (converted one level at a time)."""
+    message = _local(message, "")
     if not isinstance(message, Mapping):
-        raise _fail("", f"message must be an object, got {type(message).__name__}")
-    v = message.get("v")
-    if isinstance(v, bool) or v != WIRE_VERSION:
-        raise _fail("v", f"unsupported wire version {v!r}, expected {WIRE_VERSION}")
-    kind = message.get("type")
-    if kind not in ("request", "sync"):
-        raise _fail("type", f"must be 'request' or 'sync', got {kind!r}")
-    client_id = _ident(_get(message, "clientId", "clientId"), "clientId")
+        raise _fail("", f"message must be an object, got {_show(message)}")
+    v = _local(message["v"], "v") if "v" in message else None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != WIRE_VERSION:
+        raise _fail("v", f"unsupported wire version {_show(v)}, expected {WIRE_VERSION}")
+    kind = _local(message["type"], "type") if "type" in message else None
+    if not isinstance(kind, str) or kind not in ("request", "sync"):
+        raise _fail("type", f"must be 'request' or 'sync', got {_show(kind)}")
+    client_id = check_id(_get(message, "clientId", "clientId"), "clientId")
     if kind == "request":
         demand = _parse_demand(message)
         return PermitRequest(client_id, demand, _parse_grants(message), _parse_leases(message))
