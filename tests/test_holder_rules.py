@@ -7,6 +7,7 @@ names the rule it checks. ``bed.check()`` recomputes the stored aggregates by fu
 from __future__ import annotations
 
 import asyncio
+import inspect
 
 import pytest
 
@@ -1013,4 +1014,44 @@ async def test_r4_a_round_timer_that_dies_while_waiting_does_not_block_later_rou
     assert first.result()["error"]["code"] == "round_failed"
     (reply,) = await bed.finish(bed.send(request("c2", {"g": 2})), within_ms=5_000)
     assert [g["permits"] for g in reply["grants"]] == [2]
+    bed.check()
+
+
+@async_test
+async def test_r4_a_round_timer_cancelled_before_its_first_step_fails_its_calls_and_is_replaced():
+    # R4: a round task cancelled before its first step (its coroutine never ran, so nothing in it
+    # can clean up) must not stay behind as "the round timer": its waiting call fails with
+    # round_failed (the client asks again) and the next request starts a new round. Bounded by
+    # asyncio.wait_for so the old behaviour (every later request waits forever) fails the test.
+    bed = Bed(5)
+    first = bed.send(request("c1", {"g": 1}))
+    while bed.sem._round_task is None:  # handle() runs up to creating the round task
+        await asyncio.sleep(0)
+    task = bed.sem._round_task
+    assert inspect.getcoroutinestate(task.get_coro()) == inspect.CORO_CREATED  # not started
+    task.cancel()
+    reply = await asyncio.wait_for(asyncio.shield(first), timeout=2)
+    assert reply["error"]["code"] == "round_failed"
+    second = bed.send(request("c2", {"g": 2}))
+    while bed.sem._round_task is None or bed.sem._round_task is task:
+        await asyncio.sleep(0)
+    assert bed.sem._round_task in bed.sem._round_tasks  # a strong reference while not done
+    (reply,) = await asyncio.wait_for(bed.finish(second, within_ms=5_000), timeout=5)
+    assert [g["permits"] for g in reply["grants"]] == [2]
+    # Also when the next request comes before the cancelled timer's done callback ran (here it
+    # never runs): the request itself notices the finished timer.
+    third = bed.send(request("c3", {"g": 1}))
+    while bed.sem._round_task is None:
+        await asyncio.sleep(0)
+    task = bed.sem._round_task
+    task.remove_done_callback(bed.sem._round_ended)
+    task.cancel()
+    while not task.done():
+        await asyncio.sleep(0)
+    assert bed.sem._round_task is task  # still registered as the waiting round timer
+    fourth = bed.send(request("c4", {"g": 1}))
+    r3, r4 = await asyncio.wait_for(bed.finish(third, fourth, within_ms=5_000), timeout=5)
+    assert r3["error"]["code"] == "round_failed"
+    assert [g["permits"] for g in r4["grants"]] == [1]
+    assert bed.sem._round_tasks == set()  # finished round tasks are not kept
     bed.check()

@@ -11,7 +11,8 @@ provisioning arithmetic (decided in docs, see the report of issue "Leases on the
 
 ``charged`` includes the grants of the round. Lease footprint counts against a group's limit
 whenever the group has one; an unknown lease's charge (R32) counts against the total for its
-round only.
+round only, at most ``permitsPerLease`` per lease and the ceiling in total, and nothing when
+leases are not configured.
 """
 
 from __future__ import annotations
@@ -311,6 +312,72 @@ async def test_r29_contended_on_every_reply_of_a_round_with_unserved_need():
     assert r["contended"] is False
 
 
+def fail_commit_once(storage) -> list[str]:
+    """Fault injection on the test bed (not the code under test): the next transaction runs its
+    body and then fails as its commit would, so everything it wrote is rolled back."""
+    original = storage.transactionSync
+    failed: list[str] = []
+
+    def transaction_sync(fn):
+        if failed:
+            return original(fn)
+        failed.append("commit")
+
+        def body():
+            fn()
+            raise RuntimeError("injected commit failure")
+
+        return original(body)
+
+    storage.transactionSync = transaction_sync
+    return failed
+
+
+def meta(bed: Bed) -> dict[str, int]:
+    return {k: v for k, v in bed.storage.connection.execute("SELECT key, value FROM durability_semaphore_meta")}
+
+
+@async_test
+async def test_r29_contended_flag_is_durable_and_answered_by_syncs_after_eviction():
+    # R29/R4: the last round's contended flag is durable (meta `contended`, written in the
+    # round's transaction): after an eviction a new instance answers a sync with it, so a
+    # queue keeps returning idle lease permits while others wait.
+    bed = Bed(2, leases=leases("strict"))
+    (ra,) = await bed.round(request("a", {"g": 5}, leases=[], oldest_at=1))  # 3 unserved
+    assert ra["contended"] is True
+    assert (await bed.sem.handle(sync("b", leases=[])))["contended"] is True
+    bed.evict()
+    reply = await bed.sem.handle(sync("b", leases=[]))
+    assert "error" not in reply and reply["contended"] is True
+    # ... and a later round that serves everything clears it, durably too.
+    grant = only(ra, "grants")["grantId"]
+    (ra2,) = await bed.round(request("a", {"g": 0}, grants=[(grant, 2, 2)], leases=[]))
+    assert ra2["contended"] is False
+    bed.evict()
+    assert (await bed.sem.handle(sync("b", leases=[])))["contended"] is False
+    bed.check()
+
+
+@async_test
+async def test_r29_a_round_whose_transaction_fails_does_not_change_the_contended_flag():
+    # R29/R2: only a committed round sets the flag; a round whose transaction fails (here: at
+    # commit, after its body ran) leaves it as the last committed round left it, in memory
+    # and in storage.
+    bed = Bed(2)
+    (ra,) = await bed.round(request("a", {"g": 5}, oldest_at=1))
+    assert ra["contended"] is True
+    before = meta(bed)
+    grant = only(ra, "grants")["grantId"]
+    failed = fail_commit_once(bed.storage)
+    (rb,) = await bed.round(request("a", {"g": 0}, grants=[(grant, 2, 2)]))  # would be uncontended
+    assert failed and rb["error"]["code"] == "round_failed"
+    assert meta(bed) == before
+    assert (await bed.sem.handle(sync("b")))["contended"] is True
+    bed.evict()
+    assert (await bed.sem.handle(sync("b")))["contended"] is True
+    bed.check()
+
+
 # ====================================================================== R30 footprint
 
 
@@ -375,6 +442,34 @@ async def test_r30_i2_repeated_stale_and_excessive_lease_reports_return_capacity
         reply = await bed.sem.handle(sync("a", leases=[(lid, 5, 5, True)]))
         assert by_id(reply, "leases")[lid]["status"] == "settled"
     assert (await bed.usage())["leaseFootprint"] == 0
+    bed.check()
+
+
+@async_test
+async def test_r30_r31_drawn_is_final_after_the_stop_a_later_higher_drawn_changes_nothing():
+    # R30/R31: a report with stopped: true fixes drawn; a later report with a higher drawn (a
+    # stale, buggy or hostile client) must not re-inflate the footprint, or the capacity freed
+    # by the stop (already admitted to others) would be charged twice and exceed the limit.
+    bed = Bed(10, leases=leases("strict", permitsPerLease=6))
+    (r,) = await bed.round(request("a", {"g": 1}, leases=[], oldest_at=1))
+    lid = only(r)["leaseId"]
+    reply = await bed.sem.handle(sync("a", leases=[(lid, 2, 0, True)]))
+    assert by_id(reply, "leases")[lid]["status"] == "retired"
+    assert (await bed.usage())["leaseFootprint"] == 2  # drawn 2 - released 0
+    (rb,) = await bed.round(request("b", {"g": 9}, oldest_at=2))
+    assert only(rb, "grants")["permits"] == 10 - 1 - 2
+    assert await total_charged(bed) == 10
+    for later in [(lid, 6, 0), (lid, 5, 1, True), (lid, 6, 0, True)]:
+        reply = await bed.sem.handle(sync("a", leases=[later]))
+        state = by_id(reply, "leases")[lid]
+        assert state["drawn"] == 2 and state["status"] == "retired"
+        assert bed.leases()[lid]["drawn"] == 2
+        assert await total_charged(bed) <= 10
+    # released still rises, up to the final drawn; then it is settled.
+    assert (await bed.usage())["leaseFootprint"] == 1  # 2 - 1 (released 1 applied above)
+    (ra,) = await bed.round(request("a", {"g": 0}, leases=[(lid, 6, 2, True)]))
+    assert by_id(ra, "leases")[lid]["status"] == "settled"
+    assert lid not in bed.leases() and (await bed.usage())["leaseFootprint"] == 0
     bed.check()
 
 
@@ -492,6 +587,61 @@ async def test_r32_lease_of_another_client_is_treated_as_unknown():
     assert by_id(reply, "leases")[lid]["status"] == "settled"
     row = bed.leases()[lid]  # a's lease untouched
     assert (row["drawn"], row["released"], row["status"]) == (0, 0, "live")
+    bed.check()
+
+
+@async_test
+async def test_r32_unknown_lease_charge_is_bounded_by_permits_per_lease_and_the_ceiling():
+    # R32: the charge for an unknown lease is its report's drawn - released, but no lease ever
+    # carries more than permitsPerLease: a report with drawn near 2**53 (repeated by a client in
+    # every request) charges at most that, and cannot starve every other client's admissions.
+    huge = 2**53 - 1
+    bed = Bed(10, leases=leases("strict", permitsPerLease=3))
+    rx, ry = await bed.round(
+        request("x", {}, leases=[("ghost", huge, 0)], oldest_at=1),
+        request("y", {"g": 10}, oldest_at=2),
+    )
+    assert by_id(rx, "leases")["ghost"]["status"] == "retired"
+    assert only(ry, "grants")["permits"] == 10 - 3  # charged min(huge - 0, 3)
+    # Two ghosts of 3 each plus a second client's ghost: 9, still under the limit of 10.
+    bed2 = Bed(10, leases=leases("strict", permitsPerLease=3))
+    _, _, rz = await bed2.round(
+        request("x", {}, leases=[("g1", huge, 0), ("g2", huge, 1)], oldest_at=1),
+        request("w", {}, leases=[("g3", huge, 0)], oldest_at=2),
+        request("z", {"g": 10}, oldest_at=3),
+    )
+    assert only(rz, "grants")["permits"] == 1
+    # over: the total charge is bounded by the ceiling limit + extra (4 + 2 = 6); with 10
+    # ghosts of 3 the grants see room 0, and nothing is stored or persisted.
+    bed3 = Bed(4, leases=leases("over", extra={"count": 2}, permitsPerLease=3))
+    rx, ry = await bed3.round(
+        request("x", {}, leases=[(f"g{i}", huge, 0) for i in range(10)], oldest_at=1),
+        request("y", {"g": 4}, oldest_at=2),
+    )
+    assert ry["grants"] == [] and blocked(ry) == {"g": ("limit", 4)}
+    assert bed3.leases() == {} and (await bed3.usage())["leaseFootprint"] == 0
+    (ry,) = await bed3.round(request("y", {"g": 4}, oldest_at=2))
+    assert only(ry, "grants")["permits"] == 4
+    bed.check(), bed2.check(), bed3.check()
+
+
+@async_test
+async def test_r32_unknown_lease_without_leases_configured_is_answered_retired_and_not_charged():
+    # R32 (decision): with leases not configured the holder issues none; a report of an unknown
+    # lease is still answered retired (the client stops drawing and settles it) but is not
+    # charged: a huge drawn cannot starve the other clients' admissions.
+    bed = Bed(5)
+    rx, ry = await bed.round(
+        request("x", {}, leases=[("ghost", 2**53 - 1, 0)], oldest_at=1),
+        request("y", {"g": 5}, oldest_at=2),
+    )
+    ghost = by_id(rx, "leases")["ghost"]
+    assert ghost["status"] == "retired" and ghost["group"] is None
+    assert only(ry, "grants")["permits"] == 5
+    # its settle report is answered settled, as with leases configured
+    reply = await bed.sem.handle(sync("x", leases=[("ghost", 7, 7, True)]))
+    assert by_id(reply, "leases")["ghost"]["status"] == "settled"
+    assert bed.leases() == {}
     bed.check()
 
 

@@ -14,7 +14,7 @@ from typing import Mapping
 from .config import LeaseConfig, LimitedGroups, Provisioning
 from .wire import BlockedReason
 
-__all__ = ["LIMIT_ERROR", "Entry", "Usage", "Allocation", "allocate", "grant_ceiling"]
+__all__ = ["LIMIT_ERROR", "Entry", "Usage", "Allocation", "allocate", "grant_ceiling", "ceiling"]
 
 
 class _LimitError:
@@ -65,7 +65,8 @@ class Usage:
 
     :ivar grants: total ``permits - released`` over all grants (after reclaim).
     :ivar leases: total lease footprint (SPEC R30), including this round's charge for reports of
-        unknown leases (SPEC R32).
+        unknown leases (SPEC R32; the holder bounds it by ``permitsPerLease`` per lease, by the
+        :func:`ceiling` in total, and charges nothing when leases are not configured).
     :ivar groups: per group, grants plus lease footprint charged against it.
     """
 
@@ -91,6 +92,14 @@ def grant_ceiling(limit: int, config: LeaseConfig | None) -> int:
     keeping at least one permit for grants when ``limit >= 1`` (SPEC R25)."""
     if config is not None and config.mode is Provisioning.UNDER:
         return max(limit - config.reserve, 1 if limit >= 1 else 0)
+    return limit
+
+
+def ceiling(limit: int, config: LeaseConfig | None) -> int:
+    """Most total charge the mode admits up to: ``limit``, or ``limit + extra`` under ``over``
+    (SPEC R25, I1). Also bounds a round's charge for reports of unknown leases (SPEC R32)."""
+    if config is not None and config.mode is Provisioning.OVER:
+        return limit + config.extra(limit)
     return limit
 
 

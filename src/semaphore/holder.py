@@ -10,11 +10,11 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping, Union
 
-from .allocation import LIMIT_ERROR, Entry, Usage, allocate
+from .allocation import LIMIT_ERROR, Entry, Usage, allocate, ceiling
 from .clock import sleep_until, system_clock
 from .config import LeaseConfig, LimitedGroups
 from .errors import ConfigurationError, InvalidMessageError, RoundFailedError
-from .runtime import Storage, plain
+from .runtime import Storage
 from .scheduler import DurabilityScheduler
 from .store import (
     GROUPS,
@@ -173,9 +173,15 @@ class DurabilitySemaphore:
         self._new_id = id_factory or (lambda: secrets.token_hex(12))
         self._pending: dict[str, _Pending] = {}
         self._arrivals = itertools.count()
-        self._round_task: asyncio.Future[None] | None = None
+        #: The round timer waiting to run the next round (``None`` once it took its batch).
+        self._round_task: asyncio.Task[None] | None = None
+        #: Strong references to every round task not yet done: the event loop keeps only weak
+        #: ones, and a round awaiting a callback must not be garbage-collected mid-round (R4).
+        self._round_tasks: set[asyncio.Task[None]] = set()
         self._round_at: int | None = None
         self._last_round_at: int | None = None
+        #: R29 flag of the last committed round (durable in meta ``contended``; loaded by
+        #: :meth:`_ensure_ready`, updated only after a round's commit). Syncs answer it.
         self._last_contended = False
         self._ready = False
         scheduler.on(RECLAIM_TIMER, self._on_reclaim_timer)
@@ -192,7 +198,7 @@ class DurabilitySemaphore:
         if isinstance(message, (PermitRequest, SyncMessage)):
             message = message.to_wire()
         try:
-            parsed = parse_message(plain(message))
+            parsed = parse_message(message)  # reads only known fields (wire.py): no deep copy
         except InvalidMessageError as exc:
             return exc.to_wire()
         try:
@@ -278,15 +284,27 @@ class DurabilitySemaphore:
         if self._ready:
             return
         ensure_schema(self.storage)
-        last_round_at = read_meta(self.storage).get("last_round_at")
+        meta = read_meta(self.storage)
+        last_round_at = meta.get("last_round_at")
         if last_round_at is not None and self._last_round_at is None:
             self._last_round_at = last_round_at
+        # R29: the last committed round's flag survives eviction (one read per instance).
+        self._last_contended = bool(meta.get("contended", 0))
         self._ready = True
         # Repairs an alarm lost between a commit and its setAlarm (e.g. an eviction).
         await self.scheduler.arm()
 
     # ================================================================== rounds
     async def _enqueue(self, request: PermitRequest) -> dict[str, Any]:
+        """Queue a request for the next round, starting the round timer if none is waiting.
+
+        SPEC R4: a round timer that ended without running its round (cancelled, even before its
+        first step, when its coroutine never ran) fails the calls that waited for it with
+        ``round_failed`` (they ask again) and is replaced: it never leaves later requests
+        waiting for a round that will not come."""
+        stale = self._round_task
+        if stale is not None and stale.done():  # its done callback may not have run yet
+            self._round_ended(stale)
         pending = self._pending.get(request.client_id)
         if pending is None:
             pending = _Pending(request.client_id, next(self._arrivals))
@@ -300,8 +318,37 @@ class DurabilitySemaphore:
             if self._last_round_at is not None:
                 at = max(at, self._last_round_at + self.round_period_ms)
             self._round_at = at
-            self._round_task = asyncio.ensure_future(self._round_after(at))
+            task = asyncio.get_running_loop().create_task(self._round_after(at))
+            self._round_task = task
+            self._round_tasks.add(task)
+            task.add_done_callback(self._round_ended)
         return await future
+
+    def _round_ended(self, task: "asyncio.Task[None]") -> None:
+        """Done callback of every round task (also called by :meth:`_enqueue` for a done timer):
+        drops the strong reference and, if the task is still the waiting round timer (it ended
+        without taking its batch, e.g. cancelled before its first step), fails the waiting calls
+        and clears the timer so the next request starts a new one (SPEC R4)."""
+        self._round_tasks.discard(task)
+        if self._round_task is not task:
+            return
+        self._round_task = None
+        self._round_at = None
+        batch, self._pending = self._pending, {}
+        if task.cancelled():
+            reason = "the round timer was cancelled; ask again"
+        else:
+            exc = task.exception()
+            reason = f"the round timer ended without running: {exc}" if exc else "the round timer ended"
+        self._fail(batch, reason)
+
+    @staticmethod
+    def _fail(batch: dict[str, _Pending], reason: str) -> None:
+        failure = RoundFailedError(f"round failed: {reason}").to_wire()
+        for pending in batch.values():
+            for f in pending.futures:
+                if not f.done():
+                    f.set_result(failure)
 
     async def _round_after(self, at: int) -> None:
         batch: dict[str, _Pending] = {}
@@ -313,14 +360,12 @@ class DurabilitySemaphore:
             await self._run_round(batch)
         except BaseException as exc:  # never leave a caller hanging
             log.exception("round failed")
-            if not batch:  # failed while waiting: the waiting calls were this round's
+            if not batch and self._round_task is asyncio.current_task():
+                # failed while waiting: the waiting calls were this round's
                 batch, self._pending = self._pending, {}
                 self._round_task = None
                 self._round_at = None
-            for pending in batch.values():
-                for f in pending.futures:
-                    if not f.done():
-                        f.set_result(RoundFailedError(f"round failed: {exc}").to_wire())
+            self._fail(batch, str(exc) or type(exc).__name__)
             if isinstance(exc, asyncio.CancelledError):
                 raise
 
@@ -347,7 +392,7 @@ class DurabilitySemaphore:
             permitted = dict.fromkeys(demand_pairs | lease_pairs, self.can_grant is None or bool(self.can_grant))
 
         try:
-            replies = self.storage.transaction(
+            replies, contended = self.storage.transaction(
                 lambda: self._round_transaction(clients, now, limit, group_limits, permitted)
             )
         except Exception as exc:
@@ -355,6 +400,7 @@ class DurabilitySemaphore:
             failure = RoundFailedError(f"round failed, nothing was written: {exc}").to_wire()
             replies = {p.client_id: failure for p in clients}
         else:
+            self._last_contended = contended  # R29: only a committed round changes the flag
             try:
                 await self.scheduler.arm()
             except Exception:  # the commit stands; the next instance start re-arms
@@ -371,7 +417,10 @@ class DurabilitySemaphore:
         limit: Any,
         group_limits: dict[str, Any],
         permitted: dict[tuple[str, str], bool],
-    ) -> dict[str, dict[str, Any]]:
+    ) -> tuple[dict[str, dict[str, Any]], bool]:
+        """The round's transaction body: returns each client's reply and the round's R29
+        ``contended`` flag, written to meta ``contended`` in the same flush (the holder's
+        in-memory copy is updated only once the transaction committed)."""
         uow, views = self._open(now, {p.client_id: p.messages for p in clients})
         self._retire_ineligible(uow, now, limit, group_limits, permitted)
 
@@ -379,9 +428,14 @@ class DurabilitySemaphore:
         demand_groups = {d.group for p in clients for d in p.latest.demand}
         totals = uow.totals()
         per_group = uow.group_usage(demand_groups)
+        # R32: the transient charge for reports of unknown leases (each already bounded by
+        # permitsPerLease in _apply_reports), bounded in total by the ceiling.
+        unknown_charge = sum(v.unknown_lease_charge for v in views.values())
+        if isinstance(limit, int):
+            unknown_charge = min(unknown_charge, ceiling(limit, self.leases))
         usage = Usage(
             grants=totals["outstanding"],
-            leases=totals["lease_footprint"] + sum(v.unknown_lease_charge for v in views.values()),
+            leases=totals["lease_footprint"] + unknown_charge,
             groups={g: u["outstanding"] + u["lease_footprint"] for g, u in per_group.items()},
         )
         held_unclaimed: dict[tuple[str, str], int] = {}
@@ -425,10 +479,11 @@ class DurabilitySemaphore:
         if isinstance(limit, int):
             uow.set_meta("last_limit", limit)
         uow.set_meta("last_round_at", now)
+        if result.contended != bool(uow.meta().get("contended", 0)):  # R29, same meta upsert
+            uow.set_meta("contended", int(result.contended))
         uow.flush()
         self._schedule_reclaim()
 
-        self._last_contended = result.contended
         next_at = now + self.round_period_ms
         blocked: dict[str, list[dict[str, Any]]] = {}
         for client_id, group, reason, waiting in result.blocked:  # wire form of Blocked
@@ -438,10 +493,12 @@ class DurabilitySemaphore:
             p.client_id: self._reply(held, p.client_id, views[p.client_id], blocked.get(p.client_id, []),
                                      result.contended, next_at)
             for p in clients
-        }
+        }, result.contended
 
     # ================================================================== sync and alarm
     async def _sync(self, message: SyncMessage) -> dict[str, Any]:
+        """SPEC R6: apply a sync's reports in their own transaction and answer at once, with the
+        ``contended`` flag of the last committed round (R29; durable, so it survives eviction)."""
         now = int(self.clock())
 
         def body() -> dict[str, Any]:
@@ -544,9 +601,23 @@ class DurabilitySemaphore:
     ) -> _View:
         """Apply every grant and lease report of a client's messages, in order (SPEC R13, R14,
         R30-R32), and return what the client is told about them. :meth:`_open` has loaded the
-        client's rows and every reported id into ``uow``."""
+        client's rows and every reported id into ``uow``.
+
+        Leases: ``drawn`` and ``released`` are high-water marks clamped like R13 (``drawn`` to
+        the lease's permits, ``released`` to ``drawn``). Once a report with ``stopped: true`` was
+        applied, ``drawn`` is final (R30): later reports can still raise ``released`` (up to the
+        final ``drawn``) but never ``drawn``, so a stopped lease's footprint only shrinks.
+
+        A report of a lease the holder does not know (or of another client's lease) is answered
+        ``retired`` (``settled`` if stopped with ``released == drawn``) and nothing is stored
+        (R32). Its charge for this round, ``drawn - released``, is bounded by ``permitsPerLease``
+        (no lease ever carries more), and the round bounds the total by the ceiling. Decision:
+        with leases not configured the holder issues none, so an unknown lease costs nothing: it
+        is still answered ``retired`` (the client stops drawing from it and settles it) but is
+        not charged; a single report with a huge ``drawn`` can thus never starve admissions."""
         view = _View()
         unknown: dict[str, int] = {}
+        unknown_cap = self.leases.permits_per_lease if self.leases is not None else 0
         for message in messages:
             for r in message.grants:
                 g = uow.grants.get(r.grant_id)
@@ -570,11 +641,12 @@ class DurabilitySemaphore:
                         unknown.pop(r.lease_id, None)
                     else:
                         status = LeaseStatus.RETIRED
-                        unknown[r.lease_id] = r.drawn - r.released
+                        unknown[r.lease_id] = max(0, min(r.drawn - r.released, unknown_cap))
                     view.leases[r.lease_id] = LeaseState(
                         r.lease_id, None, r.drawn, r.drawn, r.released, None, status).to_wire()
                     continue
-                lease.drawn = max(lease.drawn, min(r.drawn, lease.permits))
+                if not lease.stopped:  # R30: after the stop, drawn is final
+                    lease.drawn = max(lease.drawn, min(r.drawn, lease.permits))
                 lease.released = max(lease.released, min(r.released, lease.drawn))
                 if lease.status == "live":
                     lease.expires_at = now + self._ttl_ms()

@@ -14,7 +14,9 @@ Tables (all created on first use, versioned in ``durability_semaphore_meta``):
     ``outstanding`` (sum of ``permits - released``), ``lease_footprint``, ``live_leases``,
     ``retired_leases``. A round reads only the rows of the groups it touches.
 ``durability_semaphore_meta``
-    ``schema_version``, the same four aggregates in total, ``last_limit`` and ``last_round_at``.
+    ``schema_version``, the same four aggregates in total, ``last_limit``, ``last_round_at`` and
+    ``contended`` (the R29 flag of the last committed round, 0 or 1; written by the round's own
+    meta upsert only when it changes, so a new instance answers syncs with it after eviction).
 
 Indexes keep a round's reads proportional to the clients in it: grants and leases by client,
 grants with unclaimed permits by ``claim_by`` (partial index, for reclaim and the alarm), live
@@ -97,7 +99,8 @@ def ensure_schema(storage: Storage) -> None:
 
 
 def read_meta(storage: Storage) -> dict[str, int]:
-    """Every row of ``durability_semaphore_meta`` (schema version, totals, last limit/round)."""
+    """Every row of ``durability_semaphore_meta`` (schema version, totals, last limit/round,
+    last round's ``contended`` flag)."""
     return {str(r["key"]): int(r["value"]) for r in storage.exec(f"SELECT key, value FROM {META}")}
 
 
