@@ -29,23 +29,31 @@ What the routes expose and create (README, "The reference Worker"):
 
 Configuration (``[vars]`` in wrangler.toml, all optional): ``ACCOUNT_CONCURRENCY`` (default limit
 per account, 10), ``GRANT_TIMEOUT_MS``, ``ROUND_WAIT_MS``, ``ROUND_PERIOD_MS``,
-``JOB_RETENTION_MS`` (how long finished jobs are remembered, default one day). Secret
-``ADMIN_TOKEN`` guards every request that changes state.
+``JOB_RETENTION_MS`` (how long finished jobs are remembered, default one day), ``LEASES`` (JSON
+text of the holder's ``leases=`` options, as :meth:`semaphore.LeaseConfig.parse` takes them; empty
+or absent: no leases). Integers must be below 2**53. An invalid var never crashes an object's
+constructor: every route (and every RPC method of the objects) answers the error value
+``{"v": 1, "error": {"code": "configuration_error", "field": <the var>, "message"}}``, the
+front with status 500. Secret ``ADMIN_TOKEN`` guards every request that changes state.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+import logging
 import re
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlparse
 
 from workers import DurableObject, Response, WorkerEntrypoint
 
 from semaphore import (
+    ConfigurationError,
     DurabilityScheduler,
     DurabilitySemaphore,
+    LeaseConfig,
     QueueItem,
     SemaphoreClient,
     SemaphoreQueue,
@@ -69,6 +77,10 @@ DEFAULT_JOB_RETENTION_MS = 86_400_000
 JOB_PRUNE_TIMER = "app:prune_job_directory"
 #: The ``v`` of every error value (the wire format's version, SPEC R7).
 ERROR_VERSION = 1
+#: The error code of an invalid ``[vars]`` entry (answered with HTTP status 500 by the front).
+CONFIG_ERROR = "configuration_error"
+
+log = logging.getLogger("entry")
 
 #: How client objects reach an account's holder (SPEC R36): env.ACCOUNT_LIMIT.getByName(account),
 #: RPC method ``permits``, each call bounded by a timeout.
@@ -91,19 +103,83 @@ def error_value(code: str, message: str, field: str | None = None) -> dict[str, 
     return {"v": ERROR_VERSION, "error": error}
 
 
-def env_int(env: Any, name: str, default: int, minimum: int = 0) -> int:
-    """Read an integer ``[vars]`` entry; a missing one gives ``default``; a malformed one is a
-    configuration error reported with its name."""
+class VarError(ValueError):
+    """An invalid ``[vars]`` entry ``field``. Objects answer it as an error value (code
+    ``configuration_error``) instead of failing their constructor; the front with status 500."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field, self.message = field, message
+
+    def value(self) -> dict[str, Any]:
+        return error_value(CONFIG_ERROR, self.message, self.field)
+
+
+def env_int(env: Any, name: str, default: int, minimum: int = 0, maximum: int = MAX_INT) -> int:
+    """Read an integer ``[vars]`` entry; a missing one gives ``default``; a malformed one, or one
+    outside ``minimum`` .. ``maximum`` (by default below 2**53, the wire's bound: the same as
+    ``set_limit``'s), raises :class:`VarError` naming it."""
     raw = getattr(env, name, None)
     if raw is None or str(raw).strip() == "":
         return default
     try:
         value = int(str(raw).strip())
     except ValueError:
-        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+        raise VarError(name, f"{name} must be an integer, got {raw!r}") from None
     if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        raise VarError(name, f"{name} must be >= {minimum}, got {value}")
+    if value > maximum:
+        raise VarError(name, f"{name} must be <= {maximum} (below 2**53), got {value}")
     return value
+
+
+def env_leases(env: Any) -> LeaseConfig | None:
+    """The ``LEASES`` var: JSON text of the holder's ``leases=`` options (e.g.
+    ``{"provisioning": {"mode": "strict"}, "permitsPerLease": 2, "ttlMs": 4000}``), checked by
+    :meth:`LeaseConfig.parse`. Empty or absent: ``None`` (no leases)."""
+    raw = getattr(env, "LEASES", None)
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        if raw.strip() == "":
+            return None
+        try:
+            value = json.loads(raw)
+        except ValueError as exc:
+            raise VarError("LEASES", f"LEASES must be JSON text of the lease options, e.g. "
+                                     f"'{{\"provisioning\": {{\"mode\": \"strict\"}}}}': {exc}") from None
+    else:  # a JSON (not text) binding: already parsed by the runtime
+        value = plain(raw)
+    if not isinstance(value, dict):
+        raise VarError("LEASES", f"LEASES must be a JSON object of lease options, got {value!r}")
+    try:
+        return LeaseConfig.parse(value)
+    except ConfigurationError as exc:
+        raise VarError("LEASES", f"LEASES: {exc.message}") from None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every ``[vars]`` entry of the Worker, validated (:func:`read_settings`)."""
+
+    default_limit: int
+    grant_timeout_ms: int
+    round_wait_ms: int
+    round_period_ms: int
+    job_retention_ms: int
+    leases: LeaseConfig | None
+
+
+def read_settings(env: Any) -> Settings:
+    """Parse the ``[vars]``; the first invalid one raises :class:`VarError`."""
+    return Settings(
+        default_limit=env_int(env, "ACCOUNT_CONCURRENCY", DEFAULT_CONCURRENCY),
+        grant_timeout_ms=env_int(env, "GRANT_TIMEOUT_MS", 10_000, 1),
+        round_wait_ms=env_int(env, "ROUND_WAIT_MS", 1000),
+        round_period_ms=env_int(env, "ROUND_PERIOD_MS", 2000),
+        job_retention_ms=env_int(env, "JOB_RETENTION_MS", DEFAULT_JOB_RETENTION_MS, 1),
+        leases=env_leases(env),
+    )
 
 
 class AccountLimit(DurableObject):
@@ -112,24 +188,36 @@ class AccountLimit(DurableObject):
     Storage: the semaphore's tables, ``app_account_settings`` (the limit override, written only by
     :meth:`set_limit`) and ``app_job_directory`` (job id -> queue, written only by
     :meth:`register_job` / :meth:`finish_job`). The reading methods (:meth:`usage`,
-    :meth:`find_job`) never create any of them: an account never written to keeps no storage."""
+    :meth:`find_job`) never create any of them: an account never written to keeps no storage.
+
+    The ``[vars]`` are read once, here (``LEASES`` turns the semaphore's leases on). An invalid
+    one does not fail the constructor: :attr:`config_error` holds its error value (code
+    ``configuration_error``), which every RPC method answers, and the alarm handler raises."""
 
     def __init__(self, ctx: Any, env: Any) -> None:
         super().__init__(ctx, env)
         self.storage = Storage(ctx)
-        self.default_limit = env_int(env, "ACCOUNT_CONCURRENCY", DEFAULT_CONCURRENCY)
-        self.job_retention_ms = env_int(env, "JOB_RETENTION_MS", DEFAULT_JOB_RETENTION_MS, 1)
         self._override: int | None = None
         self._override_loaded = False
         self._jobs_ready = False
         self.scheduler = DurabilityScheduler(ctx)
         self.scheduler.on(JOB_PRUNE_TIMER, self._prune_jobs)
-        self.semaphore = DurabilitySemaphore(
+        self.config_error: dict[str, Any] | None = None
+        try:
+            settings = read_settings(env)
+        except VarError as exc:
+            log.error("AccountLimit: invalid configuration: %s", exc.message)
+            self.config_error = exc.value()
+            settings = None
+        self.default_limit = DEFAULT_CONCURRENCY if settings is None else settings.default_limit
+        self.job_retention_ms = DEFAULT_JOB_RETENTION_MS if settings is None else settings.job_retention_ms
+        self.semaphore: DurabilitySemaphore | None = None if settings is None else DurabilitySemaphore(
             scheduler=self.scheduler,
             limit=self.current_limit,
-            grant_timeout_ms=env_int(env, "GRANT_TIMEOUT_MS", 10_000, 1),
-            round_wait_ms=env_int(env, "ROUND_WAIT_MS", 1000),
-            round_period_ms=env_int(env, "ROUND_PERIOD_MS", 2000),
+            grant_timeout_ms=settings.grant_timeout_ms,
+            round_wait_ms=settings.round_wait_ms,
+            round_period_ms=settings.round_period_ms,
+            leases=settings.leases,
         )
 
     # -- configuration -------------------------------------------------------------------
@@ -151,16 +239,26 @@ class AccountLimit(DurableObject):
     # -- RPC methods -----------------------------------------------------------------------
     async def permits(self, message: Any) -> dict[str, Any]:
         """The semaphore's wire endpoint (requests and syncs from client objects)."""
+        if self.config_error is not None:
+            return self.config_error
         return await self.semaphore.handle(message)
 
     async def usage(self) -> dict[str, Any]:
         """The semaphore's ``usage()`` (SPEC R38) plus ``defaultLimit`` and ``limitOverride``.
         Read only: a holder whose semaphore never ran (no tables) answers the empty usage under
-        its current limit without creating its schema or arming an alarm."""
+        its current limit without creating its schema or arming an alarm (a limit that cannot be
+        resolved, e.g. a corrupt stored override, is ``None`` there too, as in the semaphore's)."""
+        if self.config_error is not None:
+            return self.config_error
         if has_tables(self.storage, HOLDER_TABLES):
             usage = await self.semaphore.usage()
         else:
-            usage = {"limit": self.current_limit(), "outstanding": 0, "leaseFootprint": 0,
+            try:
+                limit: int | None = self.current_limit()
+            except Exception:
+                log.exception("AccountLimit: the limit cannot be resolved")
+                limit = None
+            usage = {"limit": limit, "outstanding": 0, "leaseFootprint": 0,
                      "liveLeases": 0, "retiredLeases": 0, "groups": {}}
         usage["defaultLimit"] = self.default_limit
         usage["limitOverride"] = self._override
@@ -170,12 +268,14 @@ class AccountLimit(DurableObject):
         """Set (an int >= 0) or clear (``None``) this account's limit override. Takes effect at
         the next round; lowering it never revokes running work (SPEC R24). An invalid limit is
         answered with the error value ``{"v": 1, "error": {"code": "invalid_limit", ...}}`` and
-        changes nothing; clearing an override that was never set creates nothing."""
+        changes nothing; clearing an override that was never set creates nothing. The stored
+        override is overwritten without being read, so a corrupt one can be repaired."""
+        if self.config_error is not None:
+            return self.config_error
         limit = plain(limit)
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
                                   or not 0 <= limit <= MAX_INT):
             return error_value("invalid_limit", "limit must be an integer from 0 to 2**53 - 1, or null", "limit")
-        self._settings()
         if limit is None:
             if has_tables(self.storage, [SETTINGS]):
                 self.storage.exec(f"DELETE FROM {SETTINGS} WHERE key = 'limit'")
@@ -184,7 +284,7 @@ class AccountLimit(DurableObject):
             self.storage.exec(
                 f"INSERT INTO {SETTINGS}(key, value) VALUES ('limit', ?)"
                 " ON CONFLICT(key) DO UPDATE SET value = excluded.value", limit)
-        self._override = limit
+        self._override, self._override_loaded = limit, True
         return {"limit": self.current_limit(), "override": limit, "defaultLimit": self.default_limit}
 
     async def register_job(self, job_id: Any, queue: Any) -> dict[str, Any]:
@@ -194,6 +294,8 @@ class AccountLimit(DurableObject):
         Registering a job of the same queue again clears its completion mark: the job is live
         again (or the queue answers it finished, and the front calls :meth:`finish_job`), so the
         directory never forgets a job its queue may still run."""
+        if self.config_error is not None:
+            return self.config_error
         job_id, queue = str(plain(job_id)), str(plain(queue))
         self._jobs_table()
         self.storage.exec(
@@ -205,6 +307,8 @@ class AccountLimit(DurableObject):
 
     async def find_job(self, job_id: Any) -> dict[str, Any]:
         """The queue holding ``job_id``: ``{"queue": name}`` or ``{"queue": None}`` (read only)."""
+        if self.config_error is not None:
+            return self.config_error
         if not has_tables(self.storage, [JOBS]):
             return {"queue": None}
         row = self.storage.one(f"SELECT queue FROM {JOBS} WHERE job_id = ?", str(plain(job_id)))
@@ -215,6 +319,8 @@ class AccountLimit(DurableObject):
         after the first such call (the holder's scheduler timer ``app:prune_job_directory``).
         Idempotent; an unknown id changes nothing. Answers ``{"jobId", "pruneAt"}`` (``pruneAt``:
         when the entry goes, ``None`` if there is none)."""
+        if self.config_error is not None:
+            return self.config_error
         job_id = str(plain(job_id))
         if not has_tables(self.storage, [JOBS]):
             return {"jobId": job_id, "pruneAt": None}
@@ -266,6 +372,8 @@ class AccountLimit(DurableObject):
         self._jobs_ready = True
 
     async def alarm(self, alarm_info: Any = None) -> None:
+        if self.config_error is not None:  # fails (retried by the runtime) until the vars are fixed
+            raise VarError(self.config_error["error"]["field"], self.config_error["error"]["message"])
         await self.scheduler.alarm(alarm_info)
 
 
@@ -290,14 +398,22 @@ class JobQueue(DurableObject):
     the account's ``AccountLimit`` (rounds, or draws from leases), run while they hold one, and
     release it on completion. Everything is in this object's SQLite storage, so eviction loses
     nothing; the object's alarm drives the queue. Finished jobs are kept ``JOB_RETENTION_MS``
-    (default one day). :meth:`status` is read only: a queue never written to keeps no storage."""
+    (default one day). :meth:`status` is read only: a queue never written to keeps no storage.
+    An invalid ``JOB_RETENTION_MS`` is answered as the error value ``configuration_error`` by
+    every RPC method (the constructor does not fail)."""
 
     def __init__(self, ctx: Any, env: Any) -> None:
         super().__init__(ctx, env)
         self.scheduler = DurabilityScheduler(ctx)
         self.client = SemaphoreClient(ctx, limits.with_(timeout(RPC_TIMEOUT_MS)).transport(env))
+        self.config_error: dict[str, Any] | None = None
+        try:
+            retention_ms = env_int(env, "JOB_RETENTION_MS", DEFAULT_JOB_RETENTION_MS, 1)
+        except VarError as exc:
+            log.error("JobQueue: invalid configuration: %s", exc.message)
+            self.config_error, retention_ms = exc.value(), DEFAULT_JOB_RETENTION_MS
         self.queue = SemaphoreQueue(client=self.client, scheduler=self.scheduler, on_admit=self.start_job,
-                                    retention_ms=env_int(env, "JOB_RETENTION_MS", DEFAULT_JOB_RETENTION_MS, 1))
+                                    retention_ms=retention_ms)
 
     def start_job(self, item: QueueItem) -> None:
         """Admission callback. The reference app's work is external: holding the permit while the
@@ -306,6 +422,8 @@ class JobQueue(DurableObject):
 
     async def enqueue(self, account: Any, job_id: Any, group: Any, payload: Any = None) -> dict[str, Any]:
         """Queue a job (idempotent on ``job_id``)."""
+        if self.config_error is not None:
+            return self.config_error
         account, job_id, group = str(plain(account)), str(plain(job_id)), str(plain(group))
         known = self.queue.item(job_id) is not None
         item = await self.queue.enqueue(account, group, job_id, plain(payload))
@@ -313,6 +431,8 @@ class JobQueue(DurableObject):
 
     async def complete(self, job_id: Any) -> dict[str, Any]:
         """The job's work finished: release its permit (or cancel it if still queued)."""
+        if self.config_error is not None:
+            return self.config_error
         job_id = str(plain(job_id))
         changed = await self.queue.complete(job_id)
         item = self.queue.item(job_id)
@@ -321,11 +441,15 @@ class JobQueue(DurableObject):
     async def status(self, account: Any) -> dict[str, Any]:
         """Every job of this queue (of ``account``) with its state. Read only: a queue without
         its tables answers no jobs and creates nothing."""
+        if self.config_error is not None:
+            return self.config_error
         if not has_tables(self.scheduler.storage, QUEUE_TABLES):
             return {"jobs": []}
         return {"jobs": [job_view(item) for item in self.queue.items(key=str(plain(account)))]}
 
     async def alarm(self, alarm_info: Any = None) -> None:
+        if self.config_error is not None:
+            raise VarError(self.config_error["error"]["field"], self.config_error["error"]["message"])
         await self.scheduler.alarm(alarm_info)
 
 
@@ -374,6 +498,16 @@ async def read_json(request: Any) -> dict[str, Any]:
     return body
 
 
+def checked(reply: Any) -> Any:
+    """An RPC method's answer as plain Python; an object's ``configuration_error`` value becomes
+    the front's 500 answer carrying it."""
+    reply = plain(reply)
+    error = reply.get("error") if isinstance(reply, dict) else None
+    if isinstance(error, dict) and error.get("code") == CONFIG_ERROR:
+        raise HttpError(500, CONFIG_ERROR, str(error.get("message", "")), error.get("field"))
+    return reply
+
+
 def holder(env: Any, account: str) -> Any:
     return env.ACCOUNT_LIMIT.getByName(account)
 
@@ -404,11 +538,17 @@ class Default(WorkerEntrypoint):
     """HTTP front. Every answer is JSON; errors are ``{"v": 1, "error": {"code", "message"}}``.
 
     Routes that write need the admin token; the reading routes (usage, queue status) need none,
-    create no storage, and show job payloads only to the admin token."""
+    create no storage, and show job payloads only to the admin token. With an invalid
+    ``[vars]`` entry every request (``/healthz`` too) is answered 500 with the error value
+    ``configuration_error`` naming it, before any object is reached."""
 
     async def fetch(self, request: Any) -> Response:
         path = urlparse(request.url).path
         method = str(request.method).upper()
+        try:
+            read_settings(self.env)
+        except VarError as exc:
+            return json_response(exc.value(), 500)
         try:
             for route_method, pattern, name in ROUTES:
                 match = pattern.match(path)
@@ -428,14 +568,14 @@ class Default(WorkerEntrypoint):
 
     async def route_usage(self, request: Any, account: str) -> Response:
         """Public: the holder's usage (counts, limits, group names). Creates no storage."""
-        return json_response(plain(await holder(self.env, account).usage()))
+        return json_response(checked(await holder(self.env, account).usage()))
 
     async def route_set_limit(self, request: Any, account: str) -> Response:
         require_admin(request, self.env)
         body = await read_json(request)
         if "limit" not in body:
             raise HttpError(400, "invalid_limit", "body must be {\"limit\": int >= 0 | null}", "limit")
-        result = plain(await holder(self.env, account).set_limit(body["limit"]))
+        result = checked(await holder(self.env, account).set_limit(body["limit"]))
         if "error" in result:
             return json_response(result, 400)
         return json_response(result)
@@ -445,31 +585,31 @@ class Default(WorkerEntrypoint):
         body = await read_json(request)
         job_id = identifier(body.get("id"), "id")
         group = identifier(body.get("group", "default"), "group")
-        owner = plain(await holder(self.env, account).register_job(job_id, queue))
+        owner = checked(await holder(self.env, account).register_job(job_id, queue))
         if owner["queue"] != queue:
             raise HttpError(409, "conflict", f"job {job_id!r} already belongs to queue {owner['queue']!r}")
-        result = plain(await job_queue(self.env, account, queue).enqueue(account, job_id, group, body.get("payload")))
+        result = checked(await job_queue(self.env, account, queue).enqueue(account, job_id, group, body.get("payload")))
         if result["job"]["state"] == "done":  # a finished job enqueued again: keep its directory TTL
-            await holder(self.env, account).finish_job(job_id)
+            checked(await holder(self.env, account).finish_job(job_id))
         return json_response(result, 201 if result["created"] else 200)
 
     async def route_complete(self, request: Any, account: str, job_id: str) -> Response:
         require_admin(request, self.env)
-        found = plain(await holder(self.env, account).find_job(job_id))
+        found = checked(await holder(self.env, account).find_job(job_id))
         if found["queue"] is None:
             raise HttpError(404, "not_found", f"no job {job_id!r} in account {account!r}")
-        result = plain(await job_queue(self.env, account, found["queue"]).complete(job_id))
+        result = checked(await job_queue(self.env, account, found["queue"]).complete(job_id))
         if result["job"] is None:
             raise HttpError(404, "not_found", f"no job {job_id!r} in queue {found['queue']!r}")
         if result["job"]["state"] == "done":  # the directory forgets it after JOB_RETENTION_MS
-            await holder(self.env, account).finish_job(job_id)
+            checked(await holder(self.env, account).finish_job(job_id))
         return json_response(result)
 
     async def route_queue_status(self, request: Any, account: str, queue: str) -> Response:
         """Public: the queue's jobs without their payloads; with the admin token, with them.
         Creates no storage (a queue never written to answers no jobs)."""
         admin = is_admin(request, self.env)
-        result = plain(await job_queue(self.env, account, queue).status(account))
+        result = checked(await job_queue(self.env, account, queue).status(account))
         if not admin:
             for job in result["jobs"]:
                 job.pop("payload", None)
@@ -480,7 +620,7 @@ class Default(WorkerEntrypoint):
         to inspect a client's grants with a ``sync``. Admin only."""
         require_admin(request, self.env)
         body = await read_json(request)
-        result = plain(await holder(self.env, account).permits(body))
+        result = checked(await holder(self.env, account).permits(body))
         error = result.get("error") if isinstance(result, dict) else None
         if isinstance(error, dict):  # an error value (SPEC R7): not a 200
             return json_response(result, 400 if error.get("code") == "invalid_message" else 503)

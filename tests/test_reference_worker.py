@@ -5,7 +5,9 @@ names entry.py imports) is installed for the import, and objects run on the libr
 (:class:`semaphore.testing.LocalContext`, real SQLite). RPC between objects is a direct call;
 tier 2 (tests/pyodide/py/test_http_front.py, test_job_queue.py) runs the same rules with the
 real SDK. Checked here: reads never create storage, job payloads need the admin token, every
-error value carries ``"v": 1``, and the job directory forgets finished jobs after the retention.
+error value carries ``"v": 1``, the job directory forgets finished jobs after the retention, the
+``LEASES`` var turns leases on, an invalid var is answered as a ``configuration_error`` value
+(500) on every route, and ``PUT .../limit`` repairs a corrupt stored override.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ class _Request:
 
 class World:
     def __init__(self, entry, **vars) -> None:
-        self.env = types.SimpleNamespace(ACCOUNT_CONCURRENCY="7", ADMIN_TOKEN=TOKEN, **vars)
+        self.env = types.SimpleNamespace(**{"ACCOUNT_CONCURRENCY": "7", "ADMIN_TOKEN": TOKEN, **vars})
         self.env.ACCOUNT_LIMIT = _Namespace(self.env, entry.AccountLimit)
         self.env.JOB_QUEUE = _Namespace(self.env, entry.JobQueue)
         self.entry = entry
@@ -157,5 +159,132 @@ def test_job_directory_forgets_finished_jobs_after_the_retention(entry):
         rows = dict(ctx.storage.connection.execute("SELECT job_id, done_at FROM app_job_directory").fetchall())
         assert rows == {"j2": None}
         assert ctx.storage.alarm is None  # nothing left to prune
+
+    run(scenario())
+
+
+LEASES = '{"provisioning": {"mode": "strict"}, "permitsPerLease": 2, "ttlMs": 4000}'
+
+
+def queue_object(world, account: str, queue: str):
+    return world.env.JOB_QUEUE.getByName(json.dumps([account, queue]))
+
+
+def test_leases_var_is_parsed_once_and_jobs_are_drawn_from_leases(entry):
+    from semaphore import LeaseConfig
+
+    for off in ({}, {"LEASES": ""}, {"LEASES": "  "}):
+        assert World(entry, **off).env.ACCOUNT_LIMIT.getByName("a").semaphore.leases is None, off
+    snake = World(entry, LEASES='{"provisioning": {"mode": "under", "reserve": 2}, "permits_per_lease": 3}')
+    assert snake.env.ACCOUNT_LIMIT.getByName("a").semaphore.leases == LeaseConfig(
+        mode="under", reserve=2, permits_per_lease=3)
+
+    world = World(entry, LEASES=LEASES, ROUND_WAIT_MS="0", ROUND_PERIOD_MS="0")
+    holder = world.env.ACCOUNT_LIMIT.getByName("a")
+    assert holder.semaphore.leases == LeaseConfig(mode="strict", permits_per_lease=2, ttl_ms=4000)
+
+    async def scenario():
+        assert (await world.fetch("POST", "/accounts/a/queues/q/jobs", {"id": "j1"}, headers=AUTH))[0] == 201
+        jq = queue_object(world, "a", "q")
+        for _ in range(3):  # the queue's alarm asks for permits (a round) and admits the job
+            await jq.alarm()
+            status, body = await world.fetch("GET", "/accounts/a/queues/q")
+            if body["jobs"][0]["state"] == "running":
+                break
+        [job] = body["jobs"]
+        assert job["state"] == "running" and job["permit"]["kind"] == "lease", job  # drawn, no grant
+        status, usage = await world.fetch("GET", "/accounts/a/usage")
+        # limit 7, demand 1: a grant of 1 (left unclaimed), then a lease of permitsPerLease 2.
+        assert (usage["leaseFootprint"], usage["liveLeases"], usage["retiredLeases"]) == (2, 1, 0), usage
+        assert usage["groups"]["default"]["leaseFootprint"] == 2, usage
+
+    run(scenario())
+
+
+ROUTES = [  # (method, path, body), every route of the front
+    ("GET", "/accounts/a/usage", None),
+    ("PUT", "/accounts/a/limit", {"limit": 3}),
+    ("POST", "/accounts/a/queues/q/jobs", {"id": "j1"}),
+    ("GET", "/accounts/a/queues/q", None),
+    ("POST", "/accounts/a/jobs/j1/complete", None),
+    ("POST", "/accounts/a/permits", {"type": "sync", "v": 1, "clientId": "c", "grants": []}),
+    ("GET", "/healthz", None),  # a health check must not say ok either
+]
+
+
+@pytest.mark.parametrize("var, value", [
+    ("ACCOUNT_CONCURRENCY", "oops"),
+    ("ACCOUNT_CONCURRENCY", str(2**53)),  # accepted before, then every round blocked
+    ("ACCOUNT_CONCURRENCY", "-1"),
+    ("GRANT_TIMEOUT_MS", "0"),
+    ("ROUND_WAIT_MS", "soon"),
+    ("ROUND_PERIOD_MS", str(2**60)),
+    ("JOB_RETENTION_MS", "0"),
+    ("LEASES", "{not json"),
+    ("LEASES", "[1, 2]"),
+    ("LEASES", "null"),
+    ("LEASES", '{"ttlMs": 0}'),
+    ("LEASES", '{"provisioning": {"mode": "sideways"}}'),
+    ("LEASES", '{"permitsPerLease": 2, "extra": 1}'),
+])
+def test_an_invalid_var_is_a_configuration_error_value_on_every_route(entry, var, value):
+    world = World(entry, **{var: value})
+
+    def check(body, where):
+        assert set(body) == {"v", "error"} and body["v"] == 1, (where, body)
+        error = body["error"]
+        assert (error["code"], error["field"]) == ("configuration_error", var), (where, body)
+        assert var in error["message"], (where, body)
+
+    async def scenario():
+        for method, path, data in ROUTES:
+            status, body = await world.fetch(method, path, data, headers=AUTH)
+            assert status == 500, (method, path, status, body)
+            check(body, path)
+        # The objects themselves: constructing them does not raise, their RPC methods answer
+        # the same error value (a JobQueue only reads JOB_RETENTION_MS).
+        holder = world.env.ACCOUNT_LIMIT.getByName("b")
+        for reply in (await holder.usage(), await holder.set_limit(2), await holder.find_job("x"),
+                      await holder.permits({"type": "sync", "v": 1, "clientId": "c", "grants": []})):
+            check(reply, "AccountLimit")
+        jq = queue_object(world, "b", "q")
+        if var == "JOB_RETENTION_MS":
+            check(await jq.status("b"), "JobQueue")
+            check(await jq.enqueue("b", "j", "default"), "JobQueue")
+        else:
+            assert await jq.status("b") == {"jobs": []}
+
+    run(scenario())
+    assert world.env.ACCOUNT_LIMIT.tables("a") == [] and world.env.ACCOUNT_LIMIT.tables("b") == []
+
+
+def test_the_largest_exact_integer_is_a_valid_limit(entry):
+    world = World(entry, ACCOUNT_CONCURRENCY=str(2**53 - 1))
+    status, usage = run(world.fetch("GET", "/accounts/a/usage"))
+    assert status == 200 and usage["limit"] == usage["defaultLimit"] == 2**53 - 1, usage
+
+
+def test_put_limit_repairs_a_corrupt_stored_override(entry):
+    world = World(entry)
+    ns = world.env.ACCOUNT_LIMIT
+
+    async def scenario():
+        assert (await world.fetch("PUT", "/accounts/a/limit", {"limit": 3}, headers=AUTH))[0] == 200
+        ns.contexts["a"].storage.connection.execute(
+            "UPDATE app_account_settings SET value = 'oops' WHERE key = 'limit'")
+        ns.objects["a"] = entry.AccountLimit(ns.contexts["a"], world.env)  # a fresh instance reads it
+        status, usage = await world.fetch("GET", "/accounts/a/usage")  # no semaphore tables yet
+        assert status == 200 and usage["limit"] is None, usage  # unresolvable, as the semaphore says
+        status, body = await world.fetch("PUT", "/accounts/a/limit", {"limit": 4}, headers=AUTH)
+        assert (status, body) == (200, {"limit": 4, "override": 4, "defaultLimit": 7})
+        assert (await world.fetch("GET", "/accounts/a/usage"))[1]["limit"] == 4
+        ns.objects["a"] = entry.AccountLimit(ns.contexts["a"], world.env)
+        assert (await world.fetch("GET", "/accounts/a/usage"))[1]["limit"] == 4  # durable
+        # Clearing a corrupt override works too.
+        ns.contexts["a"].storage.connection.execute(
+            "UPDATE app_account_settings SET value = 'junk' WHERE key = 'limit'")
+        ns.objects["a"] = entry.AccountLimit(ns.contexts["a"], world.env)
+        status, body = await world.fetch("PUT", "/accounts/a/limit", {"limit": None}, headers=AUTH)
+        assert (status, body) == (200, {"limit": 7, "override": None, "defaultLimit": 7})
 
     run(scenario())

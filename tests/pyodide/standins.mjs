@@ -837,6 +837,13 @@ export class Runtime {
     const delay = Math.max(0, record.alarm - clock.now());
     record.alarmTimer = setTimeout(() => {
       record.alarmTimer = null;
+      // A timer can fire a millisecond (or, if clock.offset moved back, more) before clock.now()
+      // reaches the alarm: fireAlarm would answer "not fired" and nothing would re-arm it, so
+      // the alarm would never fire by itself. Wait for the rest of the time instead.
+      if (record.alarm !== null && !record.alarmRunning && record.alarm > clock.now()) {
+        this._armAlarm(record);
+        return;
+      }
       this.fireAlarm(record).catch(() => {});
     }, delay);
   }

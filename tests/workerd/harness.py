@@ -93,16 +93,6 @@ SOCKET_NAME = "http"
 WORKER_SERVICE = "main"
 STORAGE_SERVICE = "do-storage"
 
-# wrangler's default module rules (DEFAULT_MODULE_RULES) plus the PythonModule rule it adds for
-# a ``.py`` main module. First match wins. ``None`` means "not a module".
-_MODULE_RULES: tuple[tuple[str, str], ...] = (
-    ("*.py", "pythonModule"),
-    ("*.txt", "text"),
-    ("*.html", "text"),
-    ("*.sql", "text"),
-    ("*.bin", "data"),
-    ("*.wasm", "wasm"),
-)
 # wrangler's default ``python_modules.exclude``.
 _DEFAULT_PYTHON_MODULES_EXCLUDE = ("**/*.pyc",)
 _VENDORED_JS_EXTENSIONS = (".js", ".mjs")
@@ -155,14 +145,6 @@ def _glob_match(rel: str, pattern: str) -> bool:
             fnmatch.fnmatchcase(rel.split("/", i)[-1], tail) for i in range(1, rel.count("/") + 1)
         )
     return fnmatch.fnmatchcase(rel, pattern)
-
-
-def _module_type_for(rel: str) -> str | None:
-    name = rel.rsplit("/", 1)[-1]
-    for pattern, kind in _MODULE_RULES:
-        if fnmatch.fnmatchcase(name, pattern):
-            return kind
-    return None
 
 
 def _walk_files(root: Path, *, skip_dirs: Iterable[Path] = ()) -> list[Path]:
@@ -393,7 +375,8 @@ def generate_config(
     python_modules_exclude = None
     if isinstance(wrangler.get("python_modules"), dict) and "exclude" in wrangler["python_modules"]:
         python_modules_exclude = wrangler["python_modules"]["exclude"]
-    modules = collect_modules(project_root, main, python_modules_exclude)
+    # The module rules of THIS file (none: wrangler's defaults), not of a wrangler.toml beside it.
+    modules = collect_modules(project_root, main, python_modules_exclude, rules=wrangler.get("rules") or [])
 
     bindings: list[str] = []
     all_vars: dict[str, Any] = dict(wrangler.get("vars", {}))

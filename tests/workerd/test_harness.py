@@ -217,6 +217,22 @@ def test_collect_modules_follows_wrangler_module_rules(tmp_path):
                                  ("pkg/__init__.py", "pythonModule"), ("pkg/schema.sql", "text")]
 
 
+def test_generate_config_applies_the_module_rules_of_the_toml_it_is_given(tmp_path):
+    # generate_config reads ONE toml; its [[rules]] (or, without any, wrangler's defaults) decide
+    # the modules, not those of a wrangler.toml that happens to sit beside it.
+    def generated(toml_text_beside: str, given_text: str, where: Path) -> list[tuple[str, str]]:
+        toml = make_project(where, toml_text_beside)
+        given = toml.parent / "other.toml"
+        given.write_text(given_text)
+        cfg = generate_config(given, where / "out", storage_dir=where / "s")
+        return [m for m in module_entries(cfg.read_text()) if not m[0].startswith("python_modules/")]
+
+    assert generated(WRANGLER_TOML, WRANGLER_TOML + QUIET_RULES, tmp_path / "quiet") == [
+        ("entry.py", "pythonModule"), ("pkg/__init__.py", "pythonModule")]
+    assert sorted(generated(WRANGLER_TOML + QUIET_RULES, WRANGLER_TOML, tmp_path / "defaults")) == [
+        ("entry.py", "pythonModule"), ("pkg/__init__.py", "pythonModule"), ("pkg/schema.sql", "text")]
+
+
 def test_project_modules_leave_build_output_out(tmp_path):
     # The project's wrangler.toml on a copy of src/ holding an editable install's egg-info and
     # bytecode: the modules are the entry and the library's .py files, as wrangler uploads them.

@@ -130,3 +130,71 @@ async def test_every_error_value_carries_v1():
         resp = await rt.fetch(Default, path, method=method, headers=headers, body=data)
         err = await body(resp)
         assert resp.status == status and err["v"] == 1 and set(err["error"]) >= {"code", "message"}, (path, err)
+
+
+AUTH = {"authorization": "Bearer s3cret"}
+
+
+async def test_an_invalid_var_is_a_json_configuration_error_on_every_route():
+    # Before: ACCOUNT_CONCURRENCY="oops" made the AccountLimit constructor raise, and every
+    # holder route answered the runtime's plain-text 500.
+    from entry import JobQueue
+
+    routes = [("GET", "http://w/accounts/acme/usage", None),
+              ("PUT", "http://w/accounts/acme/limit", json.dumps({"limit": 3})),
+              ("POST", "http://w/accounts/acme/queues/q/jobs", json.dumps({"id": "j1"})),
+              ("GET", "http://w/accounts/acme/queues/q", None),
+              ("POST", "http://w/accounts/acme/jobs/j1/complete", None),
+              ("POST", "http://w/accounts/acme/permits", json.dumps({"type": "sync", "v": 1, "clientId": "c",
+                                                                      "grants": []})),
+              ("GET", "http://w/healthz", None)]
+    for var, value in (("ACCOUNT_CONCURRENCY", "oops"), ("ACCOUNT_CONCURRENCY", str(2**53)),
+                       ("LEASES", '{"ttlMs": 0}'), ("LEASES", "{"), ("JOB_RETENTION_MS", "0")):
+        rt = Runtime({"ACCOUNT_LIMIT": AccountLimit, "JOB_QUEUE": JobQueue}, vars={**VARS, var: value},
+                     auto_alarms=False)
+        for method, url, data in routes:
+            resp = await rt.fetch(Default, url, method=method, headers=AUTH, body=data)
+            assert resp.status == 500 and resp.headers.get("content-type") == "application/json", (var, url)
+            err = await body(resp)
+            assert err["v"] == 1 and err["error"]["code"] == "configuration_error", (var, url, err)
+            assert err["error"]["field"] == var and var in err["error"]["message"], (var, url, err)
+        # Over real RPC the holder answers the same value (its constructor did not fail).
+        reply = await rt.stub("ACCOUNT_LIMIT", "acme").usage()
+        assert reply["error"]["code"] == "configuration_error" and reply["error"]["field"] == var, reply
+        assert tables(rt, "ACCOUNT_LIMIT", "acme") == []
+        rt.close()
+
+
+async def test_put_limit_overwrites_a_corrupt_stored_override():
+    rt = runtime()
+    url = "http://w/accounts/acme/limit"
+    resp = await rt.fetch(Default, url, method="PUT", headers=AUTH, body=json.dumps({"limit": 3}))
+    assert resp.status == 200
+    rt.sql("ACCOUNT_LIMIT", "acme", "UPDATE app_account_settings SET value = 'oops' WHERE key = 'limit'")
+    rt.evict("ACCOUNT_LIMIT", "acme")
+    usage = await body(await rt.fetch(Default, "http://w/accounts/acme/usage"))
+    assert usage["limit"] is None, usage  # unresolvable, not a crash
+    resp = await rt.fetch(Default, url, method="PUT", headers=AUTH, body=json.dumps({"limit": 5}))
+    assert resp.status == 200 and await body(resp) == {"limit": 5, "override": 5, "defaultLimit": 7}
+    rt.evict("ACCOUNT_LIMIT", "acme")
+    usage = await body(await rt.fetch(Default, "http://w/accounts/acme/usage"))
+    assert (usage["limit"], usage["limitOverride"]) == (5, 5), usage
+
+
+async def test_leases_var_admits_jobs_from_a_lease():
+    from entry import JobQueue
+
+    leases = '{"provisioning": {"mode": "strict"}, "permitsPerLease": 2, "ttlMs": 4000}'
+    rt = Runtime({"ACCOUNT_LIMIT": AccountLimit, "JOB_QUEUE": JobQueue}, vars={**VARS, "LEASES": leases},
+                 auto_alarms=False)
+    resp = await rt.fetch(Default, "http://w/accounts/acme/queues/q/jobs", method="POST", headers=AUTH,
+                          body=json.dumps({"id": "j1"}))
+    assert resp.status == 201
+    for _ in range(3):
+        await rt.fire_alarm("JOB_QUEUE", json.dumps(["acme", "q"]), force=True)
+        jobs = (await body(await rt.fetch(Default, "http://w/accounts/acme/queues/q")))["jobs"]
+        if jobs[0]["state"] == "running":
+            break
+    assert jobs[0]["state"] == "running" and jobs[0]["permit"]["kind"] == "lease", jobs
+    usage = await body(await rt.fetch(Default, "http://w/accounts/acme/usage"))
+    assert (usage["leaseFootprint"], usage["liveLeases"]) == (2, 1), usage

@@ -54,8 +54,8 @@ async def until(rt, queues, done, *, limit, seconds=5.0, step=None):
     """Poll the HTTP front until done(states) holds, checking at every step that no more than
     ``limit`` jobs run at once across the queues and the holder has no more out (I1).
     ``step`` (async) runs between polls, e.g. to fire alarms by hand; by default the due alarms
-    are fired (the stand-in's alarm timer can fire a millisecond before ``Date.now()`` reaches
-    the alarm and then gives up, leaving a due alarm that never fires by itself)."""
+    are fired as well, which only makes the polling quicker (alarms also fire by themselves: the
+    stand-in re-arms a timer that fired a millisecond before ``Date.now()`` reached the alarm)."""
     deadline = time.monotonic() + seconds
     while True:
         s = await states(rt, queues)

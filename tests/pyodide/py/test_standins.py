@@ -325,6 +325,34 @@ async def test_alarm_fires_by_itself_and_after_eviction():
     assert fresh.get("kept") == 1
 
 
+async def test_an_alarm_timer_firing_before_the_alarm_time_re_arms():
+    # setTimeout can fire a millisecond before Date.now() reaches the alarm; the stand-in must
+    # then wait for the rest instead of giving up (the alarm would never fire by itself). Made
+    # deterministic by moving the clock back behind the runtime's back (no re-arm): the timer
+    # set for 20 ms then fires ~150 ms before clock.now() reaches the alarm.
+    import _standin_js
+    import js
+
+    class Timed(Store):
+        async def alarm(self, alarm_info):
+            self.fired_at = js.Date.now()
+            await super().alarm(alarm_info)
+
+    rt = Runtime({"STORE": Timed})
+    inst = await rt.instance("STORE", "early")
+    when = rt.now() + 20
+    await inst.ctx.storage.setAlarm(when)
+    _standin_js.clock.offset -= 150   # close_all() resets the clock after the test
+    for _ in range(150):
+        await asyncio.sleep(0.01)
+        if inst.alarm_calls:
+            break
+    assert len(inst.alarm_calls) == 1, (rt.events, rt.get_alarm("STORE", "early"))
+    assert inst.fired_at >= when        # not before its time (by the runtime's clock)
+    assert rt.get_alarm("STORE", "early") is None
+    await rt.quiesce()
+
+
 # --------------------------------------------------------------------------------------------
 # RPC through the env stub
 # --------------------------------------------------------------------------------------------
