@@ -62,7 +62,7 @@ from semaphore import (
 from semaphore.queue import QUEUE_TABLES
 from semaphore.runtime import Storage, plain
 from semaphore.store import TABLES as HOLDER_TABLES
-from semaphore.wire import MAX_ID_LENGTH, MAX_INT
+from semaphore.wire import MAX_INT, id_problem
 
 __all__ = ["AccountLimit", "JobQueue", "Default"]
 
@@ -518,8 +518,11 @@ def job_queue(env: Any, account: str, queue: str) -> Any:
 
 
 def identifier(value: Any, name: str) -> str:
-    if not isinstance(value, str) or not value or len(value) > MAX_ID_LENGTH:
-        raise HttpError(400, "invalid_request", f"{name} must be a string of 1 to {MAX_ID_LENGTH} characters")
+    """``value`` if it is in the wire's id alphabet (``semaphore.wire.id_problem``: 1 to 256
+    characters, no control characters or surrogates), else HTTP 400 naming ``name``."""
+    problem = id_problem(value)
+    if problem is not None:
+        raise HttpError(400, "invalid_request", f"{name} {problem}")
     return value
 
 

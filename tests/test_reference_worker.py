@@ -288,3 +288,22 @@ def test_put_limit_repairs_a_corrupt_stored_override(entry):
         assert (status, body) == (200, {"limit": 7, "override": None, "defaultLimit": 7})
 
     run(scenario())
+
+
+def test_ids_outside_the_wire_alphabet_are_refused_with_400_and_create_nothing(entry):
+    # R7 (one id alphabet, semaphore.wire.id_problem): a job group or id, or a path segment,
+    # with a control character or a lone surrogate is a 400 naming it, before any object is
+    # touched (before, a NUL group was queued and then made the holder refuse the queue's whole
+    # request).
+    world = World(entry)
+
+    async def scenario():
+        for body in ({"id": "j1", "group": "bulk\x00x"}, {"id": "j\x07"}, {"id": "j2", "group": "g\ud800"}):
+            status, reply = await world.fetch("POST", "/accounts/a/queues/q/jobs", body, headers=AUTH)
+            assert status == 400 and reply["v"] == 1 and reply["error"]["code"] == "invalid_request", reply
+        status, reply = await world.fetch("GET", "/accounts/a%00b/usage")
+        assert status == 400 and "path segment" in reply["error"]["message"]
+
+    run(scenario())
+    assert world.env.JOB_QUEUE.tables(json.dumps(["a", "q"])) == []
+    assert world.env.ACCOUNT_LIMIT.tables("a") == []
