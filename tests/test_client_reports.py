@@ -389,3 +389,19 @@ async def test_r7_r21_queue_demand_over_1000_groups_asks_for_the_oldest_1000_fir
     requests = [m for m in net.sent if m["type"] == "request"]
     assert requests and all(len(m["demand"]) <= 1000 for m in requests)
     assert {i.item_id for i in admitted} == {f"a{i}" for i in range(1100)}
+
+
+@async_test
+async def test_r30_r7_flush_delivers_every_dirty_lease_beyond_1000():
+    # 1,100 leases, each with one draw to report: flush() must keep syncing until all are
+    # carried (ceil(1100 / 1000) = 2 messages). Before, its count of due leases bound the time
+    # and the key in the wrong order, counted 0 and stopped after one sync with 100 draws left.
+    s = ClientSetup(limit=10_000, leases={"provisioning": {"mode": "strict"}, "permitsPerLease": 1})
+    await s.run(s.client.request(KEY, [Demand(f"g{i}", 1, T0) for i in range(1000)]))
+    await s.run(s.client.request(KEY, [Demand(f"h{i}", 1, T0) for i in range(100)]))
+    assert len(s.client.leases(KEY)) == 1100
+    for x in s.client.leases(KEY):
+        assert s.client.draw(KEY, x.lease_id) == 1
+    replies = await s.run(s.client.flush(KEY))
+    assert [r.more for r in replies] == [True, False]
+    assert [x.lease_id for x in s.client.leases(KEY) if x.dirty] == []

@@ -138,3 +138,23 @@ async def test_r1_scheduler_migrate_none_drops_its_table_for_a_full_uninstall():
     fresh = DurabilityScheduler(side.ctx, clock=clock)
     await fresh.alarm({})
     assert fresh.earliest() is None and side.storage.alarm is None
+
+
+@async_test
+async def test_r3_an_alarm_after_the_scheduler_is_migrated_away_deletes_itself_and_creates_nothing():
+    # R3: after DurabilityScheduler.migrate(ctx, None) the object's alarm may still be set (the
+    # migration is synchronous SQL). When it fires, the live instance (which an object keeps from
+    # its constructor) must neither fail with "no such table" nor re-create the table; a fresh
+    # instance neither. The alarm is deleted.
+    clock, side = await queue_in_use()
+    live = side.queue.scheduler
+    SemaphoreQueue.migrate(side.ctx, None)
+    DurabilityScheduler.migrate(side.ctx, None)
+    await side.storage.setAlarm(clock.now)
+    await live.alarm({})
+    assert side.storage.alarm is None
+    assert not any(t.startswith("durability_") for t in tables(side.storage))
+    await side.storage.setAlarm(clock.now)
+    await DurabilityScheduler(side.ctx, clock=clock).alarm({})
+    assert side.storage.alarm is None
+    assert not any(t.startswith("durability_") for t in tables(side.storage))

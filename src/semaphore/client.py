@@ -612,7 +612,7 @@ class SemaphoreClient:
             f"SELECT COUNT(*) AS n FROM {GRANTS} WHERE key = ? AND {_LIVE_GRANTS} AND {_GRANT_DIRTY_SQL}", key)
         lease_rows = self.storage.one(
             f"SELECT COUNT(*) AS n FROM {LEASES} WHERE key = ? AND {_LIVE_LEASES} AND {_LEASE_DUE_SQL}",
-            self._now(), key) if leases else None
+            key, self._now()) if leases else None
         waiting = max(int(grant_rows["n"]) if grant_rows else 0, int(lease_rows["n"]) if lease_rows else 0)
         bound = -(-waiting // MAX_LIST_LENGTH) + 1
         replies: list[AppliedReply] = []

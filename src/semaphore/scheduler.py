@@ -87,7 +87,8 @@ class DurabilityScheduler:
     def migrate(ctx: Any, to_version: int | None) -> None:
         """``1`` creates (or upgrades) the timer table; ``None`` drops it with every timer in it
         (whoever set them), for a full uninstall after the components using the scheduler have
-        been migrated away. Discard any live :class:`DurabilityScheduler` instance afterwards."""
+        been migrated away. Discard any live :class:`DurabilityScheduler` instance afterwards; an
+        alarm that still fires finds no table and deletes itself (:meth:`alarm`)."""
         storage = ctx if isinstance(ctx, Storage) else Storage(ctx)
         if to_version is None:
             storage.exec(f"DROP TABLE IF EXISTS {TABLE}")
@@ -199,7 +200,15 @@ class DurabilityScheduler:
         incremented and the timer moved to ``now + backoff_ms(attempts)`` (or later, if the
         handler set it later before raising). So the runtime's limited alarm retries are never
         needed, and the alarm stays set while any timer is left (SPEC R16). Only a failure of
-        the scheduler's own storage calls propagates (then the runtime retries the alarm)."""
+        the scheduler's own storage calls propagates (then the runtime retries the alarm).
+
+        After :meth:`migrate` ``(ctx, None)`` (no timer table) there is nothing to run: the alarm
+        is deleted and nothing is created, on this instance or a fresh one (R3)."""
+        if not self.storage.exec(
+                "SELECT 1 AS x FROM sqlite_master WHERE type = 'table' AND name = ?", TABLE):
+            self._ready = False
+            await self.storage.delete_alarm()
+            return
         self.ensure_schema()
         now = int(self.clock())
         due = self.storage.exec(
