@@ -2,7 +2,7 @@
 
 One holder Durable Object per key owns a limit (:class:`DurabilitySemaphore`), with optional
 per-group ceilings; many client Durable Objects get permits from it in batched allocation rounds
-or as leases. See ``SPEC.md`` for the contract and the README for a tour.
+or as leases. See ``docs/SPEC.md`` for the contract and the README for a tour.
 """
 
 from .allocation import LIMIT_ERROR, Allocation, Entry, Usage, allocate
