@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import itertools
 from typing import Any, Awaitable, Callable, Iterable, Mapping
 
@@ -231,12 +232,25 @@ def check_aggregates(storage: Any) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- the bed
 
 
+def _secret_option(factory: Callable[[], bytes]) -> dict[str, Any]:
+    """``secret_factory=`` for holders that take it (so the suite also runs against an older
+    ``src``, e.g. to show that a new test fails there)."""
+    import inspect
+
+    if "secret_factory" in inspect.signature(DurabilitySemaphore).parameters:
+        return {"secret_factory": factory}
+    return {}
+
+
 class Bed:
     """A holder object on the test bed.
 
     ``Bed(limit=5, group_limit=..., ...)`` passes its keyword options to
     :class:`DurabilitySemaphore`. Ids are ``id1``, ``id2``, ... (never repeated, even across
-    :meth:`evict`). ``alarm_delay_ms`` models late alarm delivery. Create it inside the event
+    :meth:`evict`; a lease id is that id plus ``"."`` and its mac, R32). The lease-id secret is
+    deterministic (two beds fed the same rounds store the same rows) but differs at every call,
+    so a secret re-created instead of read back (e.g. after :meth:`evict`) would show.
+    ``alarm_delay_ms`` models late alarm delivery. Create it inside the event
     loop that uses it (inside the test's coroutine)."""
 
     def __init__(
@@ -255,6 +269,9 @@ class Bed:
         self.options = {"limit": limit, **options}
         self.alarm_delay_ms = alarm_delay_ms
         self._ids = itertools.count(1)
+        self._secrets = itertools.count(1)
+        #: Times the holder created its lease-id secret (R32: once per storage).
+        self.secrets_made = 0
         self._alarm_at: int | None = None
         self._alarm_fires = 0
         #: Times the alarm loop guard tripped (see :meth:`_alarm`); :meth:`check` asserts 0.
@@ -267,9 +284,14 @@ class Bed:
             scheduler=self.scheduler,
             clock=self.clock,
             id_factory=lambda: f"id{next(self._ids)}",
+            **_secret_option(self._secret),
             **self.options,
         )
         self.driver = AlarmDriver(self.clock, self.storage, self._alarm, delay_ms=self.alarm_delay_ms)
+
+    def _secret(self) -> bytes:
+        self.secrets_made += 1
+        return hashlib.sha256(f"bed secret {next(self._secrets)}".encode()).digest()
 
     async def _alarm(self, info: Any) -> None:
         """The holder object's ``alarm()``: delegates to the scheduler. Guards the virtual clock

@@ -11,18 +11,23 @@ provisioning arithmetic (decided in docs, see the report of issue "Leases on the
 
 ``charged`` includes the grants of the round. Lease footprint counts against a group's limit
 whenever the group has one; an unknown lease's charge (R32) counts against the total for its
-round only, at most ``permitsPerLease`` per lease and the ceiling in total, and nothing when
-leases are not configured.
+round only, and only if its id verifies for the reporting client (lease ids carry an HMAC, see
+the R32 section): at most ``permitsPerLease`` per client and the ceiling in total, and nothing
+when leases are not configured.
 """
 
 from __future__ import annotations
 
+import itertools
+import re
+
 import pytest
 
 from helpers import Bed, async_test, blocked, by_id, request, sync
-from semaphore import ConfigurationError, LeaseConfig, Provisioning
+from semaphore import ConfigurationError, DurabilitySemaphore, LeaseConfig, Provisioning
 from semaphore.allocation import grant_ceiling
 from semaphore.config import LimitedGroups
+from semaphore.wire import id_problem
 
 STRICT = {"provisioning": {"mode": "strict"}}
 
@@ -532,21 +537,63 @@ async def test_r31_expired_lease_retired_at_next_report():
 
 
 # ====================================================================== R32 unknown leases
+#
+# Lease ids are verifiable (decision, README "Leases"): ``<id_factory()>.<mac>``, the mac the first
+# 32 hex digits of HMAC-SHA256 under a secret of the holder (meta rows lease_key_0..7, created by
+# the first round that issues a lease) over the client id and the first part. A report of an
+# unknown lease is charged only if its id verifies for the reporting client (a lease this holder
+# issued to it whose row is gone, e.g. a stale report after the settle): drawn - released, at
+# most permitsPerLease per client per round and the ceiling in total. A fabricated id, another
+# client's id, or one from before verifiable ids is answered the same way but charged nothing.
+
+LEASE_ID = re.compile(r"^(?P<nonce>.+)\.(?P<mac>[0-9a-f]{32})$")
+
+
+async def settled_lease(bed: Bed, client: str, *, drawn: int = 3, group: str = "g") -> str:
+    """A genuine lease id of ``client`` whose row is gone: issued (with a grant of 1), ``drawn``
+    permits drawn and released, stopped and settled (the grant released too): nothing stays
+    charged."""
+    (r,) = await bed.round(request(client, {group: 1}, leases=[], oldest_at=0))
+    lease = only(r)
+    grants = [(g["grantId"], g["permits"], g["permits"]) for g in r["grants"]]
+    reply = await bed.sem.handle(sync(client, grants, leases=[(lease["leaseId"], drawn, drawn, True)]))
+    assert by_id(reply, "leases")[lease["leaseId"]]["status"] == "settled"
+    assert bed.leases() == {} and bed.grants() == {} and await total_charged(bed) == 0
+    return lease["leaseId"]
+
+
+def bed_secret(bed: Bed) -> bytes:
+    from semaphore.holder import _lease_secret  # imported here: the module also runs on older src
+
+    secret = _lease_secret(meta(bed))
+    assert secret is not None
+    return secret
+
+
+def minted(bed: Bed, client: str, nonce: str) -> str:
+    """An id that verifies for ``client`` on ``bed`` (the holder cannot tell it from the id of a
+    lease it issued and settled)."""
+    from semaphore.holder import lease_id_for
+
+    return lease_id_for(bed_secret(bed), client, nonce)
 
 
 @async_test
 async def test_r32_unknown_lease_answered_retired_and_charged_for_that_round_only():
-    bed = Bed(5, leases=leases("strict"))
+    # R32: a stale report of a lease this holder issued to x and settled (its row is gone) is
+    # answered retired and its drawn - released is charged for that round only.
+    bed = Bed(5, leases=leases("strict", permitsPerLease=3))
+    lid = await settled_lease(bed, "x")  # grant 1 + lease min(3, 5 - 1) = 3, all settled
     rx, ry = await bed.round(
-        request("x", {}, leases=[("ghost", 3, 1)], oldest_at=1),
+        request("x", {}, leases=[(lid, 3, 1)], oldest_at=1),
         request("y", {"g": 5}, oldest_at=2),
     )
-    ghost = by_id(rx, "leases")["ghost"]
-    assert ghost["status"] == "retired" and ghost["group"] is None
-    # y gets 5 - (3 - 1) = 3: the ghost's live footprint is charged this round.
+    stale = by_id(rx, "leases")[lid]
+    assert stale["status"] == "retired" and stale["group"] is None
+    # y gets 5 - (3 - 1) = 3: the stale report's live footprint is charged this round.
     assert only(ry, "grants")["permits"] == 3
-    assert "ghost" not in bed.leases()
-    # The charge is transient: next round (no ghost report) y gets the remaining 5 - 3 = 2.
+    assert lid not in bed.leases()
+    # The charge is transient: next round (no stale report) y gets the remaining 5 - 3 = 2.
     first = only(ry, "grants")["grantId"]
     (ry2,) = await bed.round(request("y", {"g": 2}, grants=[(first, 3, 0)], oldest_at=2))
     assert [x["permits"] for x in ry2["grants"] if x["grantId"] != first] == [2]
@@ -563,12 +610,15 @@ async def test_r32_unknown_stopped_settled_report_is_answered_settled_without_ch
     )
     assert by_id(rx, "leases")["gone"]["status"] == "settled"
     assert only(ry, "grants")["permits"] == 5
-    # a stopped report with work still running is retired and charged (5 - (3 - 1) = 3)
-    bed2 = Bed(5, leases=leases("strict"))
+    # A stopped report with work still running is retired; it is charged (5 - (3 - 1) = 3) if
+    # its id is one this holder issued to x, not if it is fabricated.
+    bed2 = Bed(5, leases=leases("strict", permitsPerLease=3))
+    lid = await settled_lease(bed2, "x")
     rx, ry = await bed2.round(
-        request("x", {}, leases=[("gone", 3, 1, True)], oldest_at=1),
+        request("x", {}, leases=[(lid, 3, 1, True), ("gone", 3, 1, True)], oldest_at=1),
         request("y", {"g": 5}, oldest_at=2),
     )
+    assert by_id(rx, "leases")[lid]["status"] == "retired"
     assert by_id(rx, "leases")["gone"]["status"] == "retired"
     assert only(ry, "grants")["permits"] == 3
     # sync: answered the same way, nothing stored
@@ -592,37 +642,195 @@ async def test_r32_lease_of_another_client_is_treated_as_unknown():
 
 @async_test
 async def test_r32_unknown_lease_charge_is_bounded_by_permits_per_lease_and_the_ceiling():
-    # R32: the charge for an unknown lease is its report's drawn - released, but no lease ever
-    # carries more than permitsPerLease: a report with drawn near 2**53 (repeated by a client in
-    # every request) charges at most that, and cannot starve every other client's admissions.
+    # R32: a verified report is charged its drawn - released, but at most permitsPerLease per
+    # client per round (decision: a verified unknown id is a lease this holder settled, whose
+    # work its client already released; one lease's worth is the conservative charge) and at
+    # most the ceiling in total: drawn near 2**53, repeated every round, starves nobody.
     huge = 2**53 - 1
     bed = Bed(10, leases=leases("strict", permitsPerLease=3))
+    lid = await settled_lease(bed, "x")
     rx, ry = await bed.round(
-        request("x", {}, leases=[("ghost", huge, 0)], oldest_at=1),
+        request("x", {}, leases=[(lid, huge, 0)], oldest_at=1),
         request("y", {"g": 10}, oldest_at=2),
     )
-    assert by_id(rx, "leases")["ghost"]["status"] == "retired"
+    assert by_id(rx, "leases")[lid]["status"] == "retired"
     assert only(ry, "grants")["permits"] == 10 - 3  # charged min(huge - 0, 3)
-    # Two ghosts of 3 each plus a second client's ghost: 9, still under the limit of 10.
+    # Two verified ids of x (3 for x in all) plus one of w (3): 6, so z gets 10 - 6 = 4.
     bed2 = Bed(10, leases=leases("strict", permitsPerLease=3))
+    await settled_lease(bed2, "seed")
     _, _, rz = await bed2.round(
-        request("x", {}, leases=[("g1", huge, 0), ("g2", huge, 1)], oldest_at=1),
-        request("w", {}, leases=[("g3", huge, 0)], oldest_at=2),
+        request("x", {}, leases=[(minted(bed2, "x", "n1"), huge, 0), (minted(bed2, "x", "n2"), huge, 1)],
+                oldest_at=1),
+        request("w", {}, leases=[(minted(bed2, "w", "n3"), huge, 0)], oldest_at=2),
         request("z", {"g": 10}, oldest_at=3),
     )
-    assert only(rz, "grants")["permits"] == 1
+    assert only(rz, "grants")["permits"] == 4
     # over: the total charge is bounded by the ceiling limit + extra (4 + 2 = 6); with 10
-    # ghosts of 3 the grants see room 0, and nothing is stored or persisted.
+    # clients charged 3 each the grants see room 0, and nothing is stored or persisted.
     bed3 = Bed(4, leases=leases("over", extra={"count": 2}, permitsPerLease=3))
-    rx, ry = await bed3.round(
-        request("x", {}, leases=[(f"g{i}", huge, 0) for i in range(10)], oldest_at=1),
+    await settled_lease(bed3, "seed", drawn=2)  # grant 1 + lease min(3, 2) = 2
+    replies = await bed3.round(
+        *[request(f"c{i}", {}, leases=[(minted(bed3, f"c{i}", "n"), huge, 0)], oldest_at=1) for i in range(10)],
         request("y", {"g": 4}, oldest_at=2),
     )
+    ry = replies[-1]
     assert ry["grants"] == [] and blocked(ry) == {"g": ("limit", 4)}
     assert bed3.leases() == {} and (await bed3.usage())["leaseFootprint"] == 0
     (ry,) = await bed3.round(request("y", {"g": 4}, oldest_at=2))
     assert only(ry, "grants")["permits"] == 4
     bed.check(), bed2.check(), bed3.check()
+
+
+MALLORY = {
+    "strict": ({"leases": STRICT}, 10),
+    "under": ({"leases": leases("under", reserve=2)}, 8),  # grants at most 10 - 2
+    "over": ({"leases": leases("over", extra={"count": 2})}, 10),
+    "can_grant": ({"leases": STRICT, "can_grant": lambda c, g: c != "mallory"}, 10),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(MALLORY))
+@async_test
+async def test_r32_fabricated_lease_reports_are_charged_nothing_and_starve_no_one(mode):
+    # R32 (review fault): with permitsPerLease (64) >= limit, fabricated reports repeated every
+    # round used to charge the whole ceiling: every other client was blocked with `limit` and
+    # usage() showed nothing. Ids that do not verify (no mac, a mac of the right shape, a
+    # non-ASCII "mac", and with a secret in place) are answered retired and charged nothing.
+    options, grant_room = MALLORY[mode]
+    bed = Bed(10, **options)
+    await settled_lease(bed, "seed", drawn=2)  # the holder has issued leases: it has a secret
+    for i in range(5):
+        forged = [f"ghost{i}", f"ghost{i}.{'0' * 32}", f"ghost{i}.{'é' * 32}", f"ghost{i}.{'A' * 32}"]
+        rx, ry = await bed.round(
+            request("mallory", {}, leases=[(x, 64, 0) for x in forged], oldest_at=0),
+            request("honest", {"g": 10}, oldest_at=1),
+        )
+        assert {x["leaseId"]: x["status"] for x in rx["leases"]} == dict.fromkeys(forged, "retired")
+        # honest holds all the grant room every round (its grant, or a new one after reclaim)
+        held = sum(g["permits"] - g["released"] for g in ry["grants"] if g["status"] == "active")
+        assert held == grant_room, (i, ry)
+        assert ("limit" not in {b["reason"] for b in ry["blocked"]}) == (grant_room == 10)
+        usage = await bed.usage()
+        assert usage["leaseFootprint"] == 0 and usage["outstanding"] == grant_room
+    assert bed.leases() == {}
+    bed.check()
+
+
+@async_test
+async def test_r32_lease_issued_before_an_eviction_still_verifies_and_is_charged_after_it():
+    # R32: the secret is durable (meta rows, written once): a stale report of a lease issued and
+    # settled before an eviction is charged after it (drawn - released = 2: honest gets 2 fewer),
+    # a fabricated one in the same report is not, and the new instance reuses the secret.
+    bed = Bed(10, leases=STRICT)
+    lid = await settled_lease(bed, "x")  # grant 1 + lease 9, settled
+    keys = {k: v for k, v in meta(bed).items() if k.startswith("lease_key_")}
+    bed.evict()
+    rx, ry = await bed.round(
+        request("x", {}, leases=[(lid, 3, 1), ("forged", 3, 1)], oldest_at=0),
+        request("honest", {"g": 10}, oldest_at=1),
+    )
+    assert by_id(rx, "leases")[lid]["status"] == "retired"
+    assert by_id(rx, "leases")["forged"]["status"] == "retired"
+    assert only(ry, "grants")["permits"] == 10 - 2
+    assert LEASE_ID.match(lid) and bed.secrets_made == 1
+    assert len(keys) == 8 and all(0 <= v < 2**32 for v in keys.values())
+    # a lease issued by the new instance carries a mac under the same, unchanged secret
+    await bed.clock.advance(60_000)  # honest's grant is reclaimed
+    (ra,) = await bed.round(request("a", {"g": 1}, leases=[], oldest_at=2))
+    from semaphore.holder import lease_id_verifies
+
+    assert lease_id_verifies(bed_secret(bed), "a", only(ra)["leaseId"])
+    assert {k: v for k, v in meta(bed).items() if k.startswith("lease_key_")} == keys
+    assert bed.secrets_made == 1
+    bed.check()
+
+
+@async_test
+async def test_r32_another_clients_genuine_lease_ids_are_charged_nothing():
+    # R32: the mac binds the client id: mallory reporting x's ids (a settled one, and x's live
+    # lease) is answered retired and charged nothing; x's live lease is untouched.
+    bed = Bed(10, leases=leases("strict", permitsPerLease=3))
+    settled = await settled_lease(bed, "x")
+    (rx,) = await bed.round(request("x", {"g": 1}, leases=[], oldest_at=0))  # grant 1 + lease 3
+    live = only(rx)["leaseId"]
+    rm, ry = await bed.round(
+        request("mallory", {}, leases=[(settled, 3, 1), (live, 3, 0)], oldest_at=0),
+        request("honest", {"g": 10}, oldest_at=1),
+    )
+    assert {x["leaseId"]: x["status"] for x in rm["leases"]} == {settled: "retired", live: "retired"}
+    assert only(ry, "grants")["permits"] == 10 - 4  # only x's grant and live lease are charged
+    row = bed.leases()[live]
+    assert (row["drawn"], row["released"], row["status"], row["client_id"]) == (0, 0, "live", "x")
+    bed.check()
+
+
+def _holder(**options):
+    """A holder on the test bed with the library's defaults (Bed always passes id_factory)."""
+    bed = Bed(10, leases=STRICT)
+    bed.sem = DurabilitySemaphore(scheduler=bed.scheduler, clock=bed.clock, limit=10, leases=STRICT,
+                                  **options)
+    return bed
+
+
+@async_test
+async def test_r32_lease_ids_stay_in_the_wire_alphabet_and_within_256_characters():
+    # R32/R7: a lease id is <id_factory()>.<32 hex>: with the default factory 24 + 1 + 32 = 57
+    # characters; it verifies for its client only; and it round-trips as a report.
+    bed = _holder()
+    (ra,) = await bed.round(request("a", {"g": 1}, leases=[], oldest_at=0))
+    lid = only(ra)["leaseId"]
+    assert re.fullmatch(r"[0-9a-f]{24}\.[0-9a-f]{32}", lid) and id_problem(lid) is None
+    from semaphore.holder import lease_id_verifies
+
+    assert lease_id_verifies(bed_secret(bed), "a", lid)
+    assert not lease_id_verifies(bed_secret(bed), "b", lid)
+    assert not lease_id_verifies(bed_secret(bed), "a", lid[:-1] + ("0" if lid[-1] != "0" else "1"))
+    # The longest first part the holder takes: 223 characters, so the id is exactly 256.
+    n = itertools.count()
+    bed = _holder(id_factory=lambda: f"{next(n):0223d}")
+    (ra,) = await bed.round(request("a", {"g": 1}, leases=[], oldest_at=0))
+    lid = only(ra)["leaseId"]
+    assert len(lid) == 256 and id_problem(lid) is None and LEASE_ID.match(lid)
+    (ra,) = await bed.round(request("a", {"g": 1}, leases=[(lid, 1, 0)], oldest_at=0))
+    assert by_id(ra, "leases")[lid]["status"] == "live" and bed.leases()[lid]["drawn"] == 1
+    # One character more cannot make a valid id: the round fails and writes nothing.
+    bed = _holder(id_factory=lambda: f"{next(n):0224d}")
+    await bed.sem.handle(sync("a"))
+    before = bed.dump()
+    (ra,) = await bed.round(request("a", {"g": 1}, leases=[], oldest_at=0))
+    assert ra["error"]["code"] == "round_failed" and "id_factory" in ra["error"]["message"]
+    assert bed.dump() == before
+    bed.check()
+
+
+@async_test
+async def test_r32_secret_is_written_once_and_costs_no_statement():
+    # R32/R2: the secret travels in the round's own meta upsert (written once, by the first
+    # round that issues a lease) and is read from the meta rows the round loads anyway: the
+    # round that creates it runs as many statements as the same round later, and a round that
+    # charges a verified report as many as one with a fabricated report.
+    bed = Bed(100, leases=leases("strict", permitsPerLease=2))
+    await bed.sem.handle(sync("warm-up"))  # schema and instance start outside the counts
+
+    async def statements(*messages) -> int:
+        before = bed.storage.statements
+        replies = await bed.round(*messages)
+        count = bed.storage.statements - before
+        for m, r in zip(messages, replies):  # release the grants: each round starts alike
+            await bed.sem.handle(sync(m["clientId"], [(g["grantId"], 1, 1) for g in r["grants"]]))
+        return count
+
+    first = await statements(request("a", {"g": 1}, leases=[]), request("b", {"h": 1}, leases=[]))
+    keys = {k: v for k, v in meta(bed).items() if k.startswith("lease_key_")}
+    assert len(keys) == 8 and bed.secrets_made == 1
+    later = await statements(request("c", {"i": 1}, leases=[]), request("d", {"j": 1}, leases=[]))
+    assert first == later
+    verified = await statements(request("x", {}, leases=[(minted(bed, "x", "n1"), 2, 0)]))
+    forged = await statements(request("x", {}, leases=[("forged.n1", 2, 0)]))
+    assert verified == forged
+    assert {k: v for k, v in meta(bed).items() if k.startswith("lease_key_")} == keys
+    assert bed.secrets_made == 1
+    bed.check()
 
 
 @async_test

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import inspect
 import itertools
 import logging
@@ -53,6 +55,52 @@ CanGrantOption = Union[None, bool, Callable[[str, str], Union[bool, Awaitable[bo
 RECLAIM_TIMER = "durability_semaphore:reclaim"
 TIMER_PREFIX = "durability_semaphore:"
 
+# ---------------------------------------------------------------- verifiable lease ids (R32)
+#: Meta rows holding the holder's lease-id secret: 8 words of 32 bits (32 random bytes). Meta
+#: values are integers, and 32-bit words cross the JavaScript boundary of Durable Object SQL
+#: exactly (a JS number holds integers below 2**53 only).
+LEASE_KEY_PREFIX = "lease_key_"
+LEASE_KEY_WORDS = 8
+#: Hex characters of the truncated HMAC-SHA256 that ends every lease id (128 bits).
+LEASE_MAC_CHARS = 32
+#: Longest id ``id_factory`` may return for a lease: the id gets ``"." + mac`` appended and
+#: must stay within the wire's 256 characters (R7).
+LEASE_NONCE_MAX = 256 - 1 - LEASE_MAC_CHARS
+_LEASE_MAC_DOMAIN = b"durability-semaphore/lease-id/v1\0"
+
+
+def _lease_secret(meta: Mapping[str, int]) -> bytes | None:
+    """The lease-id secret stored in ``meta`` (the rows already loaded by the round), or
+    ``None`` if this holder never issued a lease (or its storage was reset)."""
+    words = [meta.get(f"{LEASE_KEY_PREFIX}{i}") for i in range(LEASE_KEY_WORDS)]
+    if any(w is None or not 0 <= w < 2**32 for w in words):
+        return None
+    return b"".join(int(w).to_bytes(4, "big") for w in words)  # type: ignore[arg-type]
+
+
+def _lease_mac(secret: bytes, client_id: str, nonce: str) -> str:
+    # Client ids cannot contain NUL (wire.id_problem), so the separator is unambiguous.
+    message = _LEASE_MAC_DOMAIN + client_id.encode("utf-8", "surrogatepass") + b"\0" + nonce.encode(
+        "utf-8", "surrogatepass")
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()[:LEASE_MAC_CHARS]
+
+
+def lease_id_for(secret: bytes, client_id: str, nonce: str) -> str:
+    """The lease id the holder issues to ``client_id``: ``<nonce>.<mac>``, where ``mac`` is the
+    first 32 hex digits of HMAC-SHA256(secret, domain + clientId + NUL + nonce) (SPEC R32)."""
+    return f"{nonce}.{_lease_mac(secret, client_id, nonce)}"
+
+
+def lease_id_verifies(secret: bytes, client_id: str, lease_id: str) -> bool:
+    """Whether ``lease_id`` is one this holder (``secret``) issued to ``client_id``: a
+    fabricated id, another client's id, or one issued before verifiable ids (or by a holder whose
+    storage was reset) does not verify. Constant-time comparison of the mac."""
+    nonce, dot, mac = lease_id.rpartition(".")
+    if not dot or not nonce or len(mac) != LEASE_MAC_CHARS:
+        return False
+    expected = _lease_mac(secret, client_id, nonce).encode("ascii")
+    return hmac.compare_digest(expected, mac.encode("utf-8", "surrogatepass"))
+
 
 @dataclass
 class _Pending:
@@ -75,7 +123,9 @@ class _View:
 
     grants: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> wire GrantState
     leases: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> wire LeaseState
-    unknown_lease_charge: int = 0
+    #: Reports of leases the holder does not know (R32): id -> the report's ``drawn - released``
+    #: (the round charges those whose id verifies for the client, see _unknown_lease_charge).
+    unknown_leases: dict[str, int] = field(default_factory=dict)
 
 
 def _valid_count(value: Any) -> int | None:
@@ -130,7 +180,20 @@ class DurabilitySemaphore:
         ``async sleep_until(ms)`` method (e.g. :class:`~semaphore.testing.VirtualClock`) also
         drives the round timer.
     :param id_factory: callable returning a fresh unique id for grants and leases (default:
-        96 random bits in hex). Ids must never repeat, even across :meth:`migrate`.
+        96 random bits in hex). Ids must never repeat, even across :meth:`migrate`. A lease's id
+        is this id followed by ``"."`` and a 32-hex-digit HMAC binding it to its client (SPEC
+        R32, see :meth:`_unknown_lease_charge`), so for leases it must be at most
+        :data:`LEASE_NONCE_MAX` (223) characters; a longer one fails the round.
+    :param secret_factory: callable returning the 32 bytes of the lease-id secret when the holder
+        creates it (default: ``secrets.token_bytes(32)``); called at most once per storage, inside
+        a round's transaction. For deterministic tests only; anything predictable lets clients
+        forge lease ids (and so be charged for reports of leases they never held, SPEC R32).
+
+    Lease ids are verifiable: the holder keeps a secret of 32 random bytes in its meta table
+    (rows ``lease_key_0`` .. ``lease_key_7``, 32 bits each), created inside the transaction of
+    the first round that issues a lease (never at import time) and kept across evictions; every
+    lease id is ``<id_factory()>.<HMAC-SHA256(secret, clientId, id)[:32 hex]>``. A report of an
+    unknown lease is charged only if its id verifies for the reporting client (SPEC R32).
     """
 
     RECLAIM_TIMER = RECLAIM_TIMER
@@ -148,6 +211,7 @@ class DurabilitySemaphore:
         leases: LeaseConfig | Mapping[str, Any] | None = None,
         clock: Callable[[], int] | None = None,
         id_factory: Callable[[], str] | None = None,
+        secret_factory: Callable[[], bytes] | None = None,
     ) -> None:
         if not isinstance(scheduler, DurabilityScheduler):
             raise ConfigurationError("scheduler: expected a DurabilityScheduler", field="scheduler")
@@ -171,6 +235,7 @@ class DurabilitySemaphore:
         self.leases = LeaseConfig.parse(leases)
         self.clock: Callable[[], int] = clock or scheduler.clock or system_clock
         self._new_id = id_factory or (lambda: secrets.token_hex(12))
+        self._new_secret = secret_factory or (lambda: secrets.token_bytes(4 * LEASE_KEY_WORDS))
         self._pending: dict[str, _Pending] = {}
         self._arrivals = itertools.count()
         #: The round timer waiting to run the next round (``None`` once it took its batch).
@@ -428,11 +493,8 @@ class DurabilitySemaphore:
         demand_groups = {d.group for p in clients for d in p.latest.demand}
         totals = uow.totals()
         per_group = uow.group_usage(demand_groups)
-        # R32: the transient charge for reports of unknown leases (each already bounded by
-        # permitsPerLease in _apply_reports), bounded in total by the ceiling.
-        unknown_charge = sum(v.unknown_lease_charge for v in views.values())
-        if isinstance(limit, int):
-            unknown_charge = min(unknown_charge, ceiling(limit, self.leases))
+        # R32: the transient charge for reports of unknown leases this holder did issue.
+        unknown_charge = self._unknown_lease_charge(uow, views, limit)
         usage = Usage(
             grants=totals["outstanding"],
             leases=totals["lease_footprint"] + unknown_charge,
@@ -470,10 +532,11 @@ class DurabilitySemaphore:
                            now + self.grant_timeout_ms, False)
             uow.put_grant(row)
             views[client_id].grants = {row.grant_id: self._grant_wire(row), **views[client_id].grants}
+        secret = self._issuing_secret(uow) if result.leases else None
         for (client_id, group), permits in result.leases.items():
-            assert self.leases is not None
-            lease = LeaseRow(self._new_id(), client_id, group, permits, 0, 0, False, "live", now,
-                             now + self.leases.ttl_ms)
+            assert self.leases is not None and secret is not None
+            lease = LeaseRow(self._new_lease_id(secret, client_id), client_id, group, permits, 0, 0,
+                             False, "live", now, now + self.leases.ttl_ms)
             uow.put_lease(lease)
             views[client_id].leases = {lease.lease_id: self._lease_wire(lease), **views[client_id].leases}
         if isinstance(limit, int):
@@ -494,6 +557,62 @@ class DurabilitySemaphore:
                                      result.contended, next_at)
             for p in clients
         }, result.contended
+
+    # ================================================================== lease ids (R32)
+    def _issuing_secret(self, uow: UnitOfWork) -> bytes:
+        """The lease-id secret, created on first use: 32 random bytes drawn inside the round's
+        transaction (randomness at import time is forbidden in Workers) and written as meta rows
+        ``lease_key_0..7`` by the round's own meta upsert (no extra statement; a round that
+        fails writes none, and its leases are not written either). Call once per round."""
+        secret = _lease_secret(uow.meta())
+        if secret is None:
+            secret = self._new_secret()
+            if not isinstance(secret, bytes) or len(secret) != 4 * LEASE_KEY_WORDS:
+                raise ConfigurationError(f"secret_factory: must return {4 * LEASE_KEY_WORDS} bytes",
+                                         field="secret_factory")
+            for i in range(LEASE_KEY_WORDS):
+                uow.set_meta(f"{LEASE_KEY_PREFIX}{i}", int.from_bytes(secret[4 * i:4 * i + 4], "big"))
+        return secret
+
+    def _new_lease_id(self, secret: bytes, client_id: str) -> str:
+        nonce = self._new_id()
+        if not isinstance(nonce, str) or not nonce or len(nonce) > LEASE_NONCE_MAX:
+            raise ConfigurationError(
+                f"id_factory: a lease id needs 1-{LEASE_NONCE_MAX} characters (the holder appends "
+                f"a {1 + LEASE_MAC_CHARS}-character mac), got {str(nonce)[:40]!r}...",
+                field="id_factory")
+        return lease_id_for(secret, client_id, nonce)
+
+    def _unknown_lease_charge(self, uow: UnitOfWork, views: dict[str, _View], limit: Any) -> int:
+        """SPEC R32: this round's transient charge for reports of leases the holder does not know.
+
+        Only a report whose id verifies for the reporting client (a lease this holder issued to
+        it and whose row is gone, e.g. a stale report arriving after the settle) is charged: its
+        ``drawn - released``. A fabricated id, another client's id, or one issued before
+        verifiable ids or by a holder whose storage was reset is charged nothing, so no client
+        can withhold capacity with reports alone. Bounds (decision): at most ``permitsPerLease``
+        per client per round (a verified stale report is one of a settled lease, so its work was
+        already released; one lease's worth is R32's conservative charge), the ceiling in total,
+        and nothing when leases are not configured (the holder issues none). Reads only the
+        meta rows the round has loaded anyway: no statement."""
+        if self.leases is None or not any(v.unknown_leases for v in views.values()):
+            return 0
+        secret = _lease_secret(uow.meta())
+        if secret is None:  # this holder never issued a lease: no id can verify
+            return 0
+        cap = self.leases.permits_per_lease
+        total = 0
+        for client_id, view in views.items():
+            charge = 0
+            for lease_id, footprint in view.unknown_leases.items():
+                if charge >= cap:  # no more macs to check for this client (at most 1,000 ids)
+                    break
+                if footprint > 0 and lease_id_verifies(secret, client_id, lease_id):
+                    charge += footprint
+            total += min(charge, cap)
+        if isinstance(limit, int):
+            total = min(total, ceiling(limit, self.leases))
+        return total
 
     # ================================================================== sync and alarm
     async def _sync(self, message: SyncMessage) -> dict[str, Any]:
@@ -610,14 +729,11 @@ class DurabilitySemaphore:
 
         A report of a lease the holder does not know (or of another client's lease) is answered
         ``retired`` (``settled`` if stopped with ``released == drawn``) and nothing is stored
-        (R32). Its charge for this round, ``drawn - released``, is bounded by ``permitsPerLease``
-        (no lease ever carries more), and the round bounds the total by the ceiling. Decision:
-        with leases not configured the holder issues none, so an unknown lease costs nothing: it
-        is still answered ``retired`` (the client stops drawing from it and settles it) but is
-        not charged; a single report with a huge ``drawn`` can thus never starve admissions."""
+        (R32). Its ``drawn - released`` is kept in the view; a round charges it only if the id
+        verifies for this client, within the bounds of :meth:`_unknown_lease_charge` (a sync
+        allocates nothing, so it charges nothing either)."""
         view = _View()
-        unknown: dict[str, int] = {}
-        unknown_cap = self.leases.permits_per_lease if self.leases is not None else 0
+        unknown = view.unknown_leases
         for message in messages:
             for r in message.grants:
                 g = uow.grants.get(r.grant_id)
@@ -641,7 +757,7 @@ class DurabilitySemaphore:
                         unknown.pop(r.lease_id, None)
                     else:
                         status = LeaseStatus.RETIRED
-                        unknown[r.lease_id] = max(0, min(r.drawn - r.released, unknown_cap))
+                        unknown[r.lease_id] = max(0, r.drawn - r.released)
                     view.leases[r.lease_id] = LeaseState(
                         r.lease_id, None, r.drawn, r.drawn, r.released, None, status).to_wire()
                     continue
@@ -659,7 +775,6 @@ class DurabilitySemaphore:
                     uow.delete_lease(lease)
                 else:
                     view.leases[r.lease_id] = self._lease_wire(lease)
-        view.unknown_lease_charge = sum(unknown.values())
         return view
 
     def _ttl_ms(self) -> int:
