@@ -25,7 +25,11 @@ What the routes expose and create (README, "The reference Worker"):
   ``{"v": 1, "error": {"code", "message", "field"?}}``.
 * The job directory (job id -> queue, in the account's holder) forgets a job
   ``JOB_RETENTION_MS`` after its completion, the same time the queue keeps the finished job (by a
-  scheduler timer on the holder's alarm), so it holds only live and recently finished jobs.
+  scheduler timer on the holder's alarm), so it holds only live and recently finished jobs. The
+  job's ``JobQueue`` is the directory's only writer for its jobs: it registers a job before it
+  creates it, and tells the directory of every job that turns ``done`` (however it does: a
+  claim cancelled while ``claiming`` turns ``done`` later, in the queue's pump) through a durable
+  outbox, sent until the holder acknowledges it (see :class:`JobQueue`).
 
 Configuration (``[vars]`` in wrangler.toml, all optional): ``ACCOUNT_CONCURRENCY`` (default limit
 per account, 10), ``GRANT_TIMEOUT_MS``, ``ROUND_WAIT_MS``, ``ROUND_PERIOD_MS``,
@@ -39,6 +43,7 @@ front with status 500. Secret ``ADMIN_TOKEN`` guards every request that changes 
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -53,6 +58,7 @@ from semaphore import (
     ConfigurationError,
     DurabilityScheduler,
     DurabilitySemaphore,
+    ItemState,
     LeaseConfig,
     QueueItem,
     SemaphoreClient,
@@ -75,6 +81,16 @@ RPC_TIMEOUT_MS = 5_000
 DEFAULT_JOB_RETENTION_MS = 86_400_000
 #: The holder's scheduler timer that prunes the job directory.
 JOB_PRUNE_TIMER = "app:prune_job_directory"
+#: A JobQueue's outbox: its finished jobs (and ids it does not know that the directory named)
+#: the account's job directory has not acknowledged yet (``finish_job``).
+FINISHED = "app_finished_jobs"
+#: A JobQueue's own settings: its queue name (``queue``), as the front names it.
+QUEUE_SETTINGS = "app_queue_settings"
+#: The JobQueue's scheduler timer that sends the outbox; a failed send raises, so the scheduler
+#: retries it with its backoff (1 s doubling to 5 min) until the holder acknowledges.
+ANNOUNCE_TIMER = "app:announce_finished_jobs"
+#: Outbox rows sent per run of the timer (one ``finish_job`` RPC each); more run again at once.
+ANNOUNCE_BATCH = 100
 #: The ``v`` of every error value (the wire format's version, SPEC R7).
 ERROR_VERSION = 1
 #: The error code of an invalid ``[vars]`` entry (answered with HTTP status 500 by the front).
@@ -290,10 +306,11 @@ class AccountLimit(DurableObject):
     async def register_job(self, job_id: Any, queue: Any) -> dict[str, Any]:
         """Record that ``job_id`` lives in ``queue`` (idempotent). Answers the queue the job is
         registered to, which differs from ``queue`` when the id is already taken elsewhere.
+        Called by the ``JobQueue`` of ``queue`` before it creates the job.
 
         Registering a job of the same queue again clears its completion mark: the job is live
-        again (or the queue answers it finished, and the front calls :meth:`finish_job`), so the
-        directory never forgets a job its queue may still run."""
+        again (or its queue knows it finished, and announces it again with :meth:`finish_job`),
+        so the directory never forgets a job its queue may still run."""
         if self.config_error is not None:
             return self.config_error
         job_id, queue = str(plain(job_id)), str(plain(queue))
@@ -314,24 +331,31 @@ class AccountLimit(DurableObject):
         row = self.storage.one(f"SELECT queue FROM {JOBS} WHERE job_id = ?", str(plain(job_id)))
         return {"queue": str(row["queue"]) if row else None}
 
-    async def finish_job(self, job_id: Any) -> dict[str, Any]:
-        """``job_id`` is finished in its queue: the directory forgets it ``JOB_RETENTION_MS``
-        after the first such call (the holder's scheduler timer ``app:prune_job_directory``).
-        Idempotent; an unknown id changes nothing. Answers ``{"jobId", "pruneAt"}`` (``pruneAt``:
-        when the entry goes, ``None`` if there is none)."""
+    async def finish_job(self, job_id: Any, queue: Any = None) -> dict[str, Any]:
+        """``job_id`` is finished in its queue (or that queue does not know it): the directory
+        forgets it ``JOB_RETENTION_MS`` after the first such call (the holder's scheduler timer
+        ``app:prune_job_directory``). Sent by the job's ``JobQueue`` from its outbox until
+        acknowledged, so idempotent; an unknown id, or (with ``queue``) an id registered to
+        another queue, changes nothing. Answers ``{"jobId", "pruneAt"}`` (``pruneAt``: when the
+        entry goes, ``None`` if there is none), which acknowledges it."""
         if self.config_error is not None:
             return self.config_error
         job_id = str(plain(job_id))
+        queue = plain(queue)
+        queue = None if queue is None else str(queue)
         if not has_tables(self.storage, [JOBS]):
             return {"jobId": job_id, "pruneAt": None}
         self._jobs_table()
         now = int(self.scheduler.clock())
 
         def body() -> int | None:
-            self.storage.exec(f"UPDATE {JOBS} SET done_at = ? WHERE job_id = ? AND done_at IS NULL", now, job_id)
+            self.storage.exec(f"UPDATE {JOBS} SET done_at = ? WHERE job_id = ? AND done_at IS NULL"
+                              " AND (? IS NULL OR queue = ?)", now, job_id, queue, queue)
             self.scheduler.point_timer(JOB_PRUNE_TIMER, self._next_prune_at())
-            row = self.storage.one(f"SELECT done_at FROM {JOBS} WHERE job_id = ?", job_id)
-            return None if row is None or row["done_at"] is None else int(row["done_at"]) + self.job_retention_ms
+            row = self.storage.one(f"SELECT done_at, queue FROM {JOBS} WHERE job_id = ?", job_id)
+            if row is None or row["done_at"] is None or (queue is not None and str(row["queue"]) != queue):
+                return None
+            return int(row["done_at"]) + self.job_retention_ms
 
         prune_at = self.storage.transaction(body)
         await self.scheduler.arm()
@@ -391,6 +415,11 @@ def job_view(item: QueueItem) -> dict[str, Any]:
     }
 
 
+class DirectoryError(Exception):
+    """A ``register_job`` / ``finish_job`` RPC from a JobQueue to the account's holder failed
+    (unreachable, timed out, or an error value): the outbox row stays and is sent again."""
+
+
 class JobQueue(DurableObject):
     """A queue of jobs of one account (one object per (account, queue)).
 
@@ -400,11 +429,33 @@ class JobQueue(DurableObject):
     nothing; the object's alarm drives the queue. Finished jobs are kept ``JOB_RETENTION_MS``
     (default one day). :meth:`status` is read only: a queue never written to keeps no storage.
     An invalid ``JOB_RETENTION_MS`` is answered as the error value ``configuration_error`` by
-    every RPC method (the constructor does not fail)."""
+    every RPC method (the constructor does not fail).
+
+    The account's job directory (``AccountLimit.register_job`` / ``finish_job``) is written by
+    this object only, for its jobs:
+
+    * :meth:`enqueue` registers the job before it creates it (a ``conflict`` error value when the
+      id belongs to another queue; ``unavailable`` when the holder does not answer; the job is
+      not created then).
+    * Every job that turns ``done`` is written to the outbox table ``app_finished_jobs`` in the
+      same transaction (the queue's ``on_done`` hook), whichever way it turns ``done``: a job
+      completed while ``claiming`` turns ``done`` only when the pump resolves its claim. So are
+      ids :meth:`complete` is asked for that this queue does not know (never created here, or
+      forgotten after the retention), and finished jobs enqueued again (registering them
+      cleared their completion mark). The outbox is sent with ``finish_job`` at once and by the
+      scheduler timer ``app:announce_finished_jobs`` (retried with the scheduler's backoff until
+      the holder acknowledges); a row is deleted only once acknowledged.
+    * Registering and sending take one lock, and creating a job drops the outbox row of an
+      earlier job with the same id in the same step, so an announcement of an earlier job does
+      not mark a new one finished (short of an RPC that timed out and still reaches the holder).
+    * No age-based sweep of unfinished directory entries: a job may wait here for any time, and
+      only this queue can say it is gone (it does, when asked to complete an id it does not know)."""
 
     def __init__(self, ctx: Any, env: Any) -> None:
         super().__init__(ctx, env)
+        self.env = env
         self.scheduler = DurabilityScheduler(ctx)
+        self.storage = self.scheduler.storage
         self.client = SemaphoreClient(ctx, limits.with_(timeout(RPC_TIMEOUT_MS)).transport(env))
         self.config_error: dict[str, Any] | None = None
         try:
@@ -412,30 +463,84 @@ class JobQueue(DurableObject):
         except VarError as exc:
             log.error("JobQueue: invalid configuration: %s", exc.message)
             self.config_error, retention_ms = exc.value(), DEFAULT_JOB_RETENTION_MS
+        self._outbox_ready = False
+        self._queue_name: str | None = None
+        self._directory_lock = asyncio.Lock()
+        self.scheduler.on(ANNOUNCE_TIMER, self._announce_due)
         self.queue = SemaphoreQueue(client=self.client, scheduler=self.scheduler, on_admit=self.start_job,
-                                    retention_ms=retention_ms)
+                                    on_done=self._job_done, retention_ms=retention_ms)
 
     def start_job(self, item: QueueItem) -> None:
         """Admission callback. The reference app's work is external: holding the permit while the
         job is ``running`` is the whole effect, so there is nothing to start here (and calling
         it twice for the same job, as the queue may after an eviction, is harmless)."""
 
-    async def enqueue(self, account: Any, job_id: Any, group: Any, payload: Any = None) -> dict[str, Any]:
-        """Queue a job (idempotent on ``job_id``)."""
+    async def enqueue(self, account: Any, job_id: Any, group: Any, payload: Any = None,
+                      queue: Any = None) -> dict[str, Any]:
+        """Queue a job (idempotent on ``job_id``). With ``queue`` (this object's queue name, as
+        the front sends it) the job is first registered in the account's job directory: an id
+        that belongs to another queue answers the error value ``conflict``, a holder that does
+        not answer ``unavailable``; neither creates the job."""
         if self.config_error is not None:
             return self.config_error
         account, job_id, group = str(plain(account)), str(plain(job_id)), str(plain(group))
-        known = self.queue.item(job_id) is not None
-        item = await self.queue.enqueue(account, group, job_id, plain(payload))
-        return {"job": job_view(item), "created": not known}
+        queue = plain(queue)
+        payload = plain(payload)
+        if queue is None:
+            return await self._enqueue(account, job_id, group, payload, None)
+        queue = str(queue)
+        async with self._directory_lock:  # no announcement is in flight while the job is registered
+            try:
+                reply = await self._holder_call(account, "register_job", job_id, queue)
+            except DirectoryError as exc:
+                # It may have been registered all the same (a lost reply): unless the job is
+                # live here, tell the directory it is finished, so such an entry is forgotten.
+                log.warning("JobQueue: registering job %r failed: %s", job_id, exc)
+                self._ready(queue)
+                item = self.queue.item(job_id)
+                if item is None or item.state is ItemState.DONE:
+                    self._announce_later(job_id, account, queue)
+                return error_value("unavailable", f"the account's job directory did not answer: {exc}")
+            owner = str(reply.get("queue"))
+            if owner != queue:
+                return error_value("conflict", f"job {job_id!r} already belongs to queue {owner!r}", "id")
+            self._ready(queue)
+            result = await self._enqueue(account, job_id, group, payload, queue)
+        if result["job"]["state"] == ItemState.DONE.value:
+            await self._flush()  # registering it again cleared its mark: announced again
+        return result
 
-    async def complete(self, job_id: Any) -> dict[str, Any]:
-        """The job's work finished: release its permit (or cancel it if still queued)."""
+    async def _enqueue(self, account: str, job_id: str, group: str, payload: Any,
+                       queue: str | None) -> dict[str, Any]:
+        # No await from the check to the insert: the job is created in this step, together with
+        # dropping any outbox row of an earlier job with the same id (one this queue forgot).
+        known = self.queue.item(job_id)
+        if known is None:
+            self._drop_announcement(job_id)
+        elif known.state is ItemState.DONE and queue is not None:
+            self._announce_later(job_id, account, queue)
+        item = await self.queue.enqueue(account, group, job_id, payload)
+        return {"job": job_view(item), "created": known is None}
+
+    async def complete(self, job_id: Any, account: Any = None, queue: Any = None) -> dict[str, Any]:
+        """The job's work finished: release its permit (or cancel it if still queued). The
+        account's job directory learns of it through the outbox once the job is ``done`` (at
+        once, or, for a job still ``claiming``, when the pump resolves its claim). A job this
+        queue does not know (``{"job": None}``), or one finished before, is announced again with
+        ``account`` (the front sends it), so a directory entry the queue cannot finish any more is
+        forgotten after the retention too."""
         if self.config_error is not None:
             return self.config_error
         job_id = str(plain(job_id))
+        account, queue = plain(account), plain(queue)
+        self._ready(None if queue is None else str(queue))
         changed = await self.queue.complete(job_id)
         item = self.queue.item(job_id)
+        if item is not None and item.state is ItemState.DONE and not changed:
+            self._announce_later(job_id, item.key, self._name())
+        elif item is None and account is not None:
+            self._announce_later(job_id, str(account), self._name())
+        await self._flush()
         return {"job": None if item is None else job_view(item), "changed": changed}
 
     async def status(self, account: Any) -> dict[str, Any]:
@@ -443,14 +548,116 @@ class JobQueue(DurableObject):
         its tables answers no jobs and creates nothing."""
         if self.config_error is not None:
             return self.config_error
-        if not has_tables(self.scheduler.storage, QUEUE_TABLES):
+        if not has_tables(self.storage, QUEUE_TABLES):
             return {"jobs": []}
         return {"jobs": [job_view(item) for item in self.queue.items(key=str(plain(account)))]}
 
     async def alarm(self, alarm_info: Any = None) -> None:
         if self.config_error is not None:
             raise VarError(self.config_error["error"]["field"], self.config_error["error"]["message"])
+        if not self._outbox_ready and has_tables(self.storage, QUEUE_TABLES):
+            self._ready(None)  # before the pump can finish a job (the outbox is written in its transaction)
         await self.scheduler.alarm(alarm_info)
+
+    # -- the job directory's outbox ------------------------------------------------------
+    def _ready(self, queue: str | None) -> None:
+        """Create the outbox and settings tables (called outside any transaction, so the
+        instance may remember they exist) and remember this object's queue name when the front
+        gives it."""
+        if not self._outbox_ready:
+            self._create_tables()
+            self._outbox_ready = True
+        if queue is not None and self._name() != queue:
+            self.storage.exec(f"INSERT INTO {QUEUE_SETTINGS}(key, value) VALUES ('queue', ?)"
+                              " ON CONFLICT(key) DO UPDATE SET value = excluded.value", queue)
+            self._queue_name = queue
+
+    def _create_tables(self) -> None:
+        self.storage.exec(f"CREATE TABLE IF NOT EXISTS {FINISHED} (job_id TEXT PRIMARY KEY,"
+                          " account TEXT NOT NULL, queue TEXT, version INTEGER NOT NULL)")
+        self.storage.exec(f"CREATE TABLE IF NOT EXISTS {QUEUE_SETTINGS} (key TEXT PRIMARY KEY,"
+                          " value TEXT NOT NULL)")
+
+    def _name(self) -> str | None:
+        """This object's queue name (``None`` until the front named it, e.g. an earlier version's)."""
+        if self._queue_name is None and has_tables(self.storage, [QUEUE_SETTINGS]):
+            row = self.storage.one(f"SELECT value FROM {QUEUE_SETTINGS} WHERE key = 'queue'")
+            self._queue_name = None if row is None else str(row["value"])
+        return self._queue_name
+
+    def _job_done(self, item: QueueItem) -> None:
+        """The queue's ``on_done`` hook (inside its transaction): the job turned ``done``."""
+        self._announce_later(item.item_id, item.key, self._name())
+
+    def _announce_later(self, job_id: str, account: str, queue: str | None) -> None:
+        """Put ``job_id`` in the outbox (synchronous SQL, so it commits with the caller's
+        transaction) and make sure the timer will send it. A row already there gets a new
+        version, so an acknowledgement of an earlier send does not delete it."""
+        if not self._outbox_ready:  # perhaps inside a transaction that may roll back: no flag
+            self._create_tables()
+        self.storage.exec(
+            f"INSERT INTO {FINISHED}(job_id, account, queue, version) VALUES (?, ?, ?, 1)"
+            " ON CONFLICT(job_id) DO UPDATE SET account = excluded.account, queue = excluded.queue,"
+            " version = version + 1", job_id, account, queue)
+        if self.scheduler.timer(ANNOUNCE_TIMER) is None:  # keep a backed-off retry as it is
+            self.scheduler.set_timer(ANNOUNCE_TIMER, int(self.scheduler.clock()))
+
+    def _drop_announcement(self, job_id: str) -> None:
+        if has_tables(self.storage, [FINISHED]):
+            self.storage.exec(f"DELETE FROM {FINISHED} WHERE job_id = ?", job_id)
+
+    async def _announce(self) -> None:
+        """Send the outbox (``finish_job``, oldest first, at most ``ANNOUNCE_BATCH``), deleting
+        each row the holder acknowledges. Raises :class:`DirectoryError` at the first failure
+        (the rest stays for the retry)."""
+        if not has_tables(self.storage, [FINISHED]):
+            return
+        try:
+            async with self._directory_lock:
+                rows = self.storage.exec(f"SELECT job_id, account, queue, version FROM {FINISHED}"
+                                         " ORDER BY rowid LIMIT ?", ANNOUNCE_BATCH)
+                for r in rows:
+                    job_id, queue = str(r["job_id"]), None if r["queue"] is None else str(r["queue"])
+                    await self._holder_call(str(r["account"]), "finish_job", job_id, queue)
+                    self.storage.exec(f"DELETE FROM {FINISHED} WHERE job_id = ? AND version = ?",
+                                      job_id, int(r["version"]))
+                if self.storage.one(f"SELECT job_id FROM {FINISHED} LIMIT 1") is None:
+                    self.scheduler.clear_timer(ANNOUNCE_TIMER)
+                else:  # the next batch, or rows written meanwhile
+                    self.scheduler.set_timer(ANNOUNCE_TIMER, int(self.scheduler.clock()))
+        finally:
+            await self.scheduler.arm()
+
+    async def _announce_due(self, name: str, due_at: int) -> None:
+        """Timer handler: a failure raises, so the scheduler retries with its backoff."""
+        await self._announce()
+
+    async def _flush(self) -> None:
+        """Send the outbox now; on failure it stays for the timer (already set)."""
+        try:
+            await self._announce()
+        except DirectoryError as exc:
+            log.warning("JobQueue: the job directory did not acknowledge: %s; retrying", exc)
+
+    async def _holder_call(self, account: str, method: str, *args: Any) -> dict[str, Any]:
+        """``method(*args)`` on the account's holder, bounded by ``RPC_TIMEOUT_MS``; anything but
+        a plain answer (a failure, a timeout, an error value) raises :class:`DirectoryError`."""
+        stub = holder(self.env, account)
+
+        async def call() -> Any:
+            return await getattr(stub, method)(*args)
+
+        try:
+            reply = plain(await asyncio.wait_for(call(), RPC_TIMEOUT_MS / 1000))
+        except asyncio.CancelledError:
+            raise
+        except TimeoutError:  # asyncio.TimeoutError since Python 3.11
+            raise DirectoryError(f"{method} to holder {account!r}: no answer within {RPC_TIMEOUT_MS} ms") from None
+        except Exception as exc:  # JsException in the runtime
+            raise DirectoryError(f"{method} to holder {account!r} failed: {exc}") from exc
+        if not isinstance(reply, dict) or "error" in reply:
+            raise DirectoryError(f"{method} to holder {account!r} answered {reply!r}")
+        return reply
 
 
 # ------------------------------------------------------------------------------- HTTP front
@@ -588,12 +795,13 @@ class Default(WorkerEntrypoint):
         body = await read_json(request)
         job_id = identifier(body.get("id"), "id")
         group = identifier(body.get("group", "default"), "group")
-        owner = checked(await holder(self.env, account).register_job(job_id, queue))
-        if owner["queue"] != queue:
-            raise HttpError(409, "conflict", f"job {job_id!r} already belongs to queue {owner['queue']!r}")
-        result = checked(await job_queue(self.env, account, queue).enqueue(account, job_id, group, body.get("payload")))
-        if result["job"]["state"] == "done":  # a finished job enqueued again: keep its directory TTL
-            checked(await holder(self.env, account).finish_job(job_id))
+        # The queue registers the job in the account's directory itself (409 if the id belongs to
+        # another queue, 503 if the holder does not answer), then creates it.
+        result = checked(await job_queue(self.env, account, queue).enqueue(
+            account, job_id, group, body.get("payload"), queue))
+        error = result.get("error")
+        if isinstance(error, dict):
+            return json_response(result, 409 if error.get("code") == "conflict" else 503)
         return json_response(result, 201 if result["created"] else 200)
 
     async def route_complete(self, request: Any, account: str, job_id: str) -> Response:
@@ -601,11 +809,11 @@ class Default(WorkerEntrypoint):
         found = checked(await holder(self.env, account).find_job(job_id))
         if found["queue"] is None:
             raise HttpError(404, "not_found", f"no job {job_id!r} in account {account!r}")
-        result = checked(await job_queue(self.env, account, found["queue"]).complete(job_id))
+        # The queue tells the directory once the job is done (also when it turns done later, in
+        # its pump, or when the queue does not know it: the entry is forgotten after the retention).
+        result = checked(await job_queue(self.env, account, found["queue"]).complete(job_id, account, found["queue"]))
         if result["job"] is None:
             raise HttpError(404, "not_found", f"no job {job_id!r} in queue {found['queue']!r}")
-        if result["job"]["state"] == "done":  # the directory forgets it after JOB_RETENTION_MS
-            checked(await holder(self.env, account).finish_job(job_id))
         return json_response(result)
 
     async def route_queue_status(self, request: Any, account: str, queue: str) -> Response:

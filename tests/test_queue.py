@@ -292,3 +292,59 @@ async def test_r7_enqueue_refuses_ids_outside_the_wire_alphabet_and_writes_nothi
     await s.clock.advance(6000)
     assert [i.item_id for i in s.admitted] == ["ok"]
     assert all("error" not in m for m in s.net.sent)
+
+
+@async_test
+async def test_on_done_is_called_once_for_every_item_that_turns_done():
+    # on_done(item) runs inside the transaction that marks the item done, whichever way: a
+    # queued or running item's complete(), a claim cancelled while claiming (done only when the
+    # pump resolves it), reconciliation; a raising on_done rolls the transition back.
+    s = Setup()
+    done: list[tuple[str, ItemState, bool]] = []
+    fail = {"on": False}
+
+    def on_done(item: QueueItem) -> None:
+        if fail["on"]:
+            raise RuntimeError("outbox full")
+        row = s.side.storage.connection.execute(
+            "SELECT state FROM durability_semaphore_client_items WHERE item_id = ?", (item.item_id,)).fetchone()
+        done.append((item.item_id, item.state, row[0] == "done" and item.finished_at > 0))
+
+    s.side.queue_options["on_done"] = on_done
+    s.side.evict()  # the queue again, with the hook
+    await s.queue.enqueue(KEY, "g", "queued")
+    await s.queue.complete("queued")  # cancelled before admission
+    assert done == [("queued", ItemState.DONE, True)]
+
+    lost = {"n": 0}
+
+    def lose_a_sync(key: str, message: dict) -> Any:
+        if message["type"] == "sync" and message["grants"] and lost["n"] < 1:
+            lost["n"] += 1
+            raise HolderUnavailableError("lost")
+        return None
+
+    s.net.intercept = lose_a_sync
+    await s.queue.enqueue(KEY, "g", "claiming")
+    await s.clock.advance(1500)
+    assert s.state("claiming") is ItemState.CLAIMING
+    assert await s.queue.complete("claiming") is True
+    assert len(done) == 1 and s.state("claiming") is ItemState.CLAIMING  # not done yet
+    await s.clock.advance(1000)  # the pump resolves the claim: cancelled, done
+    assert s.state("claiming") is ItemState.DONE and done[1:] == [("claiming", ItemState.DONE, True)]
+
+    await s.queue.enqueue(KEY, "g", "running")
+    await s.queue.enqueue(KEY, "g", "lost")
+    await s.clock.advance(3000)
+    assert s.state("running") is ItemState.RUNNING and s.state("lost") is ItemState.RUNNING
+    fail["on"] = True
+    with pytest.raises(RuntimeError):
+        await s.queue.complete("running")
+    assert s.state("running") is ItemState.RUNNING and len(done) == 2  # rolled back
+    fail["on"] = False
+    await s.complete("running")
+    assert await s.queue.complete("running") is False  # once per transition
+    s.alive.discard("lost")  # reconciliation completes it
+    await s.clock.advance(80_000)
+    assert s.state("lost") is ItemState.DONE
+    assert [d[0] for d in done] == ["queued", "claiming", "running", "lost"] and all(d[2] for d in done)

@@ -5,7 +5,9 @@ names entry.py imports) is installed for the import, and objects run on the libr
 (:class:`semaphore.testing.LocalContext`, real SQLite). RPC between objects is a direct call;
 tier 2 (tests/pyodide/py/test_http_front.py, test_job_queue.py) runs the same rules with the
 real SDK. Checked here: reads never create storage, job payloads need the admin token, every
-error value carries ``"v": 1``, the job directory forgets finished jobs after the retention, the
+error value carries ``"v": 1``, the job directory forgets finished jobs after the retention (also
+a job completed while ``claiming``, one whose ``finish_job`` failed, retried from the queue's
+outbox, and an id its queue no longer knows; a late notice never marks a new job), the
 ``LEASES`` var turns leases on, an invalid var is answered as a ``configuration_error`` value
 (500) on every route, and ``PUT .../limit`` repairs a corrupt stored override.
 """
@@ -307,3 +309,195 @@ def test_ids_outside_the_wire_alphabet_are_refused_with_400_and_create_nothing(e
     run(scenario())
     assert world.env.JOB_QUEUE.tables(json.dumps(["a", "q"])) == []
     assert world.env.ACCOUNT_LIMIT.tables("a") == []
+
+
+# ------------------------------------------------------------------ the job directory's outbox
+class _Wall:
+    """Wall-clock time moved by hand: ``time.time`` (what every object's default clock reads)
+    plus an offset."""
+
+    def __init__(self, monkeypatch) -> None:
+        import time
+
+        self.offset_ms = 0
+        real = time.time
+        monkeypatch.setattr(time, "time", lambda: real() + self.offset_ms / 1000)
+
+    def advance(self, ms: int) -> None:
+        self.offset_ms += ms
+
+
+def directory(world, account: str = "a") -> dict:
+    ctx = world.env.ACCOUNT_LIMIT.contexts[account]
+    return dict(ctx.storage.connection.execute("SELECT job_id, done_at FROM app_job_directory").fetchall())
+
+
+def outbox(world, account: str = "a", queue: str = "q") -> list:
+    ctx = world.env.JOB_QUEUE.contexts[json.dumps([account, queue])]
+    if not ctx.storage.connection.execute(
+            "SELECT name FROM sqlite_master WHERE name = 'app_finished_jobs'").fetchall():
+        return []
+    return [r[0] for r in ctx.storage.connection.execute("SELECT job_id FROM app_finished_jobs").fetchall()]
+
+
+async def fire(obj, times: int = 1) -> None:
+    for _ in range(times):
+        await obj.alarm()
+
+
+async def until_pruned(world, wall, job_id: str, retention_ms: int) -> None:
+    """The directory has ``job_id`` marked done and its prune timer armed; past the retention
+    the holder's alarm forgets it and leaves no prune timer."""
+    holder = world.env.ACCOUNT_LIMIT.getByName("a")
+    ctx = world.env.ACCOUNT_LIMIT.contexts["a"]
+    done_at = directory(world)[job_id]
+    assert done_at is not None
+    assert ctx.storage.alarm is not None and ctx.storage.alarm <= done_at + retention_ms
+    wall.advance(retention_ms + 1)
+    await holder.alarm()
+    assert job_id not in directory(world)
+    assert holder.scheduler.timer("app:prune_job_directory") is None
+
+
+def test_a_job_completed_while_claiming_is_forgotten_by_the_directory(entry, monkeypatch):
+    # Review (MEDIUM): complete() of a claiming job only marks it cancelled; it turns done later,
+    # in the queue's pump, and nothing told the directory: the entry stayed with done_at NULL
+    # forever (and no prune timer was set). Now the queue's outbox announces it.
+    wall = _Wall(monkeypatch)
+    world = World(entry, JOB_RETENTION_MS="1000", ROUND_WAIT_MS="0", ROUND_PERIOD_MS="0")
+    holder = world.env.ACCOUNT_LIMIT.getByName("a")
+
+    async def scenario():
+        assert (await world.fetch("POST", "/accounts/a/queues/q/jobs", {"id": "j1"}, headers=AUTH))[0] == 201
+        jq = queue_object(world, "a", "q")
+        real = holder.permits
+        lost = []
+
+        async def flaky(message):  # the holder is unavailable for the claim-confirming sync
+            if message.get("type") == "sync" and not lost:
+                lost.append(message)
+                raise RuntimeError("holder unavailable")
+            return await real(message)
+
+        holder.permits = flaky
+        await jq.alarm()  # request (a grant), claim, confirming sync lost
+        assert lost and lost[0]["grants"][0]["claimed"] == 1, lost
+        status, body = await world.fetch("POST", "/accounts/a/jobs/j1/complete", headers=AUTH)
+        assert status == 200 and body["job"]["state"] == "claiming" and body["changed"] is True, body
+        assert directory(world) == {"j1": None}
+        wall.advance(1001)  # past the queue's retry_ms
+        for _ in range(4):  # the pump confirms the claim, cancels the job; the outbox announces it
+            await jq.alarm()
+            if directory(world)["j1"] is not None:
+                break
+        status, body = await world.fetch("GET", "/accounts/a/queues/q")
+        assert body["jobs"][0]["state"] == "done", body
+        assert directory(world)["j1"] is not None, directory(world)
+        assert outbox(world) == []
+        await until_pruned(world, wall, "j1", 1000)
+
+    run(scenario())
+
+
+def test_a_failed_finish_job_is_retried_until_the_holder_acknowledges(entry, monkeypatch):
+    # Review (MEDIUM): finish_job was a separate RPC of the front after complete; when it failed
+    # the entry stayed forever. Now it is an outbox row of the queue, sent until acknowledged.
+    wall = _Wall(monkeypatch)
+    world = World(entry, JOB_RETENTION_MS="1000", ROUND_WAIT_MS="0", ROUND_PERIOD_MS="0")
+    holder = world.env.ACCOUNT_LIMIT.getByName("a")
+
+    async def scenario():
+        assert (await world.fetch("POST", "/accounts/a/queues/q/jobs", {"id": "j1"}, headers=AUTH))[0] == 201
+        jq = queue_object(world, "a", "q")
+        await fire(jq, 2)
+        assert (await world.fetch("GET", "/accounts/a/queues/q"))[1]["jobs"][0]["state"] == "running"
+        calls = []
+
+        async def down(job_id, queue=None):
+            calls.append(job_id)
+            raise RuntimeError("holder unavailable")
+
+        holder.finish_job = down
+        try:
+            status, body = await world.fetch("POST", "/accounts/a/jobs/j1/complete", headers=AUTH)
+        except RuntimeError as exc:  # the front's own finish_job call (before the fix)
+            status, body = 500, {"error": str(exc)}
+        assert status == 200 and body["job"]["state"] == "done", body
+        assert directory(world) == {"j1": None} and outbox(world) == ["j1"]
+        for _ in range(3):  # still down: retried with the scheduler's backoff
+            wall.advance(300_001)
+            await jq.alarm()
+        assert len(calls) >= 3 and outbox(world) == ["j1"]
+        assert jq.scheduler.attempts("app:announce_finished_jobs") >= 2
+        del holder.finish_job  # the holder answers again
+        wall.advance(300_001)
+        await jq.alarm()
+        assert outbox(world) == [] and jq.scheduler.timer("app:announce_finished_jobs") is None
+        await until_pruned(world, wall, "j1", 1000)
+
+    run(scenario())
+
+
+def test_an_entry_its_queue_does_not_know_is_forgotten_once_completed(entry, monkeypatch):
+    # Follow-on: once the queue no longer knows a job (never created there, or dropped after its
+    # retention), complete answered 404 and the entry stayed forever (409 for every other
+    # queue). Now the queue announces an id it does not know as finished.
+    wall = _Wall(monkeypatch)
+    world = World(entry, JOB_RETENTION_MS="1000")
+
+    async def scenario():
+        assert (await world.fetch("POST", "/accounts/a/queues/q/jobs", {"id": "j1"}, headers=AUTH))[0] == 201
+        jq = queue_object(world, "a", "q")
+        jq.queue.storage.exec("DELETE FROM durability_semaphore_client_items")  # the queue forgot it
+        assert directory(world) == {"j1": None}
+        status, body = await world.fetch("POST", "/accounts/a/jobs/j1/complete", headers=AUTH)
+        assert status == 404, body
+        await until_pruned(world, wall, "j1", 1000)
+        status, body = await world.fetch("POST", "/accounts/a/queues/q2/jobs", {"id": "j1"}, headers=AUTH)
+        assert status == 201, body  # the id is free again
+
+    run(scenario())
+
+
+def test_a_late_announcement_never_marks_a_new_job_with_the_same_id(entry, monkeypatch):
+    # The queue forgot a finished job whose announcement is still unacknowledged; the same id is
+    # enqueued again while that announcement is in flight. The queue registers the new job only
+    # after the send settled, so the directory keeps the new job live.
+    wall = _Wall(monkeypatch)
+    world = World(entry, JOB_RETENTION_MS="1000")
+    holder = world.env.ACCOUNT_LIMIT.getByName("a")
+
+    async def scenario():
+        assert (await world.fetch("POST", "/accounts/a/queues/q/jobs", {"id": "j1"}, headers=AUTH))[0] == 201
+        jq = queue_object(world, "a", "q")
+        real = holder.finish_job
+        gate = asyncio.Event()
+        down = True
+
+        async def slow(job_id, queue=None):
+            if down:
+                raise RuntimeError("holder unavailable")
+            await gate.wait()
+            return await real(job_id, queue)
+
+        holder.finish_job = slow
+        assert (await world.fetch("POST", "/accounts/a/jobs/j1/complete", headers=AUTH))[0] == 200
+        assert outbox(world) == ["j1"]
+        wall.advance(2000)
+        await jq.queue.pump("a")  # past the queue's retention: the finished job is dropped
+        assert jq.queue.item("j1") is None and outbox(world) == ["j1"]
+        down = False
+        wall.advance(300_001)
+        sending = asyncio.ensure_future(jq.alarm())  # the announcement, held at the holder
+        await asyncio.sleep(0.01)
+        enqueue = asyncio.ensure_future(world.fetch("POST", "/accounts/a/queues/q/jobs", {"id": "j1"},
+                                                    headers=AUTH))
+        await asyncio.sleep(0.01)
+        gate.set()
+        await sending
+        status, body = await enqueue
+        assert status == 201 and body["job"]["state"] == "queued", body
+        assert directory(world) == {"j1": None}  # live: never forgotten
+        assert outbox(world) == []
+
+    run(scenario())

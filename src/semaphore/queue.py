@@ -33,6 +33,10 @@ Life of an item (table ``durability_semaphore_client_items``)::
   the callback is called again later **for the same item under the same permit**, never under a
   second permit. The application makes ``on_admit`` idempotent per ``item.item_id`` (e.g. start a
   job whose id is the item id).
+* **Finishing**: with ``on_done``, ``on_done(item)`` is called for every item that turns
+  ``done``, whichever way (``complete()`` of a queued or running item, a claim cancelled by
+  ``complete()`` that the pump resolves later, reconciliation), inside the storage transaction
+  that marks it, so an outbox row written there commits (or rolls back) with the transition.
 * **Completion** comes back through :meth:`SemaphoreQueue.complete`, which releases the permit;
   the release rides on the next message to the holder, and a ``sync`` is sent just for releases
   only once the oldest has waited ``report_releases_within_ms`` (default 10 s). A message
@@ -156,6 +160,7 @@ class QueueItem:
 
 
 AdmitCallback = Callable[[QueueItem], Union[Awaitable[Any], Any]]
+DoneCallback = Callable[[QueueItem], Any]
 CheckCallback = Callable[[QueueItem], Union[Awaitable[bool], bool]]
 
 
@@ -193,6 +198,16 @@ class SemaphoreQueue:
         stopped at ``expiresAt - lease_margin_ms``.
     :param admit_retry_ms: wait this long before calling ``on_admit`` again after it raised.
     :param reconcile_after_ms: / :param check_running: reconciliation (see the module docs).
+    :param on_done: ``on_done(item)``, synchronous, called with the item (state ``done``,
+        ``finished_at`` set) whenever an item turns ``done``: by :meth:`complete` of a queued or
+        running item, when the pump resolves a claim that :meth:`complete` cancelled while it
+        was ``claiming`` (the item turns ``done`` only then, not in :meth:`complete`), and by
+        reconciliation. Called inside the storage transaction that marks the item (once per
+        committed transition: a rolled-back one takes the callback's writes with it), so it must
+        not await or do I/O; SQL on this object's storage (e.g. an outbox
+        row telling another object, sent later) commits atomically with the transition. If it
+        raises, the transaction is rolled back (the item stays as it was) and the error
+        propagates (to the caller of :meth:`complete`, or to the pump, which retries).
     :param retention_ms: finished items are remembered this long (so a retried enqueue of a
         finished item does not run it again), then deleted. Default one day.
     :param report_releases_within_ms: releases (of grant permits and lease draws, and the stop
@@ -219,6 +234,7 @@ class SemaphoreQueue:
         client: SemaphoreClient,
         scheduler: DurabilityScheduler,
         on_admit: AdmitCallback,
+        on_done: DoneCallback | None = None,
         leases: bool = True,
         clock: Callable[[], int] | None = None,
         retry_ms: int = 1000,
@@ -233,6 +249,8 @@ class SemaphoreQueue:
     ) -> None:
         if not callable(on_admit):
             raise ConfigurationError("on_admit: must be callable", field="on_admit")
+        if on_done is not None and not callable(on_done):
+            raise ConfigurationError("on_done: must be callable or None", field="on_done")
         if isinstance(report_releases_within_ms, bool) or not isinstance(report_releases_within_ms, int) \
                 or report_releases_within_ms < 0:
             raise ConfigurationError("report_releases_within_ms: must be a non-negative integer",
@@ -243,6 +261,7 @@ class SemaphoreQueue:
         self.scheduler = scheduler
         self.storage: Storage = scheduler.storage
         self.on_admit = on_admit
+        self.on_done = on_done
         self.leases = leases
         self.clock: Callable[[], int] = clock or client.clock or system_clock
         self.retry_ms = retry_ms
@@ -329,7 +348,9 @@ class SemaphoreQueue:
     async def complete(self, item_id: str) -> bool:
         """The work of ``item_id`` finished: release its permit (reported with the next sync) and
         mark it done. Before admission it cancels the item instead. Idempotent: returns False
-        for an unknown or already finished item."""
+        for an unknown or already finished item. An item still ``claiming`` (its claim sent, not
+        yet confirmed) is only marked cancelled: it stays ``claiming`` until the pump resolves
+        the claim, and turns ``done`` then (``on_done`` is called there, not here)."""
         self.ensure_schema()
         now = self._now()
         done = self.storage.transaction(lambda: self._complete(item_id, now))
@@ -454,9 +475,17 @@ class SemaphoreQueue:
         else:
             if item.state is ItemState.RUNNING:
                 self._release_permit(item)
-            self.storage.exec(f"UPDATE {ITEMS} SET state = 'done', finished_at = ? WHERE item_id = ?", now, item_id)
+            self._finish(item_id, now)
         self._set_wake(item.key, now, earlier_only=True)
         return True
+
+    def _finish(self, item_id: str, now: int) -> None:
+        """Mark ``item_id`` done (inside the caller's transaction) and tell ``on_done``."""
+        self.storage.exec(f"UPDATE {ITEMS} SET state = 'done', finished_at = ? WHERE item_id = ?", now, item_id)
+        if self.on_done is not None:
+            item = self._item(item_id)
+            assert item is not None
+            self.on_done(item)
 
     def _start(self, item_id: str, now: int) -> None:
         self.storage.exec(
@@ -481,14 +510,12 @@ class SemaphoreQueue:
             if g is not None and g.confirmed >= item.permit.slot:
                 if cancelled:
                     self.client._release(key, g.grant_id, 1)
-                    self.storage.exec(f"UPDATE {ITEMS} SET state = 'done', finished_at = ? WHERE item_id = ?",
-                                      now, item.item_id)
+                    self._finish(item.item_id, now)
                 else:
                     self._start(item.item_id, now)
             elif g is None or g.final:
                 if cancelled:
-                    self.storage.exec(f"UPDATE {ITEMS} SET state = 'done', finished_at = ? WHERE item_id = ?",
-                                      now, item.item_id)
+                    self._finish(item.item_id, now)
                 else:
                     self._requeue(item.item_id)
 
