@@ -21,7 +21,7 @@ from .holder import DurabilitySemaphore
 from .scheduler import DurabilityScheduler
 from .client import AppliedReply, ClientGrant, ClientLease, SemaphoreClient, Transport
 from .queue import ItemState, Permit, PermitKind, QueueItem, SemaphoreQueue
-from .rpc import SemaphoreRpc, get_by_name, retry, timeout  # also sets DurabilitySemaphore.client
+from .rpc import SemaphoreRpc, get_by_name, retry, timeout
 from .wire import (
     Blocked,
     BlockedReason,

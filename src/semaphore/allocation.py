@@ -142,8 +142,31 @@ def allocate(
     result = Allocation()
     ordered = sorted(entries, key=_ORDER)
     group_charged = dict(usage.groups)
-    limit_failed = isinstance(limit, _LimitError)
-    room = 0 if limit_failed else max(0, _grant_room(limit, usage, leases))  # type: ignore[arg-type]
+    room = 0 if isinstance(limit, _LimitError) else max(0, _grant_room(limit, usage, leases))
+    left, reasons, granted_total = _serve_grants(
+        ordered, room, isinstance(limit, _LimitError), group_limits, group_charged, result)
+    if leases is not None and not isinstance(limit, _LimitError):
+        _issue_leases(ordered, limit, granted_total, usage, leases, group_limits, group_charged, result)
+        for key, permits in result.leases.items():
+            if key in left:
+                left[key] = max(0, left[key] - permits)
+    _report_blocked(ordered, left, reasons, result)
+    return result
+
+
+def _serve_grants(
+    ordered: list[Entry],
+    room: int,
+    limit_failed: bool,
+    group_limits: Mapping[str, int | None | _LimitError],
+    group_charged: dict[str, int],
+    result: Allocation,
+) -> tuple[dict[Key, int], dict[Key, BlockedReason], int]:
+    """SPEC R21-R23: serve ``ordered`` (oldest first) from ``room``: each entry with need gets
+    ``min(need, room, room under its group limit)`` as one grant in ``result.grants``
+    (``group_charged`` grows by it). An entry left with need gets the first constraint that
+    stopped it: ``not_permitted`` (R22), ``limit_resolution_error`` (R12), ``group_limit``,
+    ``limit``. Returns what each such entry still needs, its reason, and the permits granted."""
     granted_total = 0
     reasons: dict[Key, BlockedReason] = {}
     left: dict[Key, int] = {}
@@ -179,18 +202,18 @@ def allocate(
                 if g_room is not None and g_room < e.need
                 else BlockedReason.LIMIT
             )
+    return left, reasons, granted_total
 
-    if leases is not None and not limit_failed:
-        _issue_leases(ordered, limit, granted_total, usage, leases, group_limits, group_charged, result)  # type: ignore[arg-type]
-        for key, permits in result.leases.items():
-            if key in left:
-                left[key] = max(0, left[key] - permits)
 
+def _report_blocked(
+    ordered: list[Entry], left: dict[Key, int], reasons: dict[Key, BlockedReason], result: Allocation
+) -> None:
+    """SPEC R23: every entry still waiting once grants and leases are issued is reported in
+    ``result.blocked`` (in service order) with its reason and how many permits it waits for."""
     for e in ordered:
         waiting = left.get(e.key, 0)
         if waiting > 0:
             result.blocked.append((e.client_id, e.group, reasons[e.key], waiting))
-    return result
 
 
 def _issue_leases(

@@ -81,7 +81,7 @@ __all__ = [
 log = logging.getLogger("semaphore.client")
 
 #: ``async (key, message) -> reply``: sends one wire message to the holder of ``key``.
-Transport = Callable[[str, dict], Awaitable[Any]]
+Transport = Callable[[str, dict[str, Any]], Awaitable[Any]]
 
 GRANTS = "durability_semaphore_client_grants"
 LEASES = "durability_semaphore_client_leases"
@@ -680,18 +680,18 @@ class SemaphoreClient:
             self.storage.exec(
                 f"UPDATE {GRANTS} SET sent_claimed = MAX(sent_claimed, ?), sent_released = MAX(sent_released, ?),"
                 " report_at = ? WHERE key = ? AND grant_id = ?", r.claimed, r.released, stamp, key, r.grant_id)
-        for r in message.leases or ():
+        for lr in message.leases or ():
             self.storage.exec(
                 f"UPDATE {LEASES} SET sent_drawn = MAX(sent_drawn, ?), sent_released = MAX(sent_released, ?),"
                 " sent_stopped = MAX(sent_stopped, ?), report_at = ? WHERE key = ? AND lease_id = ?",
-                r.drawn, r.released, int(r.stopped), stamp, key, r.lease_id)
+                lr.drawn, lr.released, int(lr.stopped), stamp, key, lr.lease_id)
         # Reported or not: the reply lists every grant and lease the holder has for us (R8), and
         # each is merged the same way (an unreported one keeps its own report_at and its claims
         # the holder does not show yet stay unconfirmed, R15a).
-        for state in response.grants:
-            self._apply_grant(key, state, now, applied)
-        for state in response.leases:
-            self._apply_lease(key, state, now, applied)
+        for grant_state in response.grants:
+            self._apply_grant(key, grant_state, now, applied)
+        for lease_state in response.leases:
+            self._apply_lease(key, lease_state, now, applied)
         # A successful reply listed every grant and lease the holder has for us (SPEC R8).
         row = self._key_row(key)
         check_at = 0 if row is None else int(row["check_at"])

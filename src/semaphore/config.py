@@ -124,64 +124,84 @@ class LeaseConfig:
                 f"leases: expected a mapping or LeaseConfig, got {type(value).__name__}",
                 field="leases",
             )
-        known = {"provisioning", "permitsPerLease", "permits_per_lease", "ttlMs", "ttl_ms",
-                 "limitedGroups", "limited_groups"}
-        unknown = sorted(set(value) - known)
+        unknown = sorted(set(value) - _OPTIONS)
         if unknown:
             raise ConfigurationError(f"leases: unknown option(s) {unknown}", field="leases")
-        prov = value.get("provisioning", {"mode": "strict"})
-        if not isinstance(prov, Mapping):
-            raise ConfigurationError("leases.provisioning: expected a mapping like {'mode': 'strict'}",
-                                     field="leases.provisioning")
-        try:
-            mode = Provisioning(prov.get("mode"))
-        except ValueError:
-            raise ConfigurationError(
-                f"leases.provisioning.mode: must be 'strict', 'under' or 'over', got {prov.get('mode')!r}",
-                field="leases.provisioning.mode",
-            ) from None
-        stray = sorted(set(prov) - {"mode", "reserve", "extra"})
-        if stray:
-            raise ConfigurationError(f"leases.provisioning: unknown option(s) {stray}",
-                                     field="leases.provisioning")
-        if "extra" in prov and mode is not Provisioning.OVER:
-            raise ConfigurationError("leases.provisioning.extra: only the 'over' mode takes an extra budget",
-                                     field="leases.provisioning.extra")
-        kwargs: dict[str, Any] = {"mode": mode}
-        if mode is Provisioning.UNDER:
-            if "reserve" not in prov:
-                raise ConfigurationError("leases.provisioning.reserve: required for mode 'under'",
-                                         field="leases.provisioning.reserve")
-            kwargs["reserve"] = prov["reserve"]
-        elif "reserve" in prov:
-            kwargs["reserve"] = prov["reserve"]
-        if mode is Provisioning.OVER:
-            extra = prov.get("extra")
-            if not isinstance(extra, Mapping) or len(extra) != 1 or not ({"ratio", "count"} & set(extra)):
-                raise ConfigurationError(
-                    "leases.provisioning.extra: required for mode 'over', as {'ratio': r} or {'count': n}",
-                    field="leases.provisioning.extra",
-                )
-            kwargs["extra_ratio"] = extra.get("ratio")
-            kwargs["extra_count"] = extra.get("count")
+        kwargs = _parse_provisioning(value.get("provisioning", {"mode": "strict"}))
         for camel, snake in (("permitsPerLease", "permits_per_lease"), ("ttlMs", "ttl_ms")):
             if camel in value and snake in value:
                 raise ConfigurationError(f"leases: give {camel} or {snake}, not both", field=f"leases.{camel}")
             if camel in value or snake in value:
                 kwargs[snake] = value.get(camel, value.get(snake))
-        if "limitedGroups" in value and "limited_groups" in value:
-            raise ConfigurationError("leases: give limitedGroups or limited_groups, not both",
-                                     field="leases.limitedGroups")
-        lg = value.get("limitedGroups", value.get("limited_groups", "exclude"))
-        aliases = {"exclude": "exclude", "withinGroupLimit": "withinGroupLimit",
-                   "within_group_limit": "withinGroupLimit"}
-        if not isinstance(lg, str) or lg not in aliases:
-            raise ConfigurationError(
-                f"leases.limitedGroups: must be 'exclude' or 'withinGroupLimit', got {lg!r}",
-                field="leases.limitedGroups",
-            )
-        kwargs["limited_groups"] = LimitedGroups(aliases[lg])
+        kwargs["limited_groups"] = _parse_limited_groups(value)
         return cls(**kwargs)
+
+
+#: Every option of the ``leases=`` mapping, in both spellings.
+_OPTIONS = {"provisioning", "permitsPerLease", "permits_per_lease", "ttlMs", "ttl_ms",
+            "limitedGroups", "limited_groups"}
+
+
+def _parse_provisioning(prov: Any) -> dict[str, Any]:
+    """SPEC R25: the ``provisioning`` mapping as :class:`LeaseConfig` keyword arguments: a mode,
+    the ``reserve`` that ``under`` requires (and only it takes), the ``extra`` (``{"ratio": r}``
+    or ``{"count": n}``) that ``over`` requires (and only it takes). Values are validated by
+    :class:`LeaseConfig` itself."""
+    if not isinstance(prov, Mapping):
+        raise ConfigurationError("leases.provisioning: expected a mapping like {'mode': 'strict'}",
+                                 field="leases.provisioning")
+    try:
+        mode = Provisioning(prov.get("mode"))
+    except ValueError:
+        raise ConfigurationError(
+            f"leases.provisioning.mode: must be 'strict', 'under' or 'over', got {prov.get('mode')!r}",
+            field="leases.provisioning.mode",
+        ) from None
+    stray = sorted(set(prov) - {"mode", "reserve", "extra"})
+    if stray:
+        raise ConfigurationError(f"leases.provisioning: unknown option(s) {stray}",
+                                 field="leases.provisioning")
+    if "extra" in prov and mode is not Provisioning.OVER:
+        raise ConfigurationError("leases.provisioning.extra: only the 'over' mode takes an extra budget",
+                                 field="leases.provisioning.extra")
+    kwargs: dict[str, Any] = {"mode": mode}
+    if mode is Provisioning.UNDER:
+        if "reserve" not in prov:
+            raise ConfigurationError("leases.provisioning.reserve: required for mode 'under'",
+                                     field="leases.provisioning.reserve")
+        kwargs["reserve"] = prov["reserve"]
+    elif "reserve" in prov:
+        kwargs["reserve"] = prov["reserve"]
+    if mode is Provisioning.OVER:
+        extra = prov.get("extra")
+        if not isinstance(extra, Mapping) or len(extra) != 1 or not ({"ratio", "count"} & set(extra)):
+            raise ConfigurationError(
+                "leases.provisioning.extra: required for mode 'over', as {'ratio': r} or {'count': n}",
+                field="leases.provisioning.extra",
+            )
+        kwargs["extra_ratio"] = extra.get("ratio")
+        kwargs["extra_count"] = extra.get("count")
+    return kwargs
+
+
+#: ``limitedGroups`` values, in both spellings.
+_LIMITED_GROUPS = {"exclude": "exclude", "withinGroupLimit": "withinGroupLimit",
+                   "within_group_limit": "withinGroupLimit"}
+
+
+def _parse_limited_groups(value: Mapping[str, Any]) -> LimitedGroups:
+    """SPEC R27: ``limitedGroups`` (or ``limited_groups``, not both): ``exclude`` (default) or
+    ``withinGroupLimit`` (or ``within_group_limit``)."""
+    if "limitedGroups" in value and "limited_groups" in value:
+        raise ConfigurationError("leases: give limitedGroups or limited_groups, not both",
+                                 field="leases.limitedGroups")
+    lg = value.get("limitedGroups", value.get("limited_groups", "exclude"))
+    if not isinstance(lg, str) or lg not in _LIMITED_GROUPS:
+        raise ConfigurationError(
+            f"leases.limitedGroups: must be 'exclude' or 'withinGroupLimit', got {lg!r}",
+            field="leases.limitedGroups",
+        )
+    return LimitedGroups(_LIMITED_GROUPS[lg])
 
 
 def _int_at_least(value: Any, minimum: int, name: str) -> None:

@@ -10,10 +10,10 @@ import itertools
 import logging
 import secrets
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Mapping, Union
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Mapping, Union
 
-from .allocation import LIMIT_ERROR, Entry, Usage, allocate, ceiling
-from .clock import sleep_until, system_clock
+from .allocation import LIMIT_ERROR, Allocation, Entry, Usage, allocate, ceiling
+from .clock import sleep_until
 from .config import LeaseConfig, LimitedGroups
 from .errors import ConfigurationError, InvalidMessageError, RoundFailedError
 from .runtime import Storage
@@ -32,8 +32,10 @@ from .store import (
     json_list,
 )
 from .wire import (
+    GrantReport,
     GrantState,
     GrantStatus,
+    LeaseReport,
     LeaseState,
     LeaseStatus,
     WIRE_VERSION,
@@ -41,6 +43,9 @@ from .wire import (
     SyncMessage,
     parse_message,
 )
+
+if TYPE_CHECKING:  # rpc is the client side: the holder module does not import it at run time
+    from .rpc import Invoke, SemaphoreRpc, Transform
 
 __all__ = ["DurabilitySemaphore", "LimitOption", "GroupLimitOption", "CanGrantOption"]
 
@@ -72,10 +77,13 @@ _LEASE_MAC_DOMAIN = b"durability-semaphore/lease-id/v1\0"
 def _lease_secret(meta: Mapping[str, int]) -> bytes | None:
     """The lease-id secret stored in ``meta`` (the rows already loaded by the round), or
     ``None`` if this holder never issued a lease (or its storage was reset)."""
-    words = [meta.get(f"{LEASE_KEY_PREFIX}{i}") for i in range(LEASE_KEY_WORDS)]
-    if any(w is None or not 0 <= w < 2**32 for w in words):
-        return None
-    return b"".join(int(w).to_bytes(4, "big") for w in words)  # type: ignore[arg-type]
+    words: list[int] = []
+    for i in range(LEASE_KEY_WORDS):
+        w = meta.get(f"{LEASE_KEY_PREFIX}{i}")
+        if w is None or not 0 <= w < 2**32:
+            return None
+        words.append(w)
+    return b"".join(int(w).to_bytes(4, "big") for w in words)
 
 
 def _lease_mac(secret: bytes, client_id: str, nonce: str) -> str:
@@ -146,7 +154,8 @@ async def _call(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def _option_int(value: Any, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    # isinstance(value, int) first: it is what narrows ``value`` to int for the return.
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ConfigurationError(f"{name}: must be an integer >= {minimum}, got {value!r}", field=name)
     return value
 
@@ -233,7 +242,7 @@ class DurabilitySemaphore:
         self.round_period_ms = _option_int(round_period_ms, "round_period_ms", 0)
         self.grant_timeout_ms = _option_int(grant_timeout_ms, "grant_timeout_ms", 1)
         self.leases = LeaseConfig.parse(leases)
-        self.clock: Callable[[], int] = clock or scheduler.clock or system_clock
+        self.clock: Callable[[], int] = clock or scheduler.clock  # the scheduler's defaults to system_clock
         self._new_id = id_factory or (lambda: secrets.token_hex(12))
         self._new_secret = secret_factory or (lambda: secrets.token_bytes(4 * LEASE_KEY_WORDS))
         self._pending: dict[str, _Pending] = {}
@@ -307,6 +316,27 @@ class DurabilitySemaphore:
             "retiredLeases": meta.get("retired_leases", 0),
             "groups": groups,
         }
+
+    @staticmethod
+    def client(
+        binding: str | None = None,
+        *,
+        invoke: Invoke,
+        namespace: Any = None,
+        transforms: tuple[Transform, ...] = (),
+    ) -> SemaphoreRpc:
+        """``DurabilitySemaphore.client(binding=..., invoke=...)``: the client helper (SPEC R36).
+
+        :param binding: name of the holder class's Durable Object binding in ``env``.
+        :param invoke: ``(stub, message) -> awaitable reply`` calling the holder's RPC method, or the
+            method's name (``"permits"``).
+        :param namespace: escape hatch instead of ``binding``: the namespace object itself, or a
+            callable ``env -> namespace``.
+        :param transforms: initial transforms (see :meth:`SemaphoreRpc.with_`).
+        """
+        from .rpc import client  # at call time: the holder module stays free of the client side
+
+        return client(binding, invoke=invoke, namespace=namespace, transforms=transforms)
 
     @staticmethod
     def migrate(ctx: Any, to_version: int | None) -> None:
@@ -488,18 +518,34 @@ class DurabilitySemaphore:
         in-memory copy is updated only once the transaction committed)."""
         uow, views = self._open(now, {p.client_id: p.messages for p in clients})
         self._retire_ineligible(uow, now, limit, group_limits, permitted)
+        usage = self._usage(uow, views, limit, {d.group for p in clients for d in p.latest.demand})
+        entries = self._entries(uow, clients, permitted)
+        result = allocate(entries, limit=limit, group_limits=group_limits, usage=usage, leases=self.leases)
+        self._write_allocation(uow, views, result, now, limit)
+        return self._round_replies(uow, clients, views, result, now), result.contended
 
-        # Usage and need (SPEC R19, R20)
-        demand_groups = {d.group for p in clients for d in p.latest.demand}
+    def _usage(self, uow: UnitOfWork, views: dict[str, _View], limit: Any, demand_groups: set[str]) -> Usage:
+        """SPEC R19: charged capacity before allocation, in total and per demanded group (grants'
+        ``permits - released`` plus lease footprint), with the round's transient R32 charge for
+        reports of unknown leases this holder did issue added to the lease footprint."""
         totals = uow.totals()
         per_group = uow.group_usage(demand_groups)
-        # R32: the transient charge for reports of unknown leases this holder did issue.
         unknown_charge = self._unknown_lease_charge(uow, views, limit)
-        usage = Usage(
+        return Usage(
             grants=totals["outstanding"],
             leases=totals["lease_footprint"] + unknown_charge,
             groups={g: u["outstanding"] + u["lease_footprint"] for g, u in per_group.items()},
         )
+
+    @staticmethod
+    def _entries(
+        uow: UnitOfWork, clients: list[_Pending], permitted: dict[tuple[str, str], bool]
+    ) -> list[Entry]:
+        """One :class:`Entry` per ``(client, group)`` of the round's latest demands (R10): its
+        need is the count minus unclaimed grant permits and undrawn live-lease permits the
+        client holds in the group (SPEC R20); it is a lease candidate if the client reports
+        leases, the count is above zero and it holds no live lease with undrawn permits there
+        (SPEC R26); ``permitted`` is the round's ``canGrant`` answer (SPEC R22)."""
         held_unclaimed: dict[tuple[str, str], int] = {}
         for g in uow.grants.values():
             if g.claimed < g.permits:
@@ -524,9 +570,15 @@ class DurabilitySemaphore:
                     permitted.get(key, True),
                     lease_capable and d.count > 0 and undrawn.get(key, 0) == 0,
                 ))
-        result = allocate(entries, limit=limit, group_limits=group_limits, usage=usage, leases=self.leases)
+        return entries
 
-        # Writes (SPEC R2): new grants and leases, then everything in one flush.
+    def _write_allocation(
+        self, uow: UnitOfWork, views: dict[str, _View], result: Allocation, now: int, limit: Any
+    ) -> None:
+        """SPEC R2: the round's writes, all in one flush inside its transaction: the new grants
+        (R15 deadline) and leases (R32 verifiable ids, R31 ``expiresAt``), each put first in its
+        client's view, then meta ``last_limit`` (R33), ``last_round_at`` (R9) and ``contended``
+        (R29, only when it changes); then the reclaim timer follows the earliest deadline (R16)."""
         for (client_id, group), permits in result.grants.items():
             row = GrantRow(self._new_id(), client_id, group, permits, 0, 0, now,
                            now + self.grant_timeout_ms, False)
@@ -547,6 +599,12 @@ class DurabilitySemaphore:
         uow.flush()
         self._schedule_reclaim()
 
+    def _round_replies(
+        self, uow: UnitOfWork, clients: list[_Pending], views: dict[str, _View], result: Allocation, now: int
+    ) -> dict[str, dict[str, Any]]:
+        """Each client's reply to the round (SPEC R8): its grants and leases, its ``blocked``
+        entries in wire form (R23), the round's ``contended`` flag (R29) and ``nextRequestAt``
+        (R11: one period after this round)."""
         next_at = now + self.round_period_ms
         blocked: dict[str, list[dict[str, Any]]] = {}
         for client_id, group, reason, waiting in result.blocked:  # wire form of Blocked
@@ -556,7 +614,7 @@ class DurabilitySemaphore:
             p.client_id: self._reply(held, p.client_id, views[p.client_id], blocked.get(p.client_id, []),
                                      result.contended, next_at)
             for p in clients
-        }, result.contended
+        }
 
     # ================================================================== lease ids (R32)
     def _issuing_secret(self, uow: UnitOfWork) -> bytes:
@@ -733,49 +791,67 @@ class DurabilitySemaphore:
         verifies for this client, within the bounds of :meth:`_unknown_lease_charge` (a sync
         allocates nothing, so it charges nothing either)."""
         view = _View()
-        unknown = view.unknown_leases
         for message in messages:
-            for r in message.grants:
-                g = uow.grants.get(r.grant_id)
-                if g is None or g.client_id != client_id:  # SPEC R14, R15
-                    view.grants[r.grant_id] = GrantState(
-                        r.grant_id, None, 0, 0, 0, None, GrantStatus.NOT_FOUND).to_wire()
-                    continue
-                claimed = max(g.claimed, min(r.claimed, g.permits))
-                released = max(g.released, min(r.released, claimed))
-                if claimed != g.claimed or released != g.released:
-                    g.claimed, g.released = claimed, released
-                    uow.put_grant(g)
-                view.grants[r.grant_id] = self._grant_wire(g)
-                if g.released >= g.permits:  # SPEC R17: settled
-                    uow.delete_grant(g)
-            for r in message.leases or ():
-                lease = uow.leases.get(r.lease_id)
-                if lease is None or lease.client_id != client_id:  # SPEC R32
-                    if r.stopped and r.released == r.drawn:
-                        status = LeaseStatus.SETTLED
-                        unknown.pop(r.lease_id, None)
-                    else:
-                        status = LeaseStatus.RETIRED
-                        unknown[r.lease_id] = max(0, r.drawn - r.released)
-                    view.leases[r.lease_id] = LeaseState(
-                        r.lease_id, None, r.drawn, r.drawn, r.released, None, status).to_wire()
-                    continue
-                if not lease.stopped:  # R30: after the stop, drawn is final
-                    lease.drawn = max(lease.drawn, min(r.drawn, lease.permits))
-                lease.released = max(lease.released, min(r.released, lease.drawn))
-                if lease.status == "live":
-                    lease.expires_at = now + self._ttl_ms()
-                if r.stopped:
-                    lease.stopped = True
-                    lease.status = "retired"
-                uow.put_lease(lease)
-                if lease.stopped and lease.released >= lease.drawn:  # SPEC R30: settled
-                    view.leases[r.lease_id] = self._lease_wire(lease, LeaseStatus.SETTLED)
-                    uow.delete_lease(lease)
-                else:
-                    view.leases[r.lease_id] = self._lease_wire(lease)
+            self._apply_grant_reports(uow, client_id, message.grants, view)
+            self._apply_lease_reports(uow, client_id, message.leases or (), view, now)
         return view
+
+    def _apply_grant_reports(
+        self, uow: UnitOfWork, client_id: str, reports: Iterable[GrantReport], view: _View
+    ) -> None:
+        """SPEC R13: a grant report raises ``claimed`` (clamped to ``permits``) and ``released``
+        (clamped to ``claimed``) as high-water marks; a grant unknown or another client's is
+        answered ``not_found`` (R14, R15); a fully released grant is settled and deleted (R17)."""
+        for r in reports:
+            g = uow.grants.get(r.grant_id)
+            if g is None or g.client_id != client_id:  # SPEC R14, R15
+                view.grants[r.grant_id] = GrantState(
+                    r.grant_id, None, 0, 0, 0, None, GrantStatus.NOT_FOUND).to_wire()
+                continue
+            claimed = max(g.claimed, min(r.claimed, g.permits))
+            released = max(g.released, min(r.released, claimed))
+            if claimed != g.claimed or released != g.released:
+                g.claimed, g.released = claimed, released
+                uow.put_grant(g)
+            view.grants[r.grant_id] = self._grant_wire(g)
+            if g.released >= g.permits:  # SPEC R17: settled
+                uow.delete_grant(g)
+
+    def _apply_lease_reports(
+        self, uow: UnitOfWork, client_id: str, reports: Iterable[LeaseReport], view: _View, now: int
+    ) -> None:
+        """SPEC R30-R32: a lease report raises ``drawn`` (clamped to ``permits``, final once
+        stopped, R30) and ``released`` (clamped to ``drawn``), heartbeats a live lease (R31) and
+        settles a stopped, fully released one (R30). A lease unknown or another client's is
+        answered ``retired`` (``settled`` if stopped with ``released == drawn``), nothing is
+        stored, and its ``drawn - released`` is kept in ``view.unknown_leases`` (R32)."""
+        unknown = view.unknown_leases
+        for r in reports:
+            lease = uow.leases.get(r.lease_id)
+            if lease is None or lease.client_id != client_id:  # SPEC R32
+                if r.stopped and r.released == r.drawn:
+                    status = LeaseStatus.SETTLED
+                    unknown.pop(r.lease_id, None)
+                else:
+                    status = LeaseStatus.RETIRED
+                    unknown[r.lease_id] = max(0, r.drawn - r.released)
+                view.leases[r.lease_id] = LeaseState(
+                    r.lease_id, None, r.drawn, r.drawn, r.released, None, status).to_wire()
+                continue
+            if not lease.stopped:  # R30: after the stop, drawn is final
+                lease.drawn = max(lease.drawn, min(r.drawn, lease.permits))
+            lease.released = max(lease.released, min(r.released, lease.drawn))
+            if lease.status == "live":
+                lease.expires_at = now + self._ttl_ms()
+            if r.stopped:
+                lease.stopped = True
+                lease.status = "retired"
+            uow.put_lease(lease)
+            if lease.stopped and lease.released >= lease.drawn:  # SPEC R30: settled
+                view.leases[r.lease_id] = self._lease_wire(lease, LeaseStatus.SETTLED)
+                uow.delete_lease(lease)
+            else:
+                view.leases[r.lease_id] = self._lease_wire(lease)
 
     def _ttl_ms(self) -> int:
         # Leases may outlive a config that had them: heartbeat with the default lifetime then.

@@ -66,10 +66,9 @@ import inspect
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Union
+from typing import Any, Awaitable, Callable, Union, cast
 
 from .client import AppliedReply, SemaphoreClient
-from .clock import system_clock
 from .errors import ConfigurationError, SemaphoreError
 from .runtime import Storage, migrate_tables
 from .scheduler import DurabilityScheduler
@@ -177,7 +176,7 @@ def _check_id(value: Any, name: str) -> str:
     problem = id_problem(value)
     if problem is not None:
         raise ConfigurationError(f"{name}: {problem}", field=name)
-    return value
+    return cast(str, value)  # id_problem found none: value is a str
 
 
 class SemaphoreQueue:
@@ -263,7 +262,7 @@ class SemaphoreQueue:
         self.on_admit = on_admit
         self.on_done = on_done
         self.leases = leases
-        self.clock: Callable[[], int] = clock or client.clock or system_clock
+        self.clock: Callable[[], int] = clock or client.clock  # the client's defaults to system_clock
         self.retry_ms = retry_ms
         self.claim_margin_ms = claim_margin_ms
         self.lease_margin_ms = lease_margin_ms
@@ -565,13 +564,13 @@ class SemaphoreQueue:
         for lease in self.client.leases(key):
             items = queued.get(lease.group)
             while items and lease.drawable(now, self.lease_margin_ms):
-                slot = self.client._draw(key, lease.lease_id, self.lease_margin_ms)
-                if slot is None:
+                drawn = self.client._draw(key, lease.lease_id, self.lease_margin_ms)
+                if drawn is None:
                     break
                 item_id = items.pop(0)
                 self.storage.exec(
                     f"UPDATE {ITEMS} SET permit_kind = 'lease', permit_id = ?, slot = ? WHERE item_id = ?",
-                    lease.lease_id, slot, item_id)
+                    lease.lease_id, drawn, item_id)
                 self._start(item_id, now)
                 lease = self.client.lease(key, lease.lease_id) or lease
         self._stop_idle_leases(key, now, contended=False)

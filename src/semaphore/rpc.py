@@ -47,7 +47,6 @@ from .errors import (
     SemaphoreTimeoutError,
     error_from_reply,
 )
-from .holder import DurabilitySemaphore
 from .runtime import plain
 from .wire import PermitRequest, SyncMessage
 
@@ -62,10 +61,11 @@ __all__ = [
 ]
 
 #: ``async (key, message) -> reply dict``: one call to the holder of ``key``.
-Call = Callable[[str, dict], Awaitable[dict]]
+Call = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
 #: A caller transform: wraps a :data:`Call` into another.
 Transform = Callable[[Call], Call]
-Invoke = Union[str, Callable[[Any, dict], Any]]
+#: ``(stub, message) -> reply`` (sync or awaitable), or the name of the stub's RPC method.
+Invoke = Union[str, Callable[[Any, dict[str, Any]], Any]]
 
 
 def get_by_name(namespace: Any, name: str) -> Any:
@@ -120,7 +120,7 @@ class SemaphoreRpc:
     def call(self, env: Any) -> Call:
         """The composed ``async (key, message) -> reply`` for ``env``."""
 
-        async def rpc(key: str, message: dict) -> dict:
+        async def rpc(key: str, message: dict[str, Any]) -> dict[str, Any]:
             try:
                 stub = get_by_name(self.resolve_namespace(env), key)
                 if isinstance(self.invoke, str):
@@ -149,7 +149,7 @@ class SemaphoreRpc:
             composed = t(composed)
         return composed
 
-    async def request(self, env: Any, key: str, message: Any) -> dict:
+    async def request(self, env: Any, key: str, message: Any) -> dict[str, Any]:
         """Send ``message`` (a wire dict, or a typed :class:`PermitRequest`/:class:`SyncMessage`)
         to the holder of ``key`` and return its reply dict. Raises the typed exception of an
         error reply, :class:`HolderUnavailableError` if the RPC fails, and whatever the
@@ -200,7 +200,7 @@ def timeout(ms: int, *, clock: Callable[[], int] | None = None) -> Transform:
         raise ConfigurationError(f"timeout: ms must be a positive integer, got {ms!r}", field="timeout")
 
     def transform(call: Call) -> Call:
-        async def timed(key: str, message: dict) -> dict:
+        async def timed(key: str, message: dict[str, Any]) -> dict[str, Any]:
             if clock is None or getattr(clock, "sleep_until", None) is None:
                 try:
                     return await asyncio.wait_for(call(key, message), ms / 1000)
@@ -231,7 +231,7 @@ def retry(attempts: int, *, backoff_ms: int = 0, clock: Callable[[], int] | None
     sleep_clock = clock or system_clock
 
     def transform(call: Call) -> Call:
-        async def retried(key: str, message: dict) -> dict:
+        async def retried(key: str, message: dict[str, Any]) -> dict[str, Any]:
             for i in range(attempts):
                 try:
                     return await call(key, message)
@@ -246,6 +246,3 @@ def retry(attempts: int, *, backoff_ms: int = 0, clock: Callable[[], int] | None
 
     return transform
 
-
-# ``DurabilitySemaphore.client(...)``, like the original's static helper.
-DurabilitySemaphore.client = staticmethod(client)  # type: ignore[attr-defined]

@@ -101,7 +101,7 @@ class DurabilityScheduler:
     @classmethod
     def backoff_ms(cls, attempts: int) -> int:
         """Delay before the retry of a timer whose handler has failed ``attempts`` times in a row."""
-        return min(cls.BACKOFF_MAX_MS, cls.BACKOFF_BASE_MS * 2 ** min(max(attempts, 1) - 1, 30))
+        return min(cls.BACKOFF_MAX_MS, cls.BACKOFF_BASE_MS * (1 << min(max(attempts, 1) - 1, 30)))
 
     def attempts(self, name: str) -> int:
         """Consecutive failed runs of timer ``name`` (0 when it never failed, or is not set)."""
@@ -222,46 +222,59 @@ class DurabilityScheduler:
                 self.storage.exec(f"DELETE FROM {TABLE} WHERE name = ? AND due_at = ?", name, due_at)
                 continue
             if name in self._running:
-                # Still running from an earlier alarm of this instance (a long run outlived its
-                # lease, or the timer was set again meanwhile): never run it twice at once, nor
-                # leave it due (the alarm would fire in a loop); run it again after this run.
-                self._running[name] = now + self.RUN_LEASE_MS
-                self._rerun.add(name)
-                self.storage.exec(f"UPDATE {TABLE} SET due_at = ? WHERE name = ?",
-                                  self._running[name], name)
+                self._defer_rerun(name, now)
                 continue
-            # Lease the timer rather than delete it, so a run cut short by the death of the
-            # instance happens again; after the run it is deleted unless set or cleared
-            # meanwhile, so a handler can still re-schedule or clear itself.
-            # Only if unchanged since the due list was read: an earlier handler of this loop (or
-            # a request meanwhile) may have rescheduled or cancelled it.
-            leased = self.storage.exec(
-                f"UPDATE {TABLE} SET due_at = ? WHERE name = ? AND due_at = ? RETURNING attempts",
-                now + self.RUN_LEASE_MS, name, due_at)
-            if not leased:
-                continue
-            attempts = int(leased[0]["attempts"] or 0)
-            self._running[name] = lease = now + self.RUN_LEASE_MS
-            self._touched.discard(name)
-            try:
-                result = handler(name, due_at)
-                if inspect.isawaitable(result):
-                    await result
-            except Exception:  # keep the timer, backed off; never stop the other timers
-                self._record_failure(name, attempts + 1, lease)
-            else:
-                if name in self._rerun:  # came due again during the run: run it once more
-                    self.storage.exec(f"UPDATE {TABLE} SET due_at = ?, attempts = 0 WHERE name = ?",
-                                      int(self.clock()), name)
-                elif name not in self._touched:
-                    self.storage.exec(f"DELETE FROM {TABLE} WHERE name = ?", name)
-                elif attempts:  # the handler re-scheduled itself: keep its time, reset the count
-                    self.storage.exec(f"UPDATE {TABLE} SET attempts = 0 WHERE name = ?", name)
-            finally:
-                self._running.pop(name, None)
-                self._rerun.discard(name)
-                self._touched.discard(name)
+            attempts = self._lease_timer(name, due_at, now)
+            if attempts is not None:
+                await self._run_timer(name, due_at, handler, attempts, now + self.RUN_LEASE_MS)
         await self.arm()
+
+    def _defer_rerun(self, name: str, now: int) -> None:
+        """A due timer still running from an earlier alarm of this instance (a long run outlived
+        its lease, or the timer was set again meanwhile): never run it twice at once, nor leave it
+        due (the alarm would fire in a loop); its lease is extended and it runs again after this
+        run (SPEC R16: the alarm stays set while a timer is left)."""
+        self._running[name] = now + self.RUN_LEASE_MS
+        self._rerun.add(name)
+        self.storage.exec(f"UPDATE {TABLE} SET due_at = ? WHERE name = ?", self._running[name], name)
+
+    def _lease_timer(self, name: str, due_at: int, now: int) -> int | None:
+        """Lease a due timer for its run (``now + RUN_LEASE_MS``) rather than delete it, so a run
+        cut short by the death of the instance happens again (alarms are at-least-once). Only if
+        unchanged since the due list was read: an earlier handler of this alarm (or a request
+        meanwhile) may have rescheduled or cancelled it; then ``None``, else its ``attempts``."""
+        leased = self.storage.exec(
+            f"UPDATE {TABLE} SET due_at = ? WHERE name = ? AND due_at = ? RETURNING attempts",
+            now + self.RUN_LEASE_MS, name, due_at)
+        if not leased:
+            return None
+        return int(leased[0]["attempts"] or 0)
+
+    async def _run_timer(self, name: str, due_at: int, handler: TimerHandler, attempts: int, lease: int) -> None:
+        """Run a leased timer's handler (SPEC R16: one that raises never stops the others). It
+        raised: backed off (:meth:`_record_failure`). It returned: run once more if it came due
+        again meanwhile, else deleted unless it set or cleared itself (then its time stands and
+        ``attempts`` is reset)."""
+        self._running[name] = lease
+        self._touched.discard(name)
+        try:
+            result = handler(name, due_at)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:  # keep the timer, backed off; never stop the other timers
+            self._record_failure(name, attempts + 1, lease)
+        else:
+            if name in self._rerun:  # came due again during the run: run it once more
+                self.storage.exec(f"UPDATE {TABLE} SET due_at = ?, attempts = 0 WHERE name = ?",
+                                  int(self.clock()), name)
+            elif name not in self._touched:
+                self.storage.exec(f"DELETE FROM {TABLE} WHERE name = ?", name)
+            elif attempts:  # the handler re-scheduled itself: keep its time, reset the count
+                self.storage.exec(f"UPDATE {TABLE} SET attempts = 0 WHERE name = ?", name)
+        finally:
+            self._running.pop(name, None)
+            self._rerun.discard(name)
+            self._touched.discard(name)
 
     def _record_failure(self, name: str, attempts: int, lease: int) -> None:
         """Log the current exception, count the failed run and back the timer off. Called from

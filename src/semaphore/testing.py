@@ -138,7 +138,7 @@ class VirtualClock:
 # ---------------------------------------------------------------------------------- storage
 
 
-class _JsDictRow(dict):
+class _JsDictRow(dict[str, Any]):
     """Like the SDK's JsDict: a dict that also allows ``row.col``."""
 
     def __getattr__(self, name: str) -> Any:

@@ -38,7 +38,7 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 from .errors import InvalidMessageError
 
@@ -200,7 +200,7 @@ def check_id(value: Any, field_name: str) -> str:
     problem = id_problem(value)
     if problem is not None:
         raise _fail(field_name, problem)
-    return value
+    return cast(str, value)  # id_problem found none: value is a str
 
 
 def _boolean(value: Any, name: str) -> bool:

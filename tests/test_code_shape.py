@@ -1,0 +1,56 @@
+"""Code shape guard (architecture issue): no function of the library is longer than
+``MAX_LINES`` lines, so each rule stays small enough to read beside its SPEC text.
+
+A function's length is counted from its ``def`` line to its last line, inclusive (docstring,
+comments and blank lines included; decorators not); nested functions are measured on their own
+and count toward their enclosing function too."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LIBRARY = ROOT / "src" / "semaphore"
+MAX_LINES = 60
+
+
+def function_lengths(path: Path) -> list[tuple[str, int, int]]:
+    """``(qualified name, first line, length)`` of every function and method in ``path``."""
+    found: list[tuple[str, int, int]] = []
+
+    def walk(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                assert child.end_lineno is not None
+                found.append((prefix + child.name, child.lineno, child.end_lineno - child.lineno + 1))
+                walk(child, f"{prefix}{child.name}.")
+            elif isinstance(child, ast.ClassDef):
+                walk(child, f"{prefix}{child.name}.")
+            else:
+                walk(child, prefix)
+
+    walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)), "")
+    return found
+
+
+def test_library_modules_are_found():
+    modules = sorted(p.name for p in LIBRARY.glob("*.py"))
+    assert {"holder.py", "allocation.py", "scheduler.py", "config.py"} <= set(modules), modules
+    assert all(function_lengths(LIBRARY / m) for m in ("holder.py", "allocation.py"))
+
+
+def test_no_library_function_is_longer_than_60_lines():
+    too_long = [
+        f"{path.relative_to(ROOT)}:{line} {name} ({length} lines)"
+        for path in sorted(LIBRARY.glob("*.py"))
+        for name, line, length in function_lengths(path)
+        if length > MAX_LINES
+    ]
+    assert not too_long, f"functions longer than {MAX_LINES} lines (split them):\n" + "\n".join(too_long)
+
+
+def test_the_measure_counts_def_to_last_line(tmp_path: Path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("class A:\n    @staticmethod\n    def f():\n        x = 1\n\n        return x\n")
+    assert function_lengths(sample) == [("A.f", 3, 4)]
