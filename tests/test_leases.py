@@ -11,9 +11,10 @@ provisioning arithmetic (decided in docs, see the report of issue "Leases on the
 
 ``charged`` includes the grants of the round. Lease footprint counts against a group's limit
 whenever the group has one; an unknown lease's charge (R32) counts against the total for its
-round only, and only if its id verifies for the reporting client (lease ids carry an HMAC, see
-the R32 section): at most ``permitsPerLease`` per client and the ceiling in total, and nothing
-when leases are not configured.
+round only, and only if its id verifies for the reporting client and was issued before a
+storage reset (lease ids carry the storage epoch and an HMAC, see the R32 section): at most the
+id's permits, ``permitsPerLease`` per client and the ceiling in total, and nothing when leases
+are not configured.
 """
 
 from __future__ import annotations
@@ -538,15 +539,20 @@ async def test_r31_expired_lease_retired_at_next_report():
 
 # ====================================================================== R32 unknown leases
 #
-# Lease ids are verifiable (decision, README "Leases"): ``<id_factory()>.<mac>``, the mac the first
-# 32 hex digits of HMAC-SHA256 under a secret of the holder (meta rows lease_key_0..7, created by
-# the first round that issues a lease) over the client id and the first part. A report of an
-# unknown lease is charged only if its id verifies for the reporting client (a lease this holder
-# issued to it whose row is gone, e.g. a stale report after the settle): drawn - released, at
-# most permitsPerLease per client per round and the ceiling in total. A fabricated id, another
-# client's id, or one from before verifiable ids is answered the same way but charged nothing.
+# Lease ids are verifiable (decision, README "Leases"): ``<nonce>.<epoch>.<permits>.<mac>``, the
+# nonce from id_factory, the epoch the storage's (meta row lease_epoch, 32 random bits drawn with
+# the storage's lease-id state, new after a reset), the mac the first 32 hex digits of
+# HMAC-SHA256 over client id, nonce, epoch and permits under ``lease_secret`` (an application
+# secret) or, without it, a per-storage secret (meta rows lease_key_0..7). A report of an unknown
+# lease is charged only if its id verifies for the reporting client AND carries another epoch (a
+# lease issued before a storage reset, whose work may still run): min(drawn - released, the id's
+# permits), at most permitsPerLease per client per round and the ceiling in total. A verified id
+# of the current epoch is a lease this storage settled (its work released): charged nothing, like
+# a fabricated id, another client's id, or one under another secret.
 
-LEASE_ID = re.compile(r"^(?P<nonce>.+)\.(?P<mac>[0-9a-f]{32})$")
+LEASE_ID = re.compile(r"^(?P<nonce>.+)\.(?P<epoch>[0-9a-f]{8})\.(?P<permits>[1-9][0-9]{0,15})\.(?P<mac>[0-9a-f]{32})$")
+APP_SECRET = "lease secret of the test application"  # what a Worker secret binding would hold
+HUGE = 2**53 - 1
 
 
 async def settled_lease(bed: Bed, client: str, *, drawn: int = 3, group: str = "g") -> str:
@@ -562,6 +568,27 @@ async def settled_lease(bed: Bed, client: str, *, drawn: int = 3, group: str = "
     return lease["leaseId"]
 
 
+async def running_lease(bed: Bed, client: str) -> tuple[str, int]:
+    """A lease of ``client`` with every permit drawn and none released (its grant of 1 released
+    and settled): ``(lease id, permits)``."""
+    (r,) = await bed.round(request(client, {"g": 1}, leases=[], oldest_at=0))
+    lease, grant = only(r), only(r, "grants")
+    await bed.sem.handle(sync(client, [(grant["grantId"], 1, 1)],
+                              leases=[(lease["leaseId"], lease["permits"], 0)]))
+    assert bed.grants() == {} and await total_charged(bed) == lease["permits"]
+    return lease["leaseId"], lease["permits"]
+
+
+def id_state(bed: Bed) -> dict[str, int]:
+    """The meta rows of the lease-id state: ``lease_epoch`` and ``lease_key_0..7``."""
+    return {k: v for k, v in meta(bed).items() if k == "lease_epoch" or k.startswith("lease_key_")}
+
+
+def held(reply) -> int:
+    """Permits a reply's active grants still hold (``permits - released``)."""
+    return sum(g["permits"] - g["released"] for g in reply["grants"] if g["status"] == "active")
+
+
 def bed_secret(bed: Bed) -> bytes:
     from semaphore.holder import _lease_secret  # imported here: the module also runs on older src
 
@@ -570,30 +597,158 @@ def bed_secret(bed: Bed) -> bytes:
     return secret
 
 
-def minted(bed: Bed, client: str, nonce: str) -> str:
-    """An id that verifies for ``client`` on ``bed`` (the holder cannot tell it from the id of a
-    lease it issued and settled)."""
+def minted(bed: Bed, client: str, nonce: str, permits: int, *, secret: bytes | None = None) -> str:
+    """An id that verifies for ``client`` on ``bed`` and carries another epoch than the bed's
+    storage: the holder cannot tell it from a lease issued to ``client`` before a storage reset.
+    Under ``secret`` (default: the bed's per-storage secret)."""
     from semaphore.holder import lease_id_for
 
-    return lease_id_for(bed_secret(bed), client, nonce)
+    other_epoch = (meta(bed).get("lease_epoch", 0) + 1) % 2**32
+    return lease_id_for(secret or bed_secret(bed), client, nonce, other_epoch, permits)
+
+
+REPLAY = {
+    "strict": (leases("strict"), 10),
+    "under": (leases("under", reserve=2), 8),  # grants at most 10 - 2
+    "over": (leases("over", extra={"count": 2}), 10),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(REPLAY))
+@async_test
+async def test_r32_replaying_a_settled_leases_id_for_hours_never_reduces_other_grants(mode):
+    # R32 (review fault, HIGH): a lease row is deleted only at the settle, so a verified unknown
+    # id of this storage is a settled lease with no work left. Its client replaying
+    # (lid, huge drawn, 0) every round used to withhold permitsPerLease from everyone,
+    # invisibly (usage showed 0). Now: answered retired, charged nothing, for hours, across an
+    # eviction, whatever the report says.
+    config, grant_room = REPLAY[mode]
+    bed = Bed(10, leases=config)
+    lid = await settled_lease(bed, "x", drawn=2)
+    start = bed.now
+    for i in range(20):  # a round every 10 minutes: 3 hours 20 minutes
+        await bed.clock.advance(600_000)  # honest's unclaimed grant is reclaimed meanwhile
+        if i == 10:
+            bed.evict()
+        report = [(lid, HUGE, 0)] if i % 2 == 0 else [(lid, 64, 1, True)]
+        rx, ry = await bed.round(
+            request("x", {}, leases=report, oldest_at=0),
+            request("honest", {"g": 10}, oldest_at=1),
+        )
+        assert by_id(rx, "leases")[lid]["status"] == "retired"
+        assert held(ry) == grant_room, (i, ry)
+        usage = await bed.usage()
+        assert usage["leaseFootprint"] == 0 and usage["outstanding"] == grant_room
+    assert bed.now - start >= 3 * 3_600_000 and bed.leases() == {}
+    bed.check()
+
+
+@async_test
+async def test_r32_many_client_ids_replaying_their_settled_leases_starve_no_one():
+    # R32: the replay multiplied by client ids (each id's own genuine, settled leases, two each)
+    # charges nothing either: the honest client gets the whole limit every round.
+    bed = Bed(10, leases=leases("strict", permitsPerLease=4))
+    sybils = [f"sybil{i}" for i in range(8)]
+    ids = {c: [await settled_lease(bed, c, drawn=4), await settled_lease(bed, c, drawn=1)] for c in sybils}
+    for i in range(12):  # a round every 5 minutes for an hour
+        await bed.clock.advance(300_000)
+        replies = await bed.round(
+            *[request(c, {}, leases=[(lid, HUGE, 0) for lid in ids[c]], oldest_at=0) for c in sybils],
+            request("honest", {"g": 10}, oldest_at=1),
+        )
+        for c, r in zip(sybils, replies):
+            assert {x["leaseId"]: x["status"] for x in r["leases"]} == dict.fromkeys(ids[c], "retired")
+        assert held(replies[-1]) == 10 and blocked(replies[-1]) == {}, (i, replies[-1])
+        assert (await bed.usage())["leaseFootprint"] == 0
+    bed.check()
+
+
+@pytest.mark.parametrize("fresh_storage", [False, True], ids=["migrate_none", "new_storage"])
+@async_test
+async def test_r32_with_lease_secret_a_lease_from_before_a_storage_reset_is_charged(fresh_storage):
+    # R32 (review fault, MEDIUM): the one unknown lease with work running is one issued before
+    # a holder storage reset (migrate(None), or new storage) that its client keeps. With
+    # lease_secret its id still verifies, and its other epoch shows it was not settled here:
+    # x's report (lid, 9, 0) is charged 9, so honest gets 10 - 9 = 1 (not a full limit on top
+    # of x's running work), every round x reports it, until x settles it.
+    bed = Bed(10, leases=STRICT, lease_secret=APP_SECRET)
+    lid, permits = await running_lease(bed, "x")  # grant 1 + lease 9, all 9 drawn
+    assert permits == 9
+    bed.reset(fresh_storage=fresh_storage)
+    await bed.sem.handle(sync("nobody"))  # the new instance creates its (empty) schema
+    assert bed.leases() == {} and id_state(bed) == {}
+
+    async def honest_gets(report) -> int:
+        await bed.clock.advance(60_000)  # honest's previous grant is reclaimed
+        rx, ry = await bed.round(request("x", {}, leases=[report], oldest_at=0),
+                                 request("honest", {"g": 10}, oldest_at=1))
+        assert by_id(rx, "leases")[lid]["status"] == ("settled" if report[-1] is True else "retired")
+        return held(ry)
+
+    assert await honest_gets((lid, 9, 0)) == 10 - 9
+    assert await honest_gets((lid, 64, 0)) == 10 - 9  # drawn 64 of a 9-permit lease: at most 9
+    # the new storage issues (and settles) a lease of its own: its epoch differs from lid's
+    await bed.clock.advance(60_000)
+    (ry,) = await bed.round(request("y", {"g": 1}, leases=[], oldest_at=0))
+    ylease = only(ry)
+    await bed.sem.handle(sync("y", [(only(ry, "grants")["grantId"], 1, 1)], leases=[(ylease["leaseId"], 0, 0, True)]))
+    assert LEASE_ID.match(ylease["leaseId"])["epoch"] != LEASE_ID.match(lid)["epoch"]
+    assert await honest_gets((lid, 9, 4)) == 10 - (9 - 4)
+    assert await honest_gets((lid, 9, 9, True)) == 10  # settled: nothing left to charge
+    assert bed.leases() == {} and (await bed.usage())["leaseFootprint"] == 0
+    bed.check()
+
+
+@async_test
+async def test_r32_without_lease_secret_a_reset_forgets_old_leases_the_documented_trade_off():
+    # R32 (decision): without lease_secret the secret is per storage: a settled lease's replay
+    # is charged nothing, and after a storage reset the old ids cannot verify, so the same
+    # report of x's running 9-permit lease charges nothing (honest gets the full 10; README
+    # "Leases": pass lease_secret to have such leases charged).
+    bed = Bed(10, leases=STRICT)
+    settled = await settled_lease(bed, "x", drawn=2)
+    rx, ry = await bed.round(request("x", {}, leases=[(settled, 9, 0)], oldest_at=0),
+                             request("honest", {"g": 10}, oldest_at=1))
+    assert by_id(rx, "leases")[settled]["status"] == "retired" and held(ry) == 10
+    await bed.clock.advance(60_000)
+    lid, permits = await running_lease(bed, "x")
+    assert permits == 9
+    bed.reset()
+    await bed.clock.advance(60_000)
+    rx, ry = await bed.round(request("x", {}, leases=[(lid, 9, 0)], oldest_at=0),
+                             request("honest", {"g": 10}, oldest_at=1))
+    assert by_id(rx, "leases")[lid]["status"] == "retired"
+    assert held(ry) == 10
+    bed.check()
+
+
+def test_r32_lease_secret_option_is_validated():
+    # R32: lease_secret is a str or bytes of at least 16 bytes (a real application secret).
+    for bad in ("short", b"", 12345, ["x" * 32], "\ud800" * 16):
+        with pytest.raises(ConfigurationError) as info:
+            Bed(10, leases=STRICT, lease_secret=bad)
+        assert info.value.field == "lease_secret"
+    Bed(10, leases=STRICT, lease_secret=b"\x00" * 16), Bed(10, leases=STRICT, lease_secret="é" * 8)
 
 
 @async_test
 async def test_r32_unknown_lease_answered_retired_and_charged_for_that_round_only():
-    # R32: a stale report of a lease this holder issued to x and settled (its row is gone) is
-    # answered retired and its drawn - released is charged for that round only.
-    bed = Bed(5, leases=leases("strict", permitsPerLease=3))
-    lid = await settled_lease(bed, "x")  # grant 1 + lease min(3, 5 - 1) = 3, all settled
+    # R32: a report of a lease issued to x before a storage reset (its row is gone) is answered
+    # retired and its drawn - released is charged for that round only.
+    bed = Bed(5, leases=leases("strict", permitsPerLease=3), lease_secret=APP_SECRET)
+    (r,) = await bed.round(request("x", {"g": 1}, leases=[], oldest_at=0))  # grant 1 + lease 3
+    lid = only(r)["leaseId"]
+    bed.reset()
     rx, ry = await bed.round(
         request("x", {}, leases=[(lid, 3, 1)], oldest_at=1),
         request("y", {"g": 5}, oldest_at=2),
     )
     stale = by_id(rx, "leases")[lid]
     assert stale["status"] == "retired" and stale["group"] is None
-    # y gets 5 - (3 - 1) = 3: the stale report's live footprint is charged this round.
+    # y gets 5 - (3 - 1) = 3: the report's live footprint is charged this round.
     assert only(ry, "grants")["permits"] == 3
     assert lid not in bed.leases()
-    # The charge is transient: next round (no stale report) y gets the remaining 5 - 3 = 2.
+    # The charge is transient: next round (no report) y gets the remaining 5 - 3 = 2.
     first = only(ry, "grants")["grantId"]
     (ry2,) = await bed.round(request("y", {"g": 2}, grants=[(first, 3, 0)], oldest_at=2))
     assert [x["permits"] for x in ry2["grants"] if x["grantId"] != first] == [2]
@@ -611,9 +766,11 @@ async def test_r32_unknown_stopped_settled_report_is_answered_settled_without_ch
     assert by_id(rx, "leases")["gone"]["status"] == "settled"
     assert only(ry, "grants")["permits"] == 5
     # A stopped report with work still running is retired; it is charged (5 - (3 - 1) = 3) if
-    # its id is one this holder issued to x, not if it is fabricated.
-    bed2 = Bed(5, leases=leases("strict", permitsPerLease=3))
-    lid = await settled_lease(bed2, "x")
+    # its id is one issued to x before a storage reset, not if it is fabricated.
+    bed2 = Bed(5, leases=leases("strict", permitsPerLease=3), lease_secret=APP_SECRET)
+    (r,) = await bed2.round(request("x", {"g": 1}, leases=[], oldest_at=0))
+    lid = only(r)["leaseId"]
+    bed2.reset()
     rx, ry = await bed2.round(
         request("x", {}, leases=[(lid, 3, 1, True), ("gone", 3, 1, True)], oldest_at=1),
         request("y", {"g": 5}, oldest_at=2),
@@ -621,6 +778,10 @@ async def test_r32_unknown_stopped_settled_report_is_answered_settled_without_ch
     assert by_id(rx, "leases")[lid]["status"] == "retired"
     assert by_id(rx, "leases")["gone"]["status"] == "retired"
     assert only(ry, "grants")["permits"] == 3
+    # its settle report is answered settled and charged nothing
+    rx, ry = await bed2.round(request("x", {}, leases=[(lid, 3, 3, True)], oldest_at=1),
+                              request("z", {"g": 5}, oldest_at=2))
+    assert by_id(rx, "leases")[lid]["status"] == "settled" and only(ry, "grants")["permits"] == 5 - 3
     # sync: answered the same way, nothing stored
     reply = await bed2.sem.handle(sync("x", leases=[("other", 2, 0)]))
     assert by_id(reply, "leases")["other"]["status"] == "retired"
@@ -642,35 +803,42 @@ async def test_r32_lease_of_another_client_is_treated_as_unknown():
 
 @async_test
 async def test_r32_unknown_lease_charge_is_bounded_by_permits_per_lease_and_the_ceiling():
-    # R32: a verified report is charged its drawn - released, but at most permitsPerLease per
-    # client per round (decision: a verified unknown id is a lease this holder settled, whose
-    # work its client already released; one lease's worth is the conservative charge) and at
-    # most the ceiling in total: drawn near 2**53, repeated every round, starves nobody.
-    huge = 2**53 - 1
-    bed = Bed(10, leases=leases("strict", permitsPerLease=3))
-    lid = await settled_lease(bed, "x")
+    # R32: a pre-reset report is charged min(drawn - released, the id's permits), at most
+    # permitsPerLease per client per round and at most the ceiling in total: drawn near 2**53,
+    # repeated every round, withholds no more than that.
+    secret = APP_SECRET.encode()
+    bed = Bed(10, leases=leases("strict", permitsPerLease=3), lease_secret=APP_SECRET)
+    await bed.sem.handle(sync("warm-up"))  # schema (no lease issued: no epoch yet)
     rx, ry = await bed.round(
-        request("x", {}, leases=[(lid, huge, 0)], oldest_at=1),
+        request("x", {}, leases=[(minted(bed, "x", "n0", 64, secret=secret), HUGE, 0)], oldest_at=1),
         request("y", {"g": 10}, oldest_at=2),
     )
-    assert by_id(rx, "leases")[lid]["status"] == "retired"
-    assert only(ry, "grants")["permits"] == 10 - 3  # charged min(huge - 0, 3)
-    # Two verified ids of x (3 for x in all) plus one of w (3): 6, so z gets 10 - 6 = 4.
-    bed2 = Bed(10, leases=leases("strict", permitsPerLease=3))
-    await settled_lease(bed2, "seed")
+    assert only(rx)["status"] == "retired"
+    assert only(ry, "grants")["permits"] == 10 - 3  # charged min(huge - 0, 64, 3)
+    # the id's permits bound it too: a 2-permit lease reported with drawn huge charges 2
+    await bed.clock.advance(60_000)
+    _, ry = await bed.round(
+        request("x", {}, leases=[(minted(bed, "x", "n1", 2, secret=secret), HUGE, 0)], oldest_at=1),
+        request("y", {"g": 10}, oldest_at=2),
+    )
+    assert held(ry) == 10 - 2
+    # Two pre-reset ids of x (3 for x in all) plus one of w (3): 6, so z gets 10 - 6 = 4.
+    bed2 = Bed(10, leases=leases("strict", permitsPerLease=3), lease_secret=APP_SECRET)
+    await settled_lease(bed2, "seed")  # the storage has an epoch of its own
     _, _, rz = await bed2.round(
-        request("x", {}, leases=[(minted(bed2, "x", "n1"), huge, 0), (minted(bed2, "x", "n2"), huge, 1)],
-                oldest_at=1),
-        request("w", {}, leases=[(minted(bed2, "w", "n3"), huge, 0)], oldest_at=2),
+        request("x", {}, leases=[(minted(bed2, "x", "n1", 64, secret=secret), HUGE, 0),
+                                 (minted(bed2, "x", "n2", 64, secret=secret), HUGE, 1)], oldest_at=1),
+        request("w", {}, leases=[(minted(bed2, "w", "n3", 64, secret=secret), HUGE, 0)], oldest_at=2),
         request("z", {"g": 10}, oldest_at=3),
     )
     assert only(rz, "grants")["permits"] == 4
     # over: the total charge is bounded by the ceiling limit + extra (4 + 2 = 6); with 10
     # clients charged 3 each the grants see room 0, and nothing is stored or persisted.
-    bed3 = Bed(4, leases=leases("over", extra={"count": 2}, permitsPerLease=3))
-    await settled_lease(bed3, "seed", drawn=2)  # grant 1 + lease min(3, 2) = 2
+    bed3 = Bed(4, leases=leases("over", extra={"count": 2}, permitsPerLease=3), lease_secret=APP_SECRET)
+    await bed3.sem.handle(sync("warm-up"))
     replies = await bed3.round(
-        *[request(f"c{i}", {}, leases=[(minted(bed3, f"c{i}", "n"), huge, 0)], oldest_at=1) for i in range(10)],
+        *[request(f"c{i}", {}, leases=[(minted(bed3, f"c{i}", "n", 3, secret=secret), HUGE, 0)], oldest_at=1)
+          for i in range(10)],
         request("y", {"g": 4}, oldest_at=2),
     )
     ry = replies[-1]
@@ -686,6 +854,7 @@ MALLORY = {
     "under": ({"leases": leases("under", reserve=2)}, 8),  # grants at most 10 - 2
     "over": ({"leases": leases("over", extra={"count": 2})}, 10),
     "can_grant": ({"leases": STRICT, "can_grant": lambda c, g: c != "mallory"}, 10),
+    "lease_secret": ({"leases": STRICT, "lease_secret": APP_SECRET}, 10),
 }
 
 
@@ -694,21 +863,23 @@ MALLORY = {
 async def test_r32_fabricated_lease_reports_are_charged_nothing_and_starve_no_one(mode):
     # R32 (review fault): with permitsPerLease (64) >= limit, fabricated reports repeated every
     # round used to charge the whole ceiling: every other client was blocked with `limit` and
-    # usage() showed nothing. Ids that do not verify (no mac, a mac of the right shape, a
-    # non-ASCII "mac", and with a secret in place) are answered retired and charged nothing.
+    # usage() showed nothing. Ids that do not verify (no mac, macs of the right shape with
+    # another epoch, a non-ASCII "mac", an old-format id, and with a secret in place) are
+    # answered retired and charged nothing.
     options, grant_room = MALLORY[mode]
     bed = Bed(10, **options)
     await settled_lease(bed, "seed", drawn=2)  # the holder has issued leases: it has a secret
     for i in range(5):
-        forged = [f"ghost{i}", f"ghost{i}.{'0' * 32}", f"ghost{i}.{'é' * 32}", f"ghost{i}.{'A' * 32}"]
+        forged = [f"ghost{i}", f"ghost{i}.{'0' * 32}", f"ghost{i}.{'é' * 32}", f"ghost{i}.{'A' * 32}",
+                  f"ghost{i}.{'0' * 8}.64.{'0' * 32}", f"ghost{i}.ffffffff.9.{'a' * 32}",
+                  f"ghost{i}.{'0' * 8}.064.{'0' * 32}", f"ghost{i}.{'0' * 8}.64.{'é' * 32}"]
         rx, ry = await bed.round(
             request("mallory", {}, leases=[(x, 64, 0) for x in forged], oldest_at=0),
             request("honest", {"g": 10}, oldest_at=1),
         )
         assert {x["leaseId"]: x["status"] for x in rx["leases"]} == dict.fromkeys(forged, "retired")
         # honest holds all the grant room every round (its grant, or a new one after reclaim)
-        held = sum(g["permits"] - g["released"] for g in ry["grants"] if g["status"] == "active")
-        assert held == grant_room, (i, ry)
+        assert held(ry) == grant_room, (i, ry)
         assert ("limit" not in {b["reason"] for b in ry["blocked"]}) == (grant_room == 10)
         usage = await bed.usage()
         assert usage["leaseFootprint"] == 0 and usage["outstanding"] == grant_room
@@ -717,13 +888,14 @@ async def test_r32_fabricated_lease_reports_are_charged_nothing_and_starve_no_on
 
 
 @async_test
-async def test_r32_lease_issued_before_an_eviction_still_verifies_and_is_charged_after_it():
-    # R32: the secret is durable (meta rows, written once): a stale report of a lease issued and
-    # settled before an eviction is charged after it (drawn - released = 2: honest gets 2 fewer),
-    # a fabricated one in the same report is not, and the new instance reuses the secret.
+async def test_r32_secret_and_epoch_survive_an_eviction():
+    # R32: the secret and epoch are durable (meta rows, written once): after an eviction a
+    # stale report of a lease issued and settled before it is recognised as this storage's
+    # (same epoch) and charged nothing, and the new instance issues ids under the same secret
+    # and epoch.
     bed = Bed(10, leases=STRICT)
     lid = await settled_lease(bed, "x")  # grant 1 + lease 9, settled
-    keys = {k: v for k, v in meta(bed).items() if k.startswith("lease_key_")}
+    keys = id_state(bed)
     bed.evict()
     rx, ry = await bed.round(
         request("x", {}, leases=[(lid, 3, 1), ("forged", 3, 1)], oldest_at=0),
@@ -731,36 +903,46 @@ async def test_r32_lease_issued_before_an_eviction_still_verifies_and_is_charged
     )
     assert by_id(rx, "leases")[lid]["status"] == "retired"
     assert by_id(rx, "leases")["forged"]["status"] == "retired"
-    assert only(ry, "grants")["permits"] == 10 - 2
+    assert only(ry, "grants")["permits"] == 10
     assert LEASE_ID.match(lid) and bed.secrets_made == 1
-    assert len(keys) == 8 and all(0 <= v < 2**32 for v in keys.values())
-    # a lease issued by the new instance carries a mac under the same, unchanged secret
+    assert len(keys) == 9 and all(0 <= v < 2**32 for v in keys.values())
+    assert int(LEASE_ID.match(lid)["epoch"], 16) == keys["lease_epoch"]
+    # a lease issued by the new instance carries a mac under the same secret, in the same epoch
     await bed.clock.advance(60_000)  # honest's grant is reclaimed
     (ra,) = await bed.round(request("a", {"g": 1}, leases=[], oldest_at=2))
-    from semaphore.holder import lease_id_verifies
+    from semaphore.holder import verified_lease_id
 
-    assert lease_id_verifies(bed_secret(bed), "a", only(ra)["leaseId"])
-    assert {k: v for k, v in meta(bed).items() if k.startswith("lease_key_")} == keys
+    parts = verified_lease_id(bed_secret(bed), "a", only(ra)["leaseId"])
+    assert parts is not None and parts.epoch == keys["lease_epoch"] and parts.permits == 9
+    assert id_state(bed) == keys
     assert bed.secrets_made == 1
     bed.check()
 
 
 @async_test
 async def test_r32_another_clients_genuine_lease_ids_are_charged_nothing():
-    # R32: the mac binds the client id: mallory reporting x's ids (a settled one, and x's live
-    # lease) is answered retired and charged nothing; x's live lease is untouched.
-    bed = Bed(10, leases=leases("strict", permitsPerLease=3))
-    settled = await settled_lease(bed, "x")
+    # R32: the mac binds the client id: mallory reporting x's ids (one issued before a storage
+    # reset, which x itself would be charged for, and x's live lease) is answered retired and
+    # charged nothing; x's live lease is untouched.
+    bed = Bed(10, leases=leases("strict", permitsPerLease=3), lease_secret=APP_SECRET)
+    (r,) = await bed.round(request("x", {"g": 1}, leases=[], oldest_at=0))
+    before_reset = only(r)["leaseId"]
+    bed.reset()
     (rx,) = await bed.round(request("x", {"g": 1}, leases=[], oldest_at=0))  # grant 1 + lease 3
     live = only(rx)["leaseId"]
     rm, ry = await bed.round(
-        request("mallory", {}, leases=[(settled, 3, 1), (live, 3, 0)], oldest_at=0),
+        request("mallory", {}, leases=[(before_reset, 3, 1), (live, 3, 0)], oldest_at=0),
         request("honest", {"g": 10}, oldest_at=1),
     )
-    assert {x["leaseId"]: x["status"] for x in rm["leases"]} == {settled: "retired", live: "retired"}
+    assert {x["leaseId"]: x["status"] for x in rm["leases"]} == {before_reset: "retired", live: "retired"}
     assert only(ry, "grants")["permits"] == 10 - 4  # only x's grant and live lease are charged
     row = bed.leases()[live]
     assert (row["drawn"], row["released"], row["status"], row["client_id"]) == (0, 0, "live", "x")
+    # x's own report of the same pre-reset id is charged its 3 - 1 = 2
+    await bed.clock.advance(60_000)
+    _, ry = await bed.round(request("x", {}, leases=[(before_reset, 3, 1), (live, 0, 0)], oldest_at=0),
+                            request("honest", {"g": 10}, oldest_at=1))
+    assert held(ry) == 10 - 3 - 2  # x's unclaimed grant of 1 was reclaimed; its lease 3 remains
     bed.check()
 
 
@@ -772,85 +954,93 @@ def _holder(**options):
     return bed
 
 
+BAD_NONCES = ["new\nline", "nul\x00byte", "c1\x85", "del\x7f", "", 42]
+
+
 @async_test
 async def test_r32_lease_ids_stay_in_the_wire_alphabet_and_within_256_characters():
-    # R32/R7: a lease id is <id_factory()>.<32 hex>: with the default factory 24 + 1 + 32 = 57
-    # characters; it verifies for its client only; and it round-trips as a report.
+    # R32/R7: a lease id is <nonce>.<8 hex epoch>.<permits>.<32 hex mac>: with the default
+    # factory 24 + 1 + 8 + 1 + 1 + 1 + 32 = 68 characters for 9 permits; it verifies for its
+    # client only, carries the storage's epoch and its permits, and round-trips as a report.
+    from semaphore.holder import LEASE_NONCE_MAX, verified_lease_id
+
     bed = _holder()
     (ra,) = await bed.round(request("a", {"g": 1}, leases=[], oldest_at=0))
     lid = only(ra)["leaseId"]
-    assert re.fullmatch(r"[0-9a-f]{24}\.[0-9a-f]{32}", lid) and id_problem(lid) is None
-    from semaphore.holder import lease_id_verifies
-
-    assert lease_id_verifies(bed_secret(bed), "a", lid)
-    assert not lease_id_verifies(bed_secret(bed), "b", lid)
-    assert not lease_id_verifies(bed_secret(bed), "a", lid[:-1] + ("0" if lid[-1] != "0" else "1"))
-    # The longest first part the holder takes: 223 characters, so the id is exactly 256.
+    assert re.fullmatch(r"[0-9a-f]{24}\.[0-9a-f]{8}\.9\.[0-9a-f]{32}", lid) and id_problem(lid) is None
+    parts = verified_lease_id(bed_secret(bed), "a", lid)
+    assert parts is not None and (parts.epoch, parts.permits) == (meta(bed)["lease_epoch"], 9)
+    assert verified_lease_id(bed_secret(bed), "b", lid) is None
+    assert verified_lease_id(bed_secret(bed), "a", lid[:-1] + ("0" if lid[-1] != "0" else "1")) is None
+    assert verified_lease_id(bed_secret(bed), "a", lid.replace(".9.", ".8.")) is None  # permits are signed
+    # The longest nonce the holder takes: 197 characters, so with 16 permit digits (a lease
+    # of 2**53 - 2 permits) the id is exactly 256. Nonces may contain dots.
+    assert LEASE_NONCE_MAX == 197
     n = itertools.count()
-    bed = _holder(id_factory=lambda: f"{next(n):0223d}")
-    (ra,) = await bed.round(request("a", {"g": 1}, leases=[], oldest_at=0))
-    lid = only(ra)["leaseId"]
-    assert len(lid) == 256 and id_problem(lid) is None and LEASE_ID.match(lid)
-    (ra,) = await bed.round(request("a", {"g": 1}, leases=[(lid, 1, 0)], oldest_at=0))
-    assert by_id(ra, "leases")[lid]["status"] == "live" and bed.leases()[lid]["drawn"] == 1
-    # One character more cannot make a valid id: the round fails and writes nothing.
-    bed = _holder(id_factory=lambda: f"{next(n):0224d}")
-    await bed.sem.handle(sync("a"))
-    before = bed.dump()
-    (ra,) = await bed.round(request("a", {"g": 1}, leases=[], oldest_at=0))
-    assert ra["error"]["code"] == "round_failed" and "id_factory" in ra["error"]["message"]
-    assert bed.dump() == before
+    big = leases("strict", permitsPerLease=HUGE)
+    for factory, permits in ((lambda: f"{next(n):0197d}", HUGE - 1), (lambda: f"a.b.{next(n)}", HUGE - 1)):
+        bed = Bed(HUGE, leases=big)
+        bed.sem = DurabilitySemaphore(scheduler=bed.scheduler, clock=bed.clock, limit=HUGE, leases=big,
+                                      id_factory=factory)
+        (ra,) = await bed.round(request("a", {"g": 1}, leases=[], oldest_at=0))
+        lid = only(ra)["leaseId"]
+        assert only(ra)["permits"] == permits and id_problem(lid) is None and LEASE_ID.match(lid)
+        assert len(lid) <= 256 and verified_lease_id(bed_secret(bed), "a", lid).permits == permits
+        (ra,) = await bed.round(request("a", {"g": 1}, leases=[(lid, 1, 0)], oldest_at=0))
+        assert by_id(ra, "leases")[lid]["status"] == "live" and bed.leases()[lid]["drawn"] == 1
     bed.check()
+
+
+@async_test
+async def test_r32_an_id_factory_nonce_outside_the_wire_alphabet_is_a_configuration_error(caplog):
+    # R32/R7: one character more than 197, or a nonce outside the wire alphabet
+    # (semaphore.wire.id_problem: control characters, empty, not a str), cannot make a valid
+    # lease id: the round fails with a ConfigurationError naming id_factory and writes nothing.
+    for nonce in [f"{0:0198d}", *BAD_NONCES]:
+        bed = _holder(id_factory=lambda: nonce)
+        await bed.sem.handle(sync("a"))
+        before = bed.dump()
+        caplog.clear()
+        (ra,) = await bed.round(request("a", {"g": 1}, leases=[], oldest_at=0))
+        assert "error" in ra and ra["error"]["code"] == "round_failed", (nonce, ra)
+        assert "id_factory" in ra["error"]["message"]
+        assert any(r.exc_info and isinstance(r.exc_info[1], ConfigurationError) for r in caplog.records)
+        assert bed.dump() == before
+        bed.check()
 
 
 @async_test
 async def test_r32_secret_is_written_once_and_costs_no_statement():
-    # R32/R2: the secret travels in the round's own meta upsert (written once, by the first
-    # round that issues a lease) and is read from the meta rows the round loads anyway: the
-    # round that creates it runs as many statements as the same round later, and a round that
-    # charges a verified report as many as one with a fabricated report.
-    bed = Bed(100, leases=leases("strict", permitsPerLease=2))
-    await bed.sem.handle(sync("warm-up"))  # schema and instance start outside the counts
+    # R32/R2: the secret and epoch travel in the round's own meta upsert (written once, by the
+    # first round that issues a lease) and are read from the meta rows the round loads anyway:
+    # the round that creates them runs as many statements as the same round later, and a round
+    # that charges a pre-reset report as many as one with a fabricated or settled report.
+    for options in ({}, {"lease_secret": APP_SECRET}):
+        bed = Bed(100, leases=leases("strict", permitsPerLease=2), **options)
+        await bed.sem.handle(sync("warm-up"))  # schema and instance start outside the counts
 
-    async def statements(*messages) -> int:
-        before = bed.storage.statements
-        replies = await bed.round(*messages)
-        count = bed.storage.statements - before
-        for m, r in zip(messages, replies):  # release the grants: each round starts alike
-            await bed.sem.handle(sync(m["clientId"], [(g["grantId"], 1, 1) for g in r["grants"]]))
-        return count
+        async def statements(*messages) -> int:
+            before = bed.storage.statements
+            replies = await bed.round(*messages)
+            count = bed.storage.statements - before
+            for m, r in zip(messages, replies):  # release the grants: each round starts alike
+                await bed.sem.handle(sync(m["clientId"], [(g["grantId"], 1, 1) for g in r["grants"]]))
+            return count
 
-    first = await statements(request("a", {"g": 1}, leases=[]), request("b", {"h": 1}, leases=[]))
-    keys = {k: v for k, v in meta(bed).items() if k.startswith("lease_key_")}
-    assert len(keys) == 8 and bed.secrets_made == 1
-    later = await statements(request("c", {"i": 1}, leases=[]), request("d", {"j": 1}, leases=[]))
-    assert first == later
-    verified = await statements(request("x", {}, leases=[(minted(bed, "x", "n1"), 2, 0)]))
-    forged = await statements(request("x", {}, leases=[("forged.n1", 2, 0)]))
-    assert verified == forged
-    assert {k: v for k, v in meta(bed).items() if k.startswith("lease_key_")} == keys
-    assert bed.secrets_made == 1
-    bed.check()
-
-
-@async_test
-async def test_r32_unknown_lease_without_leases_configured_is_answered_retired_and_not_charged():
-    # R32 (decision): with leases not configured the holder issues none; a report of an unknown
-    # lease is still answered retired (the client stops drawing and settles it) but is not
-    # charged: a huge drawn cannot starve the other clients' admissions.
-    bed = Bed(5)
-    rx, ry = await bed.round(
-        request("x", {}, leases=[("ghost", 2**53 - 1, 0)], oldest_at=1),
-        request("y", {"g": 5}, oldest_at=2),
-    )
-    ghost = by_id(rx, "leases")["ghost"]
-    assert ghost["status"] == "retired" and ghost["group"] is None
-    assert only(ry, "grants")["permits"] == 5
-    # its settle report is answered settled, as with leases configured
-    reply = await bed.sem.handle(sync("x", leases=[("ghost", 7, 7, True)]))
-    assert by_id(reply, "leases")["ghost"]["status"] == "settled"
-    assert bed.leases() == {}
-    bed.check()
+        first = await statements(request("a", {"g": 1}, leases=[]), request("b", {"h": 1}, leases=[]))
+        rows = id_state(bed)
+        # with lease_secret only the epoch is stored; without it, the secret too
+        assert set(rows) == {"lease_epoch", *([] if options else [f"lease_key_{i}" for i in range(8)])}
+        assert bed.secrets_made == 1
+        later = await statements(request("c", {"i": 1}, leases=[]), request("d", {"j": 1}, leases=[]))
+        assert first == later
+        secret = APP_SECRET.encode() if options else bed_secret(bed)
+        pre_reset = await statements(request("x", {}, leases=[(minted(bed, "x", "n1", 2, secret=secret), 2, 0)]))
+        forged = await statements(request("x", {}, leases=[("forged.n1", 2, 0)]))
+        assert pre_reset == forged
+        assert id_state(bed) == rows
+        assert bed.secrets_made == 1
+        bed.check()
 
 
 # ====================================================================== R33 retirement

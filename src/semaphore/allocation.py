@@ -66,8 +66,9 @@ class Usage:
     :ivar grants: total ``permits - released`` over all grants (after reclaim).
     :ivar leases: total lease footprint (SPEC R30), including this round's charge for reports of
         unknown leases (SPEC R32; the holder charges only reports whose lease id verifies for
-        the reporting client, at most ``permitsPerLease`` per client, the :func:`ceiling` in
-        total, and nothing when leases are not configured).
+        the reporting client and was issued before a storage reset, at most the id's permits,
+        ``permitsPerLease`` per client and the :func:`ceiling` in total, and nothing when
+        leases are not configured).
     :ivar groups: per group, grants plus lease footprint charged against it.
     """
 

@@ -8,9 +8,10 @@ import hmac
 import inspect
 import itertools
 import logging
+import re
 import secrets
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Mapping, Union
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Mapping, NamedTuple, Union
 
 from .allocation import LIMIT_ERROR, Allocation, Entry, Usage, allocate, ceiling
 from .clock import sleep_until
@@ -38,9 +39,11 @@ from .wire import (
     LeaseReport,
     LeaseState,
     LeaseStatus,
+    MAX_ID_LENGTH,
     WIRE_VERSION,
     PermitRequest,
     SyncMessage,
+    id_problem,
     parse_message,
 )
 
@@ -61,22 +64,46 @@ RECLAIM_TIMER = "durability_semaphore:reclaim"
 TIMER_PREFIX = "durability_semaphore:"
 
 # ---------------------------------------------------------------- verifiable lease ids (R32)
-#: Meta rows holding the holder's lease-id secret: 8 words of 32 bits (32 random bytes). Meta
-#: values are integers, and 32-bit words cross the JavaScript boundary of Durable Object SQL
-#: exactly (a JS number holds integers below 2**53 only).
+#: Meta rows holding the holder's per-storage lease-id secret (used when no ``lease_secret`` is
+#: configured): 8 words of 32 bits (32 random bytes). Meta values are integers, and 32-bit words
+#: cross the JavaScript boundary of Durable Object SQL exactly (a JS number holds integers below
+#: 2**53 only).
 LEASE_KEY_PREFIX = "lease_key_"
 LEASE_KEY_WORDS = 8
+#: Meta row holding the storage epoch: a random 32-bit number drawn with the storage's lease-id
+#: state (first lease-issuing round), so a fresh or reset storage gets a new one. Every lease id
+#: carries the epoch it was issued in: a verified unknown id of the current epoch is a lease this
+#: storage settled, one of another epoch was issued before a storage reset (SPEC R32).
+LEASE_EPOCH_KEY = "lease_epoch"
+LEASE_EPOCH_CHARS = 8  # 32 bits, lower-case hex
 #: Hex characters of the truncated HMAC-SHA256 that ends every lease id (128 bits).
 LEASE_MAC_CHARS = 32
-#: Longest id ``id_factory`` may return for a lease: the id gets ``"." + mac`` appended and
-#: must stay within the wire's 256 characters (R7).
-LEASE_NONCE_MAX = 256 - 1 - LEASE_MAC_CHARS
-_LEASE_MAC_DOMAIN = b"durability-semaphore/lease-id/v1\0"
+#: Decimal digits of the permits field: a lease carries fewer than 2**53 permits (R7).
+LEASE_PERMITS_CHARS = 16
+#: Longest nonce ``id_factory`` may return for a lease: the holder appends
+#: ``"." + epoch + "." + permits + "." + mac`` (at most 59 characters) and the id must stay
+#: within the wire's 256 characters (R7).
+LEASE_NONCE_MAX = MAX_ID_LENGTH - (3 + LEASE_EPOCH_CHARS + LEASE_PERMITS_CHARS + LEASE_MAC_CHARS)
+#: Fewest bytes (UTF-8 for a ``str``) a configured ``lease_secret`` must have.
+LEASE_SECRET_MIN_BYTES = 16
+_LEASE_MAC_DOMAIN = b"durability-semaphore/lease-id/v2\0"
+_EPOCH_DOMAIN = b"durability-semaphore/storage-epoch/v1\0"
+_EPOCH_FIELD = re.compile(r"[0-9a-f]{8}")
+_PERMITS_FIELD = re.compile(r"[1-9][0-9]{0,15}")
+_MAC_FIELD = re.compile(r"[0-9a-f]{32}")
+
+
+class LeaseIdParts(NamedTuple):
+    """The fields of a lease id (SPEC R32): ``<nonce>.<epoch>.<permits>.<mac>``."""
+
+    nonce: str
+    epoch: int
+    permits: int
 
 
 def _lease_secret(meta: Mapping[str, int]) -> bytes | None:
-    """The lease-id secret stored in ``meta`` (the rows already loaded by the round), or
-    ``None`` if this holder never issued a lease (or its storage was reset)."""
+    """The per-storage lease-id secret stored in ``meta`` (the rows already loaded by the round),
+    or ``None`` if this storage never issued a lease without ``lease_secret`` (or was reset)."""
     words: list[int] = []
     for i in range(LEASE_KEY_WORDS):
         w = meta.get(f"{LEASE_KEY_PREFIX}{i}")
@@ -86,28 +113,96 @@ def _lease_secret(meta: Mapping[str, int]) -> bytes | None:
     return b"".join(int(w).to_bytes(4, "big") for w in words)
 
 
-def _lease_mac(secret: bytes, client_id: str, nonce: str) -> str:
-    # Client ids cannot contain NUL (wire.id_problem), so the separator is unambiguous.
-    message = _LEASE_MAC_DOMAIN + client_id.encode("utf-8", "surrogatepass") + b"\0" + nonce.encode(
-        "utf-8", "surrogatepass")
+def _lease_epoch(meta: Mapping[str, int]) -> int | None:
+    """The storage epoch stored in ``meta``, or ``None`` if this storage never issued a lease."""
+    epoch = meta.get(LEASE_EPOCH_KEY)
+    return epoch if epoch is not None and 0 <= epoch < 2**32 else None
+
+
+def _epoch_from(seed: bytes) -> int:
+    # One-way: the epoch is public (in every id) and may come from the same seed as the secret.
+    return int.from_bytes(hashlib.sha256(_EPOCH_DOMAIN + seed).digest()[:4], "big")
+
+
+def _configured_secret(value: Any) -> bytes | None:
+    """The ``lease_secret`` option as bytes (``str`` as UTF-8), validated."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            key = value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigurationError("lease_secret: must encode as UTF-8", field="lease_secret") from None
+    elif isinstance(value, bytes):
+        key = value
+    else:
+        raise ConfigurationError("lease_secret: expected a str, bytes or None", field="lease_secret")
+    if len(key) < LEASE_SECRET_MIN_BYTES:
+        raise ConfigurationError(
+            f"lease_secret: must have at least {LEASE_SECRET_MIN_BYTES} bytes (use a random "
+            f"application secret, e.g. a Worker secret binding)", field="lease_secret")
+    return key
+
+
+def _lease_mac(secret: bytes, client_id: str, nonce: str, epoch: str, permits: str) -> str:
+    # Client ids and nonces cannot contain NUL (wire.id_problem), epoch and permits are hex and
+    # decimal digits: the NUL-separated message is unambiguous.
+    fields = (client_id, nonce, epoch, permits)
+    message = _LEASE_MAC_DOMAIN + b"\0".join(f.encode("utf-8", "surrogatepass") for f in fields)
     return hmac.new(secret, message, hashlib.sha256).hexdigest()[:LEASE_MAC_CHARS]
 
 
-def lease_id_for(secret: bytes, client_id: str, nonce: str) -> str:
-    """The lease id the holder issues to ``client_id``: ``<nonce>.<mac>``, where ``mac`` is the
-    first 32 hex digits of HMAC-SHA256(secret, domain + clientId + NUL + nonce) (SPEC R32)."""
-    return f"{nonce}.{_lease_mac(secret, client_id, nonce)}"
+def lease_id_for(secret: bytes, client_id: str, nonce: str, epoch: int, permits: int) -> str:
+    """The lease id the holder issues to ``client_id``: ``<nonce>.<epoch>.<permits>.<mac>``, with
+    ``epoch`` the storage epoch in 8 hex digits, ``permits`` the lease's permits in decimal and
+    ``mac`` the first 32 hex digits of HMAC-SHA256(secret, domain + clientId, nonce, epoch and
+    permits, NUL-separated) (SPEC R32)."""
+    e, p = f"{epoch:08x}", str(permits)
+    return f"{nonce}.{e}.{p}.{_lease_mac(secret, client_id, nonce, e, p)}"
+
+
+def _split_lease_id(lease_id: str) -> tuple[str, str, str, str] | None:
+    """``(nonce, epoch, permits, mac)`` of an id of the lease-id shape, else ``None``."""
+    parts = lease_id.rsplit(".", 3)
+    if len(parts) != 4:
+        return None
+    nonce, epoch, permits, mac = parts
+    if not (nonce and _EPOCH_FIELD.fullmatch(epoch) and _PERMITS_FIELD.fullmatch(permits)
+            and _MAC_FIELD.fullmatch(mac)):
+        return None
+    return nonce, epoch, permits, mac
+
+
+def _mac_matches(secret: bytes, client_id: str, fields: tuple[str, str, str, str]) -> bool:
+    nonce, epoch, permits, mac = fields  # constant-time comparison of the mac
+    expected = _lease_mac(secret, client_id, nonce, epoch, permits)
+    return hmac.compare_digest(expected.encode("ascii"), mac.encode("ascii"))
+
+
+def verified_lease_id(secret: bytes, client_id: str, lease_id: str) -> LeaseIdParts | None:
+    """The fields of ``lease_id`` if it is one issued under ``secret`` to ``client_id``, else
+    ``None``: a fabricated id, another client's id, or one issued under another secret (a
+    per-storage secret before a reset) or in an earlier format does not verify."""
+    fields = _split_lease_id(lease_id)
+    if fields is None or not _mac_matches(secret, client_id, fields):
+        return None
+    return LeaseIdParts(fields[0], int(fields[1], 16), int(fields[2]))
+
+
+def _pre_reset_permits(secret: bytes, client_id: str, lease_id: str, epoch: int | None) -> int:
+    """SPEC R32: the permits of ``lease_id`` if it verifies for ``client_id`` and was issued in
+    another epoch than ``epoch`` (the storage's, ``None`` before its first lease), else 0. The
+    epoch is compared before the mac is computed: a replayed id of this storage costs no HMAC."""
+    fields = _split_lease_id(lease_id)
+    if fields is None or (epoch is not None and int(fields[1], 16) == epoch):
+        return 0
+    return int(fields[2]) if _mac_matches(secret, client_id, fields) else 0
 
 
 def lease_id_verifies(secret: bytes, client_id: str, lease_id: str) -> bool:
-    """Whether ``lease_id`` is one this holder (``secret``) issued to ``client_id``: a
-    fabricated id, another client's id, or one issued before verifiable ids (or by a holder whose
-    storage was reset) does not verify. Constant-time comparison of the mac."""
-    nonce, dot, mac = lease_id.rpartition(".")
-    if not dot or not nonce or len(mac) != LEASE_MAC_CHARS:
-        return False
-    expected = _lease_mac(secret, client_id, nonce).encode("ascii")
-    return hmac.compare_digest(expected, mac.encode("utf-8", "surrogatepass"))
+    """Whether ``lease_id`` is one issued under ``secret`` to ``client_id``
+    (:func:`verified_lease_id`)."""
+    return verified_lease_id(secret, client_id, lease_id) is not None
 
 
 @dataclass
@@ -132,7 +227,8 @@ class _View:
     grants: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> wire GrantState
     leases: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> wire LeaseState
     #: Reports of leases the holder does not know (R32): id -> the report's ``drawn - released``
-    #: (the round charges those whose id verifies for the client, see _unknown_lease_charge).
+    #: (the round charges those whose id verifies for the client and carries another storage
+    #: epoch, see _unknown_lease_charge).
     unknown_leases: dict[str, int] = field(default_factory=dict)
 
 
@@ -189,20 +285,35 @@ class DurabilitySemaphore:
         ``async sleep_until(ms)`` method (e.g. :class:`~semaphore.testing.VirtualClock`) also
         drives the round timer.
     :param id_factory: callable returning a fresh unique id for grants and leases (default:
-        96 random bits in hex). Ids must never repeat, even across :meth:`migrate`. A lease's id
-        is this id followed by ``"."`` and a 32-hex-digit HMAC binding it to its client (SPEC
-        R32, see :meth:`_unknown_lease_charge`), so for leases it must be at most
-        :data:`LEASE_NONCE_MAX` (223) characters; a longer one fails the round.
-    :param secret_factory: callable returning the 32 bytes of the lease-id secret when the holder
-        creates it (default: ``secrets.token_bytes(32)``); called at most once per storage, inside
-        a round's transaction. For deterministic tests only; anything predictable lets clients
-        forge lease ids (and so be charged for reports of leases they never held, SPEC R32).
+        96 random bits in hex). Ids must never repeat, even across :meth:`migrate`. For a lease
+        it is the nonce of the id ``<nonce>.<epoch>.<permits>.<mac>`` (SPEC R32, see
+        :meth:`_unknown_lease_charge`), so it must be a valid wire id (:func:`~semaphore.wire.id_problem`)
+        of at most :data:`LEASE_NONCE_MAX` (197) characters; anything else fails the round with
+        a :class:`~semaphore.errors.ConfigurationError` (``round_failed``, nothing written).
+    :param lease_secret: an application secret (``str`` or ``bytes``, at least 16 bytes, e.g. a
+        Worker secret binding such as ``env.LEASE_SECRET``) under which lease ids are
+        authenticated. It lives outside the holder's storage, so lease ids issued before a
+        storage reset (``migrate(ctx, None)``, ``deleteAll()``, a re-created holder) still
+        verify afterwards, and the work their clients still run under them is charged (R32).
+        ``None`` (default): a random secret created per storage (meta rows) is used instead;
+        after a reset old ids cannot verify and are charged nothing, so until those clients
+        settle the holder may admit up to a full limit on top of work still running. Keep it
+        unchanged across resets: ids issued under an earlier secret no longer verify.
+    :param secret_factory: callable returning 32 random bytes, called at most once per storage
+        (inside a round's transaction) when the holder creates its lease-id state: the
+        per-storage secret (kept only when ``lease_secret`` is ``None``) and the storage epoch
+        (derived one-way from them). Default: ``secrets.token_bytes(32)``. For deterministic
+        tests only; anything predictable lets clients forge lease ids.
 
-    Lease ids are verifiable: the holder keeps a secret of 32 random bytes in its meta table
-    (rows ``lease_key_0`` .. ``lease_key_7``, 32 bits each), created inside the transaction of
-    the first round that issues a lease (never at import time) and kept across evictions; every
-    lease id is ``<id_factory()>.<HMAC-SHA256(secret, clientId, id)[:32 hex]>``. A report of an
-    unknown lease is charged only if its id verifies for the reporting client (SPEC R32).
+    Lease ids are verifiable: every lease id is ``<id_factory()>.<epoch>.<permits>.<mac>``, the
+    mac the first 32 hex digits of HMAC-SHA256 over the client id, nonce, storage epoch (8 hex
+    digits) and permits (decimal) under ``lease_secret`` or the per-storage secret. The meta
+    table keeps the storage epoch (row ``lease_epoch``, 32 random bits) and, without
+    ``lease_secret``, the secret (rows ``lease_key_0`` .. ``lease_key_7``, 32 bits each), both
+    created inside the transaction of the first round that issues a lease (never at import
+    time) and kept across evictions; a reset storage gets new ones. A report of an unknown
+    lease is charged only if its id verifies for the reporting client and carries another
+    epoch (a lease issued before a storage reset), at most the id's permits (SPEC R32).
     """
 
     RECLAIM_TIMER = RECLAIM_TIMER
@@ -220,6 +331,7 @@ class DurabilitySemaphore:
         leases: LeaseConfig | Mapping[str, Any] | None = None,
         clock: Callable[[], int] | None = None,
         id_factory: Callable[[], str] | None = None,
+        lease_secret: str | bytes | None = None,
         secret_factory: Callable[[], bytes] | None = None,
     ) -> None:
         if not isinstance(scheduler, DurabilityScheduler):
@@ -244,6 +356,7 @@ class DurabilitySemaphore:
         self.leases = LeaseConfig.parse(leases)
         self.clock: Callable[[], int] = clock or scheduler.clock  # the scheduler's defaults to system_clock
         self._new_id = id_factory or (lambda: secrets.token_hex(12))
+        self._app_secret = _configured_secret(lease_secret)
         self._new_secret = secret_factory or (lambda: secrets.token_bytes(4 * LEASE_KEY_WORDS))
         self._pending: dict[str, _Pending] = {}
         self._arrivals = itertools.count()
@@ -527,7 +640,7 @@ class DurabilitySemaphore:
     def _usage(self, uow: UnitOfWork, views: dict[str, _View], limit: Any, demand_groups: set[str]) -> Usage:
         """SPEC R19: charged capacity before allocation, in total and per demanded group (grants'
         ``permits - released`` plus lease footprint), with the round's transient R32 charge for
-        reports of unknown leases this holder did issue added to the lease footprint."""
+        reports of unknown leases issued before a storage reset added to the lease footprint."""
         totals = uow.totals()
         per_group = uow.group_usage(demand_groups)
         unknown_charge = self._unknown_lease_charge(uow, views, limit)
@@ -584,10 +697,10 @@ class DurabilitySemaphore:
                            now + self.grant_timeout_ms, False)
             uow.put_grant(row)
             views[client_id].grants = {row.grant_id: self._grant_wire(row), **views[client_id].grants}
-        secret = self._issuing_secret(uow) if result.leases else None
+        key = self._issuing_key(uow) if result.leases else None
         for (client_id, group), permits in result.leases.items():
-            assert self.leases is not None and secret is not None
-            lease = LeaseRow(self._new_lease_id(secret, client_id), client_id, group, permits, 0, 0,
+            assert self.leases is not None and key is not None
+            lease = LeaseRow(self._new_lease_id(key, client_id, permits), client_id, group, permits, 0, 0,
                              False, "live", now, now + self.leases.ttl_ms)
             uow.put_lease(lease)
             views[client_id].leases = {lease.lease_id: self._lease_wire(lease), **views[client_id].leases}
@@ -617,47 +730,65 @@ class DurabilitySemaphore:
         }
 
     # ================================================================== lease ids (R32)
-    def _issuing_secret(self, uow: UnitOfWork) -> bytes:
-        """The lease-id secret, created on first use: 32 random bytes drawn inside the round's
-        transaction (randomness at import time is forbidden in Workers) and written as meta rows
-        ``lease_key_0..7`` by the round's own meta upsert (no extra statement; a round that
-        fails writes none, and its leases are not written either). Call once per round."""
-        secret = _lease_secret(uow.meta())
+    def _issuing_key(self, uow: UnitOfWork) -> tuple[bytes, int]:
+        """The lease-id secret and storage epoch, created on first use (SPEC R32): one call of
+        ``secret_factory`` (32 random bytes) inside the round's transaction (randomness at
+        import time is forbidden in Workers) gives the per-storage secret (kept only without
+        ``lease_secret``) and the epoch, written as meta rows ``lease_key_0..7`` and
+        ``lease_epoch`` by the round's own meta upsert (no extra statement; a round that fails
+        writes none, and its leases are not written either). Call once per round."""
+        meta = uow.meta()
+        secret, epoch = self._app_secret or _lease_secret(meta), _lease_epoch(meta)
+        if secret is not None and epoch is not None:
+            return secret, epoch
+        seed = self._new_secret()
+        if not isinstance(seed, bytes) or len(seed) != 4 * LEASE_KEY_WORDS:
+            raise ConfigurationError(f"secret_factory: must return {4 * LEASE_KEY_WORDS} bytes",
+                                     field="secret_factory")
         if secret is None:
-            secret = self._new_secret()
-            if not isinstance(secret, bytes) or len(secret) != 4 * LEASE_KEY_WORDS:
-                raise ConfigurationError(f"secret_factory: must return {4 * LEASE_KEY_WORDS} bytes",
-                                         field="secret_factory")
+            secret = seed
             for i in range(LEASE_KEY_WORDS):
-                uow.set_meta(f"{LEASE_KEY_PREFIX}{i}", int.from_bytes(secret[4 * i:4 * i + 4], "big"))
-        return secret
+                uow.set_meta(f"{LEASE_KEY_PREFIX}{i}", int.from_bytes(seed[4 * i:4 * i + 4], "big"))
+        if epoch is None:
+            epoch = _epoch_from(seed)
+            uow.set_meta(LEASE_EPOCH_KEY, epoch)
+        return secret, epoch
 
-    def _new_lease_id(self, secret: bytes, client_id: str) -> str:
+    def _new_lease_id(self, key: tuple[bytes, int], client_id: str, permits: int) -> str:
+        """A new lease id (SPEC R32, R7): ``id_factory()`` as its nonce, which must be a wire id
+        of at most :data:`LEASE_NONCE_MAX` characters (else :class:`ConfigurationError`)."""
         nonce = self._new_id()
-        if not isinstance(nonce, str) or not nonce or len(nonce) > LEASE_NONCE_MAX:
+        problem = id_problem(nonce)
+        if problem is None and len(nonce) > LEASE_NONCE_MAX:
+            problem = f"must be at most {LEASE_NONCE_MAX} characters, got {len(nonce)}"
+        if problem is not None:
             raise ConfigurationError(
-                f"id_factory: a lease id needs 1-{LEASE_NONCE_MAX} characters (the holder appends "
-                f"a {1 + LEASE_MAC_CHARS}-character mac), got {str(nonce)[:40]!r}...",
-                field="id_factory")
-        return lease_id_for(secret, client_id, nonce)
+                f"id_factory: a lease id's nonce {problem} (the holder appends the epoch, permits "
+                f"and mac, at most {MAX_ID_LENGTH - LEASE_NONCE_MAX} characters)", field="id_factory")
+        lease_id = lease_id_for(key[0], client_id, nonce, key[1], permits)
+        if len(lease_id) > MAX_ID_LENGTH:  # only a lease of 2**53 permits or more (R7 forbids it)
+            raise ConfigurationError(f"leases: a lease of {permits} permits cannot be issued", field="leases")
+        return lease_id
 
     def _unknown_lease_charge(self, uow: UnitOfWork, views: dict[str, _View], limit: Any) -> int:
         """SPEC R32: this round's transient charge for reports of leases the holder does not know.
 
-        Only a report whose id verifies for the reporting client (a lease this holder issued to
-        it and whose row is gone, e.g. a stale report arriving after the settle) is charged: its
-        ``drawn - released``. A fabricated id, another client's id, or one issued before
-        verifiable ids or by a holder whose storage was reset is charged nothing, so no client
-        can withhold capacity with reports alone. Bounds (decision): at most ``permitsPerLease``
-        per client per round (a verified stale report is one of a settled lease, so its work was
-        already released; one lease's worth is R32's conservative charge), the ceiling in total,
-        and nothing when leases are not configured (the holder issues none). Reads only the
-        meta rows the round has loaded anyway: no statement."""
+        Charged: a report whose id verifies for the reporting client and carries an epoch other
+        than this storage's (a lease issued before a storage reset, under ``lease_secret``; its
+        client may still run its work): ``min(drawn - released, the id's permits)``. Not
+        charged: an id of the current epoch (a lease this storage issued and settled, its work
+        released: a replay of it would withhold capacity forever and protect nothing), a
+        fabricated id, another client's id, or one under another secret (the per-storage secret
+        of a reset storage, an earlier format). Bounds (decision): at most ``permitsPerLease``
+        per client per round, the ceiling in total, and nothing when leases are not configured.
+        Reads only the meta rows the round has loaded anyway: no statement."""
         if self.leases is None or not any(v.unknown_leases for v in views.values()):
             return 0
-        secret = _lease_secret(uow.meta())
-        if secret is None:  # this holder never issued a lease: no id can verify
+        meta = uow.meta()
+        secret = self._app_secret or _lease_secret(meta)
+        if secret is None:  # no lease_secret and this storage never issued a lease
             return 0
+        epoch = _lease_epoch(meta)  # None: no lease issued since this storage was created
         cap = self.leases.permits_per_lease
         total = 0
         for client_id, view in views.items():
@@ -665,8 +796,8 @@ class DurabilitySemaphore:
             for lease_id, footprint in view.unknown_leases.items():
                 if charge >= cap:  # no more macs to check for this client (at most 1,000 ids)
                     break
-                if footprint > 0 and lease_id_verifies(secret, client_id, lease_id):
-                    charge += footprint
+                if footprint > 0:
+                    charge += min(footprint, _pre_reset_permits(secret, client_id, lease_id, epoch))
             total += min(charge, cap)
         if isinstance(limit, int):
             total = min(total, ceiling(limit, self.leases))
@@ -788,8 +919,8 @@ class DurabilitySemaphore:
         A report of a lease the holder does not know (or of another client's lease) is answered
         ``retired`` (``settled`` if stopped with ``released == drawn``) and nothing is stored
         (R32). Its ``drawn - released`` is kept in the view; a round charges it only if the id
-        verifies for this client, within the bounds of :meth:`_unknown_lease_charge` (a sync
-        allocates nothing, so it charges nothing either)."""
+        verifies for this client and was issued before a storage reset, within the bounds of
+        :meth:`_unknown_lease_charge` (a sync allocates nothing, so it charges nothing either)."""
         view = _View()
         for message in messages:
             self._apply_grant_reports(uow, client_id, message.grants, view)

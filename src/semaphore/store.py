@@ -17,9 +17,11 @@ Tables (all created on first use, versioned in ``durability_semaphore_meta``):
     ``schema_version``, the same four aggregates in total, ``last_limit``, ``last_round_at`` and
     ``contended`` (the R29 flag of the last committed round, 0 or 1; written by the round's own
     meta upsert only when it changes, so a new instance answers syncs with it after eviction),
-    and ``lease_key_0`` .. ``lease_key_7``: the lease-id secret (32 random bytes as eight 32-bit
-    words), written once by the meta upsert of the first round that issues a lease (SPEC R32:
-    lease ids carry an HMAC under it, see ``holder.lease_id_for``).
+    ``lease_epoch`` (the storage epoch, 32 random bits) and, when the holder has no
+    ``lease_secret``, ``lease_key_0`` .. ``lease_key_7`` (the per-storage lease-id secret, 32
+    random bytes as eight 32-bit words), written once by the meta upsert of the first round that
+    issues a lease (SPEC R32: lease ids carry the epoch and an HMAC, see
+    ``holder.lease_id_for``; a reset storage gets a new epoch).
 
 Indexes keep a round's reads proportional to the clients in it: grants and leases by client,
 grants with unclaimed permits by ``claim_by`` (partial index, for reclaim and the alarm), live
@@ -103,7 +105,7 @@ def ensure_schema(storage: Storage) -> None:
 
 def read_meta(storage: Storage) -> dict[str, int]:
     """Every row of ``durability_semaphore_meta`` (schema version, totals, last limit/round,
-    last round's ``contended`` flag)."""
+    last round's ``contended`` flag, lease-id epoch and secret)."""
     return {str(r["key"]): int(r["value"]) for r in storage.exec(f"SELECT key, value FROM {META}")}
 
 
