@@ -437,9 +437,11 @@ class JobQueue(DurableObject):
     * :meth:`enqueue` registers the job before it creates it (a ``conflict`` error value when the
       id belongs to another queue; ``unavailable`` when the holder does not answer; the job is
       not created then).
-    * Every job that turns ``done`` is written to the outbox table ``app_finished_jobs`` in the
-      same transaction (the queue's ``on_done`` hook), whichever way it turns ``done``: a job
-      completed while ``claiming`` turns ``done`` only when the pump resolves its claim. So are
+    * Every job that turns ``done`` is written to the outbox table ``app_finished_jobs`` by the
+      queue's ``on_done`` hook, in the transaction that clears the job's pending-hook flag (the
+      queue calls it right after the transition, or, after an eviction or a failure, from a
+      later pump), whichever way it turns ``done``: a job completed while ``claiming`` turns
+      ``done`` only when the pump resolves its claim. So are
       ids :meth:`complete` is asked for that this queue does not know (never created here, or
       forgotten after the retention), and finished jobs enqueued again (registering them
       cleared their completion mark). The outbox is sent with ``finish_job`` at once and by the
@@ -556,7 +558,7 @@ class JobQueue(DurableObject):
         if self.config_error is not None:
             raise VarError(self.config_error["error"]["field"], self.config_error["error"]["message"])
         if not self._outbox_ready and has_tables(self.storage, QUEUE_TABLES):
-            self._ready(None)  # before the pump can finish a job (the outbox is written in its transaction)
+            self._ready(None)  # before the pump runs on_done (the outbox is written in a transaction)
         await self.scheduler.alarm(alarm_info)
 
     # -- the job directory's outbox ------------------------------------------------------
@@ -586,7 +588,8 @@ class JobQueue(DurableObject):
         return self._queue_name
 
     def _job_done(self, item: QueueItem) -> None:
-        """The queue's ``on_done`` hook (inside its transaction): the job turned ``done``."""
+        """The queue's ``on_done`` hook (in the queue's transaction that marks the hook as run):
+        the job turned ``done``. The outbox row is durable once this returned."""
         self._announce_later(item.item_id, item.key, self._name())
 
     def _announce_later(self, job_id: str, account: str, queue: str | None) -> None:

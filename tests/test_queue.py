@@ -296,9 +296,11 @@ async def test_r7_enqueue_refuses_ids_outside_the_wire_alphabet_and_writes_nothi
 
 @async_test
 async def test_on_done_is_called_once_for_every_item_that_turns_done():
-    # on_done(item) runs inside the transaction that marks the item done, whichever way: a
-    # queued or running item's complete(), a claim cancelled while claiming (done only when the
-    # pump resolves it), reconciliation; a raising on_done rolls the transition back.
+    # on_done(item) runs once for every item that turns done, whichever way: a queued or running
+    # item's complete(), a claim cancelled while claiming (done only when the pump resolves it),
+    # reconciliation. R37 review: it runs after the transition, in a transaction of its own; a
+    # raising on_done leaves the item done (permit released) with its hook pending, and the pump
+    # calls it again later.
     s = Setup()
     done: list[tuple[str, ItemState, bool]] = []
     fail = {"on": False}
@@ -338,13 +340,218 @@ async def test_on_done_is_called_once_for_every_item_that_turns_done():
     await s.clock.advance(3000)
     assert s.state("running") is ItemState.RUNNING and s.state("lost") is ItemState.RUNNING
     fail["on"] = True
-    with pytest.raises(RuntimeError):
-        await s.queue.complete("running")
-    assert s.state("running") is ItemState.RUNNING and len(done) == 2  # rolled back
+    await s.complete("running")  # the hook raises: logged, not propagated
+    assert s.state("running") is ItemState.DONE and len(done) == 2 and pending(s) == ["running"]
     fail["on"] = False
-    await s.complete("running")
+    await s.clock.advance(1000)  # the pump calls it again (backoff 1 s)
+    assert len(done) == 3 and pending(s) == []
     assert await s.queue.complete("running") is False  # once per transition
     s.alive.discard("lost")  # reconciliation completes it
     await s.clock.advance(80_000)
     assert s.state("lost") is ItemState.DONE
     assert [d[0] for d in done] == ["queued", "claiming", "running", "lost"] and all(d[2] for d in done)
+
+
+def pending(s: Setup) -> list[str]:
+    """Items whose on_done hook has not run yet (R37 review: the done_pending flag)."""
+    return [r[0] for r in s.side.storage.connection.execute(
+        "SELECT item_id FROM durability_semaphore_client_items WHERE done_pending = 1 ORDER BY seq")]
+
+
+class Died(BaseException):
+    """The object dies (eviction, crash) where this is raised: nothing after it runs and the
+    storage transaction around it does not commit."""
+
+
+def lose_claims(s: Setup) -> dict[str, bool]:
+    """While ``on``, every sync carrying a claim is lost (the claiming items stay claiming)."""
+    switch = {"on": True}
+
+    def intercept(key: str, message: dict) -> Any:
+        if switch["on"] and message["type"] == "sync" and message["grants"]:
+            raise HolderUnavailableError("lost")
+        return None
+
+    s.net.intercept = intercept
+    return switch
+
+
+@async_test
+async def test_r37_a_raising_on_done_does_not_stall_the_key_and_is_retried_with_backoff():
+    # R37 review (MEDIUM): on_done ran inside the shared transactions (_resolve_claims in every
+    # admission step and every reply), so a hook raising for one cancelled claiming item rolled
+    # back every step of the key: nothing admitted, replies discarded, a sync about once a
+    # second forever. Now the item turns done in the shared step, its hook runs on its own.
+    s = Setup(limit=1)
+    calls: list[int] = []
+    broken = {"on": True}
+    outbox: list[str] = []
+
+    def on_done(item: QueueItem) -> None:
+        if item.item_id == "bad":
+            calls.append(s.clock.now)
+            if broken["on"]:
+                raise RuntimeError("outbox full")
+        outbox.append(item.item_id)
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger("semaphore.queue").addHandler(handler)
+    logging.disable(logging.NOTSET)
+    try:
+        s.side.queue_options["on_done"] = on_done
+        s.side.evict()
+        lossy = lose_claims(s)
+        await s.queue.enqueue(KEY, "g", "bad")
+        await s.clock.advance(1500)
+        assert s.state("bad") is ItemState.CLAIMING
+        assert await s.queue.complete("bad") is True  # cancelled while claiming
+        await s.queue.enqueue(KEY, "g", "a")
+        await s.queue.enqueue(KEY, "g", "b")
+        lossy["on"] = False
+        await s.clock.advance(1000)  # the claim is confirmed: "bad" turns done, its permit released
+        assert s.state("bad") is ItemState.DONE and calls and pending(s) == ["bad"]
+        await s.clock.advance(15_000)
+        assert [i.item_id for i in s.admitted] == ["a"]  # limit 1: a runs (claim confirmed)
+        assert s.state("a") is ItemState.RUNNING and s.queue.item("a").permit.kind is PermitKind.GRANT
+        await s.complete("a")
+        await s.clock.advance(15_000)
+        assert [i.item_id for i in s.admitted] == ["a", "b"] and s.state("b") is ItemState.RUNNING
+        await s.complete("b")
+        await s.clock.advance(15_000)
+        assert outbox == ["a", "b"] and pending(s) == ["bad"]
+        assert (await s.usage())["outstanding"] == 0
+        # Idle for 120 s: the hook of "bad" is retried with backoff, and no retry contacts the holder.
+        sent, first = len(s.net.sent), len(calls)
+        await s.clock.advance(120_000)
+        assert len(s.net.sent) - sent <= 2
+        assert len(calls) > first and 5 <= len(calls) <= 10, calls  # about 165 s since "bad" was done
+        gaps = [b - a for a, b in zip(calls, calls[1:])]
+        assert gaps == sorted(gaps) and gaps[-1] >= 8 * gaps[0], gaps  # backing off
+        assert gaps[-1] <= 300_000
+        warnings = [r for r in records if r.levelno == logging.WARNING and "on_done" in r.getMessage()]
+        assert warnings and all("'bad'" in r.getMessage() for r in warnings)
+        # It stops raising: the next retry runs it once and clears the flag.
+        broken["on"] = False
+        n = len(calls)
+        await s.clock.advance(400_000)
+        assert len(calls) == n + 1 and outbox == ["a", "b", "bad"] and pending(s) == []
+        await s.clock.advance(600_000)
+        assert len(calls) == n + 1
+    finally:
+        logging.getLogger("semaphore.queue").removeHandler(handler)
+
+
+@async_test
+async def test_r37_async_on_done_is_refused():
+    # R37 review (LOW): an async def on_done was accepted and never ran (its coroutine dropped).
+    from semaphore import ConfigurationError, SemaphoreQueue
+
+    s = Setup()
+
+    async def on_done(item: QueueItem) -> None:
+        pass
+
+    class AsyncHook:
+        async def __call__(self, item: QueueItem) -> None:
+            pass
+
+    for hook in (on_done, AsyncHook()):
+        with pytest.raises(ConfigurationError) as err:
+            SemaphoreQueue(client=s.side.client, scheduler=s.side.scheduler, on_admit=lambda item: None,
+                           on_done=hook)
+        assert err.value.field == "on_done" and "on_done" in str(err.value)
+
+    # A plain function returning an awaitable is caught when called: the item is done, its hook
+    # stays pending (it never ran), and complete() says why.
+    s.side.queue_options["on_done"] = lambda item: on_done(item)
+    s.side.evict()
+    await s.queue.enqueue(KEY, "g", "x")
+    with pytest.raises(ConfigurationError) as err:
+        await s.queue.complete("x")
+    assert err.value.field == "on_done"
+    assert s.state("x") is ItemState.DONE and pending(s) == ["x"]
+    await s.clock.advance(5000)  # the pump logs it and backs off; the key is not stalled
+    await s.queue.enqueue(KEY, "g", "y")
+    await s.clock.advance(3000)
+    assert [i.item_id for i in s.admitted] == ["y"]
+
+
+@async_test
+async def test_r37_on_done_runs_once_per_item_across_eviction_before_the_hook_ran():
+    # R37 review: the object may die after the transition committed and before the hook ran
+    # (in complete(), or in the pump resolving a cancelled claim): the next instance's pump runs
+    # the pending hook, once; its SQL writes commit with clearing the flag.
+    s = Setup()
+    die: set[str] = set()
+    called: list[str] = []
+
+    def on_done(item: QueueItem) -> None:
+        called.append(item.item_id)
+        if item.item_id in die:
+            die.discard(item.item_id)
+            if item.item_id == "claim":
+                s.side.evict()  # inside the pump: later alarms reach the next instance only
+            raise Died()
+        s.side.storage.connection.execute("INSERT INTO outbox(item_id) VALUES (?)", (item.item_id,))
+
+    s.side.storage.connection.execute("CREATE TABLE outbox (item_id TEXT NOT NULL)")
+    s.side.queue_options["on_done"] = on_done
+    s.side.evict()
+    await s.queue.enqueue(KEY, "g", "run")
+    await s.clock.advance(3000)
+    assert s.state("run") is ItemState.RUNNING
+    die.add("run")
+    with pytest.raises(Died):
+        await s.queue.complete("run")
+    assert s.state("run") is ItemState.DONE and pending(s) == ["run"]  # marked, hook not run
+    s.side.evict()
+
+    lossy = lose_claims(s)
+    await s.queue.enqueue(KEY, "g", "claim")
+    await s.clock.advance(1500)
+    assert s.state("claim") is ItemState.CLAIMING
+    await s.queue.complete("claim")
+    die.add("claim")
+    lossy["on"] = False
+    await s.clock.advance(1000)  # the pump resolves the claim, the object dies in the hook
+    assert s.state("claim") is ItemState.DONE and not die
+
+    await s.clock.advance(10_000)  # the new instance runs both pending hooks
+    assert pending(s) == []
+    await s.clock.advance(60_000)
+    s.side.evict()
+    await s.clock.advance(60_000)
+    rows = s.side.storage.connection.execute("SELECT item_id FROM outbox ORDER BY rowid").fetchall()
+    assert sorted(r[0] for r in rows) == ["claim", "run"]  # each hook's writes committed once
+    assert sorted(called) == ["claim", "claim", "run", "run"]  # the died call, then one more
+    assert (await s.usage())["outstanding"] == 0
+
+
+@async_test
+async def test_r37_items_tables_of_an_older_release_gain_the_pending_hook_columns():
+    # R37 review: done_pending (and its backoff columns) are added in place, with a partial index.
+    from semaphore import SemaphoreQueue as Q
+    from semaphore.testing import LocalContext, LocalStorage
+
+    raw = LocalStorage()
+    raw.connection.execute(
+        "CREATE TABLE durability_semaphore_client_items ("
+        " item_id TEXT PRIMARY KEY, key TEXT NOT NULL, group_name TEXT NOT NULL, payload TEXT NOT NULL,"
+        " enqueued_at INTEGER NOT NULL, seq INTEGER NOT NULL, state TEXT NOT NULL,"
+        " permit_kind TEXT NOT NULL, permit_id TEXT NOT NULL, slot INTEGER NOT NULL,"
+        " started_at INTEGER NOT NULL, admitted INTEGER NOT NULL, attempts INTEGER NOT NULL,"
+        " retry_at INTEGER NOT NULL, checked_at INTEGER NOT NULL, finished_at INTEGER NOT NULL,"
+        " cancel INTEGER NOT NULL)")
+    raw.connection.execute("INSERT INTO durability_semaphore_client_items VALUES"
+                           " ('old', 'k', 'g', 'null', 1, 1, 'done', '', '', 0, 0, 0, 0, 0, 0, 1, 0)")
+    Q.migrate(LocalContext(raw, name="old"), 1)
+    columns = {r[1] for r in raw.connection.execute("PRAGMA table_info(durability_semaphore_client_items)")}
+    assert {"done_pending", "done_attempts", "done_retry_at"} <= columns
+    assert raw.connection.execute(
+        "SELECT done_pending FROM durability_semaphore_client_items").fetchall() == [(0,)]
+    plan = " ".join(str(r) for r in raw.connection.execute(
+        "EXPLAIN QUERY PLAN SELECT MIN(done_retry_at) FROM durability_semaphore_client_items"
+        " WHERE key = 'k' AND done_pending = 1"))
+    assert "durability_semaphore_client_items_done_pending" in plan

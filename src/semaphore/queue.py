@@ -33,10 +33,15 @@ Life of an item (table ``durability_semaphore_client_items``)::
   the callback is called again later **for the same item under the same permit**, never under a
   second permit. The application makes ``on_admit`` idempotent per ``item.item_id`` (e.g. start a
   job whose id is the item id).
-* **Finishing**: with ``on_done``, ``on_done(item)`` is called for every item that turns
+* **Finishing**: with ``on_done``, ``on_done(item)`` is called once for every item that turns
   ``done``, whichever way (``complete()`` of a queued or running item, a claim cancelled by
-  ``complete()`` that the pump resolves later, reconciliation), inside the storage transaction
-  that marks it, so an outbox row written there commits (or rolls back) with the transition.
+  ``complete()`` that the pump resolves later, reconciliation). Never inside a shared step: the
+  step that marks the item ``done`` (and releases its permit) only records that its hook is
+  pending (column ``done_pending``); ``complete()`` and the pump then call the hook in a storage
+  transaction of its own that also clears the flag, so an outbox row written there commits with
+  "hook ran" (and is durable once the hook returned). A hook that raises is logged, leaves only
+  its item pending, and is retried by later pumps with backoff (1 s doubling to 5 min), without
+  contacting the holder; no other item of the key waits for it.
 * **Completion** comes back through :meth:`SemaphoreQueue.complete`, which releases the permit;
   the release rides on the next message to the holder, and a ``sync`` is sent just for releases
   only once the oldest has waited ``report_releases_within_ms`` (default 10 s). A message
@@ -54,8 +59,8 @@ Life of an item (table ``durability_semaphore_client_items``)::
 * **Wake-ups** go through the scheduler's timer ``durability_semaphore_queue:wake`` (one timer;
   per-key wake times in ``durability_semaphore_client_wakeups``): request again at
   ``nextRequestAt``, retry after failures, claim confirmations, heartbeats, idle lease stops,
-  admission retries and reconciliation checks. Everything lives in SQL, so a new instance after
-  eviction continues where the old one stopped.
+  admission retries, pending ``on_done`` hooks and reconciliation checks. Everything lives in
+  SQL, so a new instance after eviction continues where the old one stopped.
 """
 
 from __future__ import annotations
@@ -93,12 +98,42 @@ _SCHEMA = (
     " permit_kind TEXT NOT NULL, permit_id TEXT NOT NULL, slot INTEGER NOT NULL,"
     " started_at INTEGER NOT NULL, admitted INTEGER NOT NULL, attempts INTEGER NOT NULL,"
     " retry_at INTEGER NOT NULL, checked_at INTEGER NOT NULL, finished_at INTEGER NOT NULL,"
-    " cancel INTEGER NOT NULL)",
+    " cancel INTEGER NOT NULL, done_pending INTEGER NOT NULL DEFAULT 0,"
+    " done_attempts INTEGER NOT NULL DEFAULT 0, done_retry_at INTEGER NOT NULL DEFAULT 0)",
     f"CREATE INDEX IF NOT EXISTS {ITEMS}_state ON {ITEMS}(key, state, group_name, seq)",
     f"CREATE INDEX IF NOT EXISTS {ITEMS}_done ON {ITEMS}(finished_at) WHERE state = 'done'",
     f"CREATE TABLE IF NOT EXISTS {WAKEUPS} (key TEXT PRIMARY KEY, wake_at INTEGER NOT NULL)",
     f"CREATE TABLE IF NOT EXISTS {PENDING} (key TEXT PRIMARY KEY, since INTEGER NOT NULL)",
 )
+
+#: Columns added after the first release: ``(table, column, declaration)``; tables created by an
+#: older release gain them on first use (``ALTER TABLE ... ADD COLUMN``). ``done_pending``: the
+#: item is done and its ``on_done`` hook has not run yet; ``done_attempts`` / ``done_retry_at``:
+#: failed calls of the hook and when to call it again.
+_ADDED_COLUMNS = (
+    (ITEMS, "done_pending", "INTEGER NOT NULL DEFAULT 0"),
+    (ITEMS, "done_attempts", "INTEGER NOT NULL DEFAULT 0"),
+    (ITEMS, "done_retry_at", "INTEGER NOT NULL DEFAULT 0"),
+)
+
+# Created after the added columns (they index them). Partial: the pump finds pending hooks
+# without walking done items; queries repeat the WHERE term literally (SQLite needs that).
+_INDEXES = (
+    f"CREATE INDEX IF NOT EXISTS {ITEMS}_done_pending ON {ITEMS}(key, done_retry_at) WHERE done_pending = 1",
+)
+
+
+def _install_schema(storage: Storage) -> None:
+    """Create the queue tables, add columns missing from tables of an older release, create the
+    indexes. Idempotent step by step (no transaction of its own, like the client's)."""
+    for statement in _SCHEMA:
+        storage.exec(statement)
+    for table, column, declaration in _ADDED_COLUMNS:
+        present = {str(r["name"]) for r in storage.exec(f"PRAGMA table_info({table})")}
+        if column not in present:
+            storage.exec(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+    for statement in _INDEXES:
+        storage.exec(statement)
 
 
 class ItemState(str, enum.Enum):
@@ -170,6 +205,19 @@ async def _call(fn: Callable[..., Any], *args: Any) -> Any:
     return result
 
 
+def _check_done_hook(on_done: Any) -> None:
+    """``on_done`` runs inside a storage transaction, so it must be a plain function: a coroutine
+    function would only create a coroutine that never runs."""
+    if on_done is None:
+        return
+    if not callable(on_done):
+        raise ConfigurationError("on_done: must be callable or None", field="on_done")
+    if inspect.iscoroutinefunction(on_done) or inspect.isasyncgenfunction(on_done) \
+            or inspect.iscoroutinefunction(getattr(on_done, "__call__", None)):
+        raise ConfigurationError("on_done: must be synchronous (it runs inside a storage transaction);"
+                                 " an async def would never run", field="on_done")
+
+
 def _check_id(value: Any, name: str) -> str:
     """``value`` if it is in the wire's id alphabet (:func:`semaphore.wire.id_problem`, R7), so
     a queued group can never make the holder refuse the queue's whole request."""
@@ -197,16 +245,22 @@ class SemaphoreQueue:
         stopped at ``expiresAt - lease_margin_ms``.
     :param admit_retry_ms: wait this long before calling ``on_admit`` again after it raised.
     :param reconcile_after_ms: / :param check_running: reconciliation (see the module docs).
-    :param on_done: ``on_done(item)``, synchronous, called with the item (state ``done``,
-        ``finished_at`` set) whenever an item turns ``done``: by :meth:`complete` of a queued or
-        running item, when the pump resolves a claim that :meth:`complete` cancelled while it
+    :param on_done: ``on_done(item)``, synchronous, called once with the item (state ``done``,
+        ``finished_at`` set) for every item that turns ``done``: by :meth:`complete` of a queued
+        or running item, when the pump resolves a claim that :meth:`complete` cancelled while it
         was ``claiming`` (the item turns ``done`` only then, not in :meth:`complete`), and by
-        reconciliation. Called inside the storage transaction that marks the item (once per
-        committed transition: a rolled-back one takes the callback's writes with it), so it must
-        not await or do I/O; SQL on this object's storage (e.g. an outbox
-        row telling another object, sent later) commits atomically with the transition. If it
-        raises, the transaction is rolled back (the item stays as it was) and the error
-        propagates (to the caller of :meth:`complete`, or to the pump, which retries).
+        reconciliation. The step that marks the item ``done`` (and releases its permit) only
+        records the hook as pending; :meth:`complete` (for the item it finished) and the pump
+        then call it, each call in a storage transaction of its own that also clears the pending
+        flag, so SQL it runs on this object's storage (e.g. an outbox row telling another object,
+        sent later) commits exactly when the hook counts as run, and is durable once it returned.
+        An eviction before it ran leaves it pending for the next instance's pump. It must not
+        await or do I/O: a coroutine function is refused here, and a hook that returns an
+        awaitable raises :class:`ConfigurationError` (from :meth:`complete`; logged by the pump).
+        If it raises, its writes roll back, the error is logged (WARNING, with the item id) and
+        only that item stays pending: the pump calls the hook again after a backoff (1 s doubling
+        to 5 min, as the scheduler's; no holder message is sent for it), and nothing else of the
+        key waits. A pending item is kept past ``retention_ms`` until its hook ran.
     :param retention_ms: finished items are remembered this long (so a retried enqueue of a
         finished item does not run it again), then deleted. Default one day.
     :param report_releases_within_ms: releases (of grant permits and lease draws, and the stop
@@ -248,8 +302,7 @@ class SemaphoreQueue:
     ) -> None:
         if not callable(on_admit):
             raise ConfigurationError("on_admit: must be callable", field="on_admit")
-        if on_done is not None and not callable(on_done):
-            raise ConfigurationError("on_done: must be callable or None", field="on_done")
+        _check_done_hook(on_done)
         if isinstance(report_releases_within_ms, bool) or not isinstance(report_releases_within_ms, int) \
                 or report_releases_within_ms < 0:
             raise ConfigurationError("report_releases_within_ms: must be a non-negative integer",
@@ -285,8 +338,7 @@ class SemaphoreQueue:
         if self._ready:
             return
         self.client.ensure_schema()
-        for statement in _SCHEMA:
-            self.storage.exec(statement)
+        _install_schema(self.storage)
         self._ready = True
 
     @staticmethod
@@ -303,7 +355,10 @@ class SemaphoreQueue:
 
         storage = ctx if isinstance(ctx, Storage) else Storage(ctx)
         SemaphoreClient.migrate(storage, to_version)
-        migrate_tables(storage, to_version, QUEUE_TABLES, _SCHEMA)
+        if to_version is None:
+            migrate_tables(storage, None, QUEUE_TABLES, _SCHEMA)
+        else:
+            _install_schema(storage)
         if to_version is None and storage.one(
                 "SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?", SCHEDULER_TABLE):
             prefix = SemaphoreQueue.TIMER.rsplit(":", 1)[0] + ":"
@@ -349,12 +404,19 @@ class SemaphoreQueue:
         mark it done. Before admission it cancels the item instead. Idempotent: returns False
         for an unknown or already finished item. An item still ``claiming`` (its claim sent, not
         yet confirmed) is only marked cancelled: it stays ``claiming`` until the pump resolves
-        the claim, and turns ``done`` then (``on_done`` is called there, not here)."""
+        the claim, and turns ``done`` then (``on_done`` is called there, not here). For an item
+        it marks ``done``, ``on_done`` is called here, after the transition committed, in a
+        transaction of its own; a hook that raises is logged and left to the pump (the item is
+        done all the same); one that returns an awaitable raises :class:`ConfigurationError`."""
         self.ensure_schema()
         now = self._now()
         done = self.storage.transaction(lambda: self._complete(item_id, now))
-        if done:
-            await self.scheduler.arm()
+        try:
+            if done and self.on_done is not None:
+                self._run_done_hook(item_id, raise_misuse=True)
+        finally:
+            if done:
+                await self.scheduler.arm()
         return done
 
     def item(self, item_id: str) -> QueueItem | None:
@@ -474,17 +536,73 @@ class SemaphoreQueue:
         else:
             if item.state is ItemState.RUNNING:
                 self._release_permit(item)
-            self._finish(item_id, now)
+            self._finish(item, now)
         self._set_wake(item.key, now, earlier_only=True)
         return True
 
-    def _finish(self, item_id: str, now: int) -> None:
-        """Mark ``item_id`` done (inside the caller's transaction) and tell ``on_done``."""
-        self.storage.exec(f"UPDATE {ITEMS} SET state = 'done', finished_at = ? WHERE item_id = ?", now, item_id)
-        if self.on_done is not None:
-            item = self._item(item_id)
-            assert item is not None
-            self.on_done(item)
+    def _finish(self, item: QueueItem, now: int) -> None:
+        """Mark ``item`` done (inside the caller's transaction; the caller wakes the key). With
+        ``on_done`` its hook is only recorded as pending, due at once: it runs later in a
+        transaction of its own (:meth:`_run_done_hook`), never in this shared step, so a failing
+        hook cannot roll back the key's admissions or replies."""
+        self.storage.exec(
+            f"UPDATE {ITEMS} SET state = 'done', finished_at = ?, done_pending = ?, done_attempts = 0,"
+            " done_retry_at = ? WHERE item_id = ?", now, 0 if self.on_done is None else 1, now, item.item_id)
+
+    def _run_done_hooks(self, key: str) -> None:
+        """Call the pending ``on_done`` hooks of ``key`` that are due (each on its own)."""
+        if self.on_done is None:
+            return
+        rows = self.storage.exec(
+            f"SELECT item_id FROM {ITEMS} WHERE key = ? AND done_pending = 1 AND done_retry_at <= ?"
+            " ORDER BY done_retry_at, seq", key, self._now())
+        for r in rows:
+            self._run_done_hook(str(r["item_id"]), raise_misuse=False)
+
+    def _run_done_hook(self, item_id: str, *, raise_misuse: bool) -> None:
+        """``on_done(item)`` for ``item_id`` if its hook is pending, in one transaction with
+        clearing the flag. A failure rolls back the hook's writes, is logged and backed off; a
+        hook returning an awaitable (:class:`ConfigurationError`) is re-raised if
+        ``raise_misuse``."""
+        hook = self.on_done
+        assert hook is not None
+
+        def body() -> None:
+            r = self.storage.one(f"SELECT * FROM {ITEMS} WHERE item_id = ? AND done_pending = 1", item_id)
+            if r is None:
+                return  # not pending (any more)
+            result = hook(QueueItem._from_row(r))
+            if inspect.isawaitable(result):
+                if inspect.iscoroutine(result):
+                    result.close()  # never awaited: say so here instead of a RuntimeWarning
+                raise ConfigurationError("on_done: returned an awaitable; it must be synchronous"
+                                         " (it runs inside a storage transaction)", field="on_done")
+            self.storage.exec(f"UPDATE {ITEMS} SET done_pending = 0 WHERE item_id = ?", item_id)
+
+        try:
+            self.storage.transaction(body)
+        except Exception as exc:  # noqa: BLE001 - any hook failure only delays this item
+            self._done_hook_failed(item_id, exc)
+            if raise_misuse and isinstance(exc, ConfigurationError):
+                raise
+
+    def _done_hook_failed(self, item_id: str, exc: Exception) -> None:
+        now = self._now()
+
+        def body() -> tuple[int, int]:
+            r = self.storage.one(f"SELECT key, done_attempts FROM {ITEMS} WHERE item_id = ?", item_id)
+            if r is None:  # gone meanwhile (migrated away): nothing to retry
+                return 0, 0
+            attempts = int(r["done_attempts"]) + 1
+            delay = DurabilityScheduler.backoff_ms(attempts)
+            self.storage.exec(f"UPDATE {ITEMS} SET done_attempts = ?, done_retry_at = ? WHERE item_id = ?",
+                              attempts, now + delay, item_id)
+            self._set_wake(str(r["key"]), now + delay, earlier_only=True)
+            return attempts, delay
+
+        attempts, delay = self.storage.transaction(body)
+        log.warning("on_done failed for item %r (attempt %d): %r; the item is done, its hook is"
+                    " retried in %d ms", item_id, attempts, exc, delay, exc_info=exc)
 
     def _start(self, item_id: str, now: int) -> None:
         self.storage.exec(
@@ -501,6 +619,7 @@ class SemaphoreQueue:
         """SPEC R15a: start claiming items whose claim the holder confirmed; put back those whose
         grant will never confirm them (expired clamp, or dropped)."""
         rows = self.storage.exec(f"SELECT * FROM {ITEMS} WHERE key = ? AND state = 'claiming' ORDER BY seq", key)
+        finished = False
         for r in rows:
             item = QueueItem._from_row(r)
             assert item.permit is not None
@@ -509,14 +628,18 @@ class SemaphoreQueue:
             if g is not None and g.confirmed >= item.permit.slot:
                 if cancelled:
                     self.client._release(key, g.grant_id, 1)
-                    self._finish(item.item_id, now)
+                    self._finish(item, now)
+                    finished = True
                 else:
                     self._start(item.item_id, now)
             elif g is None or g.final:
                 if cancelled:
-                    self._finish(item.item_id, now)
+                    self._finish(item, now)
+                    finished = True
                 else:
                     self._requeue(item.item_id)
+        if finished and self.on_done is not None:
+            self._set_wake(key, now, earlier_only=True)  # its hook is due, even if this instance dies
 
     def _stop_idle_leases(self, key: str, now: int, *, contended: bool) -> None:
         queued = self._queued(key)
@@ -574,8 +697,9 @@ class SemaphoreQueue:
                 self._start(item_id, now)
                 lease = self.client.lease(key, lease.lease_id) or lease
         self._stop_idle_leases(key, now, contended=False)
-        if self.retention_ms:
-            self.storage.exec(f"DELETE FROM {ITEMS} WHERE state = 'done' AND finished_at < ?",
+        if self.retention_ms:  # an item whose hook has not run yet is kept until it has
+            kept = "" if self.on_done is None else " AND done_pending = 0"
+            self.storage.exec(f"DELETE FROM {ITEMS} WHERE state = 'done' AND finished_at < ?{kept}",
                               now - self.retention_ms)
 
     def _report_due_at(self, key: str, now: int) -> int | None:
@@ -635,6 +759,7 @@ class SemaphoreQueue:
             self.storage.transaction(lambda: self._admit_locally(key, now))
             await self._run_callbacks(key, now)
             await self._reconcile(key, now)
+            self._run_done_hooks(key)  # no holder message is ever sent for them
             if self._backoff.get(key, 0) > now:
                 return
             claiming = self._count(key, "claiming") > 0
@@ -655,6 +780,7 @@ class SemaphoreQueue:
                 return
             self._backoff.pop(key, None)
         # Still work left after 8 exchanges: pause instead of spinning.
+        self._run_done_hooks(key)  # items the last reply finished
         self._backoff[key] = self._now() + self.retry_ms
 
     async def _run_callbacks(self, key: str, now: int) -> None:
@@ -722,6 +848,11 @@ class SemaphoreQueue:
             f"SELECT MIN(retry_at) AS at FROM {ITEMS} WHERE key = ? AND state = 'running' AND admitted = 0", key)
         if row is not None and row["at"] is not None:
             times.append(max(now, int(row["at"])))
+        if self.on_done is not None:  # pending hooks: no network, so no network backoff either
+            row = self.storage.one(
+                f"SELECT MIN(done_retry_at) AS at FROM {ITEMS} WHERE key = ? AND done_pending = 1", key)
+            if row is not None and row["at"] is not None:
+                times.append(max(now, int(row["at"])))
         if self.reconcile_after_ms is not None:
             row = self.storage.one(
                 f"SELECT MIN(MAX(started_at, checked_at)) AS at FROM {ITEMS}"
