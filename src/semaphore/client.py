@@ -54,7 +54,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 from .clock import sleep_until, system_clock
 from .errors import HolderUnavailableError, SemaphoreError, error_from_reply
-from .runtime import Storage, migrate_tables, plain
+from .runtime import Storage, install_schema, migrate_tables, plain
 from .wire import (
     MAX_LIST_LENGTH,
     Demand,
@@ -141,17 +141,9 @@ _LEASE_DUE_SQL = f"({_LEASE_DIRTY_SQL} OR (status = '{LeaseStatus.LIVE.value}' A
 
 
 def _install_schema(storage: Storage) -> None:
-    """Create the client tables, add columns missing from tables of an older release, and create
-    the indexes. Every step is idempotent, so a step cut short is completed on the next use (no
-    transaction of its own: first use may happen inside the caller's)."""
-    for statement in _SCHEMA:
-        storage.exec(statement)
-    for table, column, declaration in _ADDED_COLUMNS:
-        present = {str(r["name"]) for r in storage.exec(f"PRAGMA table_info({table})")}
-        if column not in present:
-            storage.exec(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
-    for statement in _INDEXES:
-        storage.exec(statement)
+    """The client tables, their columns added since the first release, and their indexes
+    (:func:`~semaphore.runtime.install_schema`)."""
+    install_schema(storage, _SCHEMA, _ADDED_COLUMNS, _INDEXES)
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,7 @@ from typing import Any, Awaitable, Callable, Union, cast
 
 from .client import AppliedReply, SemaphoreClient
 from .errors import ConfigurationError, SemaphoreError
-from .runtime import Storage, migrate_tables
+from .runtime import Storage, install_schema, migrate_tables
 from .scheduler import DurabilityScheduler
 from .wire import MAX_LIST_LENGTH, Demand, LeaseStatus, id_problem
 
@@ -124,16 +124,9 @@ _INDEXES = (
 
 
 def _install_schema(storage: Storage) -> None:
-    """Create the queue tables, add columns missing from tables of an older release, create the
-    indexes. Idempotent step by step (no transaction of its own, like the client's)."""
-    for statement in _SCHEMA:
-        storage.exec(statement)
-    for table, column, declaration in _ADDED_COLUMNS:
-        present = {str(r["name"]) for r in storage.exec(f"PRAGMA table_info({table})")}
-        if column not in present:
-            storage.exec(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
-    for statement in _INDEXES:
-        storage.exec(statement)
+    """The queue tables, their columns added since the first release, and their indexes
+    (:func:`~semaphore.runtime.install_schema`)."""
+    install_schema(storage, _SCHEMA, _ADDED_COLUMNS, _INDEXES)
 
 
 class ItemState(str, enum.Enum):

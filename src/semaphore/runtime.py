@@ -174,6 +174,24 @@ class Storage:
         await _maybe_await(self._storage.deleteAlarm())
 
 
+def install_schema(storage: Storage, schema: Iterable[str],
+                   added_columns: Iterable[tuple[str, str, str]], indexes: Iterable[str]) -> None:
+    """Create a component's tables (``schema``: ``CREATE TABLE IF NOT EXISTS``), add the
+    ``(table, column, declaration)`` columns missing from tables of an older release
+    (``ALTER TABLE ... ADD COLUMN``; ``PRAGMA table_info`` is allowed in Durable Object SQL),
+    then create the ``indexes`` (after the columns they may cover). Every step is idempotent, so
+    a step cut short is completed on the next use; no transaction of its own, since first use
+    may happen inside the caller's."""
+    for statement in schema:
+        storage.exec(statement)
+    for table, column, declaration in added_columns:
+        present = {str(r["name"]) for r in storage.exec(f"PRAGMA table_info({table})")}
+        if column not in present:
+            storage.exec(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+    for statement in indexes:
+        storage.exec(statement)
+
+
 def migrate_tables(ctx: Any, to_version: int | None, tables: Iterable[str], schema: Iterable[str]) -> None:
     """The ``migrate(ctx, to_version)`` of a component owning ``tables``: ``None`` drops them,
     ``1`` runs its ``schema`` statements (``CREATE ... IF NOT EXISTS``)."""
