@@ -59,12 +59,13 @@ def now_ms() -> int:
 class App:
     """HTTP client of the reference app served by one :class:`WorkerdProcess` (thread-safe)."""
 
-    def __init__(self, proc: WorkerdProcess) -> None:
+    def __init__(self, proc: WorkerdProcess, token: str = TOKEN) -> None:
         self.proc = proc
+        self.auth = {"authorization": f"Bearer {token}"}
 
     def call(self, method: str, path: str, body: Any = None, *, auth: bool = True,
              headers: dict[str, str] | None = None) -> tuple[int, Any]:
-        hdrs = dict(AUTH if auth else {})
+        hdrs = dict(self.auth if auth else {})
         hdrs.update(headers or {})
         data = None
         if body is not None:

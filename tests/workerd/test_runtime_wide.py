@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterable
 
 import pytest
 
+from .test_app import App
 from .harness import (
     WorkerdError,
     WorkerdProcess,
@@ -67,32 +68,12 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class Front:
+class Front(App):
     """HTTP client of the reference Worker in one :class:`WorkerdProcess` (thread-safe)."""
 
     def __init__(self, proc: WorkerdProcess, storage: Path) -> None:
-        self.proc = proc
+        super().__init__(proc, TOKEN)
         self.storage = storage
-
-    def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        headers = dict(AUTH)
-        data = None
-        if body is not None:
-            data = json.dumps(body).encode()
-            headers["content-type"] = "application/json"
-        status, raw = self.proc.request(path, method=method, body=data, headers=headers)
-        try:
-            return status, json.loads(raw) if raw else None
-        except ValueError:
-            raise AssertionError(f"{method} {path}: {status}, not JSON: {raw[:2000]!r}") from None
-
-    def ok(self, method: str, path: str, body: Any = None, expect: Iterable[int] = (200,)) -> Any:
-        status, data = self.call(method, path, body)
-        assert status in tuple(expect), f"{method} {path} -> {status} {data}"
-        return data
-
-    def usage(self, account: str) -> dict[str, Any]:
-        return self.ok("GET", f"/accounts/{account}/usage")
 
     def set_limit(self, account: str, limit: int | None) -> dict[str, Any]:
         return self.ok("PUT", f"/accounts/{account}/limit", {"limit": limit})
@@ -104,14 +85,6 @@ class Front:
                 payload: Any = None) -> dict[str, Any]:
         return self.ok("POST", f"/accounts/{account}/queues/{queue}/jobs",
                        {"id": job_id, "group": group, "payload": payload}, expect=(200, 201))
-
-    def complete(self, account: str, job_id: str) -> dict[str, Any]:
-        return self.ok("POST", f"/accounts/{account}/jobs/{job_id}/complete")
-
-    def jobs(self, account: str, queue: str) -> dict[str, dict[str, Any]]:
-        data = self.ok("GET", f"/accounts/{account}/queues/{queue}")
-        assert data["account"] == account and data["queue"] == queue, data
-        return {job["id"]: job for job in data["jobs"]}
 
     def object_files(self, class_name: str) -> set[str]:
         """Ids (hex) of the objects of ``class_name`` that have a SQLite file on disk."""
