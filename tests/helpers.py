@@ -261,7 +261,8 @@ class Bed:
     R32). The ``secret_factory`` bytes (per-storage lease-id secret and storage epoch) are
     deterministic (two beds fed the same rounds store the same rows) but differ at every call,
     so a secret or epoch re-created instead of read back (e.g. after :meth:`evict`) would show.
-    ``alarm_delay_ms`` models late alarm delivery. Create it inside the event
+    ``alarm_delay_ms`` models late alarm delivery; ``name`` is the object's name (its ``ctx.id``
+    reads ``id:<name>``). Create it inside the event
     loop that uses it (inside the test's coroutine)."""
 
     def __init__(
@@ -271,12 +272,14 @@ class Bed:
         storage: LocalStorage | None = None,
         clock: VirtualClock | None = None,
         alarm_delay_ms: int = 0,
+        name: str = "object",
         **options: Any,
     ) -> None:
         self.clock = clock if clock is not None else VirtualClock(T0)
         self.t0 = self.clock.now
         self.storage = storage if storage is not None else LocalStorage()
-        self.ctx = LocalContext(self.storage)
+        self.name = name
+        self.ctx = LocalContext(self.storage, name=name)
         self.options = {"limit": limit, **options}
         self.alarm_delay_ms = alarm_delay_ms
         self._ids = itertools.count(1)
@@ -337,7 +340,7 @@ class Bed:
         holder); then a new instance starts over it (:meth:`evict`)."""
         if fresh_storage:
             self.storage = LocalStorage()
-            self.ctx = LocalContext(self.storage)
+            self.ctx = LocalContext(self.storage, name=self.name)  # the same object, reset
         else:
             DurabilitySemaphore.migrate(self.ctx, None)
         self.evict(**options)

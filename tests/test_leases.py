@@ -601,10 +601,12 @@ def minted(bed: Bed, client: str, nonce: str, permits: int, *, secret: bytes | N
     """An id that verifies for ``client`` on ``bed`` and carries another epoch than the bed's
     storage: the holder cannot tell it from a lease issued to ``client`` before a storage reset.
     Under ``secret`` (default: the bed's per-storage secret)."""
-    from semaphore.holder import lease_id_for
+    from semaphore import holder
 
     other_epoch = (meta(bed).get("lease_epoch", 0) + 1) % 2**32
-    return lease_id_for(secret or bed_secret(bed), client, nonce, other_epoch, permits)
+    # an application secret is keyed per holder object (its ctx.id), as the holder does
+    key = holder._holder_key(secret, bed.sem.scheduler.ctx) if secret else bed_secret(bed)
+    return holder.lease_id_for(key, client, nonce, other_epoch, permits)
 
 
 REPLAY = {
@@ -661,6 +663,27 @@ async def test_r32_many_client_ids_replaying_their_settled_leases_starve_no_one(
         assert held(replies[-1]) == 10 and blocked(replies[-1]) == {}, (i, replies[-1])
         assert (await bed.usage())["leaseFootprint"] == 0
     bed.check()
+
+
+@async_test
+async def test_r32_holders_sharing_a_lease_secret_never_charge_each_others_lease_ids():
+    # R32 (review fault): one lease_secret serves every holder of a Worker (one per key). A lease
+    # issued and settled at holder A, replayed to holder B (another epoch, so it would look like
+    # a lease from before a reset of B), must charge B nothing: the MAC key is bound to the
+    # holder object's id. Before, B charged it every round with no reset at all.
+    a = Bed(10, leases=STRICT, lease_secret=APP_SECRET, name="holder-a")
+    b = Bed(10, leases=STRICT, lease_secret=APP_SECRET, name="holder-b")
+    next(b._secrets)  # B's storage draws other bytes than A's: its epoch differs
+    lid = await settled_lease(a, "x")
+    await settled_lease(b, "seed")  # B has an epoch of its own
+    assert meta(a)["lease_epoch"] != meta(b)["lease_epoch"]
+    for i in range(3):
+        await b.clock.advance(60_000)
+        rx, ry = await b.round(request("x", {}, leases=[(lid, 9, 0)], oldest_at=0),
+                               request("honest", {"g": 10}, oldest_at=1))
+        assert by_id(rx, "leases")[lid]["status"] == "retired"
+        assert held(ry) == 10 and blocked(ry) == {}, (i, ry)
+    b.check()
 
 
 @pytest.mark.parametrize("fresh_storage", [False, True], ids=["migrate_none", "new_storage"])

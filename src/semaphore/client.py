@@ -54,7 +54,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 from .clock import sleep_until, system_clock
 from .errors import HolderUnavailableError, SemaphoreError, error_from_reply
-from .runtime import Storage, install_schema, migrate_tables, plain
+from .runtime import Storage, install_schema, migrate_tables, object_id, plain
 from .wire import (
     MAX_LIST_LENGTH,
     Demand,
@@ -290,11 +290,10 @@ ReplyHook = Callable[[AppliedReply], None]
 
 
 def _default_client_id(ctx: Any) -> str:
-    ident = getattr(ctx, "id", None)
+    ident = object_id(ctx)
     if ident is None:
         raise SemaphoreError("ctx has no id; pass client_id=")
-    to_string = getattr(ident, "toString", None)
-    return str(to_string()) if callable(to_string) else str(ident)
+    return ident
 
 
 class SemaphoreClient:

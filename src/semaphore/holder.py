@@ -17,7 +17,7 @@ from .allocation import LIMIT_ERROR, Allocation, Entry, Usage, allocate, ceiling
 from .clock import sleep_until
 from .config import LeaseConfig, LimitedGroups
 from .errors import ConfigurationError, InvalidMessageError, RoundFailedError
-from .runtime import Storage
+from .runtime import Storage, object_id
 from .scheduler import DurabilityScheduler
 from .store import (
     GROUPS,
@@ -122,6 +122,20 @@ def _lease_epoch(meta: Mapping[str, int]) -> int | None:
 def _epoch_from(seed: bytes) -> int:
     # One-way: the epoch is public (in every id) and may come from the same seed as the secret.
     return int.from_bytes(hashlib.sha256(_EPOCH_DOMAIN + seed).digest()[:4], "big")
+
+
+def _holder_key(secret: bytes | None, ctx: Any) -> bytes | None:
+    """The MAC key of this holder under the application's ``lease_secret``: HMAC of the holder
+    object's id (``ctx.id``), so holders sharing one secret (one per key) never accept each
+    other's lease ids, while a holder whose storage was reset (same id) still does (R32)."""
+    if secret is None:
+        return None
+    ident = object_id(ctx)
+    if ident is None:
+        raise ConfigurationError("lease_secret: needs the holder object's ctx (with an id), "
+                                 "not a bare Storage", field="lease_secret")
+    return hmac.new(secret, b"durability-semaphore lease key\0" + ident.encode("utf-8"),
+                    hashlib.sha256).digest()
 
 
 def _configured_secret(value: Any) -> bytes | None:
@@ -356,7 +370,7 @@ class DurabilitySemaphore:
         self.leases = LeaseConfig.parse(leases)
         self.clock: Callable[[], int] = clock or scheduler.clock  # the scheduler's defaults to system_clock
         self._new_id = id_factory or (lambda: secrets.token_hex(12))
-        self._app_secret = _configured_secret(lease_secret)
+        self._app_secret = _holder_key(_configured_secret(lease_secret), scheduler.ctx)
         self._new_secret = secret_factory or (lambda: secrets.token_bytes(4 * LEASE_KEY_WORDS))
         self._pending: dict[str, _Pending] = {}
         self._arrivals = itertools.count()

@@ -174,6 +174,16 @@ class Storage:
         await _maybe_await(self._storage.deleteAlarm())
 
 
+def object_id(ctx: Any) -> str | None:
+    """``str(ctx.id)`` of a Durable Object (``ctx.id.toString()`` through the runtime's proxy),
+    or ``None`` when ``ctx`` has no id (a bare :class:`Storage`)."""
+    ident = getattr(ctx, "id", None)
+    if ident is None:
+        return None
+    to_string = getattr(ident, "toString", None)
+    return str(to_string()) if callable(to_string) else str(ident)
+
+
 def install_schema(storage: Storage, schema: Iterable[str],
                    added_columns: Iterable[tuple[str, str, str]], indexes: Iterable[str]) -> None:
     """Create a component's tables (``schema``: ``CREATE TABLE IF NOT EXISTS``), add the
