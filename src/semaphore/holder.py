@@ -40,6 +40,7 @@ from .wire import (
     LeaseState,
     LeaseStatus,
     MAX_ID_LENGTH,
+    MAX_INT,
     WIRE_VERSION,
     PermitRequest,
     SyncMessage,
@@ -251,7 +252,7 @@ def _valid_count(value: Any) -> int | None:
         return None
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if isinstance(value, int) and 0 <= value < 2**53:
+    if isinstance(value, int) and 0 <= value <= MAX_INT:
         return value
     return None
 

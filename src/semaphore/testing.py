@@ -26,6 +26,8 @@ import re
 import sqlite3
 from typing import Any, Awaitable, Callable, Iterator
 
+from .wire import MAX_INT
+
 __all__ = [
     "VirtualClock",
     "LocalStorage",
@@ -34,7 +36,7 @@ __all__ = [
     "DurableObjectRuleError",
 ]
 
-_MAX_INT = 2**53
+_MAX_INT = MAX_INT + 1  # 2**53: the first integer a JavaScript number cannot hold exactly
 _FORBIDDEN = re.compile(r"^\s*(BEGIN|COMMIT|END|SAVEPOINT|ROLLBACK|RELEASE)\b", re.IGNORECASE)
 _LEADING_COMMENTS = re.compile(r"^(\s*(--[^\n]*\n|/\*.*?\*/))*", re.DOTALL)
 
