@@ -506,19 +506,19 @@ class SemaphoreClient:
         return True
 
     def _change_grant(self, key: str, grant_id: str, column: str, value: int) -> None:
+        self._change(GRANTS, "grant_id", _GRANT_DIRTY_SQL, key, grant_id, column, value)
+
+    def _change_lease(self, key: str, lease_id: str, column: str, value: int) -> None:
+        self._change(LEASES, "lease_id", _LEASE_DIRTY_SQL, key, lease_id, column, value)
+
+    def _change(self, table: str, id_column: str, dirty_sql: str, key: str, row_id: str,
+                column: str, value: int) -> None:
         # A clean row that turns dirty has had something to report since now (report order).
         now = self._now()
         self.storage.exec(
-            f"UPDATE {GRANTS} SET {column} = ?, updated_at = ?,"
-            f" report_at = CASE WHEN {_GRANT_DIRTY_SQL} THEN report_at ELSE ? END"
-            " WHERE key = ? AND grant_id = ?", value, now, now, key, grant_id)
-
-    def _change_lease(self, key: str, lease_id: str, column: str, value: int) -> None:
-        now = self._now()
-        self.storage.exec(
-            f"UPDATE {LEASES} SET {column} = ?, updated_at = ?,"
-            f" report_at = CASE WHEN {_LEASE_DIRTY_SQL} THEN report_at ELSE ? END"
-            " WHERE key = ? AND lease_id = ?", value, now, now, key, lease_id)
+            f"UPDATE {table} SET {column} = ?, updated_at = ?,"
+            f" report_at = CASE WHEN {dirty_sql} THEN report_at ELSE ? END"
+            f" WHERE key = ? AND {id_column} = ?", value, now, now, key, row_id)
 
     # ================================================================== messages
     def reports(self, key: str, now: int | None = None) -> tuple[tuple[GrantReport, ...], tuple[LeaseReport, ...]]:
