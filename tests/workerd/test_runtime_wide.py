@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable
 
 import pytest
 
-from .test_app import App
+from .test_app import DEADLINE_S, POLL_S, App, by_state, now_ms, wait_for
 from .harness import (
     WorkerdError,
     WorkerdProcess,
@@ -59,13 +59,7 @@ SHARED_VARS = {
     "ROUND_PERIOD_MS": "150",
 }
 ROUND_S = 0.15
-DEADLINE_S = 30.0
-POLL_S = 0.03
 WORKER_NAME = "durability-semaphore"  # wrangler.toml name: uniqueKey <name>-<class>
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class Front(App):
@@ -142,21 +136,6 @@ def together(calls: list[Callable[[], Any]]) -> list[Any]:
     if errors:
         raise errors[0]
     return results
-
-
-def wait_for(probe: Callable[[], Any], what: str, timeout: float = DEADLINE_S) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(POLL_S)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}; last probe: {last!r}")
-
-
-def by_state(jobs: dict[str, dict[str, Any]], state: str) -> dict[str, dict[str, Any]]:
-    return {i: j for i, j in jobs.items() if j["state"] == state}
 
 
 def grants_by_id(reply: dict[str, Any]) -> dict[str, dict[str, Any]]:
