@@ -31,12 +31,11 @@ from __future__ import annotations
 
 import inspect
 import logging
-import re
 from typing import Any, Awaitable, Callable, Union
 
 from .clock import system_clock
 from .errors import ConfigurationError
-from .runtime import Storage
+from .runtime import Storage, install_schema
 
 __all__ = ["DurabilityScheduler", "TimerHandler"]
 
@@ -300,21 +299,13 @@ class DurabilityScheduler:
             log.exception("could not record the failure of timer %r", name)
 
 
-_ATTEMPTS_COLUMN = re.compile(r"\battempts\b", re.IGNORECASE)
-
-
 def _migrate_schema(storage: Storage) -> None:
     """Create the timer table, or bring one created by an earlier release up to date: add the
     ``attempts`` column (``NOT NULL DEFAULT 0``, so older rows, and rows an older release would
-    still write, read as 0). Idempotent."""
-    row = storage.one("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", TABLE)
-    if row is None:
-        storage.exec(
-            f"CREATE TABLE IF NOT EXISTS {TABLE} ("
-            " name TEXT PRIMARY KEY,"
-            " due_at INTEGER NOT NULL,"
-            " attempts INTEGER NOT NULL DEFAULT 0)"
-        )
-    elif not _ATTEMPTS_COLUMN.search(str(row["sql"] or "")):
-        storage.exec(f"ALTER TABLE {TABLE} ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0")
-    storage.exec(f"CREATE INDEX IF NOT EXISTS {TABLE}_due ON {TABLE}(due_at)")
+    still write, read as 0). Idempotent (:func:`~semaphore.runtime.install_schema`)."""
+    install_schema(
+        storage,
+        [f"CREATE TABLE IF NOT EXISTS {TABLE} (name TEXT PRIMARY KEY, due_at INTEGER NOT NULL,"
+         " attempts INTEGER NOT NULL DEFAULT 0)"],
+        [(TABLE, "attempts", "INTEGER NOT NULL DEFAULT 0")],
+        [f"CREATE INDEX IF NOT EXISTS {TABLE}_due ON {TABLE}(due_at)"])
