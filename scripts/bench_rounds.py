@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from semaphore import DurabilityScheduler, DurabilitySemaphore  # noqa: E402
 from semaphore.runtime import Storage  # noqa: E402
-from semaphore.store import GrantRow, UnitOfWork, ensure_schema  # noqa: E402
+from semaphore.holder._store import GrantRow, UnitOfWork, ensure_schema  # noqa: E402
 from semaphore.testing import AlarmDriver, LocalContext, LocalStorage, VirtualClock  # noqa: E402
 
 START = 1_700_000_000_000

@@ -65,10 +65,10 @@ from semaphore import (
     SemaphoreQueue,
     timeout,
 )
-from semaphore.queue import QUEUE_TABLES
+from semaphore.client._queue import QUEUE_TABLES
 from semaphore.runtime import Storage, plain
-from semaphore.store import TABLES as HOLDER_TABLES
-from semaphore.wire import MAX_INT, id_problem
+from semaphore.holder._store import TABLES as HOLDER_TABLES
+from semaphore.core.wire import MAX_INT, id_problem
 
 __all__ = ["AccountLimit", "JobQueue", "Default"]
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from semaphore.allocation import LIMIT_ERROR, Entry, Usage, allocate, grant_ceiling
-from semaphore.config import LeaseConfig, LimitedGroups, Provisioning
-from semaphore.wire import BlockedReason as R
+from semaphore.core.allocation import LIMIT_ERROR, Entry, Usage, allocate, grant_ceiling
+from semaphore.core.config import LeaseConfig, LimitedGroups, Provisioning
+from semaphore.core.wire import BlockedReason as R
 
 
 def E(client, group, need, oldest_at=0, arrival=0, *, count=None, permitted=True, lease=False):

@@ -22,7 +22,7 @@ import pytest
 from client_harness import T0, ClientSide, HolderSide, Net, SimClock, async_test
 from helpers import check_aggregates
 from semaphore import Demand, ItemState, QueueItem, SemaphoreClient
-from semaphore.client import GONE, GRANTS, LEASES, ClientGrant, ClientLease
+from semaphore.client._client import GONE, GRANTS, LEASES, ClientGrant, ClientLease
 from semaphore.testing import LocalContext, LocalStorage
 
 KEY = "k"

@@ -33,7 +33,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from helpers import Bed, check_aggregates, dump, request, sync
 from semaphore import LeaseConfig
-from semaphore.allocation import grant_ceiling
+from semaphore.core.allocation import grant_ceiling
 
 CLIENTS = ("c0", "c1", "c2", "c3")  # c3 has no lease support
 GROUPS = ("g0", "g1", "g2")

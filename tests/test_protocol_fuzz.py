@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 
 from helpers import Bed, check_aggregates, dump, run
 from semaphore.errors import InvalidMessageError
-from semaphore.wire import MAX_INT, PermitRequest, SyncMessage, parse_message
+from semaphore.core.wire import MAX_INT, PermitRequest, SyncMessage, parse_message
 
 EXAMPLES = int(os.environ.get("PROTOCOL_FUZZ_EXAMPLES", "40"))
 COMMON = dict(deadline=None, derandomize=True,

@@ -55,7 +55,7 @@ def test_r36_client_helper_type_checks_as_the_readme_uses_it(mypy_cache: Path, t
         from typing import Any
 
         from semaphore import DurabilitySemaphore, SemaphoreRpc, retry, timeout
-        from semaphore.client import Transport
+        from semaphore.client._client import Transport
         from semaphore.rpc import Call
 
 
@@ -89,7 +89,7 @@ def test_r36_client_helper_is_declared_on_the_class_with_rpc_clients_signature()
     import inspect
 
     from semaphore import rpc
-    from semaphore.holder import DurabilitySemaphore
+    from semaphore.holder._semaphore import DurabilitySemaphore
 
     assert isinstance(inspect.getattr_static(DurabilitySemaphore, "client"), staticmethod)
     assert "client" in vars(DurabilitySemaphore)

@@ -22,7 +22,7 @@ import pytest
 
 from helpers import Bed, async_test, by_id, dump, request, sync
 from semaphore.errors import InvalidMessageError, error_from_reply
-from semaphore.wire import PermitRequest, SyncMessage, parse_message
+from semaphore.core.wire import PermitRequest, SyncMessage, parse_message
 
 BIG = 2**53
 HUGE = 10**5000  # str() of it raises ValueError (more than 4,300 digits)
@@ -499,7 +499,7 @@ async def test_r7_deeply_nested_non_dict_message_is_an_error_value():
 async def test_r7_id_alphabet_allowed_ids_round_trip_exactly(ident):
     # R7 (decision, wire docstring): any Unicode except control characters and surrogates, 1-256
     # code points, compared exactly. Such ids reach storage, replies and usage unchanged.
-    from semaphore.wire import check_id, id_problem
+    from semaphore.core.wire import check_id, id_problem
 
     assert id_problem(ident) is None and check_id(ident, "clientId") == ident
     bed = Bed(limit=10, group_limit={ident: 2}, leases={"provisioning": {"mode": "strict"}, "permitsPerLease": 2})
@@ -522,7 +522,7 @@ def test_r7_id_alphabet_forbidden_characters():
     # R7 (decision): every control character (C0 incl. NUL, DEL, C1) and every surrogate code
     # point is refused, wherever it is; the error names the field and the code point.
     from semaphore.errors import InvalidMessageError as Invalid
-    from semaphore.wire import check_id, id_problem
+    from semaphore.core.wire import check_id, id_problem
 
     forbidden = [chr(c) for c in range(0x20)] + [chr(c) for c in range(0x7f, 0xa0)]
     forbidden += ["\ud800", "\udbff", "\udc00", "\udfff", "\ud83d"]

@@ -5,9 +5,9 @@ per-group ceilings; many client Durable Objects get permits from it in batched a
 or as leases. See ``docs/SPEC.md`` for the contract and the README for a tour.
 """
 
-from .allocation import LIMIT_ERROR, Allocation, Entry, Usage, allocate
+from .core.allocation import LIMIT_ERROR, Allocation, Entry, Usage, allocate
 from .clock import system_clock
-from .config import LeaseConfig, LimitedGroups, Provisioning
+from .core.config import LeaseConfig, LimitedGroups, Provisioning
 from .errors import (
     ConfigurationError,
     HolderUnavailableError,
@@ -19,10 +19,20 @@ from .errors import (
 )
 from .holder import DurabilitySemaphore
 from .scheduler import DurabilityScheduler
-from .client import AppliedReply, ClientGrant, ClientLease, SemaphoreClient, Transport
-from .queue import ItemState, Permit, PermitKind, QueueItem, SemaphoreQueue
+from .client import (
+    AppliedReply,
+    ClientGrant,
+    ClientLease,
+    ItemState,
+    Permit,
+    PermitKind,
+    QueueItem,
+    SemaphoreClient,
+    SemaphoreQueue,
+    Transport,
+)
 from .rpc import SemaphoreRpc, get_by_name, retry, timeout
-from .wire import (
+from .core.wire import (
     Blocked,
     BlockedReason,
     Demand,

@@ -48,7 +48,7 @@ from .errors import (
     error_from_reply,
 )
 from .runtime import plain
-from .wire import PermitRequest, SyncMessage
+from .core.wire import PermitRequest, SyncMessage
 
 __all__ = [
     "Call",

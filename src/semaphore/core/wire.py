@@ -40,7 +40,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, cast
 
-from .errors import InvalidMessageError
+from ..errors import InvalidMessageError
 
 __all__ = [
     "WIRE_VERSION",
@@ -525,7 +525,7 @@ class PermitResponse:
     @classmethod
     def from_wire(cls, d: Mapping[str, Any]) -> "PermitResponse":
         """Typed view of a response dict. Raises the typed exception of an error reply."""
-        from .errors import error_from_reply
+        from ..errors import error_from_reply
 
         error = error_from_reply(d)
         if error is not None:

@@ -52,10 +52,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable, Mapping
 
-from .clock import sleep_until, system_clock
-from .errors import HolderUnavailableError, SemaphoreError, error_from_reply
-from .runtime import Storage, install_schema, migrate_tables, object_id, plain
-from .wire import (
+from ..clock import sleep_until, system_clock
+from ..errors import HolderUnavailableError, SemaphoreError, error_from_reply
+from ..runtime import Storage, install_schema, migrate_tables, object_id, plain
+from ..core.wire import (
     MAX_LIST_LENGTH,
     Demand,
     GrantReport,

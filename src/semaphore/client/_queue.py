@@ -73,11 +73,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Union, cast
 
-from .client import AppliedReply, SemaphoreClient
-from .errors import ConfigurationError, SemaphoreError
-from .runtime import Storage, install_schema, migrate_tables
-from .scheduler import DurabilityScheduler
-from .wire import MAX_LIST_LENGTH, Demand, LeaseStatus, id_problem
+from ._client import AppliedReply, SemaphoreClient
+from ..errors import ConfigurationError, SemaphoreError
+from ..runtime import Storage, install_schema, migrate_tables
+from ..scheduler import DurabilityScheduler
+from ..core.wire import MAX_LIST_LENGTH, Demand, LeaseStatus, id_problem
 
 __all__ = ["ItemState", "PermitKind", "Permit", "QueueItem", "SemaphoreQueue", "QUEUE_TABLES"]
 
@@ -344,7 +344,7 @@ class SemaphoreQueue:
         The object's alarm is left as it is: when it fires the scheduler finds nothing of the
         queue's and re-arms for whatever timers are left. ``1`` creates the schema (done
         automatically on first use). Discard any live queue and client instances afterwards."""
-        from .scheduler import TABLE as SCHEDULER_TABLE
+        from ..scheduler import TABLE as SCHEDULER_TABLE
 
         storage = ctx if isinstance(ctx, Storage) else Storage(ctx)
         SemaphoreClient.migrate(storage, to_version)

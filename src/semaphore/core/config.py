@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .errors import ConfigurationError
+from ..errors import ConfigurationError
 
 __all__ = ["Provisioning", "LimitedGroups", "LeaseConfig"]
 

@@ -13,13 +13,13 @@ import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Mapping, NamedTuple, Union
 
-from .allocation import LIMIT_ERROR, Allocation, Entry, Usage, allocate, ceiling
-from .clock import sleep_until
-from .config import LeaseConfig, LimitedGroups
-from .errors import ConfigurationError, InvalidMessageError, RoundFailedError
-from .runtime import Storage, object_id
-from .scheduler import DurabilityScheduler
-from .store import (
+from ..core.allocation import LIMIT_ERROR, Allocation, Entry, Usage, allocate, ceiling
+from ..clock import sleep_until
+from ..core.config import LeaseConfig, LimitedGroups
+from ..errors import ConfigurationError, InvalidMessageError, RoundFailedError
+from ..runtime import Storage, object_id
+from ..scheduler import DurabilityScheduler
+from ._store import (
     GROUPS,
     JSON_IDS,
     SCHEMA_VERSION,
@@ -32,7 +32,7 @@ from .store import (
     read_meta,
     json_list,
 )
-from .wire import (
+from ..core.wire import (
     GrantReport,
     GrantState,
     GrantStatus,
@@ -49,7 +49,7 @@ from .wire import (
 )
 
 if TYPE_CHECKING:  # rpc is the client side: the holder module does not import it at run time
-    from .rpc import Invoke, SemaphoreRpc, Transform
+    from ..rpc import Invoke, SemaphoreRpc, Transform
 
 __all__ = ["DurabilitySemaphore", "LimitOption", "GroupLimitOption", "CanGrantOption"]
 
@@ -462,7 +462,7 @@ class DurabilitySemaphore:
             callable ``env -> namespace``.
         :param transforms: initial transforms (see :meth:`SemaphoreRpc.with_`).
         """
-        from .rpc import client  # at call time: the holder module stays free of the client side
+        from ..rpc import client  # at call time: the holder module stays free of the client side
 
         return client(binding, invoke=invoke, namespace=namespace, transforms=transforms)
 

@@ -39,8 +39,8 @@ from collections import defaultdict
 from dataclasses import dataclass, fields
 from typing import Any, Iterable, Iterator, Sequence
 
-from .errors import SemaphoreError
-from .runtime import Storage
+from ..errors import SemaphoreError
+from ..runtime import Storage
 
 __all__ = [
     "SCHEMA_VERSION",

@@ -26,7 +26,7 @@ import re
 import sqlite3
 from typing import Any, Awaitable, Callable, Iterator
 
-from .wire import MAX_INT
+from ..core.wire import MAX_INT
 
 __all__ = [
     "VirtualClock",

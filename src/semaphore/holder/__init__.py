@@ -1,0 +1,10 @@
+"""The holder side: :class:`DurabilitySemaphore` (batching, the round timer, limit resolution)
+over its SQL store. Every decision it applies is made by :mod:`semaphore.core`."""
+
+from ._semaphore import CanGrantOption, DurabilitySemaphore, GroupLimitOption, LimitOption
+from ._store import GRANTS, GROUPS, LEASES, META, SCHEMA_VERSION, TABLES
+
+__all__ = [
+    "DurabilitySemaphore", "LimitOption", "GroupLimitOption", "CanGrantOption",
+    "GRANTS", "LEASES", "GROUPS", "META", "TABLES", "SCHEMA_VERSION",
+]
