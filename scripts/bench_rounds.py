@@ -5,7 +5,7 @@ For each storage kind (a file in a temp dir, and ``:memory:``), each number of l
 (1k, 10k, 100k) and each number of requesting clients (10, 100, 1,000), this script:
 
 1. builds a holder database with that many live grants (through the holder's own
-   ``UnitOfWork``, so the per-group and total aggregates are right): most belong to OTHER
+   ``Ledger`` and ``SqlStore``, so the per-group and total aggregates are right): most belong to OTHER
    clients (3 grants each over 100 groups, 95% fully claimed and running, 5% still unclaimed
    with a claim deadline an hour away), and every requesting client holds 2 grants itself;
 2. runs rounds through the public path (``handle()`` for every client, then the virtual clock
@@ -52,7 +52,9 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from semaphore import DurabilityScheduler, DurabilitySemaphore  # noqa: E402
 from semaphore.runtime import Storage  # noqa: E402
-from semaphore.holder._store import GrantRow, UnitOfWork, ensure_schema  # noqa: E402
+from semaphore.core.ledger import Ledger, Snapshot  # noqa: E402
+from semaphore.core.rows import GrantRow  # noqa: E402
+from semaphore.holder._store import SqlStore, ensure_schema  # noqa: E402
 from semaphore.testing import AlarmDriver, LocalContext, LocalStorage, VirtualClock  # noqa: E402
 
 START = 1_700_000_000_000
@@ -94,10 +96,11 @@ def _populate(path: str, rows: list[GrantRow]) -> None:
     ensure_schema(storage)
 
     def body() -> None:
-        uow = UnitOfWork(storage)
+        store = SqlStore(storage)
+        ledger = Ledger(Snapshot(meta=store.meta()))
         for g in rows:
-            uow.put_grant(g)
-        uow.flush()
+            ledger.put_grant(g)
+        store.persist(ledger.changes())
 
     storage.transaction(body)
     template.close()

@@ -24,11 +24,11 @@ import re
 
 import pytest
 
-from helpers import Bed, async_test, blocked, by_id, request, sync
 from semaphore import ConfigurationError, DurabilitySemaphore, LeaseConfig, Provisioning
 from semaphore.core.allocation import grant_ceiling
 from semaphore.core.config import LimitedGroups
 from semaphore.core.wire import id_problem
+from semaphore.testing import Bed, async_test, blocked, by_id, request, sync
 
 STRICT = {"provisioning": {"mode": "strict"}}
 
@@ -590,9 +590,9 @@ def held(reply) -> int:
 
 
 def bed_secret(bed: Bed) -> bytes:
-    from semaphore.holder._semaphore import _lease_secret  # imported here: the module also runs on older src
+    from semaphore.core.lease_ids import stored_secret
 
-    secret = _lease_secret(meta(bed))
+    secret = stored_secret(meta(bed))
     assert secret is not None
     return secret
 
@@ -601,12 +601,13 @@ def minted(bed: Bed, client: str, nonce: str, permits: int, *, secret: bytes | N
     """An id that verifies for ``client`` on ``bed`` and carries another epoch than the bed's
     storage: the holder cannot tell it from a lease issued to ``client`` before a storage reset.
     Under ``secret`` (default: the bed's per-storage secret)."""
-    from semaphore.holder import _semaphore as holder
+    from semaphore.core.lease_ids import holder_key, lease_id_for
+    from semaphore.runtime import object_id
 
     other_epoch = (meta(bed).get("lease_epoch", 0) + 1) % 2**32
     # an application secret is keyed per holder object (its ctx.id), as the holder does
-    key = holder._holder_key(secret, bed.sem.scheduler.ctx) if secret else bed_secret(bed)
-    return holder.lease_id_for(key, client, nonce, other_epoch, permits)
+    key = holder_key(secret, str(object_id(bed.sem.scheduler.ctx))) if secret else bed_secret(bed)
+    return lease_id_for(key, client, nonce, other_epoch, permits)
 
 
 REPLAY = {
@@ -933,7 +934,7 @@ async def test_r32_secret_and_epoch_survive_an_eviction():
     # a lease issued by the new instance carries a mac under the same secret, in the same epoch
     await bed.clock.advance(60_000)  # honest's grant is reclaimed
     (ra,) = await bed.round(request("a", {"g": 1}, leases=[], oldest_at=2))
-    from semaphore.holder._semaphore import verified_lease_id
+    from semaphore.core.lease_ids import verified_lease_id
 
     parts = verified_lease_id(bed_secret(bed), "a", only(ra)["leaseId"])
     assert parts is not None and parts.epoch == keys["lease_epoch"] and parts.permits == 9
@@ -985,7 +986,7 @@ async def test_r32_lease_ids_stay_in_the_wire_alphabet_and_within_256_characters
     # R32/R7: a lease id is <nonce>.<8 hex epoch>.<permits>.<32 hex mac>: with the default
     # factory 24 + 1 + 8 + 1 + 1 + 1 + 32 = 68 characters for 9 permits; it verifies for its
     # client only, carries the storage's epoch and its permits, and round-trips as a report.
-    from semaphore.holder._semaphore import LEASE_NONCE_MAX, verified_lease_id
+    from semaphore.core.lease_ids import LEASE_NONCE_MAX, verified_lease_id
 
     bed = _holder()
     (ra,) = await bed.round(request("a", {"g": 1}, leases=[], oldest_at=0))

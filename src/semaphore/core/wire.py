@@ -62,6 +62,10 @@ __all__ = [
     "parse_message",
     "id_problem",
     "check_id",
+    "grant_state",
+    "lease_state",
+    "blocked_entry",
+    "permit_response",
 ]
 
 WIRE_VERSION = 1
@@ -409,6 +413,36 @@ def parse_message(message: Any) -> PermitRequest | SyncMessage:
 
 
 # --------------------------------------------------------------------------- responses
+# The holder answers for every grant and lease of every client in a round, so it builds reply
+# dicts directly with these builders; the dataclasses below encode through them too (one
+# encoding of each shape, SPEC R8). tests/test_wire.py checks them against the dataclasses.
+
+
+def grant_state(grant_id: str, group: str | None, permits: int, claimed: int, released: int,
+                claim_by: int | None, status: str) -> dict[str, Any]:
+    """Wire form of :class:`GrantState` (``status`` a :class:`GrantStatus` value)."""
+    return {"grantId": grant_id, "group": group, "permits": permits, "claimed": claimed,
+            "released": released, "claimBy": claim_by, "status": status}
+
+
+def lease_state(lease_id: str, group: str | None, permits: int, drawn: int, released: int,
+                expires_at: int | None, status: str) -> dict[str, Any]:
+    """Wire form of :class:`LeaseState` (``status`` a :class:`LeaseStatus` value)."""
+    return {"leaseId": lease_id, "group": group, "permits": permits, "drawn": drawn,
+            "released": released, "expiresAt": expires_at, "status": status}
+
+
+def blocked_entry(group: str, reason: str, waiting: int) -> dict[str, Any]:
+    """Wire form of :class:`Blocked` (``reason`` a :class:`BlockedReason` value)."""
+    return {"group": group, "reason": reason, "waiting": waiting}
+
+
+def permit_response(grants: list[dict[str, Any]], leases: list[dict[str, Any]],
+                    blocked: list[dict[str, Any]], contended: bool, next_request_at: int) -> dict[str, Any]:
+    """Wire form of :class:`PermitResponse` from wire entries."""
+    return {"v": WIRE_VERSION, "grants": grants, "leases": leases, "blocked": blocked,
+            "contended": contended, "nextRequestAt": next_request_at}
+
 
 
 @dataclass(frozen=True)
@@ -425,15 +459,8 @@ class GrantState:
     status: GrantStatus
 
     def to_wire(self) -> dict[str, Any]:
-        return {
-            "grantId": self.grant_id,
-            "group": self.group,
-            "permits": self.permits,
-            "claimed": self.claimed,
-            "released": self.released,
-            "claimBy": self.claim_by,
-            "status": self.status.value,
-        }
+        return grant_state(self.grant_id, self.group, self.permits, self.claimed, self.released,
+                           self.claim_by, self.status.value)
 
     @classmethod
     def from_wire(cls, d: Mapping[str, Any]) -> "GrantState":
@@ -462,15 +489,8 @@ class LeaseState:
     status: LeaseStatus
 
     def to_wire(self) -> dict[str, Any]:
-        return {
-            "leaseId": self.lease_id,
-            "group": self.group,
-            "permits": self.permits,
-            "drawn": self.drawn,
-            "released": self.released,
-            "expiresAt": self.expires_at,
-            "status": self.status.value,
-        }
+        return lease_state(self.lease_id, self.group, self.permits, self.drawn, self.released,
+                           self.expires_at, self.status.value)
 
     @classmethod
     def from_wire(cls, d: Mapping[str, Any]) -> "LeaseState":
@@ -495,7 +515,7 @@ class Blocked:
     waiting: int
 
     def to_wire(self) -> dict[str, Any]:
-        return {"group": self.group, "reason": self.reason.value, "waiting": self.waiting}
+        return blocked_entry(self.group, self.reason.value, self.waiting)
 
     @classmethod
     def from_wire(cls, d: Mapping[str, Any]) -> "Blocked":
@@ -513,14 +533,8 @@ class PermitResponse:
     next_request_at: int = 0
 
     def to_wire(self) -> dict[str, Any]:
-        return {
-            "v": WIRE_VERSION,
-            "grants": [g.to_wire() for g in self.grants],
-            "leases": [lease.to_wire() for lease in self.leases],
-            "blocked": [b.to_wire() for b in self.blocked],
-            "contended": self.contended,
-            "nextRequestAt": self.next_request_at,
-        }
+        return permit_response([g.to_wire() for g in self.grants], [x.to_wire() for x in self.leases],
+                               [b.to_wire() for b in self.blocked], self.contended, self.next_request_at)
 
     @classmethod
     def from_wire(cls, d: Mapping[str, Any]) -> "PermitResponse":

@@ -1,4 +1,4 @@
-"""The holder's durable state in ``ctx.storage.sql`` (SPEC §2) and a unit of work over it.
+"""The holder's durable state in ``ctx.storage.sql`` (SPEC §2): schema, loads and writes.
 
 Tables (all created on first use, versioned in ``durability_semaphore_meta``):
 
@@ -21,7 +21,7 @@ Tables (all created on first use, versioned in ``durability_semaphore_meta``):
     ``lease_secret``, ``lease_key_0`` .. ``lease_key_7`` (the per-storage lease-id secret, 32
     random bytes as eight 32-bit words), written once by the meta upsert of the first round that
     issues a lease (SPEC R32: lease ids carry the epoch and an HMAC, see
-    ``holder.lease_id_for``; a reset storage gets a new epoch).
+    ``semaphore.core.lease_ids``; a reset storage gets a new epoch).
 
 Indexes keep a round's reads proportional to the clients in it: grants and leases by client,
 grants with unclaimed permits by ``claim_by`` (partial index, for reclaim and the alarm), live
@@ -35,10 +35,10 @@ statements instead of one per 99 ids (the 100-binding limit) or per 11 rows.
 from __future__ import annotations
 
 import json
-from collections import defaultdict
-from dataclasses import dataclass, fields
 from typing import Any, Iterable, Iterator, Sequence
 
+from ..core.ledger import Changes, Reads, Snapshot
+from ..core.rows import AGGREGATES, GRANT_COLUMNS, GRANT_MUTABLE, LEASE_COLUMNS, LEASE_MUTABLE, GrantRow, LeaseRow
 from ..errors import SemaphoreError
 from ..runtime import Storage
 
@@ -49,9 +49,7 @@ __all__ = [
     "GROUPS",
     "META",
     "TABLES",
-    "GrantRow",
-    "LeaseRow",
-    "UnitOfWork",
+    "SqlStore",
     "ensure_schema",
     "drop_schema",
     "read_meta",
@@ -63,8 +61,6 @@ LEASES = "durability_semaphore_leases"
 GROUPS = "durability_semaphore_groups"
 META = "durability_semaphore_meta"
 TABLES = (GRANTS, LEASES, GROUPS, META)
-
-AGGREGATES = ("outstanding", "lease_footprint", "live_leases", "retired_leases")
 
 _SCHEMA = (
     f"CREATE TABLE IF NOT EXISTS {META} (key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
@@ -131,255 +127,84 @@ def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
         yield items[i:i + size]
 
 
-@dataclass(slots=True)
-class GrantRow:
-    grant_id: str
-    client_id: str
-    group_name: str
-    permits: int
-    claimed: int
-    released: int
-    issued_at: int
-    claim_by: int
-    reclaimed: bool
-
-    @property
-    def charge(self) -> int:
-        """Charged capacity (SPEC R19)."""
-        return self.permits - self.released
-
-    @property
-    def unclaimed(self) -> int:
-        return self.permits - self.claimed
-
-    @classmethod
-    def from_row(cls, r: dict[str, Any]) -> "GrantRow":
-        return cls(str(r["grant_id"]), str(r["client_id"]), str(r["group_name"]), int(r["permits"]),
-                   int(r["claimed"]), int(r["released"]), int(r["issued_at"]), int(r["claim_by"]),
-                   bool(r["reclaimed"]))
-
-    def values(self) -> tuple[Any, ...]:
-        return (self.grant_id, self.client_id, self.group_name, self.permits, self.claimed,
-                self.released, self.issued_at, self.claim_by, int(self.reclaimed))
-
-    def changes(self) -> tuple[Any, ...]:
-        """The id and the columns a stored grant may change (:data:`_GRANT_MUTABLE`)."""
-        return (self.grant_id, self.permits, self.claimed, self.released, int(self.reclaimed))
-
-
-@dataclass(slots=True)
-class LeaseRow:
-    lease_id: str
-    client_id: str
-    group_name: str
-    permits: int
-    drawn: int
-    released: int
-    stopped: bool
-    status: str  # 'live' | 'retired'
-    issued_at: int
-    expires_at: int
-
-    @property
-    def footprint(self) -> int:
-        """SPEC R30: ``permits - released`` until the client confirmed its final draw count,
-        then ``drawn - released``."""
-        if self.status == "retired" and self.stopped:
-            return self.drawn - self.released
-        return self.permits - self.released
-
-    @property
-    def undrawn(self) -> int:
-        return self.permits - self.drawn if self.status == "live" else 0
-
-    @classmethod
-    def from_row(cls, r: dict[str, Any]) -> "LeaseRow":
-        return cls(str(r["lease_id"]), str(r["client_id"]), str(r["group_name"]), int(r["permits"]),
-                   int(r["drawn"]), int(r["released"]), bool(r["stopped"]), str(r["status"]),
-                   int(r["issued_at"]), int(r["expires_at"]))
-
-    def values(self) -> tuple[Any, ...]:
-        return (self.lease_id, self.client_id, self.group_name, self.permits, self.drawn,
-                self.released, int(self.stopped), self.status, self.issued_at, self.expires_at)
-
-    def changes(self) -> tuple[Any, ...]:
-        """The id and the columns a stored lease may change (:data:`_LEASE_MUTABLE`)."""
-        return (self.lease_id, self.drawn, self.released, int(self.stopped), self.status, self.expires_at)
-
-
-_GRANT_COLS = [f.name for f in fields(GrantRow)]
-_LEASE_COLS = [f.name for f in fields(LeaseRow)]
-#: Columns a stored row may change (reports, reclaim, retirement); owner, group, issue time and
-#: deadline never change once written. Changed stored rows are written as an ``UPDATE`` of these
-#: columns only: fewer values to encode and extract, and the owner index is left alone.
-_GRANT_MUTABLE = ["permits", "claimed", "released", "reclaimed"]
-_LEASE_MUTABLE = ["drawn", "released", "stopped", "status", "expires_at"]
-
-
-class UnitOfWork:
-    """Rows loaded and changed by one round, sync or reclaim; :meth:`flush` writes them.
-
-    Every change goes through :meth:`put_grant`/:meth:`delete_grant`/:meth:`put_lease`/
-    :meth:`delete_lease`, which keep the per-group and total aggregates in step. Run it inside
-    ``Storage.transaction``."""
+class SqlStore:
+    """The holder's rows in ``ctx.storage.sql``: loads the :class:`Snapshot` a decision needs
+    (:meth:`load`, indexed reads only) and persists its :class:`Changes` (:meth:`persist`, a
+    handful of statements whatever the number of rows). Run both inside ``Storage.transaction``."""
 
     def __init__(self, storage: Storage) -> None:
         self.storage = storage
-        self.grants: dict[str, GrantRow] = {}
-        self.leases: dict[str, LeaseRow] = {}
-        # What the aggregates already account for, per row: grant id -> charge (a grant never
-        # changes group), lease id -> (group, footprint, status or ""). Every put/delete adds the
-        # difference to `deltas`, so the aggregates of a round cost O(changed rows) once, not a
-        # rescan per read.
-        self._grant_acc: dict[str, int] = {}
-        self._lease_acc: dict[str, tuple[str, int, str]] = {}
-        self._grants_in_db: set[str] = set()
-        self._leases_in_db: set[str] = set()
-        self._dirty_grants: set[str] = set()
-        self._dirty_leases: set[str] = set()
-        self._deleted_grants: set[str] = set()
-        self._deleted_leases: set[str] = set()
-        #: Aggregate changes so far: group -> [outstanding, lease_footprint, live, retired].
-        self.deltas: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
-        self._meta: dict[str, int] | None = None
-        self._meta_sets: dict[str, int] = {}
 
-    # ------------------------------------------------------------------ loading
+    # ------------------------------------------------------------------ reads
+    def meta(self) -> dict[str, int]:
+        return read_meta(self.storage)
+
     def _load(self, table: str, where: str, params: Sequence[Any]) -> list[dict[str, Any]]:
         return self.storage.exec(f"SELECT * FROM {table} WHERE {where}", *params)
 
     def _in(self, table: str, column: str, values: Iterable[str], extra: str = "") -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
-        unique = sorted(set(values))
-        for part in chunks(unique, JSON_IDS):
+        for part in chunks(sorted(set(values)), JSON_IDS):
             rows += self._load(table, f"{column} IN (SELECT value FROM json_each(?)){extra}", [json_list(part)])
         return rows
 
-    def _adopt_grants(self, rows: list[dict[str, Any]]) -> None:
-        for r in rows:
-            gid = str(r["grant_id"])
-            if gid not in self.grants and gid not in self._deleted_grants:
-                g = GrantRow.from_row(r)
-                self.grants[gid] = g
-                self._grant_acc[gid] = g.charge
-                self._grants_in_db.add(gid)
+    def load(self, reads: Reads, meta: dict[str, int]) -> Snapshot:
+        """The rows ``reads`` names (each once), with ``meta`` as read by :meth:`meta`."""
+        grants: dict[str, GrantRow] = {}
+        leases: dict[str, LeaseRow] = {}
 
-    def _adopt_leases(self, rows: list[dict[str, Any]]) -> None:
-        for r in rows:
-            lid = str(r["lease_id"])
-            if lid not in self.leases and lid not in self._deleted_leases:
-                lease = LeaseRow.from_row(r)
-                self.leases[lid] = lease
-                self._lease_acc[lid] = (lease.group_name, lease.footprint, lease.status)
-                self._leases_in_db.add(lid)
+        def grant_rows(rows: list[dict[str, Any]]) -> None:
+            for r in rows:
+                if str(r["grant_id"]) not in grants:
+                    grants[str(r["grant_id"])] = GrantRow.from_row(r)
 
-    def load_clients(self, client_ids: Iterable[str]) -> None:
-        ids = list(client_ids)
-        self._adopt_grants(self._in(GRANTS, "client_id", ids))
-        self._adopt_leases(self._in(LEASES, "client_id", ids))
+        def lease_rows(rows: list[dict[str, Any]]) -> None:
+            for r in rows:
+                if str(r["lease_id"]) not in leases:
+                    leases[str(r["lease_id"])] = LeaseRow.from_row(r)
 
-    def load_grant_ids(self, grant_ids: Iterable[str]) -> None:
-        missing = [g for g in grant_ids if g not in self.grants and g not in self._deleted_grants]
-        if missing:
-            self._adopt_grants(self._in(GRANTS, "grant_id", missing))
+        if reads.due_at is not None:
+            grant_rows(self._load(GRANTS, "claim_by <= ? AND claimed < permits", [reads.due_at]))
+        if reads.expired_at is not None:
+            lease_rows(self._load(LEASES, "status = 'live' AND expires_at <= ?", [reads.expired_at]))
+        grant_rows(self._in(GRANTS, "client_id", reads.clients))
+        lease_rows(self._in(LEASES, "client_id", reads.clients))
+        grant_rows(self._in(GRANTS, "grant_id", reads.grant_ids - grants.keys()))
+        lease_rows(self._in(LEASES, "lease_id", reads.lease_ids - leases.keys()))
+        if reads.all_live_leases:
+            lease_rows(self._load(LEASES, "status = 'live'", []))
+        elif reads.live_lease_groups:
+            lease_rows(self._in(LEASES, "group_name", reads.live_lease_groups, " AND status = 'live'"))
+        groups = {str(r["group_name"]): {name: int(r[name]) for name in AGGREGATES}
+                  for r in self._in(GROUPS, "group_name", reads.groups)}
+        return Snapshot(list(grants.values()), list(leases.values()), meta, groups)
 
-    def load_lease_ids(self, lease_ids: Iterable[str]) -> None:
-        missing = [x for x in lease_ids if x not in self.leases and x not in self._deleted_leases]
-        if missing:
-            self._adopt_leases(self._in(LEASES, "lease_id", missing))
+    def next_reclaim_due(self) -> int | None:
+        """The earliest deadline of a grant with unclaimed permits (R16), if any."""
+        row = self.storage.one(f"SELECT MIN(claim_by) AS due FROM {GRANTS} WHERE claimed < permits")
+        return None if row is None or row["due"] is None else int(row["due"])
 
-    def load_due_grants(self, now: int) -> list[GrantRow]:
-        """Grants past their claim deadline that still have unclaimed permits."""
-        self._adopt_grants(self._load(GRANTS, "claim_by <= ? AND claimed < permits", [now]))
-        return [g for g in self.grants.values() if g.claim_by <= now and g.claimed < g.permits]
+    def live_lease_pairs(self, client_ids: Iterable[str] | None) -> set[tuple[str, str]]:
+        """``(client, group)`` pairs holding a live lease: of the given clients, or all."""
+        query = f"SELECT DISTINCT client_id, group_name FROM {LEASES} WHERE status = 'live'"
+        if client_ids is None:
+            rows = self.storage.exec(query)
+        else:
+            rows = []
+            for part in chunks(sorted(set(client_ids)), JSON_IDS):
+                rows += self.storage.exec(query + " AND client_id IN (SELECT value FROM json_each(?))",
+                                          json_list(part))
+        return {(str(r["client_id"]), str(r["group_name"])) for r in rows}
 
-    def load_expired_leases(self, now: int) -> list[LeaseRow]:
-        self._adopt_leases(self._load(LEASES, "status = 'live' AND expires_at <= ?", [now]))
-        return [x for x in self.leases.values() if x.status == "live" and x.expires_at <= now]
+    def groups_with_live_leases(self) -> set[str]:
+        return {str(r["group_name"]) for r in self.storage.exec(
+            f"SELECT group_name FROM {GROUPS} WHERE live_leases > 0")}
 
-    def load_live_leases(self, groups: Iterable[str] | None = None) -> list[LeaseRow]:
-        """Live leases, of the given groups or all of them."""
-        if groups is None:
-            self._adopt_leases(self._load(LEASES, "status = 'live'", []))
-            return [x for x in self.leases.values() if x.status == "live"]
-        wanted = set(groups)
-        if wanted:
-            self._adopt_leases(self._in(LEASES, "group_name", wanted, " AND status = 'live'"))
-        return [x for x in self.leases.values() if x.status == "live" and x.group_name in wanted]
+    def group_rows(self) -> list[dict[str, Any]]:
+        """Every group's aggregates, by name (for ``usage()``, R38)."""
+        return self.storage.exec(f"SELECT * FROM {GROUPS} ORDER BY group_name")
 
-    # ------------------------------------------------------------------ changes
-    def _account_grant(self, gid: str, group: str, charge: int) -> None:
-        before = self._grant_acc.get(gid, 0)
-        if charge != before:
-            self.deltas[group][0] += charge - before
-        self._grant_acc[gid] = charge
-
-    def _account_lease(self, lid: str, group: str, footprint: int, status: str) -> None:
-        _, fp_before, status_before = self._lease_acc.get(lid, (group, 0, ""))
-        d = self.deltas[group]
-        d[1] += footprint - fp_before
-        if status_before != status:
-            if status_before:
-                d[2 if status_before == "live" else 3] -= 1
-            if status:
-                d[2 if status == "live" else 3] += 1
-        self._lease_acc[lid] = (group, footprint, status)
-
-    def put_grant(self, g: GrantRow) -> None:
-        """Record a new or changed grant (its aggregates follow)."""
-        self.grants[g.grant_id] = g
-        self._dirty_grants.add(g.grant_id)
-        self._account_grant(g.grant_id, g.group_name, g.charge)
-
-    def delete_grant(self, g: GrantRow) -> None:
-        self.grants.pop(g.grant_id, None)
-        self._dirty_grants.discard(g.grant_id)
-        self._deleted_grants.add(g.grant_id)
-        self._account_grant(g.grant_id, g.group_name, 0)
-
-    def put_lease(self, lease: LeaseRow) -> None:
-        """Record a new or changed lease (its aggregates follow)."""
-        self.leases[lease.lease_id] = lease
-        self._dirty_leases.add(lease.lease_id)
-        self._account_lease(lease.lease_id, lease.group_name, lease.footprint, lease.status)
-
-    def delete_lease(self, lease: LeaseRow) -> None:
-        self.leases.pop(lease.lease_id, None)
-        self._dirty_leases.discard(lease.lease_id)
-        self._deleted_leases.add(lease.lease_id)
-        self._account_lease(lease.lease_id, lease.group_name, 0, "")
-
-    # ------------------------------------------------------------------ aggregates
-    def meta(self) -> dict[str, int]:
-        if self._meta is None:
-            self._meta = read_meta(self.storage)
-        return self._meta
-
-    def set_meta(self, key: str, value: int) -> None:
-        self._meta_sets[key] = int(value)
-
-    def totals(self) -> dict[str, int]:
-        """Totals including the changes made so far in this unit of work."""
-        meta = self.meta()
-        deltas = self.deltas
-        return {
-            name: meta.get(name, 0) + sum(d[i] for d in deltas.values())
-            for i, name in enumerate(AGGREGATES)
-        }
-
-    def group_usage(self, groups: Iterable[str]) -> dict[str, dict[str, int]]:
-        """Per-group aggregates (including changes so far) for the given groups."""
-        wanted = sorted(set(groups))
-        out = {g: dict.fromkeys(AGGREGATES, 0) for g in wanted}
-        for r in self._in(GROUPS, "group_name", wanted):
-            out[str(r["group_name"])] = {name: int(r[name]) for name in AGGREGATES}
-        for group, d in self.deltas.items():
-            if group in out:
-                for i, name in enumerate(AGGREGATES):
-                    out[group][name] += d[i]
-        return out
-
-    # ------------------------------------------------------------------ flush
+    # ------------------------------------------------------------------ writes
     def _insert_json(self, table: str, cols: Sequence[str], key: str, rows: list[tuple[Any, ...]],
                      assignments: str) -> None:
         """``INSERT ... ON CONFLICT DO UPDATE`` of many rows, each row a JSON array in one binding
@@ -392,7 +217,7 @@ class UnitOfWork:
                 json_list(part),
             )
 
-    def _upsert(self, table: str, cols: list[str], key: str, rows: list[tuple[Any, ...]]) -> None:
+    def _upsert(self, table: str, cols: Sequence[str], key: str, rows: list[tuple[Any, ...]]) -> None:
         assignments = ", ".join(f"{c} = excluded.{c}" for c in cols if c != key)
         self._insert_json(table, cols, key, rows, assignments)
 
@@ -407,58 +232,32 @@ class UnitOfWork:
                 json_list(part),
             )
 
-    def _write(self, table: str, cols: list[str], key: str, mutable: list[str],
-               rows: dict[str, Any], dirty: set[str], stored: set[str]) -> None:
-        """Write the dirty rows: new ones in full, stored ones as an update of their mutable
-        columns."""
-        ids = sorted(dirty)
-        self._upsert(table, cols, key, [rows[i].values() for i in ids if i not in stored])
-        self._update(table, key, mutable, [rows[i].changes() for i in ids if i in stored])
-
     def _add(self, table: str, key: str, rows: list[tuple[Any, ...]], cols: Sequence[str]) -> None:
         """Add deltas to counters, creating rows as needed."""
         assignments = ", ".join(f"{c} = {c} + excluded.{c}" for c in cols)
         self._insert_json(table, [key, *cols], key, rows, assignments)
 
-    def _delete(self, table: str, column: str, ids: Sequence[str]) -> None:
+    def _delete(self, table: str, column: str, ids: Sequence[str], extra: str = "") -> None:
         for part in chunks(sorted(ids), JSON_IDS):
-            self.storage.exec(f"DELETE FROM {table} WHERE {column} IN (SELECT value FROM json_each(?))",
+            self.storage.exec(f"DELETE FROM {table} WHERE {column} IN (SELECT value FROM json_each(?)){extra}",
                               json_list(part))
 
-    def flush(self) -> None:
-        deltas = self.deltas
-        self._write(GRANTS, _GRANT_COLS, "grant_id", _GRANT_MUTABLE, self.grants, self._dirty_grants,
-                    self._grants_in_db)
-        self._delete(GRANTS, "grant_id", [g for g in self._deleted_grants if g in self._grants_in_db])
-        self._write(LEASES, _LEASE_COLS, "lease_id", _LEASE_MUTABLE, self.leases, self._dirty_leases,
-                    self._leases_in_db)
-        self._delete(LEASES, "lease_id", [x for x in self._deleted_leases if x in self._leases_in_db])
-        changed = {g: d for g, d in deltas.items() if any(d)}
-        if changed:
-            self._add(GROUPS, "group_name", [(g, *d) for g, d in sorted(changed.items())], AGGREGATES)
-            for part in chunks(sorted(changed), JSON_IDS):
-                self.storage.exec(
-                    f"DELETE FROM {GROUPS} WHERE group_name IN (SELECT value FROM json_each(?))"
-                    " AND outstanding = 0 AND lease_footprint = 0 AND live_leases = 0 AND retired_leases = 0",
-                    json_list(part),
-                )
-            totals = [sum(d[i] for d in changed.values()) for i in range(len(AGGREGATES))]
-            self._add(META, "key", [(name, totals[i]) for i, name in enumerate(AGGREGATES) if totals[i]], ["value"])
-        if self._meta_sets:
-            self._upsert(META, ["key", "value"], "key", sorted(self._meta_sets.items()))
-        # Written: later reads of this unit of work see the flushed state, and a second flush
-        # writes only what changed after this one.
-        if self._meta is not None:
-            for i, name in enumerate(AGGREGATES):
-                self._meta[name] = self._meta.get(name, 0) + sum(d[i] for d in deltas.values())
-            self._meta.update(self._meta_sets)
-        self.deltas = defaultdict(lambda: [0, 0, 0, 0])
-        self._grants_in_db |= self._dirty_grants
-        self._grants_in_db -= self._deleted_grants
-        self._leases_in_db |= self._dirty_leases
-        self._leases_in_db -= self._deleted_leases
-        self._dirty_grants.clear()
-        self._dirty_leases.clear()
-        self._deleted_grants.clear()
-        self._deleted_leases.clear()
-        self._meta_sets.clear()
+    def persist(self, changes: Changes) -> None:
+        """Write ``changes``: rows (new ones in full, stored ones as an update of their mutable
+        columns, deletions), the group aggregates (rows back at zero are deleted), the total
+        aggregates and the meta rows."""
+        self._upsert(GRANTS, GRANT_COLUMNS, "grant_id", [g.values() for g in changes.new_grants])
+        self._update(GRANTS, "grant_id", GRANT_MUTABLE, [g.changes() for g in changes.changed_grants])
+        self._delete(GRANTS, "grant_id", changes.deleted_grants)
+        self._upsert(LEASES, LEASE_COLUMNS, "lease_id", [x.values() for x in changes.new_leases])
+        self._update(LEASES, "lease_id", LEASE_MUTABLE, [x.changes() for x in changes.changed_leases])
+        self._delete(LEASES, "lease_id", changes.deleted_leases)
+        deltas = changes.group_deltas
+        if deltas:
+            self._add(GROUPS, "group_name", [(g, *d) for g, d in deltas.items()], AGGREGATES)
+            self._delete(GROUPS, "group_name", list(deltas), " AND outstanding = 0 AND lease_footprint = 0"
+                         " AND live_leases = 0 AND retired_leases = 0")
+            totals = changes.totals()
+            self._add(META, "key", list(totals.items()), ["value"])
+        if changes.meta_sets:
+            self._upsert(META, ["key", "value"], "key", list(changes.meta_sets.items()))

@@ -1,0 +1,434 @@
+"""The holder's decisions (SPEC §4-§7): rounds, syncs and the reclaim alarm, over a :class:`Ledger`.
+
+Pure and synchronous: no SQL, no asyncio, no clock reads. The holder resolves the limits, then in
+one transaction asks :func:`round_reads` what to load, loads it, calls :func:`decide_round` (or
+:func:`decide_sync`, :func:`decide_reclaim`) on a :class:`~semaphore.core.ledger.Ledger` over the
+snapshot, and persists :meth:`Ledger.changes`. Randomness (new ids, the lease-id seed) comes in
+through :class:`Policy`'s factories.
+
+Order within a round (each step one function below): reclaim due grants (R15), retire expired
+leases (R31), apply every report of every message in order (R13, R14, R17, R30-R32), retire
+leases no longer eligible (R33), charge capacity (R19, R32), build the entries (R10, R20, R22,
+R26), allocate (R18-R28, :mod:`semaphore.core.allocation`), issue the grants and leases (R15,
+R31, R32), write meta (R9, R29, R33), answer every client (R8, R11, R23, R29).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence, Union
+
+from .allocation import Allocation, Entry, Usage, allocate, ceiling
+from .config import LeaseConfig, LimitedGroups
+from .ledger import Ledger, Reads
+from .lease_ids import issuing_key, new_lease_id, unknown_lease_charge
+from .marks import raise_counts
+from .rows import GrantRow, LeaseRow
+from .wire import (
+    GrantReport,
+    GrantStatus,
+    LeaseReport,
+    LeaseStatus,
+    PermitRequest,
+    SyncMessage,
+    blocked_entry,
+    grant_state,
+    lease_state,
+    permit_response,
+)
+
+__all__ = ["Policy", "Pending", "Limits", "RoundOutcome", "View", "round_reads", "sync_reads",
+           "reclaim_reads", "decide_round", "decide_sync", "decide_reclaim"]
+
+Message = Union[PermitRequest, SyncMessage]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The holder options the decisions read (see :class:`~semaphore.DurabilitySemaphore`)."""
+
+    leases: LeaseConfig | None = None
+    grant_timeout_ms: int = 10_000
+    round_period_ms: int = 2000
+    #: A fresh unique id for a grant, or a lease's nonce.
+    new_id: Callable[[], str] = lambda: ""
+    #: The holder's MAC key under ``lease_secret`` (``None``: the per-storage secret).
+    app_secret: bytes | None = None
+    #: 32 random bytes, called at most once per storage (R32).
+    new_secret: Callable[[], bytes] = lambda: b""
+
+    @property
+    def ttl_ms(self) -> int:
+        """Lease lifetime; leases may outlive a config that had them: the default lifetime then."""
+        return (self.leases or LeaseConfig()).ttl_ms
+
+
+@dataclass
+class Pending:
+    """One client's requests in a round (R10: latest demand wins, every report is applied)."""
+
+    client_id: str
+    arrival: int
+    messages: list[PermitRequest] = field(default_factory=list)
+
+    @property
+    def latest(self) -> PermitRequest:
+        return self.messages[-1]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The round's resolved limits (R12): ``limit`` and each group's an ``int``, ``None`` (a
+    group without one) or ``LIMIT_ERROR``; ``permitted`` the ``canGrant`` answer per
+    ``(client, group)`` of the round's demand and of live leases (R22, R33)."""
+
+    limit: Any
+    group_limits: Mapping[str, Any] = field(default_factory=dict)
+    permitted: Mapping[tuple[str, str], bool] = field(default_factory=dict)
+
+
+@dataclass
+class View:
+    """What one client is told about the grants and leases it reported (then issued)."""
+
+    grants: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> wire GrantState
+    leases: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> wire LeaseState
+    #: Reports of leases the holder does not know (R32): id -> the report's ``drawn - released``.
+    unknown_leases: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """Each client's reply and the round's R29 ``contended`` flag."""
+
+    replies: dict[str, dict[str, Any]]
+    contended: bool
+
+
+# ====================================================================== what to load
+def _report_reads(now: int, messages: Mapping[str, Sequence[Message]]) -> Reads:
+    return Reads(
+        clients=frozenset(messages),
+        grant_ids=frozenset(r.grant_id for ms in messages.values() for m in ms for r in m.grants),
+        lease_ids=frozenset(r.lease_id for ms in messages.values() for m in ms for r in m.leases or ()),
+        due_at=now,
+        expired_at=now,
+    )
+
+
+def _denied(limits: Limits) -> set[tuple[str, str]]:
+    return {pair for pair, ok in limits.permitted.items() if not ok}
+
+
+def _exclude_limited(policy: Policy) -> bool:
+    return policy.leases is None or policy.leases.limited_groups is LimitedGroups.EXCLUDE
+
+
+def _limit_lowered(meta: Mapping[str, int], limit: Any) -> bool:
+    last_limit = meta.get("last_limit")
+    return isinstance(limit, int) and last_limit is not None and limit < last_limit
+
+
+def _retire_groups(limits: Limits, policy: Policy) -> set[str]:
+    """Groups whose live leases R33 may retire: those that have a limit under ``exclude`` and
+    those of a ``(client, group)`` that ``canGrant`` now refuses."""
+    groups = {g for g, gl in limits.group_limits.items() if isinstance(gl, int)} if _exclude_limited(policy) else set()
+    return groups | {g for _, g in _denied(limits)}
+
+
+def round_reads(meta: Mapping[str, int], now: int, clients: Sequence[Pending], limits: Limits,
+                policy: Policy) -> Reads:
+    """The rows a round needs (``meta`` already loaded): the clients' rows, every reported id,
+    due grants and expired leases, the live leases R33 may retire and the demanded groups'
+    aggregates."""
+    base = _report_reads(now, {p.client_id: p.messages for p in clients})
+    return Reads(
+        clients=base.clients, grant_ids=base.grant_ids, lease_ids=base.lease_ids,
+        due_at=now, expired_at=now,
+        all_live_leases=_limit_lowered(meta, limits.limit),
+        live_lease_groups=frozenset(_retire_groups(limits, policy)),
+        groups=frozenset(d.group for p in clients for d in p.latest.demand),
+    )
+
+
+def sync_reads(now: int, message: SyncMessage) -> Reads:
+    """The rows a sync needs: the client's, every reported id, due grants and expired leases."""
+    return _report_reads(now, {message.client_id: [message]})
+
+
+def reclaim_reads(now: int) -> Reads:
+    """The rows the reclaim alarm needs: the grants due (R16)."""
+    return Reads(due_at=now)
+
+
+# ====================================================================== state changes
+def decide_reclaim(ledger: Ledger, now: int) -> None:
+    """SPEC R15, R16: past ``claim_by``, a grant shrinks to its claimed count; with nothing
+    claimed (or everything released) it is deleted."""
+    for g in ledger.due_grants(now):
+        g.permits = g.claimed
+        g.reclaimed = True
+        if g.claimed == 0 or g.released >= g.permits:
+            ledger.delete_grant(g)
+        else:
+            ledger.put_grant(g)
+
+
+def _retire_expired(ledger: Ledger, now: int) -> None:
+    """SPEC R31: a lease unreported for ``ttlMs`` is retired (never forgotten)."""
+    for lease in ledger.expired_leases(now):
+        lease.status = "retired"
+        ledger.put_lease(lease)
+
+
+def _retire_ineligible(ledger: Ledger, limits: Limits, policy: Policy) -> None:
+    """SPEC R33: a lowered limit retires every live lease; a group that gained a limit under
+    ``exclude`` retires its live leases; ``canGrant`` turning false retires the live leases of
+    that ``(client, group)`` (``limits.permitted`` holds the answer for every live lease's pair)."""
+    to_retire: list[LeaseRow] = []
+    if _limit_lowered(ledger.meta(), limits.limit):
+        to_retire += ledger.live_leases()
+    if _exclude_limited(policy):
+        to_retire += ledger.live_leases(g for g, gl in limits.group_limits.items() if isinstance(gl, int))
+    denied = _denied(limits)
+    if denied:
+        to_retire += [x for x in ledger.live_leases({g for _, g in denied}) if (x.client_id, x.group_name) in denied]
+    for lease in to_retire:
+        if lease.status == "live":
+            lease.status = "retired"
+            ledger.put_lease(lease)
+
+
+def _open(ledger: Ledger, now: int, messages: Mapping[str, Sequence[Message]], policy: Policy) -> dict[str, View]:
+    """The start of every round and sync: reclaim (R15) and retire (R31) what is due, then
+    apply every client's reports in order; returns each client's view."""
+    decide_reclaim(ledger, now)
+    _retire_expired(ledger, now)
+    return {client_id: _apply_reports(ledger, client_id, ms, now, policy) for client_id, ms in messages.items()}
+
+
+def _apply_reports(ledger: Ledger, client_id: str, messages: Sequence[Message], now: int,
+                   policy: Policy) -> View:
+    """Apply every grant and lease report of a client's messages, in order (SPEC R13, R14,
+    R30-R32), and return what the client is told about them."""
+    view = View()
+    for message in messages:
+        _apply_grant_reports(ledger, client_id, message.grants, view)
+        _apply_lease_reports(ledger, client_id, message.leases or (), view, now, policy.ttl_ms)
+    return view
+
+
+def _apply_grant_reports(ledger: Ledger, client_id: str, reports: Iterable[GrantReport], view: View) -> None:
+    """SPEC R13: a grant report raises ``claimed`` (clamped to ``permits``) and ``released``
+    (clamped to ``claimed``) as high-water marks; a grant unknown or another client's is
+    answered ``not_found`` (R14, R15); a fully released grant is settled and deleted (R17)."""
+    for r in reports:
+        g = ledger.grants.get(r.grant_id)
+        if g is None or g.client_id != client_id:  # SPEC R14, R15
+            view.grants[r.grant_id] = grant_state(r.grant_id, None, 0, 0, 0, None, GrantStatus.NOT_FOUND.value)
+            continue
+        claimed, released = raise_counts(g.claimed, g.released, r.claimed, r.released, g.permits)
+        if claimed != g.claimed or released != g.released:
+            g.claimed, g.released = claimed, released
+            ledger.put_grant(g)
+        view.grants[r.grant_id] = _grant_wire(g)
+        if g.released >= g.permits:  # SPEC R17: settled
+            ledger.delete_grant(g)
+
+
+def _unknown_lease(r: LeaseReport, view: View) -> None:
+    """SPEC R32: a lease the holder does not know (or another client's) is answered ``retired``
+    (``settled`` if stopped with ``released == drawn``); nothing is stored, and its
+    ``drawn - released`` is kept for the round's charge."""
+    if r.stopped and r.released == r.drawn:
+        status = LeaseStatus.SETTLED
+        view.unknown_leases.pop(r.lease_id, None)
+    else:
+        status = LeaseStatus.RETIRED
+        view.unknown_leases[r.lease_id] = max(0, r.drawn - r.released)
+    view.leases[r.lease_id] = lease_state(r.lease_id, None, r.drawn, r.drawn, r.released, None, status.value)
+
+
+def _apply_lease_reports(ledger: Ledger, client_id: str, reports: Iterable[LeaseReport], view: View,
+                         now: int, ttl_ms: int) -> None:
+    """SPEC R30-R32: a lease report raises ``drawn`` (clamped to ``permits``, final once
+    stopped, R30) and ``released`` (clamped to ``drawn``), heartbeats a live lease (R31) and
+    settles a stopped, fully released one (R30)."""
+    for r in reports:
+        lease = ledger.leases.get(r.lease_id)
+        if lease is None or lease.client_id != client_id:  # SPEC R32
+            _unknown_lease(r, view)
+            continue
+        # R30: after the stop, drawn is final (the cap is what the holder already has).
+        cap = lease.drawn if lease.stopped else lease.permits
+        lease.drawn, lease.released = raise_counts(lease.drawn, lease.released, r.drawn, r.released, cap)
+        if lease.status == "live":
+            lease.expires_at = now + ttl_ms
+        if r.stopped:
+            lease.stopped = True
+            lease.status = "retired"
+        ledger.put_lease(lease)
+        if lease.stopped and lease.released >= lease.drawn:  # SPEC R30: settled
+            view.leases[r.lease_id] = _lease_wire(lease, LeaseStatus.SETTLED)
+            ledger.delete_lease(lease)
+        else:
+            view.leases[r.lease_id] = _lease_wire(lease)
+
+
+# ====================================================================== allocation
+def _usage(ledger: Ledger, views: Mapping[str, View], limits: Limits, policy: Policy,
+           demand_groups: set[str]) -> Usage:
+    """SPEC R19: charged capacity before allocation, in total and per demanded group (grants'
+    ``permits - released`` plus lease footprint), with the round's transient R32 charge for
+    reports of unknown leases issued before a storage reset added to the lease footprint."""
+    totals = ledger.totals()
+    per_group = ledger.group_usage(demand_groups)
+    limit = limits.limit
+    unknown = unknown_lease_charge({c: v.unknown_leases for c, v in views.items()}, ledger.meta(),
+                                   policy.app_secret, policy.leases,
+                                   ceiling(limit, policy.leases) if isinstance(limit, int) and policy.leases else None)
+    return Usage(
+        grants=totals["outstanding"],
+        leases=totals["lease_footprint"] + unknown,
+        groups={g: u["outstanding"] + u["lease_footprint"] for g, u in per_group.items()},
+    )
+
+
+def _entries(ledger: Ledger, clients: Sequence[Pending], permitted: Mapping[tuple[str, str], bool]) -> list[Entry]:
+    """One :class:`Entry` per ``(client, group)`` of the round's latest demands (R10): its
+    need is the count minus unclaimed grant permits and undrawn live-lease permits the
+    client holds in the group (SPEC R20); it is a lease candidate if the client reports
+    leases, the count is above zero and it holds no live lease with undrawn permits there
+    (SPEC R26); ``permitted`` is the round's ``canGrant`` answer (SPEC R22)."""
+    held_unclaimed: dict[tuple[str, str], int] = {}
+    for g in ledger.grants.values():
+        if g.claimed < g.permits:
+            key = (g.client_id, g.group_name)
+            held_unclaimed[key] = held_unclaimed.get(key, 0) + g.unclaimed
+    undrawn: dict[tuple[str, str], int] = {}
+    for lease in ledger.leases.values():
+        if lease.status == "live":
+            key = (lease.client_id, lease.group_name)
+            undrawn[key] = undrawn.get(key, 0) + lease.undrawn
+    entries = []
+    for p in clients:
+        latest = p.latest
+        lease_capable = latest.leases is not None
+        for d in latest.demand:
+            key = (p.client_id, d.group)
+            need = max(0, d.count - held_unclaimed.get(key, 0) - undrawn.get(key, 0))
+            # Entry(client_id, group, count, oldest_at, arrival, need, permitted, lease_candidate)
+            entries.append(Entry(
+                p.client_id, d.group, d.count, d.oldest_at, p.arrival, need,
+                permitted.get(key, True),
+                lease_capable and d.count > 0 and undrawn.get(key, 0) == 0,
+            ))
+    return entries
+
+
+def _issue(ledger: Ledger, views: dict[str, View], result: Allocation, now: int, policy: Policy) -> None:
+    """The round's new grants (R15 deadline) and leases (R32 verifiable ids, R31 ``expiresAt``),
+    each put first in its client's view."""
+    for (client_id, group), permits in result.grants.items():
+        row = GrantRow(policy.new_id(), client_id, group, permits, 0, 0, now, now + policy.grant_timeout_ms, False)
+        ledger.put_grant(row)
+        views[client_id].grants = {row.grant_id: _grant_wire(row), **views[client_id].grants}
+    if not result.leases:
+        return
+    assert policy.leases is not None
+    secret, epoch, writes = issuing_key(ledger.meta(), policy.app_secret, policy.new_secret)
+    for k, v in writes.items():
+        ledger.set_meta(k, v)
+    for (client_id, group), permits in result.leases.items():
+        lease_id = new_lease_id(policy.new_id(), (secret, epoch), client_id, permits)
+        lease = LeaseRow(lease_id, client_id, group, permits, 0, 0, False, "live", now, now + policy.leases.ttl_ms)
+        ledger.put_lease(lease)
+        views[client_id].leases = {lease.lease_id: _lease_wire(lease), **views[client_id].leases}
+
+
+def _write_meta(ledger: Ledger, limit: Any, now: int, contended: bool) -> None:
+    """Meta ``last_limit`` (R33), ``last_round_at`` (R9) and ``contended`` (R29, only when it
+    changes), in the round's one meta upsert."""
+    if isinstance(limit, int):
+        ledger.set_meta("last_limit", limit)
+    ledger.set_meta("last_round_at", now)
+    if contended != bool(ledger.meta().get("contended", 0)):
+        ledger.set_meta("contended", int(contended))
+
+
+def decide_round(ledger: Ledger, now: int, clients: Sequence[Pending], limits: Limits,
+                 policy: Policy) -> RoundOutcome:
+    """One allocation round (SPEC §4-§7) over the ledger ``round_reads`` loaded: every change
+    goes into ``ledger``; returns each client's reply and the round's ``contended`` flag."""
+    views = _open(ledger, now, {p.client_id: p.messages for p in clients}, policy)
+    _retire_ineligible(ledger, limits, policy)
+    usage = _usage(ledger, views, limits, policy, {d.group for p in clients for d in p.latest.demand})
+    entries = _entries(ledger, clients, limits.permitted)
+    result = allocate(entries, limit=limits.limit, group_limits=limits.group_limits, usage=usage,
+                      leases=policy.leases)
+    _issue(ledger, views, result, now, policy)
+    _write_meta(ledger, limits.limit, now, result.contended)
+    return RoundOutcome(_round_replies(ledger, clients, views, result, now + policy.round_period_ms),
+                        result.contended)
+
+
+def decide_sync(ledger: Ledger, now: int, message: SyncMessage, policy: Policy, contended: bool,
+                next_request_at: int) -> dict[str, Any]:
+    """SPEC R6: apply a sync's reports and answer at once, with the ``contended`` flag of the
+    last committed round (R29) and ``nextRequestAt`` (R11)."""
+    views = _open(ledger, now, {message.client_id: [message]}, policy)
+    return _reply(_held_by_client(ledger), message.client_id, views[message.client_id], [], contended,
+                  next_request_at)
+
+
+# ====================================================================== replies (R8)
+def _grant_wire(g: GrantRow) -> dict[str, Any]:
+    return grant_state(g.grant_id, g.group_name, g.permits, g.claimed, g.released, g.claim_by,
+                       "expired" if g.reclaimed else "active")
+
+
+def _lease_wire(lease: LeaseRow, status: LeaseStatus | None = None) -> dict[str, Any]:
+    if status is None:
+        status = LeaseStatus.LIVE if lease.status == "live" else LeaseStatus.RETIRED
+    return lease_state(lease.lease_id, lease.group_name, lease.permits, lease.drawn, lease.released,
+                       lease.expires_at, status.value)
+
+
+def _held_by_client(ledger: Ledger) -> dict[str, tuple[list[GrantRow], list[LeaseRow]]]:
+    held: dict[str, tuple[list[GrantRow], list[LeaseRow]]] = {}
+    for g in ledger.grants.values():
+        held.setdefault(g.client_id, ([], []))[0].append(g)
+    for lease in ledger.leases.values():
+        held.setdefault(lease.client_id, ([], []))[1].append(lease)
+    return held
+
+
+def _reply(held: Mapping[str, tuple[list[GrantRow], list[LeaseRow]]], client_id: str, view: View,
+           blocked: list[dict[str, Any]], contended: bool, next_request_at: int) -> dict[str, Any]:
+    """SPEC R8: new and reported grants and leases, plus every other grant and live or retired
+    lease of the client (so a lost reply heals at the next request)."""
+    own_grants, own_leases = held.get(client_id, ([], []))
+    grants = dict(view.grants)
+    for g in own_grants:
+        if g.grant_id not in grants:
+            grants[g.grant_id] = _grant_wire(g)
+    leases = dict(view.leases)
+    for lease in own_leases:
+        # Also re-render reported leases: the round may have retired them after their report
+        # was applied (R33), and the client must stop drawing at once.
+        if lease.lease_id not in leases or leases[lease.lease_id]["status"] != LeaseStatus.SETTLED.value:
+            leases[lease.lease_id] = _lease_wire(lease)
+    return permit_response(list(grants.values()), list(leases.values()), blocked, contended, next_request_at)
+
+
+def _round_replies(ledger: Ledger, clients: Sequence[Pending], views: Mapping[str, View], result: Allocation,
+                   next_at: int) -> dict[str, dict[str, Any]]:
+    """Each client's reply to the round (SPEC R8): its grants and leases, its ``blocked``
+    entries (R23), the round's ``contended`` flag (R29) and ``nextRequestAt`` (R11: one period
+    after this round)."""
+    blocked: dict[str, list[dict[str, Any]]] = {}
+    for client_id, group, reason, waiting in result.blocked:
+        blocked.setdefault(client_id, []).append(blocked_entry(group, reason.value, waiting))
+    held = _held_by_client(ledger)
+    return {p.client_id: _reply(held, p.client_id, views[p.client_id], blocked.get(p.client_id, []),
+                                result.contended, next_at) for p in clients}
