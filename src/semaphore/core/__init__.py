@@ -8,7 +8,7 @@ core and persist its result. ``tests/test_layout.py`` enforces the import rules;
 ``docs/ARCHITECTURE.md`` for the map from each SPEC rule to the module that implements it.
 """
 
-from .allocation import LIMIT_ERROR, Allocation, Entry, Usage, allocate, ceiling, grant_ceiling
+from .allocation import LIMIT_ERROR, Allocation, Entry, Usage, allocate, ceiling, grant_ceiling, lease_candidate
 from .config import LeaseConfig, LimitedGroups, Provisioning
 from .wire import (
     MAX_ID_LENGTH,
@@ -33,7 +33,7 @@ from .wire import (
 )
 
 __all__ = [
-    "LIMIT_ERROR", "Allocation", "Entry", "Usage", "allocate", "ceiling", "grant_ceiling",
+    "LIMIT_ERROR", "Allocation", "Entry", "Usage", "allocate", "ceiling", "grant_ceiling", "lease_candidate",
     "LeaseConfig", "LimitedGroups", "Provisioning",
     "MAX_ID_LENGTH", "MAX_INT", "MAX_LIST_LENGTH", "WIRE_VERSION",
     "Blocked", "BlockedReason", "Demand", "GrantReport", "GrantState", "GrantStatus", "LeaseReport",

@@ -14,7 +14,7 @@ from typing import Mapping
 from .config import LeaseConfig, LimitedGroups, Provisioning
 from .wire import BlockedReason
 
-__all__ = ["LIMIT_ERROR", "Entry", "Usage", "Allocation", "allocate", "grant_ceiling", "ceiling"]
+__all__ = ["LIMIT_ERROR", "lease_candidate", "Entry", "Usage", "Allocation", "allocate", "grant_ceiling", "ceiling"]
 
 
 class _LimitError:
@@ -30,6 +30,13 @@ LIMIT_ERROR = _LimitError()
 Key = tuple[str, str]  # (client_id, group)
 
 
+def lease_candidate(reports_leases: bool, count: int, undrawn: int) -> bool:
+    """SPEC R26: a ``(client, group)`` entry is a lease candidate if its client reports leases
+    (R5), its count is above zero and it holds no live lease with undrawn permits in the group.
+    (Whether its group may have leases at all is R27, decided by :func:`allocate`.)"""
+    return reports_leases and count > 0 and undrawn == 0
+
+
 @dataclass(slots=True)
 class Entry:
     """One ``(client, group)`` demand of the round.
@@ -38,8 +45,8 @@ class Entry:
         client already holds in the group, never below zero (SPEC R20).
     :ivar arrival: arrival order of the client's request in this round (tie-break, SPEC R21).
     :ivar permitted: ``canGrant(client, group)`` (SPEC R22).
-    :ivar lease_candidate: client reports leases, count > 0, and it holds no live lease with
-        undrawn permits in the group (SPEC R26). Eligibility by group limits is decided here.
+    :ivar lease_candidate: :func:`lease_candidate` (SPEC R26). Eligibility by group limits
+        (R27) and ``canGrant`` (R22) is decided by :func:`allocate`.
     """
 
     client_id: str
@@ -227,8 +234,8 @@ def _issue_leases(
     group_charged: dict[str, int],
     result: Allocation,
 ) -> None:
-    def eligible(e: Entry) -> bool:
-        if not (e.lease_candidate and e.permitted and e.count > 0):
+    def eligible(e: Entry) -> bool:  # R26 (the candidate flag), R22, R27
+        if not (e.lease_candidate and e.permitted):
             return False
         gl = group_limits.get(e.group)
         if isinstance(gl, _LimitError):

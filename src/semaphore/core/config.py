@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 from ..errors import ConfigurationError
 
-__all__ = ["Provisioning", "LimitedGroups", "LeaseConfig"]
+__all__ = ["Provisioning", "LimitedGroups", "LeaseConfig", "option_int"]
 
 
 class Provisioning(str, enum.Enum):
@@ -77,9 +77,9 @@ class LeaseConfig:
                 f"got {self.limited_groups!r}",
                 field="leases.limitedGroups",
             ) from None
-        _int_at_least(self.permits_per_lease, 1, "leases.permitsPerLease")
-        _int_at_least(self.ttl_ms, 1, "leases.ttlMs")
-        _int_at_least(self.reserve, 0, "leases.provisioning.reserve")
+        option_int(self.permits_per_lease, "leases.permitsPerLease", 1)
+        option_int(self.ttl_ms, "leases.ttlMs", 1)
+        option_int(self.reserve, "leases.provisioning.reserve", 0)
         if self.mode is Provisioning.OVER:
             if (self.extra_ratio is None) == (self.extra_count is None):
                 raise ConfigurationError(
@@ -94,7 +94,7 @@ class LeaseConfig:
                         field="leases.provisioning.extra.ratio",
                     )
             if self.extra_count is not None:
-                _int_at_least(self.extra_count, 0, "leases.provisioning.extra.count")
+                option_int(self.extra_count, "leases.provisioning.extra.count", 0)
         if self.mode is not Provisioning.OVER and (self.extra_ratio is not None or self.extra_count is not None):
             raise ConfigurationError(
                 "leases.provisioning.extra: only the 'over' mode takes an extra budget",
@@ -204,6 +204,11 @@ def _parse_limited_groups(value: Mapping[str, Any]) -> LimitedGroups:
     return LimitedGroups(_LIMITED_GROUPS[lg])
 
 
-def _int_at_least(value: Any, minimum: int, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+def option_int(value: Any, name: str, minimum: int) -> int:
+    """``value`` if it is an ``int`` (not a ``bool``) of at least ``minimum``, else raise
+    :class:`ConfigurationError` naming the option ``name``: the one check of every integer
+    option (the holder's, the queue's, the lease config's)."""
+    # isinstance(value, int) first: it is what narrows ``value`` to int for the return.
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ConfigurationError(f"{name}: must be an integer >= {minimum}, got {value!r}", field=name)
+    return value

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 
-from .allocation import Allocation, Entry, Usage, allocate, ceiling
+from .allocation import Allocation, Entry, Usage, allocate, ceiling, lease_candidate
 from .config import LeaseConfig, LimitedGroups
 from .ledger import Ledger, Reads
 from .lease_ids import issuing_key, new_lease_id, unknown_lease_charge
@@ -38,7 +38,7 @@ from .wire import (
 )
 
 __all__ = ["Policy", "Pending", "Limits", "RoundOutcome", "View", "round_reads", "sync_reads",
-           "reclaim_reads", "decide_round", "decide_sync", "decide_reclaim"]
+           "reclaim_reads", "next_round_at", "decide_round", "decide_sync", "decide_reclaim"]
 
 Message = Union[PermitRequest, SyncMessage]
 
@@ -103,6 +103,12 @@ class RoundOutcome:
 
     replies: dict[str, dict[str, Any]]
     contended: bool
+
+
+def next_round_at(now: int, last_round_at: int | None, round_period_ms: int) -> int:
+    """SPEC R11: the earliest time the next round can run, once no round is waiting (a waiting
+    round's time is its timer's): ``roundPeriodMs`` after the last round began, not before now."""
+    return now if last_round_at is None else max(now, last_round_at + round_period_ms)
 
 
 # ====================================================================== what to load
@@ -297,10 +303,10 @@ def _usage(ledger: Ledger, views: Mapping[str, View], limits: Limits, policy: Po
 def _entries(ledger: Ledger, clients: Sequence[Pending], permitted: Mapping[tuple[str, str], bool]) -> list[Entry]:
     """One :class:`Entry` per ``(client, group)`` of the round's latest demands (R10): its
     need is the count minus unclaimed grant permits and undrawn live-lease permits the
-    client holds in the group (SPEC R20); it is a lease candidate if the client reports
-    leases, the count is above zero and it holds no live lease with undrawn permits there
-    (SPEC R26); ``permitted`` is the round's ``canGrant`` answer (SPEC R22)."""
-    held_unclaimed: dict[tuple[str, str], int] = {}
+    client holds in the group (SPEC R20); its lease candidacy is
+    :func:`~semaphore.core.allocation.lease_candidate` (R26); ``permitted`` is the round's
+    ``canGrant`` answer (SPEC R22)."""
+    held_unclaimed: dict[tuple[str, str], int] = {}  # R20
     for g in ledger.grants.values():
         if g.claimed < g.permits:
             key = (g.client_id, g.group_name)
@@ -313,7 +319,6 @@ def _entries(ledger: Ledger, clients: Sequence[Pending], permitted: Mapping[tupl
     entries = []
     for p in clients:
         latest = p.latest
-        lease_capable = latest.leases is not None
         for d in latest.demand:
             key = (p.client_id, d.group)
             need = max(0, d.count - held_unclaimed.get(key, 0) - undrawn.get(key, 0))
@@ -321,7 +326,7 @@ def _entries(ledger: Ledger, clients: Sequence[Pending], permitted: Mapping[tupl
             entries.append(Entry(
                 p.client_id, d.group, d.count, d.oldest_at, p.arrival, need,
                 permitted.get(key, True),
-                lease_capable and d.count > 0 and undrawn.get(key, 0) == 0,
+                lease_candidate(latest.leases is not None, d.count, undrawn.get(key, 0)),
             ))
     return entries
 
@@ -368,8 +373,8 @@ def decide_round(ledger: Ledger, now: int, clients: Sequence[Pending], limits: L
                       leases=policy.leases)
     _issue(ledger, views, result, now, policy)
     _write_meta(ledger, limits.limit, now, result.contended)
-    return RoundOutcome(_round_replies(ledger, clients, views, result, now + policy.round_period_ms),
-                        result.contended)
+    next_at = next_round_at(now, now, policy.round_period_ms)  # R11: this round just began
+    return RoundOutcome(_round_replies(ledger, clients, views, result, next_at), result.contended)
 
 
 def decide_sync(ledger: Ledger, now: int, message: SyncMessage, policy: Policy, contended: bool,

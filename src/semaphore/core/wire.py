@@ -62,6 +62,8 @@ __all__ = [
     "parse_message",
     "id_problem",
     "check_id",
+    "count_problem",
+    "valid_count",
     "grant_state",
     "lease_state",
     "blocked_entry",
@@ -154,20 +156,29 @@ def _local(value: Any, name: str) -> Any:
         raise _fail(name, f"could not be read ({type(exc).__name__})") from None
 
 
-def _count(value: Any, name: str) -> int:
-    """A non-negative integer below 2**53. Integral floats are accepted (JS numbers)."""
-    if isinstance(value, bool):
-        raise _fail(name, f"must be an integer, got {_show(value)}")
-    if isinstance(value, float):
-        if not value.is_integer():
-            raise _fail(name, f"must be an integer, got {_show(value)}")
-        value = int(value)
-    if not isinstance(value, int):
-        raise _fail(name, f"must be an integer, got {_show(value)}")
+def count_problem(value: Any) -> str | None:
+    """Why ``value`` is not a count, or ``None`` if it is one (SPEC R7): a non-negative integer
+    below 2**53 (:data:`MAX_INT`); integral floats are accepted (JS numbers), ``bool`` is not.
+    The one definition of a count, for messages and resolved limits alike."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and not value.is_integer()):
+        return f"must be an integer, got {_show(value)}"
     if value < 0:
-        raise _fail(name, f"must not be negative, got {_show(value)}")
+        return f"must not be negative, got {_show(value)}"
     if value > MAX_INT:
-        raise _fail(name, f"must be below 2**53, got {_show(value)}")
+        return f"must be below 2**53, got {_show(value)}"
+    return None
+
+
+def valid_count(value: Any) -> int | None:
+    """``value`` as an ``int`` if it is a count (:func:`count_problem`), else ``None``."""
+    return None if count_problem(value) is not None else int(value)
+
+
+def _count(value: Any, name: str) -> int:
+    problem = count_problem(value)
+    if problem is not None:
+        raise _fail(name, problem)
     return int(value)
 
 

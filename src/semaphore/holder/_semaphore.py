@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Union
 
 from ..clock import sleep_until
 from ..core.allocation import LIMIT_ERROR
-from ..core.config import LeaseConfig
+from ..core.config import LeaseConfig, option_int
 from ..core.ledger import Ledger, Reads
 from ..core.lease_ids import LEASE_KEY_WORDS, configured_secret, holder_key
 from ..core.rounds import (
@@ -28,11 +28,12 @@ from ..core.rounds import (
     decide_reclaim,
     decide_round,
     decide_sync,
+    next_round_at,
     reclaim_reads,
     round_reads,
     sync_reads,
 )
-from ..core.wire import MAX_INT, PermitRequest, SyncMessage, parse_message
+from ..core.wire import PermitRequest, SyncMessage, parse_message, valid_count
 from ..errors import ConfigurationError, InvalidMessageError, RoundFailedError
 from ..runtime import Storage, object_id
 from ..scheduler import DurabilityScheduler
@@ -74,14 +75,6 @@ class _Waiting(Pending):
     futures: list[asyncio.Future[dict[str, Any]]] = field(default_factory=list)
 
 
-def _valid_count(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, int) and 0 <= value <= MAX_INT:
-        return value
-    return None
 
 
 async def _call(fn: Callable[..., Any], *args: Any) -> Any:
@@ -91,11 +84,6 @@ async def _call(fn: Callable[..., Any], *args: Any) -> Any:
     return result
 
 
-def _option_int(value: Any, name: str, minimum: int) -> int:
-    # isinstance(value, int) first: it is what narrows ``value`` to int for the return.
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigurationError(f"{name}: must be an integer >= {minimum}, got {value!r}", field=name)
-    return value
 
 def _check_sources(scheduler: Any, limit: Any, group_limit: Any, can_grant: Any) -> None:
     """Validate the options that are not plain integers (:class:`ConfigurationError` names the
@@ -103,12 +91,12 @@ def _check_sources(scheduler: Any, limit: Any, group_limit: Any, can_grant: Any)
     if not isinstance(scheduler, DurabilityScheduler):
         raise ConfigurationError("scheduler: expected a DurabilityScheduler", field="scheduler")
     if not callable(limit):
-        _option_int(limit, "limit", 0)
+        option_int(limit, "limit", 0)
     if not (group_limit is None or callable(group_limit) or isinstance(group_limit, Mapping)):
-        _option_int(group_limit, "group_limit", 0)
+        option_int(group_limit, "group_limit", 0)
     if isinstance(group_limit, Mapping):
         for g, gl in group_limit.items():
-            _option_int(gl, f"group_limit[{g!r}]", 0)
+            option_int(gl, f"group_limit[{g!r}]", 0)
     if not (can_grant is None or isinstance(can_grant, bool) or callable(can_grant)):
         raise ConfigurationError("can_grant: expected None, a bool or a callable", field="can_grant")
 
@@ -198,9 +186,9 @@ class DurabilitySemaphore:
         self.limit = limit
         self.group_limit = group_limit
         self.can_grant = can_grant
-        self.round_wait_ms = _option_int(round_wait_ms, "round_wait_ms", 0)
-        self.round_period_ms = _option_int(round_period_ms, "round_period_ms", 0)
-        self.grant_timeout_ms = _option_int(grant_timeout_ms, "grant_timeout_ms", 1)
+        self.round_wait_ms = option_int(round_wait_ms, "round_wait_ms", 0)
+        self.round_period_ms = option_int(round_period_ms, "round_period_ms", 0)
+        self.grant_timeout_ms = option_int(grant_timeout_ms, "grant_timeout_ms", 1)
         self.leases = LeaseConfig.parse(leases)
         self.clock: Callable[[], int] = clock or scheduler.clock  # the scheduler's defaults to system_clock
         self.store = SqlStore(self.storage)
@@ -337,10 +325,8 @@ class DurabilitySemaphore:
         """Earliest time the next round can run (SPEC R11)."""
         if self._round_at is not None:
             return self._round_at
-        now = int(self.clock())
-        if self._last_round_at is None:
-            return now
-        return max(now, self._last_round_at + self.round_period_ms)
+        return next_round_at(int(self.clock()), self._last_round_at, self.round_period_ms)
+
     # ================================================================== lifecycle
     async def _ensure_ready(self) -> None:
         if self._ready:
@@ -532,7 +518,7 @@ class DurabilitySemaphore:
         except Exception:
             log.exception("limit callback raised")
             return LIMIT_ERROR
-        count = _valid_count(value)
+        count = valid_count(value)
         if count is None:
             log.error("limit resolved to an invalid value %r", value)
             return LIMIT_ERROR
@@ -554,7 +540,7 @@ class DurabilitySemaphore:
             return LIMIT_ERROR
         if value is None:
             return None
-        count = _valid_count(value)
+        count = valid_count(value)
         if count is None:
             log.error("group_limit(%r) resolved to an invalid value %r", group, value)
             return LIMIT_ERROR
