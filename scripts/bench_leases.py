@@ -45,12 +45,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "tests"))  # the client test bed: task-fired alarms, holder object
 
-from client_harness import ClientSide, HolderSide, SimClock  # noqa: E402
 from semaphore import LeaseConfig, PermitKind, QueueItem  # noqa: E402
-
-T0 = 1_700_000_000_000
+from semaphore.testing import T0, ClientSide, HolderSide, SimClock  # noqa: E402
 KEY = "acct"
 
 

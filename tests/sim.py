@@ -15,8 +15,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from client_harness import T0, ClientSide, HolderSide, Net, SimClock
 from semaphore import ItemState, QueueItem
+from semaphore.testing import T0, ClientSide, HolderSide, Net, SimClock
 
 KEY = "acct"
 

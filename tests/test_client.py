@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from client_harness import T0, HolderSide, Net, async_test
 from semaphore import (
     Demand,
     GrantStatus,
@@ -17,7 +16,7 @@ from semaphore import (
     SemaphoreClient,
     SemaphoreError,
 )
-from semaphore.testing import LocalContext, LocalStorage, VirtualClock
+from semaphore.testing import T0, HolderSide, LocalContext, LocalStorage, Net, VirtualClock, async_test
 
 LEASES = {"provisioning": {"mode": "strict"}, "permitsPerLease": 4, "ttlMs": 20_000}
 
@@ -98,7 +97,7 @@ async def test_error_replies_become_typed_exceptions():
     assert info.value.field == "clientId"
     # R2: a round that cannot commit is answered round_failed
     from semaphore.testing import DurableObjectRuleError
-    s.holder.sem._ready = True
+    await s.run(s.holder.usage())   # the holder's schema is ready: the failure hits the round
     task = asyncio.ensure_future(s.client.request("k", [Demand("g", 1, T0)]))
     await s.clock.settle()
     s.holder.storage.fail_next_exec = DurableObjectRuleError("disk full")

@@ -19,11 +19,19 @@ from typing import Any
 
 import pytest
 
-from client_harness import T0, ClientSide, HolderSide, Net, SimClock, async_test
-from helpers import check_aggregates
 from semaphore import Demand, ItemState, QueueItem, SemaphoreClient
 from semaphore.client._client import GONE, GRANTS, LEASES, ClientGrant, ClientLease
-from semaphore.testing import LocalContext, LocalStorage
+from semaphore.testing import (
+    T0,
+    ClientSide,
+    HolderSide,
+    LocalContext,
+    LocalStorage,
+    Net,
+    SimClock,
+    async_test,
+    check_aggregates,
+)
 
 KEY = "k"
 
@@ -256,7 +264,7 @@ def _bury(side: ClientSide, count: int, now: int) -> None:
 
 @async_test
 async def test_idle_pump_reads_no_tombstones():
-    # 2,000 dropped grants and 2,000 settled leases (kept so a stale reply cannot resurrect
+    # R35, I2: 2,000 dropped grants and 2,000 settled leases (kept so a stale reply cannot resurrect
     # them) do not make an idle pump read more: the client filters them out in SQL through
     # partial indexes, so its rows read and SQLite work stay O(live)
     clock = SimClock(T0)
@@ -393,7 +401,7 @@ async def test_r7_r21_queue_demand_over_1000_groups_asks_for_the_oldest_1000_fir
 
 @async_test
 async def test_r30_r7_flush_delivers_every_dirty_lease_beyond_1000():
-    # 1,100 leases, each with one draw to report: flush() must keep syncing until all are
+    # R30, R7: 1,100 leases, each with one draw to report: flush() must keep syncing until all are
     # carried (ceil(1100 / 1000) = 2 messages). Before, its count of due leases bound the time
     # and the key in the wrong order, counted 0 and stopped after one sync with 100 draws left.
     s = ClientSetup(limit=10_000, leases={"provisioning": {"mode": "strict"}, "permitsPerLease": 1})

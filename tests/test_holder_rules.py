@@ -11,14 +11,15 @@ import inspect
 
 import pytest
 
-from helpers import (
-    GRANTS,
-    GROUPS,
-    LEASES,
-    META,
+from semaphore import DurabilityScheduler, DurabilitySemaphore
+from semaphore.errors import ConfigurationError, RoundFailedError, error_from_reply
+from semaphore.holder import GRANTS, GROUPS, LEASES, META
+from semaphore.testing import (
     RECLAIM_TIMER,
     TIMERS,
     Bed,
+    DurableObjectRuleError,
+    LocalContext,
     async_test,
     blocked,
     by_id,
@@ -30,9 +31,6 @@ from helpers import (
     tables,
     timers,
 )
-from semaphore import DurabilityScheduler, DurabilitySemaphore
-from semaphore.errors import ConfigurationError, RoundFailedError, error_from_reply
-from semaphore.testing import DurableObjectRuleError, LocalContext
 
 ROUND_KEYS = {"v", "grants", "leases", "blocked", "contended", "nextRequestAt"}
 GRANT_KEYS = {"grantId", "group", "permits", "claimed", "released", "claimBy", "status"}

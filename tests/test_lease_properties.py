@@ -31,9 +31,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from helpers import Bed, check_aggregates, dump, request, sync
 from semaphore import LeaseConfig
 from semaphore.core.allocation import grant_ceiling
+from semaphore.testing import Bed, check_aggregates, dump, request, sync
 
 CLIENTS = ("c0", "c1", "c2", "c3")  # c3 has no lease support
 GROUPS = ("g0", "g1", "g2")

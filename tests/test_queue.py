@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from client_harness import T0, ClientSide, HolderSide, Net, SimClock, async_test
 from semaphore import HolderUnavailableError, ItemState, PermitKind, QueueItem
+from semaphore.testing import T0, ClientSide, HolderSide, Net, SimClock, async_test
 
 KEY = "acct"
 LEASES = {"provisioning": {"mode": "strict"}, "permitsPerLease": 2, "ttlMs": 20_000}
@@ -222,7 +222,7 @@ async def test_retired_lease_stops_drawing_at_once():
 
 @async_test
 async def test_admission_callback_is_retried_under_the_same_permit():
-    # retry-safe admission: a crashed callback is called again for the same item and permit
+    # R37, R18: retry-safe admission: a crashed callback is called again for the same item and permit
     s = Setup(fail_admit=2)
     await s.queue.enqueue(KEY, "g", "a")
     await s.clock.advance(6000)
@@ -234,7 +234,7 @@ async def test_admission_callback_is_retried_under_the_same_permit():
 
 @async_test
 async def test_reconciliation_releases_work_whose_completion_was_lost():
-    # composition: items running longer than the bound are checked, and released when gone
+    # R37, I3: items running longer than the bound are checked, and released when gone
     s = Setup()
     await s.queue.enqueue(KEY, "g", "a")
     await s.clock.advance(1500)

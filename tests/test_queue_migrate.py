@@ -19,9 +19,20 @@ import logging
 
 import pytest
 
-from client_harness import T0, ClientSide, HolderSide, Net, SimClock, async_test
-from helpers import RECLAIM_TIMER, Bed, request, tables, timers
 from semaphore import DurabilityScheduler, DurabilitySemaphore, SemaphoreClient, SemaphoreQueue
+from semaphore.testing import (
+    RECLAIM_TIMER,
+    T0,
+    Bed,
+    ClientSide,
+    HolderSide,
+    Net,
+    SimClock,
+    async_test,
+    request,
+    tables,
+    timers,
+)
 
 KEY = "acct"
 APP_TIMER = "app:cleanup"
@@ -79,7 +90,7 @@ async def test_r3_after_queue_migrate_none_the_next_alarm_neither_fails_nor_recr
     # none may re-create the dropped tables.
     clock, side = await queue_in_use()
     SemaphoreQueue.migrate(side.ctx, None)
-    clock._now += 1_000   # the queue's wake-up is due
+    clock.set(clock.now + 1_000)   # the queue's wake-up is due (no driver runs it)
     await side.scheduler.alarm({})   # live instance: must not raise
     assert client_side_tables(side.storage) == set()
     side.evict()   # fresh scheduler + client + queue over the same storage
@@ -98,9 +109,9 @@ async def test_r3_queue_migrate_then_fresh_queue_starts_from_scratch():
     clock, side = await queue_in_use(limit=10)
     SemaphoreQueue.migrate(side.ctx, None)
     side.evict()
-    side.driver = type(side.driver)(clock, side.storage, side._alarm)
+    side.driver = type(side.driver)(clock, side.storage, side.alarm)   # the closed one's successor
     admitted = []
-    side._on_admit = lambda s, item: admitted.append(item.item_id)
+    side.on_admit = lambda s, item: admitted.append(item.item_id)
     await side.queue.enqueue(KEY, "g", "fresh")
     await clock.advance(6_000)
     assert admitted == ["fresh"]
@@ -121,7 +132,7 @@ async def test_r3_client_and_holder_migrate_none_leave_no_timer_that_runs_over_d
     bed.driver.close()
     DurabilitySemaphore.migrate(bed.ctx, None)
     assert RECLAIM_TIMER not in timers(bed.storage)
-    bed.clock._now += 60_000   # the reclaim would be due
+    bed.clock.set(bed.clock.now + 60_000)   # the reclaim would be due
     bed.evict()
     await bed.scheduler.alarm({})
     assert not any(t.startswith("durability_semaphore") for t in tables(bed.storage))

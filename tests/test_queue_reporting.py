@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from client_harness import T0, ClientSide, HolderSide, Net, SimClock, async_test
 from semaphore import ConfigurationError, ItemState, PermitKind, QueueItem, SemaphoreQueue
+from semaphore.testing import T0, ClientSide, HolderSide, Net, SimClock, async_test
 
 KEY = "acct"
 LEASES = {"provisioning": {"mode": "strict"}, "permitsPerLease": 4, "ttlMs": 600_000}
@@ -75,7 +75,7 @@ async def test_releases_wait_for_the_bound_then_go_in_one_sync():
 
 @async_test
 async def test_zero_bound_reports_every_release_at_once():
-    # report_releases_within_ms=0: the previous behaviour, a sync right after each completion
+    # R37: report_releases_within_ms=0: the previous behaviour, a sync right after each completion
     s = Setup(queue={"report_releases_within_ms": 0})
     await s.queue.enqueue(KEY, "g", "a")
     await s.clock.advance(1500)
@@ -183,7 +183,7 @@ async def test_items_beyond_the_lease_claim_the_grant_first():
 
 @async_test
 async def test_prefer_leases_off_claims_grants_first():
-    # prefer_leases=False: the grant is claimed (with a confirming sync) even if a lease could serve
+    # R37, R15a: prefer_leases=False: the grant is claimed (with a confirming sync) even if a lease could serve
     s = Setup(leases=LEASES, queue={"prefer_leases": False})
     await s.queue.enqueue(KEY, "g", "a")
     await s.clock.advance(1500)
@@ -193,6 +193,7 @@ async def test_prefer_leases_off_claims_grants_first():
 
 @pytest.mark.parametrize("bad", [-1, 1.5, "10", True, None])
 def test_report_releases_within_ms_is_validated(bad):
+    # R37: an invalid bound is refused at construction
     clock = SimClock(T0)
     holder = HolderSide(clock, limit=1)
     with pytest.raises(ConfigurationError):

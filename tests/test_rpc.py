@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from client_harness import T0, HolderSide, async_test
 from semaphore import (
     ConfigurationError,
     DurabilitySemaphore,
@@ -24,7 +23,7 @@ from semaphore import (
     timeout,
 )
 from semaphore.rpc import SemaphoreRpc, get_by_name
-from semaphore.testing import LocalContext, LocalStorage, VirtualClock
+from semaphore.testing import T0, HolderSide, LocalContext, LocalStorage, VirtualClock, async_test
 
 
 class JsLikeReply:

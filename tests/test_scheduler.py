@@ -6,9 +6,19 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from helpers import RECLAIM_TIMER, T0, Bed, async_test, request, tables, timers
 from semaphore import DurabilityScheduler
-from semaphore.testing import AlarmDriver, LocalContext, VirtualClock
+from semaphore.testing import (
+    RECLAIM_TIMER,
+    T0,
+    AlarmDriver,
+    Bed,
+    LocalContext,
+    VirtualClock,
+    async_test,
+    request,
+    tables,
+    timers,
+)
 
 
 def make(ctx=None, clock=None):
@@ -50,7 +60,7 @@ async def test_alarm_runs_due_handlers_in_order_and_rearms():
     await s.schedule("y", T0 + 100)
     await s.schedule("x", T0 + 150)
     await s.schedule("later", T0 + 500)
-    clock._now = T0 + 200
+    clock.set(T0 + 200)
     await s.alarm({"retryCount": 0, "isRetry": False})
     assert ran == [("y", T0 + 100), ("z", T0 + 100), ("x", T0 + 150)]
     assert timers(ctx.storage) == {"later": T0 + 500}
@@ -96,7 +106,7 @@ async def test_timers_persist_across_a_new_scheduler_instance():
     assert s2.timer("job") == T0 + 100 and s2.earliest() == T0 + 100
     ran = []
     s2.on("job", lambda n, d: ran.append(n))
-    clock._now = T0 + 100
+    clock.set(T0 + 100)
     await s2.alarm()
     assert ran == ["job"] and s2.timer("job") is None
 
@@ -109,7 +119,7 @@ async def test_unknown_due_timers_are_dropped():
     await s.schedule("orphan", T0 + 10)
     await s.schedule("known", T0 + 10)
     await s.schedule("orphan-later", T0 + 1000)
-    clock._now = T0 + 50
+    clock.set(T0 + 50)
     await s.alarm()
     assert ran == ["known"]
     assert timers(ctx.storage) == {"orphan-later": T0 + 1000}   # not yet due: kept
@@ -137,7 +147,7 @@ async def test_raising_handler_keeps_its_timer_backed_off_others_run_nothing_rai
     s.on("b", lambda n, d: ran.append(n))
     await s.schedule("a", T0 + 10)
     await s.schedule("b", T0 + 20)
-    clock._now = T0 + 30
+    clock.set(T0 + 30)
     with caplog.at_level(logging.ERROR, logger="semaphore.scheduler"):
         await s.alarm()   # does not raise
     assert ran == ["b"]
@@ -179,8 +189,8 @@ async def test_r16_an_always_failing_timer_never_starves_a_later_one():
     logging.disable(logging.CRITICAL)
     try:
         for attempt in range(1, 25):
-            clock._now = ctx.storage.alarm
-            ctx.storage._alarm = None   # the runtime clears the alarm before delivering it
+            clock.set(ctx.storage.alarm)
+            await ctx.storage.deleteAlarm()   # the runtime clears the alarm before delivering it
             await s.alarm({})
             assert ctx.storage.alarm is not None, f"no alarm left after alarm() #{attempt}"
             if ran:

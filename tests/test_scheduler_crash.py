@@ -17,9 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from helpers import T0, async_test, timers
 from semaphore import DurabilityScheduler
-from semaphore.testing import LocalContext, VirtualClock
+from semaphore.testing import T0, LocalContext, VirtualClock, async_test, timers
 
 NAME = "durability_semaphore_queue:wake"
 
@@ -59,7 +58,7 @@ async def test_a_run_cut_short_by_the_death_of_the_instance_runs_again_after_res
         if ran or at is None:
             break
         await clock.advance_to(max(at, clock.now))
-        ctx.storage._alarm = None
+        await ctx.storage.deleteAlarm()  # the runtime clears it before delivering it
         await second.alarm({})
     assert ran, f"the timer of the interrupted run is gone: timers={timers(ctx.storage)}"
     assert NAME not in timers(ctx.storage)  # done once it ran to the end

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import Bed, async_test, request
 from semaphore.runtime import Storage
-from semaphore.testing import DurableObjectRuleError, LocalContext, LocalStorage
+from semaphore.testing import Bed, DurableObjectRuleError, LocalContext, LocalStorage, async_test, request
 
 
 def sql(storage: LocalStorage, query: str, *bindings):

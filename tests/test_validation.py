@@ -20,9 +20,9 @@ from typing import Any, Callable
 
 import pytest
 
-from helpers import Bed, async_test, by_id, dump, request, sync
 from semaphore.errors import InvalidMessageError, error_from_reply
 from semaphore.core.wire import PermitRequest, SyncMessage, parse_message
+from semaphore.testing import Bed, async_test, by_id, dump, request, sync
 
 BIG = 2**53
 HUGE = 10**5000  # str() of it raises ValueError (more than 4,300 digits)

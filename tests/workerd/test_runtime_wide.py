@@ -885,7 +885,7 @@ def test_store_sql_on_durable_object_sqlite_matches_cpython(workerd_bin, tmp_pat
     astral characters; reports bind up to dozens of ids as one json_each value. Every reply and
     every row (typed, via quote()) must be identical on both, and the aggregates must match a
     full recount on the Durable Object side."""
-    from helpers import Bed, check_aggregates  # tests/helpers.py (tier 1's test bed)
+    from semaphore.testing import Bed, check_aggregates  # the shipped test kit (tier 1's test bed)
 
     proc = WorkerdProcess(sql_worker_config(tmp_path), binary=workerd_bin, pyodide_cache=None,
                           log_dir=tmp_path / "logs")

@@ -1,10 +1,12 @@
 """The client side: :class:`SemaphoreClient` (the per-key grant and lease ledger of one client
 object) and :class:`SemaphoreQueue` (work waiting for permits, on top of a client)."""
 
-from ._client import CLIENT_TABLES, AppliedReply, ClientGrant, ClientLease, SemaphoreClient, Transport
+from ._client import (CLIENT_TABLES, AppliedReply, ClientGrant, ClientLease, KeyState, KeyUnit, SemaphoreClient,
+                      Transport)
 from ._queue import QUEUE_TABLES, ItemState, Permit, PermitKind, QueueItem, SemaphoreQueue
 
 __all__ = [
-    "SemaphoreClient", "ClientGrant", "ClientLease", "AppliedReply", "Transport", "CLIENT_TABLES",
+    "SemaphoreClient", "ClientGrant", "ClientLease", "KeyState", "KeyUnit", "AppliedReply", "Transport",
+    "CLIENT_TABLES",
     "SemaphoreQueue", "QueueItem", "ItemState", "Permit", "PermitKind", "QUEUE_TABLES",
 ]

@@ -17,6 +17,11 @@ A client Durable Object talks to one holder per semaphore *key*. The client:
 The transport is any coroutine function ``(key, message_dict) -> reply_dict``; the RPC helper of
 :mod:`semaphore.rpc` provides one, tests use an in-memory one.
 
+**Per-key unit of work.** :meth:`SemaphoreClient.unit` returns a :class:`KeyUnit`: the same
+local changes (claim, release, draw, release a draw, stop a lease) and reads of one key, run in
+the caller's storage transaction, so a caller (the queue) commits them with its own rows. The
+row types and the merge of a reply into them (R8, R13) live in :mod:`semaphore.core.client_state`.
+
 Claims are *local* until confirmed (SPEC R15a): :meth:`SemaphoreClient.claim` records the claim
 and returns the claimed slot numbers; a slot ``k`` of a grant is confirmed once
 :attr:`ClientGrant.confirmed` ``>= k`` (a reply showed the holder recorded it). A slot above
@@ -50,17 +55,17 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from ..clock import sleep_until, system_clock
 from ..errors import HolderUnavailableError, SemaphoreError, error_from_reply
 from ..runtime import Storage, install_schema, migrate_tables, object_id, plain
+from ..core.client_state import GONE, ClientGrant, ClientLease, KeyState, merge_grant, merge_lease
 from ..core.wire import (
     MAX_LIST_LENGTH,
     Demand,
     GrantReport,
     GrantState,
-    GrantStatus,
     LeaseReport,
     LeaseState,
     LeaseStatus,
@@ -68,11 +73,14 @@ from ..core.wire import (
     PermitResponse,
     SyncMessage,
 )
+from ..rpc import Call
 
 __all__ = [
     "Transport",
     "ClientGrant",
     "ClientLease",
+    "KeyState",
+    "KeyUnit",
     "AppliedReply",
     "SemaphoreClient",
     "CLIENT_TABLES",
@@ -80,8 +88,9 @@ __all__ = [
 
 log = logging.getLogger("semaphore.client")
 
-#: ``async (key, message) -> reply``: sends one wire message to the holder of ``key``.
-Transport = Callable[[str, dict[str, Any]], Awaitable[Any]]
+#: ``async (key, message) -> reply``: sends one wire message to the holder of ``key``. The same
+#: type as :data:`semaphore.rpc.Call` (what ``SemaphoreRpc.transport(env)`` returns).
+Transport = Call
 
 GRANTS = "durability_semaphore_client_grants"
 LEASES = "durability_semaphore_client_leases"
@@ -89,8 +98,6 @@ KEYS = "durability_semaphore_client_keys"
 #: Tables owned by :class:`SemaphoreClient` (the queue adds its own, same prefix).
 CLIENT_TABLES = (GRANTS, LEASES, KEYS)
 
-#: Local grant status of a dropped grant (tombstone).
-GONE = "gone"
 _SETTLED = LeaseStatus.SETTLED.value
 
 _SCHEMA = (
@@ -144,115 +151,6 @@ def _install_schema(storage: Storage) -> None:
     """The client tables, their columns added since the first release, and their indexes
     (:func:`~semaphore.runtime.install_schema`)."""
     install_schema(storage, _SCHEMA, _ADDED_COLUMNS, _INDEXES)
-
-
-@dataclass(frozen=True)
-class ClientGrant:
-    """The client's copy of one grant.
-
-    :ivar permits: permits of the grant (shrinks to the confirmed claims when it expires).
-    :ivar claimed: permits claimed locally (cumulative; reported).
-    :ivar released: claimed permits released locally (cumulative; reported).
-    :ivar confirmed: claims the holder has confirmed (SPEC R15a); slot ``k`` may run iff
-        ``confirmed >= k``.
-    :ivar status: ``"active"``, ``"expired"`` or ``"gone"`` (dropped; a tombstone).
-    :ivar sent_claimed: / :ivar sent_released: counts the holder has acknowledged receiving.
-    """
-
-    key: str
-    grant_id: str
-    group: str
-    permits: int
-    claimed: int
-    released: int
-    confirmed: int
-    claim_by: int
-    status: str
-    sent_claimed: int
-    sent_released: int
-
-    @property
-    def unclaimed(self) -> int:
-        """Permits not yet claimed (0 unless active)."""
-        return max(0, self.permits - self.claimed) if self.status == GrantStatus.ACTIVE.value else 0
-
-    @property
-    def final(self) -> bool:
-        """True when no further claim can be confirmed (expired or dropped)."""
-        return self.status != GrantStatus.ACTIVE.value
-
-    @property
-    def dirty(self) -> bool:
-        """True when local counts have not reached the holder yet."""
-        return self.status != GONE and (self.claimed > self.sent_claimed or self.released > self.sent_released)
-
-    def report(self) -> GrantReport:
-        """The cumulative report of this grant."""
-        claimed = min(self.claimed, self.permits) if self.final else self.claimed
-        return GrantReport(self.grant_id, claimed, min(self.released, claimed))
-
-    @classmethod
-    def _from_row(cls, r: Mapping[str, Any]) -> "ClientGrant":
-        return cls(str(r["key"]), str(r["grant_id"]), str(r["group_name"]), int(r["permits"]),
-                   int(r["claimed"]), int(r["released"]), int(r["confirmed"]), int(r["claim_by"]),
-                   str(r["status"]), int(r["sent_claimed"]), int(r["sent_released"]))
-
-
-@dataclass(frozen=True)
-class ClientLease:
-    """The client's copy of one lease.
-
-    :ivar drawn: permits drawn (one-shot, SPEC R34); :ivar released: drawn permits released.
-    :ivar stopped: the client draws no more from it (its ``drawn`` is final, SPEC R30).
-    :ivar status: ``"live"``, ``"retired"`` or ``"settled"`` (a tombstone).
-    :ivar heartbeat_at: when to report it again to keep it live (half its lifetime, SPEC R37).
-    """
-
-    key: str
-    lease_id: str
-    group: str
-    permits: int
-    drawn: int
-    released: int
-    stopped: bool
-    status: str
-    expires_at: int
-    heartbeat_at: int
-    sent_drawn: int
-    sent_released: int
-    sent_stopped: bool
-
-    @property
-    def undrawn(self) -> int:
-        return max(0, self.permits - self.drawn)
-
-    @property
-    def in_use(self) -> int:
-        """Drawn permits not yet released (work running under this lease)."""
-        return self.drawn - self.released
-
-    def drawable(self, now: int, margin_ms: int = 0) -> bool:
-        """True if a permit may be drawn at ``now``: live, not stopped, undrawn permits left and
-        not within ``margin_ms`` of its expiry."""
-        return (self.status == LeaseStatus.LIVE.value and not self.stopped and self.undrawn > 0
-                and now < self.expires_at - margin_ms)
-
-    @property
-    def dirty(self) -> bool:
-        """True when local counts (or the stop) have not reached the holder yet."""
-        return self.status != LeaseStatus.SETTLED.value and (
-            self.drawn > self.sent_drawn or self.released > self.sent_released
-            or (self.stopped and not self.sent_stopped))
-
-    def report(self) -> LeaseReport:
-        return LeaseReport(self.lease_id, self.drawn, self.released, self.stopped)
-
-    @classmethod
-    def _from_row(cls, r: Mapping[str, Any]) -> "ClientLease":
-        return cls(str(r["key"]), str(r["lease_id"]), str(r["group_name"]), int(r["permits"]),
-                   int(r["drawn"]), int(r["released"]), bool(r["stopped"]), str(r["status"]),
-                   int(r["expires_at"]), int(r["heartbeat_at"]), int(r["sent_drawn"]),
-                   int(r["sent_released"]), bool(r["sent_stopped"]))
 
 
 @dataclass
@@ -395,6 +293,11 @@ class SemaphoreClient:
         self.ensure_schema()
         return self.storage.one(f"SELECT * FROM {KEYS} WHERE key = ?", key)
 
+    def key_state(self, key: str) -> KeyState:
+        """What the client remembers of ``key`` (``nextRequestAt``, ``contended``, a pending
+        re-check); defaults for a key never used."""
+        return KeyState._from_row(self._key_row(key))
+
     def not_before(self, key: str) -> int:
         """The holder's last ``nextRequestAt`` for ``key`` (0 if never asked): the client does
         not send a ``request`` before it unless forced (SPEC R11, R35)."""
@@ -428,82 +331,46 @@ class SemaphoreClient:
         if any(g.dirty for g in self.grants(key)):
             return True
         for x in self.leases(key):
-            if x.dirty and (draws or x.released > x.sent_released or (x.stopped and not x.sent_stopped)):
+            if x.dirty and (draws or x.returns_capacity):
                 return True
         return False
 
     # ================================================================== local changes
+    def unit(self, key: str) -> "KeyUnit":
+        """The per-key unit of work of ``key``: local changes (claim, draw, release, stop) and
+        reads that run inside the caller's storage transaction, so a caller can commit them
+        together with its own rows (the queue does). Each one-call method below (:meth:`claim`,
+        ...) is the same change in a transaction of its own."""
+        self.ensure_schema()
+        return KeyUnit(self, key)
+
     def claim(self, key: str, grant_id: str, count: int = 1) -> list[int]:
         """Claim up to ``count`` unclaimed permits of an active grant locally and return the
         claimed slot numbers (1-based). Start work for slot ``k`` only once
         :attr:`ClientGrant.confirmed` ``>= k`` (send the claim with :meth:`sync`, SPEC R15a)."""
-        return self.storage.transaction(lambda: self._claim(key, grant_id, count))
-
-    def _claim(self, key: str, grant_id: str, count: int) -> list[int]:
-        g = self.grant(key, grant_id)
-        if g is None or count <= 0:
-            return []
-        n = min(count, g.unclaimed)
-        if n <= 0:
-            return []
-        self._change_grant(key, grant_id, "claimed", g.claimed + n)
-        return list(range(g.claimed + 1, g.claimed + n + 1))
+        return self.storage.transaction(lambda: self.unit(key).claim(grant_id, count))
 
     def release(self, key: str, grant_id: str, count: int = 1) -> int:
         """Release ``count`` claimed permits of a grant (clamped to what is claimed and not yet
         released); returns how many were released. Reported with the next message."""
-        return self.storage.transaction(lambda: self._release(key, grant_id, count))
-
-    def _release(self, key: str, grant_id: str, count: int) -> int:
-        g = self.grant(key, grant_id)
-        if g is None or g.status == GONE or count <= 0:
-            return 0
-        n = min(count, min(g.claimed, g.permits if g.final else g.claimed) - g.released)
-        if n <= 0:
-            return 0
-        self._change_grant(key, grant_id, "released", g.released + n)
-        return n
+        return self.storage.transaction(lambda: self.unit(key).release(grant_id, count))
 
     def draw(self, key: str, lease_id: str, *, margin_ms: int = 0) -> int | None:
         """Draw one permit from a live lease (no round trip, SPEC R30). Returns the drawn
         slot (1-based), or ``None`` if the lease cannot be drawn from (stopped, retired, used up,
         or within ``margin_ms`` of its expiry). A drawn permit is one-shot (SPEC R34)."""
-        return self.storage.transaction(lambda: self._draw(key, lease_id, margin_ms))
-
-    def _draw(self, key: str, lease_id: str, margin_ms: int) -> int | None:
-        lease = self.lease(key, lease_id)
-        if lease is None or not lease.drawable(self._now(), margin_ms):
-            return None
-        self._change_lease(key, lease_id, "drawn", lease.drawn + 1)
-        return lease.drawn + 1
+        return self.storage.transaction(lambda: self.unit(key).draw(lease_id, margin_ms=margin_ms))
 
     def release_lease(self, key: str, lease_id: str, count: int = 1) -> int:
         """Release ``count`` drawn permits of a lease (returns footprint; the permits never become
         drawable again, SPEC R34). Returns how many were released."""
-        return self.storage.transaction(lambda: self._release_lease(key, lease_id, count))
-
-    def _release_lease(self, key: str, lease_id: str, count: int) -> int:
-        lease = self.lease(key, lease_id)
-        if lease is None or lease.status == LeaseStatus.SETTLED.value or count <= 0:
-            return 0
-        n = min(count, lease.in_use)
-        if n <= 0:
-            return 0
-        self._change_lease(key, lease_id, "released", lease.released + n)
-        return n
+        return self.storage.transaction(lambda: self.unit(key).release_lease(lease_id, count))
 
     def stop_lease(self, key: str, lease_id: str) -> bool:
         """Stop drawing from a lease: its undrawn permits go back to the holder with the next
         report, which carries ``stopped: true`` until the holder answers ``settled`` (SPEC R29,
         R37). Returns False if it was already stopped or unknown."""
-        return self.storage.transaction(lambda: self._stop_lease(key, lease_id))
-
-    def _stop_lease(self, key: str, lease_id: str) -> bool:
-        lease = self.lease(key, lease_id)
-        if lease is None or lease.stopped or lease.status == LeaseStatus.SETTLED.value:
-            return False
-        self._change_lease(key, lease_id, "stopped", 1)
-        return True
+        return self.storage.transaction(lambda: self.unit(key).stop_lease(lease_id))
 
     def _change_grant(self, key: str, grant_id: str, column: str, value: int) -> None:
         self._change(GRANTS, "grant_id", _GRANT_DIRTY_SQL, key, grant_id, column, value)
@@ -708,45 +575,13 @@ class SemaphoreClient:
             g.status, g.sent_claimed, g.sent_released, now, now)
 
     def _apply_grant(self, key: str, s: GrantState, now: int, applied: AppliedReply) -> None:
-        local = self.grant(key, s.grant_id)
-        if local is not None and local.status == GONE:
-            return  # dropped earlier: a stale reply cannot bring it back
-        if s.status is GrantStatus.NOT_FOUND:
-            if local is not None:
-                self._write_grant(_replace(local, status=GONE), now)
-                applied.dropped.append(s.grant_id)
-            return
-        if local is None:
-            if s.group is None:
-                return
-            # SPEC R8: a grant whose reply was lost; adopt it as the holder knows it.
-            settled = s.permits <= 0 or s.released >= s.permits
-            g = ClientGrant(key, s.grant_id, s.group, s.permits, s.claimed, s.released, s.claimed,
-                            int(s.claim_by or 0), GONE if settled else s.status.value, s.claimed, s.released)
-            self._write_grant(g, now)
-            if not settled:
-                applied.adopted_grants.append(s.grant_id)
-            if s.status is GrantStatus.EXPIRED:
-                applied.expired.append(s.grant_id)
-            return
-        expired = local.final or s.status is GrantStatus.EXPIRED
-        permits = min(local.permits, s.permits)
-        claimed = max(local.claimed, s.claimed)
-        if expired:
-            claimed = min(claimed, permits)  # SPEC R15: unconfirmed claims beyond this were refused
-        confirmed = min(max(local.confirmed, s.claimed), permits)
-        released = min(max(local.released, s.released), claimed)
-        status = GrantStatus.EXPIRED.value if expired else GrantStatus.ACTIVE.value
-        if s.released >= s.permits:  # settled at the holder (SPEC R17): it deleted the grant
-            status = GONE
-            applied.dropped.append(s.grant_id)
-        elif expired and not local.final:
-            applied.expired.append(s.grant_id)
-        g = _replace(local, permits=permits, claimed=claimed, released=released, confirmed=confirmed,
-                     claim_by=int(s.claim_by if s.claim_by is not None else local.claim_by), status=status,
-                     sent_claimed=max(local.sent_claimed, s.claimed),
-                     sent_released=max(local.sent_released, s.released))
-        self._write_grant(g, now)
+        merge = merge_grant(key, self.grant(key, s.grant_id), s)  # R8, R13, R15, R17
+        if merge.row is not None:
+            self._write_grant(merge.row, now)
+        for happened, ids in ((merge.dropped, applied.dropped), (merge.adopted, applied.adopted_grants),
+                              (merge.expired, applied.expired)):
+            if happened:
+                ids.append(s.grant_id)
 
     def _write_lease(self, x: ClientLease, now: int) -> None:
         self.storage.exec(
@@ -762,42 +597,13 @@ class SemaphoreClient:
             x.expires_at, x.heartbeat_at, x.sent_drawn, x.sent_released, int(x.sent_stopped), now, now)
 
     def _apply_lease(self, key: str, s: LeaseState, now: int, applied: AppliedReply) -> None:
-        local = self.lease(key, s.lease_id)
-        if local is not None and local.status == LeaseStatus.SETTLED.value:
-            return  # settled earlier: a stale reply cannot bring it back
-        if s.status is LeaseStatus.SETTLED:
-            if local is not None:
-                self._write_lease(_replace(local, status=LeaseStatus.SETTLED.value, stopped=True), now)
-            applied.settled.append(s.lease_id)
-            return
-        expires_at = int(s.expires_at) if s.expires_at is not None else now
-        heartbeat_at = now + max(0, expires_at - now) // 2
-        if local is None:
-            if s.group is None:
-                return
-            retired = s.status is LeaseStatus.RETIRED
-            x = ClientLease(key, s.lease_id, s.group, s.permits, s.drawn, s.released, retired, s.status.value,
-                            expires_at, heartbeat_at, s.drawn, s.released, False)
-            self._write_lease(x, now)
-            applied.adopted_leases.append(s.lease_id)
-            if retired:
-                applied.retired.append(s.lease_id)
-            return
-        retired = local.status == LeaseStatus.RETIRED.value or s.status is LeaseStatus.RETIRED
-        if retired and local.status != LeaseStatus.RETIRED.value:
-            applied.retired.append(s.lease_id)
-        drawn = max(local.drawn, min(s.drawn, local.permits))
-        released = min(max(local.released, s.released), drawn)
-        if not retired and s.expires_at is not None and s.expires_at > local.expires_at:
-            new_expiry, new_heartbeat = expires_at, heartbeat_at
-        else:
-            new_expiry, new_heartbeat = local.expires_at, local.heartbeat_at
-        x = _replace(local, drawn=drawn, released=released,
-                     stopped=local.stopped or retired,  # SPEC R33: a retired lease stops drawing at once
-                     status=LeaseStatus.RETIRED.value if retired else LeaseStatus.LIVE.value,
-                     expires_at=new_expiry, heartbeat_at=new_heartbeat,
-                     sent_drawn=max(local.sent_drawn, s.drawn), sent_released=max(local.sent_released, s.released))
-        self._write_lease(x, now)
+        merge = merge_lease(key, self.lease(key, s.lease_id), s, now)  # R8, R13, R31, R33
+        if merge.row is not None:
+            self._write_lease(merge.row, now)
+        for happened, ids in ((merge.settled, applied.settled), (merge.adopted, applied.adopted_leases),
+                              (merge.retired, applied.retired)):
+            if happened:
+                ids.append(s.lease_id)
 
     def _prune(self, key: str, now: int) -> None:
         # Through the tombstone indexes (literal status: SQLite then uses the partial index).
@@ -807,7 +613,82 @@ class SemaphoreClient:
                           key, cutoff)
 
 
-def _replace(obj: Any, **changes: Any) -> Any:
-    from dataclasses import replace
+class KeyUnit:
+    """The unit of work of one key of a :class:`SemaphoreClient` (:meth:`SemaphoreClient.unit`).
 
-    return replace(obj, **changes)
+    Its changes are local (reported with the next message, SPEC R13) and run in the caller's
+    storage transaction: it opens none, so a caller composes them with its own writes in one
+    ``client.storage.transaction(...)``. Outside a transaction each statement commits on its
+    own; prefer the client's one-call methods (:meth:`SemaphoreClient.claim`, ...) then."""
+
+    def __init__(self, client: SemaphoreClient, key: str) -> None:
+        self.client = client
+        self.key = key
+
+    # ------------------------------------------------------------------ reads
+    def grant(self, grant_id: str) -> ClientGrant | None:
+        """One grant (tombstones included), or ``None``."""
+        return self.client.grant(self.key, grant_id)
+
+    def lease(self, lease_id: str) -> ClientLease | None:
+        """One lease (tombstones included), or ``None``."""
+        return self.client.lease(self.key, lease_id)
+
+    def grants(self) -> list[ClientGrant]:
+        """The live grants, earliest claim deadline first (:meth:`SemaphoreClient.grants`)."""
+        return self.client.grants(self.key)
+
+    def leases(self) -> list[ClientLease]:
+        """The live leases, earliest expiry first (:meth:`SemaphoreClient.leases`)."""
+        return self.client.leases(self.key)
+
+    def state(self) -> KeyState:
+        """The key's :class:`~semaphore.core.client_state.KeyState` (defaults if never used)."""
+        return self.client.key_state(self.key)
+
+    # ------------------------------------------------------------------ changes
+    def claim(self, grant_id: str, count: int = 1) -> list[int]:
+        """As :meth:`SemaphoreClient.claim`: the claimed slots, confirmed later (SPEC R15a)."""
+        g = self.grant(grant_id)
+        n = 0 if g is None or count <= 0 else min(count, g.unclaimed)
+        if g is None or n <= 0:
+            return []
+        self.client._change_grant(self.key, grant_id, "claimed", g.claimed + n)
+        return list(range(g.claimed + 1, g.claimed + n + 1))
+
+    def release(self, grant_id: str, count: int = 1) -> int:
+        """As :meth:`SemaphoreClient.release`: how many claimed permits were released."""
+        g = self.grant(grant_id)
+        n = 0 if g is None or g.status == GONE or count <= 0 else min(count, g.releasable)
+        if g is None or n <= 0:
+            return 0
+        self.client._change_grant(self.key, grant_id, "released", g.released + n)
+        return n
+
+    def draw(self, lease_id: str, *, margin_ms: int = 0, now: int | None = None) -> int | None:
+        """As :meth:`SemaphoreClient.draw` (SPEC R30, R34), judged at ``now`` (default: the
+        client's clock): the drawn slot, or ``None``."""
+        lease = self.lease(lease_id)
+        at = self.client._now() if now is None else now
+        if lease is None or not lease.drawable(at, margin_ms):
+            return None
+        self.client._change_lease(self.key, lease_id, "drawn", lease.drawn + 1)
+        return lease.drawn + 1
+
+    def release_lease(self, lease_id: str, count: int = 1) -> int:
+        """As :meth:`SemaphoreClient.release_lease` (SPEC R34): how many were released."""
+        lease = self.lease(lease_id)
+        n = 0 if lease is None or lease.status == _SETTLED or count <= 0 else min(count, lease.in_use)
+        if lease is None or n <= 0:
+            return 0
+        self.client._change_lease(self.key, lease_id, "released", lease.released + n)
+        return n
+
+    def stop_lease(self, lease_id: str) -> bool:
+        """As :meth:`SemaphoreClient.stop_lease` (SPEC R29, R37): False if already stopped or
+        unknown."""
+        lease = self.lease(lease_id)
+        if lease is None or lease.stopped or lease.status == _SETTLED:
+            return False
+        self.client._change_lease(self.key, lease_id, "stopped", 1)
+        return True

@@ -61,6 +61,12 @@ Life of an item (table ``durability_semaphore_client_items``)::
   ``nextRequestAt``, retry after failures, claim confirmations, heartbeats, idle lease stops,
   admission retries, pending ``on_done`` hooks and reconciliation checks. Everything lives in
   SQL, so a new instance after eviction continues where the old one stopped.
+
+**Plan, then execute.** Every decision above (which claims resolve, what to claim and draw, which
+leases to stop, when reports are due, which message to send, when to wake) is a pure function of
+:mod:`semaphore.core.queue_plan` over a :class:`~semaphore.core.queue_plan.KeySnapshot` of the
+key. This class only loads the snapshot, calls the planner and carries the plan out against its
+own tables and the client's per-key unit of work (:meth:`SemaphoreClient.unit`).
 """
 
 from __future__ import annotations
@@ -73,11 +79,13 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Union, cast
 
-from ._client import AppliedReply, SemaphoreClient
+from ._client import AppliedReply, KeyUnit, SemaphoreClient
 from ..errors import ConfigurationError, SemaphoreError
 from ..runtime import Storage, install_schema, migrate_tables
 from ..scheduler import DurabilityScheduler
-from ..core.wire import MAX_LIST_LENGTH, Demand, LeaseStatus, id_problem
+from ..core import queue_plan as plan
+from ..core.queue_plan import ClaimingItem, Exchange, KeySnapshot, PendingReleases, QueuedItem, Resolve
+from ..core.wire import MAX_LIST_LENGTH, Demand, id_problem
 
 __all__ = ["ItemState", "PermitKind", "Permit", "QueueItem", "SemaphoreQueue", "QUEUE_TABLES"]
 
@@ -503,21 +511,15 @@ class SemaphoreQueue:
         r = self.storage.one(f"SELECT * FROM {ITEMS} WHERE item_id = ?", item_id)
         return None if r is None else QueueItem._from_row(r)
 
-    def _queued(self, key: str) -> dict[str, list[str]]:
-        out: dict[str, list[str]] = {}
-        for r in self.storage.exec(
-                f"SELECT item_id, group_name FROM {ITEMS} WHERE key = ? AND state = 'queued' ORDER BY seq", key):
-            out.setdefault(str(r["group_name"]), []).append(str(r["item_id"]))
-        return out
-
     def _release_permit(self, item: QueueItem) -> None:
         p = item.permit
         if p is None:
             return
+        unit = self.client.unit(item.key)
         if p.kind is PermitKind.GRANT:
-            self.client._release(item.key, p.id, 1)
+            unit.release(p.id, 1)
         else:
-            self.client._release_lease(item.key, p.id, 1)
+            unit.release_lease(p.id, 1)
 
     def _complete(self, item_id: str, now: int) -> bool:
         item = self._item(item_id)
@@ -529,18 +531,18 @@ class SemaphoreQueue:
         else:
             if item.state is ItemState.RUNNING:
                 self._release_permit(item)
-            self._finish(item, now)
+            self._finish(item.item_id, now)
         self._set_wake(item.key, now, earlier_only=True)
         return True
 
-    def _finish(self, item: QueueItem, now: int) -> None:
+    def _finish(self, item_id: str, now: int) -> None:
         """Mark ``item`` done (inside the caller's transaction; the caller wakes the key). With
         ``on_done`` its hook is only recorded as pending, due at once: it runs later in a
         transaction of its own (:meth:`_run_done_hook`), never in this shared step, so a failing
         hook cannot roll back the key's admissions or replies."""
         self.storage.exec(
             f"UPDATE {ITEMS} SET state = 'done', finished_at = ?, done_pending = ?, done_attempts = 0,"
-            " done_retry_at = ? WHERE item_id = ?", now, 0 if self.on_done is None else 1, now, item.item_id)
+            " done_retry_at = ? WHERE item_id = ?", now, 0 if self.on_done is None else 1, now, item_id)
 
     def _run_done_hooks(self, key: str) -> None:
         """Call the pending ``on_done`` hooks of ``key`` that are due (each on its own)."""
@@ -608,41 +610,44 @@ class SemaphoreQueue:
             item_id)
 
     # ================================================================== the pump
-    def _resolve_claims(self, key: str, now: int) -> None:
-        """SPEC R15a: start claiming items whose claim the holder confirmed; put back those whose
-        grant will never confirm them (expired clamp, or dropped)."""
-        rows = self.storage.exec(f"SELECT * FROM {ITEMS} WHERE key = ? AND state = 'claiming' ORDER BY seq", key)
-        finished = False
-        for r in rows:
-            item = QueueItem._from_row(r)
-            assert item.permit is not None
-            g = self.client.grant(key, item.permit.id)
-            cancelled = bool(r["cancel"])
-            if g is not None and g.confirmed >= item.permit.slot:
-                if cancelled:
-                    self.client._release(key, g.grant_id, 1)
-                    self._finish(item, now)
-                    finished = True
-                else:
-                    self._start(item.item_id, now)
-            elif g is None or g.final:
-                if cancelled:
-                    self._finish(item, now)
-                    finished = True
-                else:
-                    self._requeue(item.item_id)
-        if finished and self.on_done is not None:
-            self._set_wake(key, now, earlier_only=True)  # its hook is due, even if this instance dies
+    # Executor of :mod:`semaphore.core.queue_plan`: load a snapshot of the key, let the planner
+    # decide, carry the plan out against the queue's rows and the client's unit of work.
+    def _options(self) -> plan.QueueOptions:
+        return plan.QueueOptions(
+            claim_margin_ms=self.claim_margin_ms, lease_margin_ms=self.lease_margin_ms,
+            report_releases_within_ms=self.report_releases_within_ms, prefer_leases=self.prefer_leases,
+            retention_ms=self.retention_ms, reconcile_after_ms=self.reconcile_after_ms,
+            done_hook=self.on_done is not None)
 
-    def _stop_idle_leases(self, key: str, now: int, *, contended: bool) -> None:
-        queued = self._queued(key)
-        for lease in self.client.leases(key):
-            if lease.status != LeaseStatus.LIVE.value or lease.stopped:
-                continue
-            if lease.undrawn == 0:
-                self.client._stop_lease(key, lease.lease_id)  # nothing left to draw: settle it
-            elif not queued.get(lease.group) and (contended or now >= lease.expires_at - self.lease_margin_ms):
-                self.client._stop_lease(key, lease.lease_id)  # SPEC R29 / idle before expiry
+    def _snapshot(self, key: str, now: int) -> KeySnapshot:
+        """What the planner decides over for ``key`` at ``now`` (live rows only)."""
+        unit = self.client.unit(key)
+        queued = tuple(QueuedItem(str(r["item_id"]), str(r["group_name"]), int(r["seq"]))
+                       for r in self._rows_in(key, "queued", "item_id, group_name, seq"))
+        claiming = tuple(ClaimingItem(str(r["item_id"]), str(r["group_name"]), int(r["seq"]), str(r["permit_id"]),
+                                      int(r["slot"]), bool(r["cancel"]))
+                         for r in self._rows_in(key, "claiming", "item_id, group_name, seq, permit_id, slot, cancel"))
+        pending = self.storage.one(f"SELECT since FROM {PENDING} WHERE key = ?", key)
+        return KeySnapshot(
+            now, queued, claiming, tuple(unit.grants()), {c.grant_id: unit.grant(c.grant_id) for c in claiming},
+            tuple(unit.leases()), unit.state(), None if pending is None else int(pending["since"]))
+
+    def _rows_in(self, key: str, state: str, columns: str) -> list[dict[str, Any]]:
+        return self.storage.exec(f"SELECT {columns} FROM {ITEMS} WHERE key = ? AND state = ? ORDER BY seq", key, state)
+
+    def _resolve(self, unit: KeyUnit, resolutions: tuple[plan.Resolution, ...], wake_now: bool, now: int) -> None:
+        """Carry out claim resolutions (SPEC R15a)."""
+        for r in resolutions:
+            if r.action is Resolve.START:
+                self._start(r.item_id, now)
+            elif r.action is Resolve.REQUEUE:
+                self._requeue(r.item_id)
+            else:
+                if r.action is Resolve.RELEASE:
+                    unit.release(r.grant_id, 1)
+                self._finish(r.item_id, now)
+        if wake_now:
+            self._set_wake(unit.key, now, earlier_only=True)  # a hook is due, even if this instance dies
 
     def _on_reply(self, applied: AppliedReply) -> None:
         # What was pending went with this message, unless it could not carry every report (over
@@ -650,101 +655,50 @@ class SemaphoreQueue:
         # sends the next window at once (claims are due at once anyway: items stay claiming).
         if not applied.more:
             self.storage.exec(f"DELETE FROM {PENDING} WHERE key = ?", applied.key)
-        self._resolve_claims(applied.key, applied.now)
-        self._stop_idle_leases(applied.key, applied.now, contended=applied.contended)
+        unit = self.client.unit(applied.key)
+        step = plan.plan_reply(self._snapshot(applied.key, applied.now), self._options(),
+                               contended=applied.contended)
+        self._resolve(unit, step.resolutions, step.wake_now, applied.now)
+        for lease_id in step.stops:
+            unit.stop_lease(lease_id)
 
     def _admit_locally(self, key: str, now: int) -> None:
-        """Resolve claims, claim from grants (pending confirmation), draw from leases."""
-        self._resolve_claims(key, now)
-        queued = self._queued(key)
-        lease_only: set[str] = set()
-        if self.prefer_leases:
-            # Items that all fit in live leases are drawn (no round trip); a grant claim would
-            # cost a confirming sync (R15a). Unclaimed grant permits go back at claimBy (R15).
-            room: dict[str, int] = {}
-            for lease in self.client.leases(key):
-                if lease.drawable(now, self.lease_margin_ms):
-                    room[lease.group] = room.get(lease.group, 0) + lease.undrawn
-            lease_only = {group for group, items in queued.items() if len(items) <= room.get(group, 0)}
-        for g in self.client.grants(key):
-            items = queued.get(g.group)
-            if not items or g.group in lease_only or g.unclaimed <= 0 \
-                    or now >= g.claim_by - self.claim_margin_ms:
-                continue
-            slots = self.client._claim(key, g.grant_id, len(items))
-            for slot in slots:
-                item_id = items.pop(0)
+        """Resolve claims, claim from grants (pending confirmation), draw from leases, stop
+        leases (:func:`~semaphore.core.queue_plan.plan_admission`)."""
+        step = plan.plan_admission(self._snapshot(key, now), self._options())
+        unit = self.client.unit(key)
+        self._resolve(unit, step.resolutions, step.wake_now, now)
+        for claim in step.claims:
+            for slot, item_id in zip(unit.claim(claim.grant_id, len(claim.item_ids)), claim.item_ids):
                 self.storage.exec(
                     f"UPDATE {ITEMS} SET state = 'claiming', permit_kind = 'grant', permit_id = ?, slot = ?"
-                    " WHERE item_id = ?", g.grant_id, slot, item_id)
-        for lease in self.client.leases(key):
-            items = queued.get(lease.group)
-            while items and lease.drawable(now, self.lease_margin_ms):
-                drawn = self.client._draw(key, lease.lease_id, self.lease_margin_ms)
+                    " WHERE item_id = ?", claim.grant_id, slot, item_id)
+        for draw in step.draws:
+            for item_id in draw.item_ids:
+                drawn = unit.draw(draw.lease_id, margin_ms=self.lease_margin_ms, now=now)
                 if drawn is None:
                     break
-                item_id = items.pop(0)
                 self.storage.exec(
                     f"UPDATE {ITEMS} SET permit_kind = 'lease', permit_id = ?, slot = ? WHERE item_id = ?",
-                    lease.lease_id, drawn, item_id)
+                    draw.lease_id, drawn, item_id)
                 self._start(item_id, now)
-                lease = self.client.lease(key, lease.lease_id) or lease
-        self._stop_idle_leases(key, now, contended=False)
-        if self.retention_ms:  # an item whose hook has not run yet is kept until it has
+        for lease_id in step.stops:
+            unit.stop_lease(lease_id)
+        if step.purge_done_before is not None:  # an item whose hook has not run yet is kept
             kept = "" if self.on_done is None else " AND done_pending = 0"
             self.storage.exec(f"DELETE FROM {ITEMS} WHERE state = 'done' AND finished_at < ?{kept}",
-                              now - self.retention_ms)
+                              step.purge_done_before)
 
-    def _report_due_at(self, key: str, now: int) -> int | None:
-        """When the reports of ``key`` need a message of their own (``None``: not at all).
-
-        At once: a request whose reply was lost (``needs_sync``), claims not yet sent, a stop
-        that returns undrawn lease permits (R29). Releases alone (grant or lease permits, the
-        stop of a lease with nothing left to draw) wait up to ``report_releases_within_ms`` for
-        another message to carry them; so does the client's post-request re-check (it only
-        looks for a lease a duplicated request may have created, which any reply lists, R8)."""
-        row = self.client._key_row(key)
-        check_at = 0
-        if row is not None:
-            if int(row["needs_sync"]):
-                return now
-            check_at = int(row["check_at"])
-        releases = False
-        for g in self.client.grants(key):
-            if g.claimed > g.sent_claimed and not g.final:
-                return now
-            if g.dirty:
-                releases = True
-        for x in self.client.leases(key):
-            if x.stopped and not x.sent_stopped and x.undrawn > 0:
-                return now
-            if x.dirty and (x.released > x.sent_released or (x.stopped and not x.sent_stopped)):
-                releases = True
-        due: int | None = None
-        if releases and self.client.contended(key):
-            return now  # others wait for this capacity (R29): no reason to hold it back
-        if releases:
+    def _report_due(self, key: str, snap: KeySnapshot) -> plan.ReportDue:
+        """:func:`~semaphore.core.queue_plan.report_due`, keeping the key's "releases waiting
+        since" mark (durable, so evictions do not restart the wait)."""
+        due = plan.report_due(snap, self._options())
+        if due.pending is PendingReleases.START and snap.pending_since is None:
             self.storage.exec(f"INSERT INTO {PENDING}(key, since) VALUES (?, ?) ON CONFLICT(key) DO NOTHING",
-                              key, now)
-            row = self.storage.one(f"SELECT since FROM {PENDING} WHERE key = ?", key)
-            due = (int(row["since"]) if row else now) + self.report_releases_within_ms
-        else:
+                              key, snap.now)
+        elif due.pending is PendingReleases.CLEAR and snap.pending_since is not None:
             self.storage.exec(f"DELETE FROM {PENDING} WHERE key = ?", key)
-        if check_at > 0:
-            due = min(due, check_at + self.report_releases_within_ms) if due is not None \
-                else check_at + self.report_releases_within_ms
         return due
-
-    def _heartbeat_due(self, key: str, now: int) -> bool:
-        queued = self._queued(key)
-        return any(
-            x.status == LeaseStatus.LIVE.value and not x.stopped and x.heartbeat_at <= now
-            and (x.in_use > 0 or queued.get(x.group))
-            for x in self.client.leases(key))
-
-    def _count(self, key: str, state: str) -> int:
-        row = self.storage.one(f"SELECT COUNT(*) AS n FROM {ITEMS} WHERE key = ? AND state = ?", key, state)
-        return int(row["n"]) if row else 0
 
     async def _pump(self, key: str) -> None:
         for _ in range(8):
@@ -755,15 +709,14 @@ class SemaphoreQueue:
             self._run_done_hooks(key)  # no holder message is ever sent for them
             if self._backoff.get(key, 0) > now:
                 return
-            claiming = self._count(key, "claiming") > 0
+            snap = self._snapshot(key, now)
             demand = self.demand(key)
-            request_due = bool(demand) and now >= self.client.not_before(key)
-            report_at = self._report_due_at(key, now)
-            must_sync = claiming or (report_at is not None and report_at <= now) or self._heartbeat_due(key, now)
+            exchange = plan.plan_exchange(snap, self._options(), demand=bool(demand),
+                                          due=self._report_due(key, snap))
             try:
-                if must_sync and (claiming or not request_due):
+                if exchange is Exchange.SYNC:
                     await self.client.sync(key, leases=self.leases, on_reply=self._on_reply)
-                elif request_due:
+                elif exchange is Exchange.REQUEST:
                     await self.client.request(key, demand, leases=self.leases, force=True, on_reply=self._on_reply)
                 else:
                     return
@@ -819,37 +772,16 @@ class SemaphoreQueue:
                 log.warning("item %r is no longer running (completion notice lost); releasing it", item.item_id)
                 self.storage.transaction(lambda: self._complete(item.item_id, at))
 
+    def _min(self, column: str, where: str, key: str) -> int | None:
+        row = self.storage.one(f"SELECT MIN({column}) AS at FROM {ITEMS} WHERE key = ? AND {where}", key)
+        return None if row is None or row["at"] is None else int(row["at"])
+
     def _next_wake(self, key: str, now: int) -> int | None:
-        times: list[int] = []
-        backoff = self._backoff.get(key, 0)
-        network_at = max(now, backoff)
-        queued = self._queued(key)
-        if queued:
-            times.append(max(self.client.not_before(key), network_at))
-        if self._count(key, "claiming"):
-            times.append(network_at)
-        report_at = self._report_due_at(key, now)
-        if report_at is not None:
-            times.append(max(report_at, network_at))
-        for x in self.client.leases(key):
-            if x.status == LeaseStatus.LIVE.value and not x.stopped:
-                if x.in_use > 0 or queued.get(x.group):
-                    times.append(max(x.heartbeat_at, network_at))
-                else:
-                    times.append(max(now, x.expires_at - self.lease_margin_ms))
-        row = self.storage.one(
-            f"SELECT MIN(retry_at) AS at FROM {ITEMS} WHERE key = ? AND state = 'running' AND admitted = 0", key)
-        if row is not None and row["at"] is not None:
-            times.append(max(now, int(row["at"])))
-        if self.on_done is not None:  # pending hooks: no network, so no network backoff either
-            row = self.storage.one(
-                f"SELECT MIN(done_retry_at) AS at FROM {ITEMS} WHERE key = ? AND done_pending = 1", key)
-            if row is not None and row["at"] is not None:
-                times.append(max(now, int(row["at"])))
-        if self.reconcile_after_ms is not None:
-            row = self.storage.one(
-                f"SELECT MIN(MAX(started_at, checked_at)) AS at FROM {ITEMS}"
-                " WHERE key = ? AND state = 'running' AND admitted = 1", key)
-            if row is not None and row["at"] is not None:
-                times.append(max(now, int(row["at"]) + self.reconcile_after_ms))
-        return min(times) if times else None
+        snap = self._snapshot(key, now)
+        times = plan.ItemTimes(
+            admit_retry_at=self._min("retry_at", "state = 'running' AND admitted = 0", key),
+            done_retry_at=None if self.on_done is None else self._min("done_retry_at", "done_pending = 1", key),
+            last_checked_at=None if self.reconcile_after_ms is None else self._min(
+                "MAX(started_at, checked_at)", "state = 'running' AND admitted = 1", key))
+        return plan.next_wake(snap, self._options(), backoff_until=self._backoff.get(key, 0), items=times,
+                              due=self._report_due(key, snap))

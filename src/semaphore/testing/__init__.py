@@ -1,10 +1,66 @@
 """A test kit for code built on the semaphore, on CPython with real SQLite.
 
-:class:`LocalStorage` and :class:`LocalContext` stand in for ``ctx.storage`` and ``ctx`` (real
-SQLite, enforcing the Durable Object rules), :class:`VirtualClock` drives time deterministically,
-:class:`AlarmDriver` fires an object's alarm when the virtual clock reaches it.
+Applications use it to test their own holder and client objects; the library's tests and
+benchmarks use nothing else. Nothing in it mocks the library.
+
+Storage and time (:mod:`._local`):
+
+* :class:`LocalStorage`, :class:`LocalContext` - ``ctx.storage`` and ``ctx`` on real SQLite,
+  enforcing the Durable Object rules (:class:`DurableObjectRuleError` where the runtime rejects).
+* :class:`VirtualClock` - deterministic time; :class:`AlarmDriver` fires an object's alarm when
+  the virtual clock reaches it. :data:`T0` is the clock's default start.
+
+Objects (:mod:`._bed`, :mod:`._harness`):
+
+* :class:`Bed` - a holder object (scheduler + DurabilitySemaphore + alarm) with
+  :meth:`Bed.evict` and :meth:`Bed.reset`; :class:`HolderSide` - the same with the client-side
+  tests' defaults.
+* :class:`ClientSide` - a client object (SemaphoreClient + scheduler + SemaphoreQueue) with
+  eviction; :class:`TaskAlarmDriver` fires its alarm as a task.
+* :class:`Net` - a faulty in-memory network (loss, duplication, delay, reorder) to a holder.
+* :class:`SimClock` - a virtual clock that settles faster.
+* :class:`ObjectTasks` - the tasks one object instance started, so an eviction ends them.
+
+Messages and storage inspection (:mod:`._messages`, :mod:`._inspect`):
+
+* :func:`request`, :func:`sync` build wire messages; :func:`by_id`, :func:`blocked` read replies.
+* :func:`dump`, :func:`tables`, :func:`rows`, :func:`grant_rows`, :func:`lease_rows`,
+  :func:`timers`, :func:`query` read storage; :func:`check_aggregates` recounts the holder's
+  aggregates. :data:`RECLAIM_TIMER`, :data:`TIMERS`, :data:`AGGREGATES` name what they read.
+
+Running (:mod:`._runner`): :func:`run`, :func:`async_test` (``async def`` tests without a plugin).
 """
 
-from ._local import AlarmDriver, DurableObjectRuleError, LocalContext, LocalStorage, VirtualClock
+from ._bed import Bed, HolderSide
+from ._harness import ClientSide, Holder, Net, SimClock, TaskAlarmDriver
+from ._inspect import (
+    AGGREGATES,
+    RECLAIM_TIMER,
+    TIMERS,
+    check_aggregates,
+    dump,
+    grant_rows,
+    lease_rows,
+    query,
+    rows,
+    tables,
+    timers,
+)
+from ._local import T0, AlarmDriver, DurableObjectRuleError, LocalContext, LocalStorage, VirtualClock
+from ._messages import blocked, by_id, request, sync
+from ._runner import async_test, run
+from ._tasks import ObjectTasks
 
-__all__ = ["VirtualClock", "LocalStorage", "LocalContext", "AlarmDriver", "DurableObjectRuleError"]
+__all__ = [
+    # storage and time
+    "T0", "VirtualClock", "LocalStorage", "LocalContext", "AlarmDriver", "DurableObjectRuleError",
+    # objects
+    "Bed", "HolderSide", "ClientSide", "TaskAlarmDriver", "Net", "Holder", "SimClock", "ObjectTasks",
+    # messages
+    "request", "sync", "by_id", "blocked",
+    # storage inspection
+    "query", "tables", "dump", "rows", "grant_rows", "lease_rows", "timers", "check_aggregates",
+    "RECLAIM_TIMER", "TIMERS", "AGGREGATES",
+    # running
+    "run", "async_test",
+]

@@ -29,12 +29,16 @@ from typing import Any, Awaitable, Callable, Iterator
 from ..core.wire import MAX_INT
 
 __all__ = [
+    "T0",
     "VirtualClock",
     "LocalStorage",
     "LocalContext",
     "AlarmDriver",
     "DurableObjectRuleError",
 ]
+
+#: The default start of a :class:`VirtualClock` (epoch milliseconds, November 2023).
+T0 = 1_700_000_000_000
 
 _MAX_INT = MAX_INT + 1  # 2**53: the first integer a JavaScript number cannot hold exactly
 _FORBIDDEN = re.compile(r"^\s*(BEGIN|COMMIT|END|SAVEPOINT|ROLLBACK|RELEASE)\b", re.IGNORECASE)
@@ -53,22 +57,34 @@ class VirtualClock:
 
     ``clock()`` returns the current virtual time. ``await clock.sleep_until(t)`` suspends until
     :meth:`advance`/:meth:`advance_to` reach ``t``. Alarm drivers registered with
-    :meth:`add_source` fire in time order while time advances."""
+    :meth:`add_source` fire in time order while time advances. :meth:`set` moves time without
+    waking or firing anything (for driving an object's ``alarm()`` by hand)."""
 
-    def __init__(self, start_ms: int = 1_700_000_000_000) -> None:
+    def __init__(self, start_ms: int = T0) -> None:
         self._now = int(start_ms)
         self._sleepers: list[tuple[int, int, asyncio.Future[None]]] = []
         self._seq = itertools.count()
         self._sources: list[AlarmDriver] = []
 
     def __call__(self) -> int:
+        """The current virtual time (epoch milliseconds): the clock is a ``clock`` callable."""
         return self._now
 
     @property
     def now(self) -> int:
+        """The current virtual time (epoch milliseconds)."""
         return self._now
 
+    def set(self, at_ms: int) -> None:
+        """Put the clock at ``at_ms`` at once, waking no sleeper and firing no alarm.
+
+        For driving an object by hand (calling ``scheduler.alarm()`` yourself at a chosen time,
+        or a time that passed while the object was not running). Time may even go back (clock
+        skew). To let time pass *with* its sleepers and alarms, use :meth:`advance_to`."""
+        self._now = int(at_ms)
+
     async def sleep_until(self, at_ms: int) -> None:
+        """Suspend until virtual time reaches ``at_ms`` (at once, after one yield, if it has)."""
         if at_ms <= self._now:
             await asyncio.sleep(0)
             return
@@ -77,12 +93,15 @@ class VirtualClock:
         await future
 
     async def sleep(self, ms: int) -> None:
+        """Suspend for ``ms`` virtual milliseconds."""
         await self.sleep_until(self._now + int(ms))
 
     def add_source(self, driver: "AlarmDriver") -> None:
+        """Fire ``driver``'s alarm as time advances (an :class:`AlarmDriver` registers itself)."""
         self._sources.append(driver)
 
     def remove_source(self, driver: "AlarmDriver") -> None:
+        """Stop firing ``driver``'s alarm (see :meth:`AlarmDriver.close`)."""
         if driver in self._sources:
             self._sources.remove(driver)
 
@@ -99,6 +118,7 @@ class VirtualClock:
             await asyncio.sleep(0)
 
     async def advance(self, ms: int) -> None:
+        """Let ``ms`` virtual milliseconds pass (see :meth:`advance_to`)."""
         await self.advance_to(self._now + int(ms))
 
     async def advance_to(self, target_ms: int) -> None:
@@ -176,11 +196,13 @@ class LocalCursor:
         self.rowsWritten = rows_written
 
     def toArray(self) -> list[Any]:
+        """The rows not read yet, as a list."""
         rest = self._rows[self._pos:]
         self._pos = len(self._rows)
         return rest
 
     def one(self) -> Any:
+        """The only row left; raises unless exactly one is."""
         rest = self.toArray()
         if len(rest) != 1:
             raise DurableObjectRuleError(
@@ -192,6 +214,7 @@ class LocalCursor:
         return iter(self.toArray())
 
     def raw(self) -> Iterator[list[Any]]:
+        """The rows not read yet, as lists of values in column order."""
         for row in self.toArray():
             values = row if isinstance(row, dict) else row._values
             yield [values[n] for n in self.columnNames]
@@ -205,12 +228,14 @@ class LocalSql:
 
     @property
     def databaseSize(self) -> int:
+        """Size of the database in bytes."""
         conn = self._storage.connection
         page_count = conn.execute("PRAGMA page_count").fetchone()[0]
         page_size = conn.execute("PRAGMA page_size").fetchone()[0]
         return int(page_count * page_size)
 
     def exec(self, query: str, *bindings: Any) -> LocalCursor:
+        """Run one statement with its bindings, enforcing the runtime's rules."""
         storage = self._storage
         if storage.fail_next_exec is not None:
             exc, storage.fail_next_exec = storage.fail_next_exec, None
@@ -282,6 +307,7 @@ class LocalStorage:
         self.fail_next_exec: Exception | None = None
 
     def transactionSync(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn()`` in a transaction (nested: a savepoint); roll back if it raises."""
         name = f"tx{next(self._savepoints)}"
         conn = self.connection
         conn.execute(f"SAVEPOINT {name}")
@@ -299,22 +325,27 @@ class LocalStorage:
             self._depth -= 1
 
     async def getAlarm(self) -> int | None:
+        """The alarm's time, or ``None``."""
         return self._alarm
 
     async def setAlarm(self, scheduled_time: int | float) -> None:
+        """Set (or move) the alarm to ``scheduled_time`` epoch milliseconds."""
         if isinstance(scheduled_time, bool) or not isinstance(scheduled_time, (int, float)):
             raise DurableObjectRuleError("setAlarm() takes a number of epoch milliseconds")
         self._alarm = int(scheduled_time)
 
     async def deleteAlarm(self) -> None:
+        """Clear the alarm (the runtime also clears it just before delivering it)."""
         self._alarm = None
 
     # test helpers (not part of the runtime's API)
     @property
     def alarm(self) -> int | None:
+        """The alarm's time, or ``None`` (synchronous :meth:`getAlarm`, for tests)."""
         return self._alarm
 
     def close(self) -> None:
+        """Close the SQLite connection."""
         self.connection.close()
 
 
@@ -323,6 +354,7 @@ class _Id:
         self.name = name
 
     def toString(self) -> str:
+        """``id:<name>``, like a Durable Object id's string form."""
         return f"id:{self.name}"
 
     def __str__(self) -> str:
@@ -337,6 +369,7 @@ class LocalContext:
         self.id = _Id(name)
 
     async def blockConcurrencyWhile(self, fn: Callable[[], Awaitable[Any]]) -> Any:
+        """Run ``fn()`` (one object instance runs one call at a time here anyway)."""
         return await fn()
 
 
@@ -371,9 +404,11 @@ class AlarmDriver:
         clock.add_source(self)
 
     def close(self) -> None:
+        """Stop firing this storage's alarm (the object is gone; another driver may take over)."""
         self.clock.remove_source(self)
 
     def due(self) -> int | None:
+        """When the alarm will be delivered (its time plus the delivery delay), if one is set."""
         alarm = self.storage.alarm
         if alarm is None:
             return None
@@ -383,19 +418,36 @@ class AlarmDriver:
         return self._delayed_for[1]
 
     async def fire(self) -> None:
-        scheduled = self.storage.alarm
-        if scheduled is None:
+        """Deliver the alarm now: clear it, run the handler, retry (backoff) if it raises."""
+        info = await self._deliver()
+        if info is None:
             return
-        self.storage._alarm = None
-        self._delayed_for = None
-        self.fired += 1
-        info = {"retryCount": self._retry_count, "isRetry": self._retry_count > 0}
         try:
             await self.handler(info)
         except Exception as exc:  # the runtime logs and retries
-            self.failures.append(exc)
-            if self.storage.alarm is None and self._retry_count < self.max_retries:
-                self._retry_count += 1
-                self.storage._alarm = self.clock.now + 2000 * 2 ** (self._retry_count - 1)
+            await self._failed(exc)
             return
         self._retry_count = 0
+
+    #: Longest retry backoff in milliseconds (``None``: doubling without a cap).
+    max_backoff_ms: int | None = None
+
+    async def _deliver(self) -> dict[str, Any] | None:
+        """Clear the alarm as the runtime does before delivering it; the ``alarmInfo`` to pass,
+        or ``None`` when no alarm is set."""
+        if self.storage.alarm is None:
+            return None
+        await self.storage.deleteAlarm()
+        self._delayed_for = None
+        self.fired += 1
+        return {"retryCount": self._retry_count, "isRetry": self._retry_count > 0}
+
+    async def _failed(self, exc: BaseException) -> None:
+        """Record a failed delivery and, unless the handler set a new alarm, schedule a retry."""
+        self.failures.append(exc)
+        if self.storage.alarm is None and self._retry_count < self.max_retries:
+            self._retry_count += 1
+            backoff = 2000 * 2 ** (self._retry_count - 1)
+            if self.max_backoff_ms is not None:
+                backoff = min(backoff, self.max_backoff_ms)
+            await self.storage.setAlarm(self.clock.now + backoff)

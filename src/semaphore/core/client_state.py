@@ -1,0 +1,266 @@
+"""The client side's copy of its grants, leases and key state, and how a holder reply is merged
+into it (SPEC R8, R13, R15, R15a, R17, R30, R31, R33). Pure: no storage, no clock.
+
+:class:`~semaphore.client.SemaphoreClient` persists these rows and applies the merges below;
+:mod:`semaphore.core.queue_plan` decides admissions from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
+
+from .marks import raise_counts
+from .wire import MAX_INT, GrantReport, GrantState, GrantStatus, LeaseReport, LeaseState, LeaseStatus
+
+__all__ = [
+    "GONE", "ClientGrant", "ClientLease", "KeyState", "GrantMerge", "LeaseMerge",
+    "merge_grant", "merge_lease",
+]
+
+#: Local grant status of a dropped grant (tombstone).
+GONE = "gone"
+_ACTIVE = GrantStatus.ACTIVE.value
+_LIVE = LeaseStatus.LIVE.value
+_RETIRED = LeaseStatus.RETIRED.value
+_SETTLED = LeaseStatus.SETTLED.value
+
+
+@dataclass(frozen=True)
+class ClientGrant:
+    """The client's copy of one grant.
+
+    :ivar permits: permits of the grant (shrinks to the confirmed claims when it expires).
+    :ivar claimed: permits claimed locally (cumulative; reported).
+    :ivar released: claimed permits released locally (cumulative; reported).
+    :ivar confirmed: claims the holder has confirmed (SPEC R15a); slot ``k`` may run iff
+        ``confirmed >= k``.
+    :ivar status: ``"active"``, ``"expired"`` or ``"gone"`` (dropped; a tombstone).
+    :ivar sent_claimed: / :ivar sent_released: counts the holder has acknowledged receiving.
+    """
+
+    key: str
+    grant_id: str
+    group: str
+    permits: int
+    claimed: int
+    released: int
+    confirmed: int
+    claim_by: int
+    status: str
+    sent_claimed: int
+    sent_released: int
+
+    @property
+    def unclaimed(self) -> int:
+        """Permits not yet claimed (0 unless active)."""
+        return max(0, self.permits - self.claimed) if self.status == _ACTIVE else 0
+
+    @property
+    def final(self) -> bool:
+        """True when no further claim can be confirmed (expired or dropped)."""
+        return self.status != _ACTIVE
+
+    @property
+    def dirty(self) -> bool:
+        """True when local counts have not reached the holder yet."""
+        return self.status != GONE and (self.claimed > self.sent_claimed or self.released > self.sent_released)
+
+    @property
+    def releasable(self) -> int:
+        """Claimed permits not yet released (of a final grant: only those it kept, R15)."""
+        return min(self.claimed, self.permits if self.final else self.claimed) - self.released
+
+    def report(self) -> GrantReport:
+        """The cumulative report of this grant."""
+        claimed = min(self.claimed, self.permits) if self.final else self.claimed
+        return GrantReport(self.grant_id, claimed, min(self.released, claimed))
+
+    @classmethod
+    def _from_row(cls, r: Mapping[str, Any]) -> "ClientGrant":
+        return cls(str(r["key"]), str(r["grant_id"]), str(r["group_name"]), int(r["permits"]),
+                   int(r["claimed"]), int(r["released"]), int(r["confirmed"]), int(r["claim_by"]),
+                   str(r["status"]), int(r["sent_claimed"]), int(r["sent_released"]))
+
+
+@dataclass(frozen=True)
+class ClientLease:
+    """The client's copy of one lease.
+
+    :ivar drawn: permits drawn (one-shot, SPEC R34); :ivar released: drawn permits released.
+    :ivar stopped: the client draws no more from it (its ``drawn`` is final, SPEC R30).
+    :ivar status: ``"live"``, ``"retired"`` or ``"settled"`` (a tombstone).
+    :ivar heartbeat_at: when to report it again to keep it live (half its lifetime, SPEC R37).
+    """
+
+    key: str
+    lease_id: str
+    group: str
+    permits: int
+    drawn: int
+    released: int
+    stopped: bool
+    status: str
+    expires_at: int
+    heartbeat_at: int
+    sent_drawn: int
+    sent_released: int
+    sent_stopped: bool
+
+    @property
+    def undrawn(self) -> int:
+        return max(0, self.permits - self.drawn)
+
+    @property
+    def in_use(self) -> int:
+        """Drawn permits not yet released (work running under this lease)."""
+        return self.drawn - self.released
+
+    @property
+    def active(self) -> bool:
+        """Live and not stopped: the client may still draw from it (and heartbeats it, R31)."""
+        return self.status == _LIVE and not self.stopped
+
+    def drawable(self, now: int, margin_ms: int = 0) -> bool:
+        """True if a permit may be drawn at ``now``: live, not stopped, undrawn permits left and
+        not within ``margin_ms`` of its expiry."""
+        return self.active and self.undrawn > 0 and now < self.expires_at - margin_ms
+
+    @property
+    def dirty(self) -> bool:
+        """True when local counts (or the stop) have not reached the holder yet."""
+        return self.status != _SETTLED and (
+            self.drawn > self.sent_drawn or self.released > self.sent_released or self.unsent_stop)
+
+    @property
+    def unsent_stop(self) -> bool:
+        """Stopped, and the holder has not acknowledged the stop yet."""
+        return self.stopped and not self.sent_stopped
+
+    @property
+    def returns_capacity(self) -> bool:
+        """Its unreported changes free capacity at the holder: a release or a stop (R19, R30)."""
+        return self.released > self.sent_released or self.unsent_stop
+
+    def report(self) -> LeaseReport:
+        return LeaseReport(self.lease_id, self.drawn, self.released, self.stopped)
+
+    @classmethod
+    def _from_row(cls, r: Mapping[str, Any]) -> "ClientLease":
+        return cls(str(r["key"]), str(r["lease_id"]), str(r["group_name"]), int(r["permits"]),
+                   int(r["drawn"]), int(r["released"]), bool(r["stopped"]), str(r["status"]),
+                   int(r["expires_at"]), int(r["heartbeat_at"]), int(r["sent_drawn"]),
+                   int(r["sent_released"]), bool(r["sent_stopped"]))
+
+
+@dataclass(frozen=True)
+class KeyState:
+    """What the client remembers of one key besides its grants and leases.
+
+    :ivar next_request_at: the holder's last ``nextRequestAt`` (SPEC R11, R35).
+    :ivar contended: the last reply was ``contended`` (SPEC R29).
+    :ivar needs_sync: a ``request`` got no reply yet (it may have created a lease).
+    :ivar check_at: when the post-request re-check sync is due (0: none pending).
+    """
+
+    next_request_at: int = 0
+    contended: bool = False
+    needs_sync: bool = False
+    check_at: int = 0
+
+    @classmethod
+    def _from_row(cls, r: Mapping[str, Any] | None) -> "KeyState":
+        if r is None:
+            return cls()
+        return cls(int(r["next_request_at"]), bool(r["contended"]), bool(r["needs_sync"]), int(r["check_at"]))
+
+
+@dataclass(frozen=True)
+class GrantMerge:
+    """Merging one grant of a reply: the row to write (``None``: nothing changes) and what
+    happened to it (:class:`~semaphore.client.AppliedReply` lists)."""
+
+    row: ClientGrant | None
+    dropped: bool = False
+    expired: bool = False
+    adopted: bool = False
+
+
+def _adopt_grant(key: str, s: GrantState) -> GrantMerge:
+    # SPEC R8: a grant whose reply was lost; adopt it as the holder knows it.
+    assert s.group is not None
+    settled = s.permits <= 0 or s.released >= s.permits
+    g = ClientGrant(key, s.grant_id, s.group, s.permits, s.claimed, s.released, s.claimed,
+                    int(s.claim_by or 0), GONE if settled else s.status.value, s.claimed, s.released)
+    return GrantMerge(g, adopted=not settled, expired=s.status is GrantStatus.EXPIRED)
+
+
+def merge_grant(key: str, local: ClientGrant | None, s: GrantState) -> GrantMerge:
+    """Merge the holder's state ``s`` of a grant into the local copy ``local``.
+
+    Counts are high-water marks (R13, :func:`~semaphore.core.marks.raise_counts`); an expired
+    grant keeps only what the holder kept (claims beyond its permits were refused, R15); claims
+    the holder shows are confirmed (R15a); a grant answered ``not_found`` or fully released
+    (settled and deleted at the holder, R17) becomes a tombstone, and a tombstone never comes
+    back (a stale reply)."""
+    if local is not None and local.status == GONE:
+        return GrantMerge(None)
+    if s.status is GrantStatus.NOT_FOUND:
+        return GrantMerge(None if local is None else replace(local, status=GONE), dropped=local is not None)
+    if local is None:
+        return GrantMerge(None) if s.group is None else _adopt_grant(key, s)
+    expired = local.final or s.status is GrantStatus.EXPIRED
+    permits = min(local.permits, s.permits)
+    claimed, released = raise_counts(local.claimed, local.released, s.claimed, s.released,
+                                     permits if expired else MAX_INT)
+    settled = s.released >= s.permits
+    g = replace(local, permits=permits, claimed=claimed, released=released,
+                confirmed=min(max(local.confirmed, s.claimed), permits),
+                claim_by=int(s.claim_by if s.claim_by is not None else local.claim_by),
+                status=GONE if settled else (GrantStatus.EXPIRED.value if expired else _ACTIVE),
+                sent_claimed=max(local.sent_claimed, s.claimed),
+                sent_released=max(local.sent_released, s.released))
+    return GrantMerge(g, dropped=settled, expired=not settled and expired and not local.final)
+
+
+@dataclass(frozen=True)
+class LeaseMerge:
+    """Merging one lease of a reply: the row to write (``None``: nothing changes) and what
+    happened to it."""
+
+    row: ClientLease | None
+    settled: bool = False
+    adopted: bool = False
+    retired: bool = False
+
+
+def merge_lease(key: str, local: ClientLease | None, s: LeaseState, now: int) -> LeaseMerge:
+    """Merge the holder's state ``s`` of a lease into the local copy ``local`` at ``now``.
+
+    Counts are high-water marks clamped to the lease's permits (R13, R31); a retired lease stops
+    drawing at once (R33); a later expiry of a live lease moves its heartbeat to half its new
+    lifetime (R37); a settled lease becomes a tombstone that a stale reply cannot revive; a lease
+    the client did not know is adopted (its reply was lost, R8)."""
+    if local is not None and local.status == _SETTLED:
+        return LeaseMerge(None)
+    if s.status is LeaseStatus.SETTLED:
+        row = None if local is None else replace(local, status=_SETTLED, stopped=True)
+        return LeaseMerge(row, settled=True)
+    expires_at = int(s.expires_at) if s.expires_at is not None else now
+    heartbeat_at = now + max(0, expires_at - now) // 2
+    if local is None:
+        if s.group is None:
+            return LeaseMerge(None)
+        retired = s.status is LeaseStatus.RETIRED
+        return LeaseMerge(ClientLease(key, s.lease_id, s.group, s.permits, s.drawn, s.released, retired,
+                                      s.status.value, expires_at, heartbeat_at, s.drawn, s.released, False),
+                          adopted=True, retired=retired)
+    retired = local.status == _RETIRED or s.status is LeaseStatus.RETIRED
+    drawn, released = raise_counts(local.drawn, local.released, s.drawn, s.released, local.permits)
+    if retired or s.expires_at is None or s.expires_at <= local.expires_at:
+        expires_at, heartbeat_at = local.expires_at, local.heartbeat_at
+    x = replace(local, drawn=drawn, released=released,
+                stopped=local.stopped or retired,  # SPEC R33: a retired lease stops drawing at once
+                status=_RETIRED if retired else _LIVE, expires_at=expires_at, heartbeat_at=heartbeat_at,
+                sent_drawn=max(local.sent_drawn, s.drawn), sent_released=max(local.sent_released, s.released))
+    return LeaseMerge(x, retired=retired and local.status != _RETIRED)

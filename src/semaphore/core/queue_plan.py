@@ -1,0 +1,398 @@
+"""The queue's decisions (SPEC R15, R15a, R29, R31, R34, R37), as pure functions.
+
+:class:`~semaphore.client.SemaphoreQueue` is an executor: for one key it loads a
+:class:`KeySnapshot` (its items, the client's grants, leases and key state, the time), asks a
+planner below what to do, and carries the plan out against its storage and the client's
+per-key unit of work (:class:`~semaphore.client.KeyUnit`). Nothing here reads a clock, touches
+storage or awaits:
+
+* :func:`plan_admission`: resolve confirmed or refused claims (R15a), claim grant slots and draw
+  lease permits for queued items (R34; leases first when everything fits, ``prefer_leases``),
+  stop leases with nothing left to give (R29, R37), purge old finished items.
+* :func:`plan_reply`: what a reply changes (claims resolved, leases stopped when contended, R29).
+* :func:`plan_exchange`: whether to send a ``sync``, a ``request`` (with which demand), or nothing.
+* :func:`report_due`: when the key's reports need a message of their own (R37 decision).
+* :func:`next_wake`: when the queue next wants to work on the key.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+from typing import Mapping
+
+from .client_state import ClientGrant, ClientLease, KeyState
+
+__all__ = [
+    "QueueOptions", "QueuedItem", "ClaimingItem", "KeySnapshot",
+    "Resolution", "Resolve", "Claim", "Draw", "AdmissionPlan", "ReplyPlan",
+    "PendingReleases", "ReportDue", "Exchange", "ItemTimes",
+    "resolve_claims", "leases_to_stop", "plan_admission", "plan_reply", "report_due",
+    "heartbeat_due", "plan_exchange", "next_wake",
+]
+
+
+@dataclass(frozen=True)
+class QueueOptions:
+    """The queue's options the planner reads (see :class:`~semaphore.client.SemaphoreQueue`)."""
+
+    claim_margin_ms: int = 500
+    lease_margin_ms: int = 1000
+    report_releases_within_ms: int = 10_000
+    prefer_leases: bool = True
+    retention_ms: int = 86_400_000
+    reconcile_after_ms: int | None = None
+    done_hook: bool = False
+
+
+@dataclass(frozen=True)
+class QueuedItem:
+    """An item waiting for a permit (state ``queued``)."""
+
+    item_id: str
+    group: str
+    seq: int
+
+
+@dataclass(frozen=True)
+class ClaimingItem:
+    """An item whose claim of slot ``slot`` of grant ``grant_id`` awaits confirmation (R15a);
+    ``cancel``: :meth:`~semaphore.client.SemaphoreQueue.complete` was called meanwhile."""
+
+    item_id: str
+    group: str
+    seq: int
+    grant_id: str
+    slot: int
+    cancel: bool = False
+
+
+@dataclass(frozen=True)
+class KeySnapshot:
+    """Everything the planner decides over for one key, at ``now``.
+
+    :ivar queued: / :ivar claiming: the key's items in those states, in enqueue order.
+    :ivar grants: the client's live grants of the key, earliest ``claimBy`` first.
+    :ivar claim_grants: the grant (tombstones included) each claiming item names, ``None`` if
+        the client forgot it.
+    :ivar leases: the client's live (not settled) leases of the key, earliest expiry first.
+    :ivar pending_since: since when releases have waited to be reported (``None``: none).
+    """
+
+    now: int
+    queued: tuple[QueuedItem, ...] = ()
+    claiming: tuple[ClaimingItem, ...] = ()
+    grants: tuple[ClientGrant, ...] = ()
+    claim_grants: Mapping[str, ClientGrant | None] = field(default_factory=dict)
+    leases: tuple[ClientLease, ...] = ()
+    key: KeyState = field(default_factory=KeyState)
+    pending_since: int | None = None
+
+    def queued_groups(self) -> dict[str, list[str]]:
+        """Queued item ids per group, in enqueue order."""
+        out: dict[str, list[str]] = {}
+        for item in self.queued:
+            out.setdefault(item.group, []).append(item.item_id)
+        return out
+
+
+# ============================================================================ claims (R15a)
+class Resolve(str, enum.Enum):
+    """What becomes of a claiming item."""
+
+    START = "start"  #: confirmed: run it
+    RELEASE = "release"  #: confirmed but cancelled: release the slot, finish the item
+    FINISH = "finish"  #: refused and cancelled: finish it (nothing to release)
+    REQUEUE = "requeue"  #: refused: back to the queue, original position
+
+
+@dataclass(frozen=True)
+class Resolution:
+    item_id: str
+    action: Resolve
+    grant_id: str
+
+
+def _resolve(item: ClaimingItem, g: ClientGrant | None) -> Resolve | None:
+    if g is not None and g.confirmed >= item.slot:
+        return Resolve.RELEASE if item.cancel else Resolve.START
+    if g is None or g.final:  # never confirmed now: expired clamp or dropped
+        return Resolve.FINISH if item.cancel else Resolve.REQUEUE
+    return None  # still waiting for the holder
+
+
+def resolve_claims(snap: KeySnapshot) -> tuple[Resolution, ...]:
+    """SPEC R15a: start the claiming items whose slot the holder confirmed; put back (or, if
+    cancelled, finish) those whose grant will never confirm them; leave the rest waiting."""
+    out = []
+    for item in snap.claiming:
+        action = _resolve(item, snap.claim_grants.get(item.grant_id))
+        if action is not None:
+            out.append(Resolution(item.item_id, action, item.grant_id))
+    return tuple(out)
+
+
+def _after_resolutions(snap: KeySnapshot, resolutions: tuple[Resolution, ...]) -> KeySnapshot:
+    """``snap`` with requeued items back in the queue (in enqueue order) and resolved items no
+    longer claiming."""
+    resolved = {r.item_id for r in resolutions}
+    back = {r.item_id for r in resolutions if r.action is Resolve.REQUEUE}
+    queued = list(snap.queued) + [QueuedItem(c.item_id, c.group, c.seq) for c in snap.claiming if c.item_id in back]
+    return replace(snap, queued=tuple(sorted(queued, key=lambda i: i.seq)),
+                   claiming=tuple(c for c in snap.claiming if c.item_id not in resolved))
+
+
+# ============================================================================ leases (R29, R37)
+def leases_to_stop(snap: KeySnapshot, opts: QueueOptions, *, contended: bool) -> tuple[str, ...]:
+    """Leases to stop: those with nothing left to draw (settle them), and those in groups with
+    nothing queued when the reply was ``contended`` (R29) or shortly before they expire."""
+    queued = snap.queued_groups()
+    out = []
+    for lease in snap.leases:
+        if not lease.active:
+            continue
+        idle = not queued.get(lease.group) and (
+            contended or snap.now >= lease.expires_at - opts.lease_margin_ms)
+        if lease.undrawn == 0 or idle:
+            out.append(lease.lease_id)
+    return tuple(out)
+
+
+# ============================================================================ admission
+@dataclass(frozen=True)
+class Claim:
+    """Claim ``slots`` of grant ``grant_id`` for ``item_ids`` (pairwise; pending confirmation)."""
+
+    grant_id: str
+    slots: tuple[int, ...]
+    item_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Draw:
+    """Draw one permit of lease ``lease_id`` per item of ``item_ids``, in order (slots
+    ``first_slot``, ``first_slot + 1``, ...; no confirmation needed, R30)."""
+
+    lease_id: str
+    first_slot: int
+    item_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class AdmissionPlan:
+    """What one local admission step does, in this order: resolutions, claims, draws, stops;
+    ``wake_now``: an item finished (its ``on_done`` hook is due); ``purge_done_before``: delete
+    finished items older than this (``None``: keep them)."""
+
+    resolutions: tuple[Resolution, ...] = ()
+    claims: tuple[Claim, ...] = ()
+    draws: tuple[Draw, ...] = ()
+    stops: tuple[str, ...] = ()
+    wake_now: bool = False
+    purge_done_before: int | None = None
+
+
+def _lease_only_groups(snap: KeySnapshot, opts: QueueOptions, queued: dict[str, list[str]]) -> set[str]:
+    """Groups whose queued items all fit in live leases: drawn (no round trip) rather than
+    claimed (a claim costs a confirming sync, R15a); grant permits go back at claimBy (R15)."""
+    if not opts.prefer_leases:
+        return set()
+    room: dict[str, int] = {}
+    for lease in snap.leases:
+        if lease.drawable(snap.now, opts.lease_margin_ms):
+            room[lease.group] = room.get(lease.group, 0) + lease.undrawn
+    return {group for group, items in queued.items() if len(items) <= room.get(group, 0)}
+
+
+def _claims(snap: KeySnapshot, opts: QueueOptions, queued: dict[str, list[str]]) -> tuple[Claim, ...]:
+    lease_only = _lease_only_groups(snap, opts, queued)
+    out = []
+    for g in snap.grants:
+        items = queued.get(g.group)
+        if not items or g.group in lease_only or g.unclaimed <= 0 \
+                or snap.now >= g.claim_by - opts.claim_margin_ms:
+            continue
+        n = min(len(items), g.unclaimed)
+        out.append(Claim(g.grant_id, tuple(range(g.claimed + 1, g.claimed + n + 1)), tuple(items[:n])))
+        del items[:n]
+    return tuple(out)
+
+
+def _draws(snap: KeySnapshot, opts: QueueOptions, queued: dict[str, list[str]]) -> tuple[Draw, ...]:
+    out = []
+    for lease in snap.leases:
+        items = queued.get(lease.group)
+        if not items or not lease.drawable(snap.now, opts.lease_margin_ms):
+            continue
+        n = min(len(items), lease.undrawn)
+        out.append(Draw(lease.lease_id, lease.drawn + 1, tuple(items[:n])))
+        del items[:n]
+    return tuple(out)
+
+
+def _after_admission(snap: KeySnapshot, claims: tuple[Claim, ...], draws: tuple[Draw, ...]) -> KeySnapshot:
+    """``snap`` once the claims and draws are done (for the stop decisions)."""
+    taken = {i for c in claims for i in c.item_ids} | {i for d in draws for i in d.item_ids}
+    drawn = {d.lease_id: len(d.item_ids) for d in draws}
+    leases = tuple(replace(x, drawn=x.drawn + drawn[x.lease_id]) if x.lease_id in drawn else x
+                   for x in snap.leases)
+    return replace(snap, queued=tuple(i for i in snap.queued if i.item_id not in taken), leases=leases)
+
+
+def plan_admission(snap: KeySnapshot, opts: QueueOptions) -> AdmissionPlan:
+    """Resolve claims, claim from grants (pending confirmation, R15a), draw from leases (R34),
+    stop leases with nothing left to draw or idle before expiry (R37)."""
+    resolutions = resolve_claims(snap)
+    snap = _after_resolutions(snap, resolutions)
+    queued = snap.queued_groups()
+    claims = _claims(snap, opts, queued)
+    draws = _draws(snap, opts, queued)
+    stops = leases_to_stop(_after_admission(snap, claims, draws), opts, contended=False)
+    finished = any(r.action in (Resolve.RELEASE, Resolve.FINISH) for r in resolutions)
+    return AdmissionPlan(resolutions, claims, draws, stops, wake_now=finished and opts.done_hook,
+                         purge_done_before=snap.now - opts.retention_ms if opts.retention_ms else None)
+
+
+@dataclass(frozen=True)
+class ReplyPlan:
+    """What a reply changes: claims resolved and leases stopped (``wake_now`` as in
+    :class:`AdmissionPlan`)."""
+
+    resolutions: tuple[Resolution, ...] = ()
+    stops: tuple[str, ...] = ()
+    wake_now: bool = False
+
+
+def plan_reply(snap: KeySnapshot, opts: QueueOptions, *, contended: bool) -> ReplyPlan:
+    """After a reply (R15a, R29): resolve claims, then stop leases with nothing left to draw and
+    those of groups with nothing queued if the reply was ``contended``."""
+    resolutions = resolve_claims(snap)
+    stops = leases_to_stop(_after_resolutions(snap, resolutions), opts, contended=contended)
+    finished = any(r.action in (Resolve.RELEASE, Resolve.FINISH) for r in resolutions)
+    return ReplyPlan(resolutions, stops, wake_now=finished and opts.done_hook)
+
+
+# ============================================================================ reports (R37)
+class PendingReleases(str, enum.Enum):
+    """What becomes of the key's "releases waiting since" mark."""
+
+    KEEP = "keep"  #: unchanged
+    START = "start"  #: releases wait: keep the mark, or set it to ``now`` if there is none
+    CLEAR = "clear"  #: nothing waits: remove it
+
+
+@dataclass(frozen=True)
+class ReportDue:
+    """:ivar at: when the reports need a message of their own (``None``: not at all)."""
+
+    at: int | None
+    pending: PendingReleases = PendingReleases.KEEP
+
+
+def _urgent(snap: KeySnapshot) -> bool:
+    """Reports that cannot wait: a request whose reply was lost, claims not yet sent (R15a), a
+    stop that returns undrawn lease permits (R29)."""
+    return snap.key.needs_sync \
+        or any(g.claimed > g.sent_claimed and not g.final for g in snap.grants) \
+        or any(x.unsent_stop and x.undrawn > 0 for x in snap.leases)
+
+
+def report_due(snap: KeySnapshot, opts: QueueOptions) -> ReportDue:
+    """When the reports of the key need a message of their own.
+
+    At once for :func:`_urgent` reports. Releases alone (grant or lease permits, the stop of a
+    lease with nothing left to draw) wait up to ``report_releases_within_ms`` for another
+    message to carry them, unless the last reply was contended (R29: others wait for that
+    capacity); so does the client's post-request re-check (any reply lists what it looks for,
+    R8)."""
+    now, within = snap.now, opts.report_releases_within_ms
+    if _urgent(snap):
+        return ReportDue(now)
+    releases = any(g.dirty for g in snap.grants) or any(x.dirty and x.returns_capacity for x in snap.leases)
+    if releases and snap.key.contended:
+        return ReportDue(now)
+    due = ((snap.pending_since if snap.pending_since is not None else now) + within) if releases else None
+    if snap.key.check_at > 0:
+        recheck = snap.key.check_at + within
+        due = recheck if due is None else min(due, recheck)
+    return ReportDue(due, PendingReleases.START if releases else PendingReleases.CLEAR)
+
+
+def _heartbeats(snap: KeySnapshot) -> list[ClientLease]:
+    """Leases to keep live: active ones with work running or items waiting for them (R31, R37)."""
+    queued = snap.queued_groups()
+    return [x for x in snap.leases if x.active and (x.in_use > 0 or bool(queued.get(x.group)))]
+
+
+def heartbeat_due(snap: KeySnapshot) -> bool:
+    """A lease in use is due for its heartbeat (R31, R37)."""
+    return any(x.heartbeat_at <= snap.now for x in _heartbeats(snap))
+
+
+# ============================================================================ messages
+class Exchange(str, enum.Enum):
+    """The message the queue sends next for a key."""
+
+    NONE = "none"
+    SYNC = "sync"
+    REQUEST = "request"
+
+
+def plan_exchange(snap: KeySnapshot, opts: QueueOptions, *, demand: bool,
+                  due: ReportDue | None = None) -> Exchange:
+    """A ``sync`` while claims await confirmation (R15a) or when reports or a heartbeat are due
+    and no request may go yet; a ``request`` for the queued ``demand`` once ``nextRequestAt`` has
+    come (R11: it carries the reports too); else nothing. ``due``: :func:`report_due` of
+    ``snap`` if already computed."""
+    claiming = bool(snap.claiming)
+    request_due = demand and snap.now >= snap.key.next_request_at
+    due = report_due(snap, opts) if due is None else due
+    must_sync = claiming or (due.at is not None and due.at <= snap.now) or heartbeat_due(snap)
+    if must_sync and (claiming or not request_due):
+        return Exchange.SYNC
+    return Exchange.REQUEST if request_due else Exchange.NONE
+
+
+@dataclass(frozen=True)
+class ItemTimes:
+    """Earliest item times of the key (``None``: no such item).
+
+    :ivar admit_retry_at: earliest ``on_admit`` retry of a running, not yet admitted item.
+    :ivar done_retry_at: earliest retry of a pending ``on_done`` hook.
+    :ivar last_checked_at: earliest ``max(started_at, checked_at)`` of an admitted running item
+        (reconciliation)."""
+
+    admit_retry_at: int | None = None
+    done_retry_at: int | None = None
+    last_checked_at: int | None = None
+
+
+def next_wake(snap: KeySnapshot, opts: QueueOptions, *, backoff_until: int = 0,
+              items: ItemTimes = ItemTimes(), due: ReportDue | None = None) -> int | None:
+    """When the queue next wants to work on the key (``None``: nothing to do): request again at
+    ``nextRequestAt``, confirm claims, send due reports and heartbeats (not before
+    ``backoff_until`` after a failure), stop idle leases before expiry, retry ``on_admit`` and
+    ``on_done``, reconcile."""
+    now = snap.now
+    network_at = max(now, backoff_until)
+    times: list[int] = []
+    if snap.queued:
+        times.append(max(snap.key.next_request_at, network_at))
+    if snap.claiming:
+        times.append(network_at)
+    due = report_due(snap, opts) if due is None else due
+    if due.at is not None:
+        times.append(max(due.at, network_at))
+    beating = {x.lease_id for x in _heartbeats(snap)}
+    for x in snap.leases:
+        if x.lease_id in beating:
+            times.append(max(x.heartbeat_at, network_at))
+        elif x.active:
+            times.append(max(now, x.expires_at - opts.lease_margin_ms))
+    if items.admit_retry_at is not None:
+        times.append(max(now, items.admit_retry_at))
+    if opts.done_hook and items.done_retry_at is not None:  # no network, so no network backoff
+        times.append(max(now, items.done_retry_at))
+    if opts.reconcile_after_ms is not None and items.last_checked_at is not None:
+        times.append(max(now, items.last_checked_at + opts.reconcile_after_ms))
+    return min(times) if times else None

@@ -1,0 +1,258 @@
+"""The queue's planner and the client's reply merge, driven directly: pure functions over plain
+snapshots (``semaphore.core.queue_plan``, ``semaphore.core.client_state``), no storage, no
+clock, no holder (SPEC R13, R15, R15a, R29, R31, R34, R37)."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import replace
+from pathlib import Path
+
+from semaphore.core import queue_plan as plan
+from semaphore.core.client_state import GONE, ClientGrant, ClientLease, KeyState, merge_grant, merge_lease
+from semaphore.core.queue_plan import (
+    ClaimingItem,
+    Exchange,
+    ItemTimes,
+    KeySnapshot,
+    PendingReleases,
+    QueuedItem,
+    QueueOptions,
+    Resolve,
+)
+from semaphore.core.wire import GrantState, GrantStatus, LeaseState, LeaseStatus
+
+NOW = 1_000_000
+KEY = "k"
+OPTS = QueueOptions()
+
+
+def grant(gid: str = "g1", group: str = "g", permits: int = 2, claimed: int = 0, released: int = 0,
+          confirmed: int = 0, claim_by: int = NOW + 10_000, status: str = "active",
+          sent_claimed: int | None = None, sent_released: int | None = None) -> ClientGrant:
+    return ClientGrant(KEY, gid, group, permits, claimed, released, confirmed, claim_by, status,
+                       claimed if sent_claimed is None else sent_claimed,
+                       released if sent_released is None else sent_released)
+
+
+def lease(lid: str = "l1", group: str = "g", permits: int = 4, drawn: int = 0, released: int = 0,
+          stopped: bool = False, status: str = "live", expires_at: int = NOW + 20_000,
+          heartbeat_at: int = NOW + 10_000, sent_stopped: bool | None = None) -> ClientLease:
+    return ClientLease(KEY, lid, group, permits, drawn, released, stopped, status, expires_at, heartbeat_at,
+                       drawn, released, stopped if sent_stopped is None else sent_stopped)
+
+
+def queued(*ids: str, group: str = "g", start: int = 1) -> tuple[QueuedItem, ...]:
+    return tuple(QueuedItem(i, group, start + n) for n, i in enumerate(ids))
+
+
+# ----------------------------------------------------------------------------- purity
+def test_the_planner_is_pure():
+    # R37 (architecture): the planner imports no runtime, storage, asyncio, clock or client code
+    for module in ("queue_plan.py", "client_state.py"):
+        tree = ast.parse((Path(plan.__file__).parent / module).read_text(encoding="utf-8"))
+        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {("." * n.level) + (n.module or "") for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        forbidden = {"asyncio", "time", "semaphore.runtime", "..runtime", "..client", "..holder", "..scheduler",
+                     "..clock"}
+        assert not names & forbidden, (module, names)
+        assert all(not n.startswith("..") for n in names), (module, names)
+
+
+# ----------------------------------------------------------------------------- claims
+def test_r15a_claims_resolve_only_on_confirmation_or_refusal():
+    # R15a: a confirmed slot starts (or, cancelled, is released); a slot of a grant that can no
+    # longer confirm it goes back to the queue (or, cancelled, finishes); others keep waiting
+    claiming = (ClaimingItem("a", "g", 1, "ok", 1), ClaimingItem("b", "g", 2, "ok", 2, cancel=True),
+                ClaimingItem("c", "g", 3, "ok", 3), ClaimingItem("d", "g", 4, "exp", 1),
+                ClaimingItem("e", "g", 5, "gone", 1, cancel=True), ClaimingItem("f", "g", 6, "lost", 1))
+    snap = KeySnapshot(NOW, claiming=claiming, claim_grants={
+        "ok": grant("ok", permits=3, claimed=3, confirmed=2),
+        "exp": grant("exp", permits=0, claimed=1, status="expired"),
+        "gone": grant("gone", status=GONE), "lost": None})
+    assert [(r.item_id, r.action) for r in plan.resolve_claims(snap)] == [
+        ("a", Resolve.START), ("b", Resolve.RELEASE), ("d", Resolve.REQUEUE), ("e", Resolve.FINISH),
+        ("f", Resolve.REQUEUE)]
+
+
+def test_r15a_a_refused_item_is_claimed_again_in_its_original_place():
+    # R15a: a refused claim re-queues the item with its enqueue position; it is claimed again
+    # (before younger items) from a grant that can still be claimed
+    snap = KeySnapshot(NOW, queued=(QueuedItem("young", "g", 5),),
+                       claiming=(ClaimingItem("old", "g", 1, "exp", 1),),
+                       claim_grants={"exp": grant("exp", permits=0, claimed=1, status="expired")},
+                       grants=(grant("fresh", permits=1),))
+    step = plan.plan_admission(snap, OPTS)
+    assert [(r.item_id, r.action) for r in step.resolutions] == [("old", Resolve.REQUEUE)]
+    assert [(c.grant_id, c.slots, c.item_ids) for c in step.claims] == [("fresh", (1,), ("old",))]
+
+
+def test_r15_no_claim_close_to_claim_by_and_slots_follow_the_claimed_count():
+    # R15, R15a: slots continue the grant's claimed count; a grant within claim_margin_ms of its
+    # claimBy is left alone (its permits go back at reclaim)
+    snap = KeySnapshot(NOW, queued=queued("a", "b", "c"),
+                       grants=(grant("late", claim_by=NOW + 400), grant("g1", permits=3, claimed=1)))
+    step = plan.plan_admission(snap, replace(OPTS, prefer_leases=False))
+    assert [(c.grant_id, c.slots, c.item_ids) for c in step.claims] == [("g1", (2, 3), ("a", "b"))]
+    assert not step.draws
+
+
+# ----------------------------------------------------------------------------- leases
+def test_r37_prefer_leases_draws_what_fits_and_leaves_grants_unclaimed():
+    # R37 (prefer_leases): items that all fit in live leases are drawn, no claim (no round trip)
+    snap = KeySnapshot(NOW, queued=queued("a", "b"), grants=(grant(),), leases=(lease(permits=4, drawn=1),))
+    step = plan.plan_admission(snap, OPTS)
+    assert not step.claims
+    assert [(d.lease_id, d.first_slot, d.item_ids) for d in step.draws] == [("l1", 2, ("a", "b"))]
+    # prefer_leases off: grants first, the lease takes the rest
+    snap = replace(snap, queued=queued("a", "b", "c"))
+    step = plan.plan_admission(snap, replace(OPTS, prefer_leases=False))
+    assert [(c.grant_id, c.item_ids) for c in step.claims] == [("g1", ("a", "b"))]
+    assert [(d.lease_id, d.item_ids) for d in step.draws] == [("l1", ("c",))]
+
+
+def test_r34_r37_draws_stop_at_the_margin_and_a_drained_lease_is_stopped():
+    # R34: a lease gives at most its undrawn permits, never within lease_margin_ms of expiry;
+    # R37: a lease with nothing left to draw is stopped (settled) in the same step
+    snap = KeySnapshot(NOW, queued=queued("a", "b", "c"),
+                       leases=(lease("near", expires_at=NOW + 999), lease("l2", permits=2)))
+    step = plan.plan_admission(snap, OPTS)
+    assert [(d.lease_id, d.item_ids) for d in step.draws] == [("l2", ("a", "b"))]
+    assert step.stops == ("l2",)  # "near" has items queued for it: not idle
+    # no items left: "near" is idle shortly before its expiry and is stopped too
+    step = plan.plan_admission(replace(snap, queued=()), OPTS)
+    assert step.stops == ("near",)
+
+
+def test_r29_a_contended_reply_stops_leases_of_groups_with_nothing_queued():
+    # R29: contended -> return undrawn permits of leases in groups with nothing queued
+    snap = KeySnapshot(NOW, queued=queued("a", group="busy"),
+                       leases=(lease("idle", group="quiet"), lease("used", group="busy"),
+                               lease("stopped", group="quiet", stopped=True)))
+    assert plan.plan_reply(snap, OPTS, contended=True).stops == ("idle",)
+    assert plan.plan_reply(snap, OPTS, contended=False).stops == ()
+
+
+def test_r15a_a_finished_claim_wakes_the_key_only_with_a_done_hook():
+    # R15a, R37: a cancelled item whose claim resolves finishes; its on_done hook is then due
+    snap = KeySnapshot(NOW, claiming=(ClaimingItem("a", "g", 1, "g1", 1, cancel=True),),
+                       claim_grants={"g1": grant(claimed=1, confirmed=1)})
+    assert plan.plan_reply(snap, OPTS, contended=False).wake_now is False
+    step = plan.plan_reply(snap, replace(OPTS, done_hook=True), contended=False)
+    assert step.wake_now and [r.action for r in step.resolutions] == [Resolve.RELEASE]
+
+
+# ----------------------------------------------------------------------------- reports
+def test_r37_claims_and_returning_stops_are_reported_at_once():
+    # R15a, R29, R37: unsent claims, a stop returning undrawn permits, a lost request: at once
+    for snap in (KeySnapshot(NOW, grants=(grant(claimed=1, sent_claimed=0),)),
+                 KeySnapshot(NOW, leases=(lease(drawn=1, stopped=True, sent_stopped=False),)),
+                 KeySnapshot(NOW, key=KeyState(needs_sync=True))):
+        assert plan.report_due(snap, OPTS) == plan.ReportDue(NOW, PendingReleases.KEEP)
+
+
+def test_r37_releases_wait_up_to_the_bound_unless_contended():
+    # R37 (report_releases_within_ms): releases alone wait for another message, up to the bound
+    # counted from when they started waiting; a contended key reports them at once (R29)
+    g = grant(claimed=1, released=1, confirmed=1, sent_released=0)
+    snap = KeySnapshot(NOW, grants=(g,))
+    assert plan.report_due(snap, OPTS) == plan.ReportDue(NOW + 10_000, PendingReleases.START)
+    assert plan.report_due(replace(snap, pending_since=NOW - 4_000), OPTS).at == NOW + 6_000
+    assert plan.report_due(replace(snap, key=KeyState(contended=True)), OPTS).at == NOW
+    # a drained lease's stop is a release too
+    drained = KeySnapshot(NOW, leases=(lease(permits=1, drawn=1, released=1, stopped=True, sent_stopped=False),))
+    assert plan.report_due(drained, OPTS).pending is PendingReleases.START
+    # nothing to report: the mark is cleared; the client's re-check waits like a release
+    assert plan.report_due(KeySnapshot(NOW), OPTS) == plan.ReportDue(None, PendingReleases.CLEAR)
+    assert plan.report_due(KeySnapshot(NOW, key=KeyState(check_at=NOW + 1)), OPTS).at == NOW + 10_001
+
+
+def test_r31_heartbeat_only_for_leases_in_use():
+    # R31, R37: a live lease with work running (or items waiting) is heartbeated at heartbeat_at
+    busy = lease(drawn=1, heartbeat_at=NOW)
+    assert plan.heartbeat_due(KeySnapshot(NOW, leases=(busy,)))
+    assert not plan.heartbeat_due(KeySnapshot(NOW, leases=(lease(heartbeat_at=NOW),)))
+    assert plan.heartbeat_due(KeySnapshot(NOW, queued=queued("a"), leases=(lease(heartbeat_at=NOW),)))
+    assert not plan.heartbeat_due(KeySnapshot(NOW, leases=(replace(busy, stopped=True),)))
+
+
+# ----------------------------------------------------------------------------- messages, wake-ups
+def test_r11_r15a_which_message_goes_next():
+    # R15a: claims awaiting confirmation are synced even when a request is due; R11: a request
+    # goes only from nextRequestAt on, and carries due reports itself
+    claiming = (ClaimingItem("a", "g", 1, "g1", 1),)
+    assert plan.plan_exchange(KeySnapshot(NOW, claiming=claiming), OPTS, demand=True) is Exchange.SYNC
+    assert plan.plan_exchange(KeySnapshot(NOW), OPTS, demand=True) is Exchange.REQUEST
+    later = KeySnapshot(NOW, key=KeyState(next_request_at=NOW + 1))
+    assert plan.plan_exchange(later, OPTS, demand=True) is Exchange.NONE
+    reports = KeySnapshot(NOW, key=KeyState(needs_sync=True))
+    assert plan.plan_exchange(reports, OPTS, demand=True) is Exchange.REQUEST
+    assert plan.plan_exchange(reports, OPTS, demand=False) is Exchange.SYNC
+    assert plan.plan_exchange(KeySnapshot(NOW), OPTS, demand=False) is Exchange.NONE
+
+
+def test_r37_next_wake_is_the_earliest_due_thing():
+    # R11, R37: request at nextRequestAt, heartbeat, idle-lease stop, retries; a network backoff
+    # delays holder messages but not the on_done retries
+    snap = KeySnapshot(NOW, queued=queued("a"), key=KeyState(next_request_at=NOW + 5_000),
+                       leases=(lease("idle", group="other", expires_at=NOW + 3_000),))
+    assert plan.next_wake(snap, OPTS) == NOW + 2_000  # the idle lease's stop before expiry
+    assert plan.next_wake(replace(snap, leases=()), OPTS) == NOW + 5_000
+    assert plan.next_wake(replace(snap, leases=()), OPTS, backoff_until=NOW + 7_000) == NOW + 7_000
+    times = ItemTimes(admit_retry_at=NOW + 900, done_retry_at=NOW + 100, last_checked_at=NOW)
+    assert plan.next_wake(snap, OPTS, items=times) == NOW + 900  # no done hook configured
+    assert plan.next_wake(snap, replace(OPTS, done_hook=True), items=times, backoff_until=NOW + 7_000) == NOW + 100
+    assert plan.next_wake(snap, replace(OPTS, reconcile_after_ms=50), items=times) == NOW + 50
+    assert plan.next_wake(KeySnapshot(NOW), OPTS) is None
+
+
+# ----------------------------------------------------------------------------- merging replies
+def _gs(status: GrantStatus = GrantStatus.ACTIVE, permits: int = 2, claimed: int = 0, released: int = 0,
+        group: str | None = "g") -> GrantState:
+    return GrantState("g1", group, permits, claimed, released, NOW + 10_000, status)
+
+
+def test_r13_a_stale_reply_lowers_nothing_and_confirms_what_it_shows():
+    # R13, I2: counts are high-water marks; R15a: claims the holder shows are confirmed
+    local = grant(claimed=2, released=1, confirmed=0, sent_claimed=0, sent_released=0)
+    merged = merge_grant(KEY, local, _gs(claimed=1, released=0)).row
+    assert merged is not None
+    assert (merged.claimed, merged.released, merged.confirmed) == (2, 1, 1)
+    assert (merged.sent_claimed, merged.sent_released) == (1, 0)
+
+
+def test_r15_an_expired_grant_keeps_only_what_the_holder_kept():
+    # R15, R15a: claims beyond the clamped permits were refused and never confirmed
+    local = grant(permits=3, claimed=3, released=0, confirmed=1)
+    merge = merge_grant(KEY, local, _gs(GrantStatus.EXPIRED, permits=1, claimed=1))
+    assert merge.expired and merge.row is not None
+    assert (merge.row.permits, merge.row.claimed, merge.row.confirmed, merge.row.status) == (1, 1, 1, "expired")
+
+
+def test_r14_r17_not_found_and_settled_grants_become_tombstones_that_stay():
+    # R14/R15: not_found drops the grant; R17: a fully released grant is settled; a tombstone
+    # is never brought back by a stale reply (I2)
+    merge = merge_grant(KEY, grant(), _gs(GrantStatus.NOT_FOUND, permits=0, group=None))
+    assert merge.dropped and merge.row is not None and merge.row.status == GONE
+    settled = merge_grant(KEY, grant(claimed=2, released=2), _gs(claimed=2, released=2))
+    assert settled.dropped and settled.row is not None and settled.row.status == GONE
+    assert merge_grant(KEY, merge.row, _gs()).row is None
+    # R8: an unknown grant is adopted as the holder knows it
+    adopted = merge_grant(KEY, None, _gs(claimed=1))
+    assert adopted.adopted and adopted.row is not None and adopted.row.confirmed == 1
+
+
+def test_r31_r33_lease_merge_clamps_retires_and_moves_the_heartbeat():
+    # R31: drawn/released are high-water marks clamped to the permits; a later expiry moves
+    # the heartbeat to half the new lifetime; R33: a retired lease stops drawing at once
+    local = lease(permits=4, drawn=2, released=1)
+    live = LeaseState("l1", "g", 4, 9, 0, NOW + 40_000, LeaseStatus.LIVE)
+    row = merge_lease(KEY, local, live, NOW).row
+    assert row is not None and (row.drawn, row.released, row.expires_at, row.heartbeat_at) == (
+        4, 1, NOW + 40_000, NOW + 20_000)
+    retired = merge_lease(KEY, local, replace(live, drawn=2, status=LeaseStatus.RETIRED), NOW)
+    assert retired.retired and retired.row is not None and retired.row.stopped
+    assert retired.row.expires_at == local.expires_at
+    settled = merge_lease(KEY, local, replace(live, status=LeaseStatus.SETTLED), NOW)
+    assert settled.settled and settled.row is not None and settled.row.status == "settled"
+    assert merge_lease(KEY, settled.row, live, NOW).row is None
