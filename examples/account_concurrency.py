@@ -150,7 +150,7 @@ async def run_alarms(objects: list[Any], stop: asyncio.Event) -> None:
             at = obj.ctx.storage.alarm
             task = busy.get(id(obj))
             if at is not None and at <= clock.now and (task is None or task.done()):
-                obj.ctx.storage._alarm = None
+                await obj.ctx.storage.deleteAlarm()  # the runtime clears an alarm it fires
                 busy[id(obj)] = asyncio.ensure_future(obj.alarm())
         await asyncio.sleep(0)
 

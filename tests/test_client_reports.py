@@ -1,6 +1,6 @@
 """Client reports beyond the wire limit, and tombstones that cost nothing (SPEC R7, R8, R13, R15a,
 R17, R35, R37; I3). Real holder and real client/queue over the in-memory transport
-(tests/client_harness.py), real SQLite on both sides; costs are counted (rows SQL hands to Python,
+(``semaphore.testing``), real SQLite on both sides; costs are counted (rows SQL hands to Python,
 SQLite VM steps), never timed.
 
 * A message carries at most 1,000 grant (and lease) reports (R7). With more grants than that, the

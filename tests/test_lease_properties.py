@@ -16,7 +16,7 @@ After every round: I1 (what the round admitted never takes the total above the m
 nor a group above its limit, nor grants past the ``under`` ceiling or ``over`` leases past
 ``extra``); after every step: I2 in its strong form (the holder charges every grant and lease at
 least what its client is running under it) and the aggregate tables equal a full recomputation
-(``helpers.check_aggregates``). At teardown every client drains and settles and charged capacity
+(``semaphore.testing.check_aggregates``). At teardown every client drains and settles and charged capacity
 must return to zero (I3).
 """
 

@@ -1,6 +1,6 @@
 """SemaphoreQueue call-saving policy: delayed release reports (``report_releases_within_ms``) and
 drawing from leases before claiming grants (``prefer_leases``). SPEC R15, R15a, R19, R29, R30,
-R37; I3. Real holder and real queue over the in-memory transport (tests/client_harness.py)."""
+R37; I3. Real holder and real queue over the in-memory transport (``semaphore.testing``)."""
 
 from __future__ import annotations
 

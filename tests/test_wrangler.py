@@ -31,7 +31,7 @@ SRC = ROOT / "src"
 #: module's folder for a Python Worker, and offers no exclusion for them (user module rules
 #: cannot be of type PythonModule; python_modules.exclude covers python_modules/ only), so
 #: leaving it out needs it moved out of src/ (an open decision, see the xfail test below).
-TEST_KIT = Path("semaphore/testing.py")
+TEST_KIT = Path("semaphore/testing")
 #: What wrangler writes into the outdir besides the modules.
 OUTDIR_README = "README.md"
 
@@ -225,14 +225,14 @@ def test_build_output_under_src_is_not_uploaded(planted_dry_run):
 
 def test_the_uploaded_test_kit_is_never_imported_by_the_worker():
     """Decision (README, "What the Worker uploads"): wrangler uploads every ``**/*.py`` under
-    ``src/`` for a Python Worker and has no way to leave one out, so ``semaphore/testing.py``
+    ``src/`` for a Python Worker and has no way to leave one out, so ``semaphore/testing/``
     (the library's test kit, part of the package users install) is uploaded. It must never be
     loaded there: neither the entry nor any other library module imports it."""
     import ast
 
     offenders = []
     for path in [SRC / "entry.py", *sorted((SRC / "semaphore").rglob("*.py"))]:
-        if path == SRC / TEST_KIT:
+        if (SRC / TEST_KIT) in path.parents:
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names: list[str] = []

@@ -146,7 +146,11 @@ def allocate(
     Entries are served oldest first (``oldest_at``, then arrival, then client id); each gets
     ``min(need, room under limit, room under its group limit)`` as one grant (SPEC R21). Leases
     are then issued from what the provisioning mode leaves (SPEC R25-R28). Every entry left with
-    need is reported with the first constraint that stopped it (SPEC R23)."""
+    need is reported with the first constraint that stopped it (SPEC R23).
+
+    Room is what the round's current limits leave above the charged ``usage`` (I1): confirmed
+    claims stay charged until released and nothing here takes back a grant or a lease (R18), so
+    a lowered limit only stops new admissions until usage falls below it (R24)."""
     result = Allocation()
     ordered = sorted(entries, key=_ORDER)
     group_charged = dict(usage.groups)

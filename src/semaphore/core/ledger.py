@@ -5,7 +5,8 @@ names, read with indexed queries), the core changes a :class:`Ledger` built over
 store persists :meth:`Ledger.changes` in the same transaction. Every change goes through
 :meth:`Ledger.put_grant`/:meth:`~Ledger.delete_grant`/:meth:`~Ledger.put_lease`/
 :meth:`~Ledger.delete_lease`, which keep the per-group and total aggregates (SPEC R19, R38) in
-step: a round costs O(rows it touches), never a rescan.
+step: a round costs O(rows it touches), never a rescan, and the aggregates always equal a
+recount of the rows, so once every client has settled the charged capacity is back to zero (I3).
 """
 
 from __future__ import annotations

@@ -170,7 +170,8 @@ def reclaim_reads(now: int) -> Reads:
 # ====================================================================== state changes
 def decide_reclaim(ledger: Ledger, now: int) -> None:
     """SPEC R15, R16: past ``claim_by``, a grant shrinks to its claimed count; with nothing
-    claimed (or everything released) it is deleted."""
+    claimed (or everything released) it is deleted. So permits whose reply was lost stay
+    charged until their deadline, then come back (I4)."""
     for g in ledger.due_grants(now):
         g.permits = g.claimed
         g.reclaimed = True

@@ -86,7 +86,8 @@ _SCHEMA = (
 
 
 def ensure_schema(storage: Storage) -> None:
-    """Create the schema if missing; refuse a schema written by a newer release."""
+    """Create the schema if missing, versioned in meta ``schema_version`` (SPEC R1); refuse a
+    schema written by a newer release."""
     for statement in _SCHEMA:
         storage.exec(statement)
     row = storage.one(f"SELECT value FROM {META} WHERE key = 'schema_version'")
