@@ -172,7 +172,7 @@ async def test_r3_migrate_none_drops_tables_and_semaphore_timers_only():
     bed.scheduler.on("app:cleanup", lambda name, due: None)
     await bed.scheduler.schedule("app:cleanup", bed.now + 50_000)
     await bed.one(request("a", {"g": 2}))
-    assert RECLAIM_TIMER in timers(bed.storage)
+    assert RECLAIM_TIMER in bed.scheduler.due_times()
     DurabilitySemaphore.migrate(bed.ctx, None)
     names = tables(bed.storage)
     assert not any(t.startswith("durability_semaphore") for t in names)
@@ -667,7 +667,9 @@ async def test_r16_alarm_reclaims_without_any_request_and_follows_earliest_claim
     bed = Bed(limit=10)
     [a] = await bed.round(request("a", {"g": 3}))
     g1, c1 = a["grants"][0]["grantId"], a["grants"][0]["claimBy"]
-    assert bed.storage.alarm == c1 and timers(bed.storage) == {RECLAIM_TIMER: c1}
+    # the holder is a scheduler participant: its due time is read from the grants, no timer row
+    assert bed.storage.alarm == c1 and bed.scheduler.due_times() == {RECLAIM_TIMER: c1}
+    assert timers(bed.storage) == {}
     await bed.clock.advance(5000)
     [b] = await bed.round(request("b", {"h": 2}))
     g2, c2 = b["grants"][0]["grantId"], b["grants"][0]["claimBy"]
@@ -994,10 +996,10 @@ def test_check_aggregates_detects_drift():
 
 @async_test
 async def test_scheduler_handlers_survive_via_constructor_registration():
-    # R1/R16 wiring: the semaphore registers its reclaim timer on the scheduler it is given.
+    # R1/R16 wiring: the semaphore takes part in the alarm of the scheduler it is given.
     bed = Bed(limit=5)
     assert isinstance(bed.scheduler, DurabilityScheduler)
-    assert RECLAIM_TIMER in bed.scheduler._handlers
+    assert RECLAIM_TIMER in bed.scheduler.participants
 
 
 @async_test

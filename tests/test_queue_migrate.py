@@ -128,7 +128,7 @@ async def test_r3_client_and_holder_migrate_none_leave_no_timer_that_runs_over_d
 
     bed = Bed(limit=5)
     await bed.one(request("a", {"g": 2}))
-    assert RECLAIM_TIMER in timers(bed.storage)
+    assert RECLAIM_TIMER in bed.scheduler.due_times()
     bed.driver.close()
     DurabilitySemaphore.migrate(bed.ctx, None)
     assert RECLAIM_TIMER not in timers(bed.storage)

@@ -81,3 +81,26 @@ async def _reads_do_not_grow_with_live_grants():
     large_statements, large_steps = await _round_cost(20, 1000)
     assert large_statements == small_statements
     assert large_steps <= small_steps * 1.1, (small_steps, large_steps)
+
+
+def test_r6_r16_a_sync_and_the_reclaim_alarm_read_no_meta_rows():
+    # R6/R16 (review fix): only a round reads the meta rows (limit, epoch, contended flag); a sync
+    # (the heartbeat and report path) and the reclaim alarm change totals only through deltas, so
+    # they run no meta read (after the refactor to load -> decide -> persist they each ran one).
+    from semaphore.testing import Bed, request, sync
+
+    async def scenario() -> list[str]:
+        bed = Bed(5, grant_timeout_ms=1000)
+        [reply] = await bed.round(request("a", {"g": 3}))
+        await bed.sem.handle(sync("a"))  # instance start (schema, meta) outside the trace
+        seen: list[str] = []
+        bed.storage.connection.set_trace_callback(seen.append)
+        grant = reply["grants"][0]["grantId"]
+        await bed.sem.handle(sync("a", [(grant, 1, 0)]))
+        await bed.clock.advance(2000)  # past claimBy: the alarm reclaims the unclaimed permits
+        bed.storage.connection.set_trace_callback(None)
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert any("durability_semaphore_grants" in s and "claim_by <=" in s for s in seen), seen
+    assert not [s for s in seen if s.lstrip().upper().startswith("SELECT") and "FROM durability_semaphore_meta" in s]

@@ -362,14 +362,14 @@ async def test_r16_holder_reclaim_still_happens_via_the_alarm_when_another_timer
     try:
         [reply] = await bed.round(request("a", {"g": 2}))
         (grant,) = reply["grants"]
-        assert grant["permits"] == 2 and timers(bed.storage)[RECLAIM_TIMER] == grant["claimBy"]
+        assert grant["permits"] == 2 and bed.scheduler.due_times()[RECLAIM_TIMER] == grant["claimBy"]
         assert (await bed.usage())["outstanding"] == 2
         await bed.clock.advance_to(grant["claimBy"])   # no request: only the alarm can reclaim
     finally:
         logging.disable(logging.NOTSET)
     assert grant["grantId"] not in bed.grants()   # nothing claimed: deleted at reclaim (R15)
     assert (await bed.usage())["outstanding"] == 0
-    assert RECLAIM_TIMER not in timers(bed.storage)
+    assert RECLAIM_TIMER not in bed.scheduler.due_times()
     assert bed.scheduler.attempts("app:broken") > 6   # kept failing, kept being retried
     assert bed.storage.alarm == bed.scheduler.timer("app:broken")   # still armed
     assert bed.driver.failures == [] and bed.alarm_loops == 0

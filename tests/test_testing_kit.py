@@ -156,7 +156,7 @@ async def test_evicting_a_users_holder_fails_the_calls_waiting_for_its_round():
     retry = asyncio.ensure_future(holder.permits(request("c1", {"g": 2}, oldest_at=T0)))
     await clock.advance(1_000)
     (grant,) = (await retry)["grants"]
-    assert grant["permits"] == 2 and timers(ctx)[RECLAIM_TIMER] == grant["claimBy"]
+    assert grant["permits"] == 2 and holder.scheduler.due_times()[RECLAIM_TIMER] == grant["claimBy"]
 
 
 @async_test

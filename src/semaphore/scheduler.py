@@ -25,25 +25,61 @@ The table is shared by every user of the object's scheduler (the holder, a queue
 application); a component's ``migrate(ctx, None)`` removes only its own timers and leaves the
 table (a live scheduler instance keeps using it). :meth:`DurabilityScheduler.migrate` with
 ``None`` drops the table itself (every timer), for a full uninstall.
+
+Participants (:meth:`DurabilityScheduler.participate`) are the other kind of alarm user: one
+that already keeps its own due time in its own tables (the holder's reclaim: the earliest
+``claimBy`` of a grant with unclaimed permits, SPEC R16) reports it through a synchronous
+``next_due()`` (SQL reads only) instead of mirroring it into a timer row by hand. :meth:`arm`
+points the alarm at the minimum over the timers and every participant's *effective* due time:
+its ``next_due()``; while it runs, its run lease (in memory); while it is failing, its retry
+time. :meth:`alarm` runs every participant whose effective due time has come, with the same
+guarantees as a timer: never twice at once in an instance, a failure logged (ERROR), counted and
+backed off (same backoff) and never thrown to the runtime, and the alarm always re-armed. A run
+that returns must move ``next_due()`` past the due time it was given (or to ``None``); one that
+does not is counted as a failure, so a participant making no progress cannot keep the alarm
+firing in a loop. A run cut short by the death of the instance needs no lease row: the
+participant's own state still says it is due, so the re-delivered alarm runs it again.
+
+A participant has a row in the timer table only while it is failing: ``(name, retry time,
+attempts >= 1)``, so its backoff survives eviction; the row is deleted by the first run that
+returns (and, with the component's timers, by its ``migrate(ctx, None)``). A row with
+``attempts = 0`` under a participant's name is a timer row of an earlier release (which kept a
+mirror, e.g. ``durability_semaphore:reclaim``): it arms the alarm at its time at the latest
+(never later than ``next_due()``), and is deleted by the participant's next run.
 """
 
 from __future__ import annotations
 
 import inspect
+import json
 import logging
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Union
 
 from .clock import system_clock
 from .errors import ConfigurationError
 from .runtime import Storage, install_schema
 
-__all__ = ["DurabilityScheduler", "TimerHandler"]
+__all__ = ["DurabilityScheduler", "TimerHandler", "NextDue"]
 
 log = logging.getLogger("semaphore.scheduler")
 
 TimerHandler = Callable[[str, int], Union[Awaitable[None], None]]
+#: A participant's own earliest due time (epoch ms), or ``None`` when nothing is due; synchronous
+#: SQL reads only (it is called by every :meth:`DurabilityScheduler.arm`).
+NextDue = Callable[[], Union[int, None]]
 
 TABLE = "durability_scheduler_timers"
+
+
+@dataclass(frozen=True)
+class _Participant:
+    next_due: NextDue
+    run: TimerHandler
+
+
+class _NoProgress(Exception):
+    """A participant's run returned but left ``next_due()`` at or before the time it ran for."""
 
 
 class DurabilityScheduler:
@@ -71,6 +107,10 @@ class DurabilityScheduler:
         self._running: dict[str, int] = {}  # timer name -> its lease while its handler runs
         self._rerun: set[str] = set()  # running timers that came due again meanwhile
         self._touched: set[str] = set()  # running timers set or cleared meanwhile
+        self._participants: dict[str, _Participant] = {}
+        self._leases: dict[str, int] = {}  # participant name -> its lease while it runs
+        #: participant name -> (retry time, attempts) of a failure whose row could not be written
+        self._unrecorded: dict[str, tuple[int, int]] = {}
         self._ready = False
 
     # ------------------------------------------------------------------ schema
@@ -113,6 +153,8 @@ class DurabilityScheduler:
         """Register the handler run when timer ``name`` is due: ``handler(name, due_at)``,
         sync or async. A handler that raises keeps its timer, retried with backoff (see the
         module documentation); the exception never reaches the runtime."""
+        if name in self._participants:
+            raise ConfigurationError(f"on: {name!r} is a participant", field="name")
         self._handlers[name] = handler
 
     def set_timer(self, name: str, due_at: int) -> None:
@@ -176,12 +218,103 @@ class DurabilityScheduler:
         self.clear_timer(name)
         await self.arm()
 
-    async def arm(self) -> None:
-        """Point the object's alarm at the earliest timer (or delete it if there is none).
+    # ------------------------------------------------------------------ participants
+    def participate(self, name: str, next_due: NextDue, run: TimerHandler) -> None:
+        """Register participant ``name`` (do it in the object's constructor, like :meth:`on`).
 
-        Idempotent and cheap; call it after any change to the timers, and once when an instance
-        starts (it repairs an alarm lost between a commit and a ``setAlarm``)."""
-        earliest = self.earliest()
+        ``next_due()`` returns the participant's own earliest due time (epoch ms) read from its
+        own state, or ``None``; synchronous, SQL reads only, it is called by every :meth:`arm`
+        (so a change of that state is picked up by the next :meth:`arm`, with no timer write).
+        ``run(name, due_at)`` (sync or async) is called by :meth:`alarm` once the participant's
+        effective due time has come; it must move ``next_due()`` past ``due_at``. A run that
+        raises (or makes no progress), or a ``next_due()`` that raises, is logged, counted in
+        :meth:`attempts` and backed off like a timer (see the module documentation)."""
+        if name in self._handlers:
+            raise ConfigurationError(f"participate: {name!r} is a timer with a handler", field="name")
+        self._participants[name] = _Participant(next_due, run)
+
+    @property
+    def participants(self) -> tuple[str, ...]:
+        """Names of the registered participants, in registration order."""
+        return tuple(self._participants)
+
+    def due_times(self) -> dict[str, int]:
+        """Everything that will fire the alarm: ``{name: due time}`` of every timer and the
+        effective due time of every participant that has one (for tests and diagnostics)."""
+        self.ensure_schema()
+        every = self.storage.exec(f"SELECT name, due_at, attempts FROM {TABLE}")
+        rows = {str(r["name"]): r for r in every if str(r["name"]) in self._participants}
+        out = {str(r["name"]): int(r["due_at"]) for r in every if str(r["name"]) not in rows}
+        for name, p in self._participants.items():
+            due = self._effective_due(name, p, rows.get(name), int(self.clock()))
+            if due is not None:
+                out[name] = due
+        return out
+
+    def _participant_rows(self) -> tuple[int | None, dict[str, dict[str, Any]]]:
+        """One statement: the earliest timer that is not a participant's, and the participants'
+        rows (a failing one's backoff, or a timer row an earlier release left under its name)."""
+        names = json.dumps(sorted(self._participants))
+        rows = self.storage.exec(
+            f"SELECT name, due_at, attempts FROM {TABLE} WHERE name IN (SELECT value FROM json_each(?))"
+            f" UNION ALL SELECT NULL, MIN(due_at), NULL FROM {TABLE}"
+            " WHERE name NOT IN (SELECT value FROM json_each(?))", names, names)
+        earliest = next((r["due_at"] for r in rows if r["name"] is None), None)
+        found = {str(r["name"]): r for r in rows if r["name"] is not None}
+        return (None if earliest is None else int(earliest)), found
+
+    def _backoff(self, name: str, row: dict[str, Any] | None) -> tuple[int, int] | None:
+        """``(retry time, attempts)`` of a failing participant: its row (``attempts >= 1``), or
+        a failure whose row could not be written (kept in memory); ``None`` when not failing."""
+        if row is not None and row["attempts"]:
+            return int(row["due_at"]), int(row["attempts"])
+        return self._unrecorded.get(name)
+
+    @staticmethod
+    def _with_stale_row(due: int | None, row: dict[str, Any] | None) -> int | None:
+        """``next_due()``, or earlier the time of a timer row an earlier release left under the
+        participant's name (``attempts = 0``; deleted by the participant's next run)."""
+        if row is None:
+            return None if due is None else int(due)
+        return int(row["due_at"]) if due is None else min(int(due), int(row["due_at"]))
+
+    def _effective_due(self, name: str, p: _Participant, row: dict[str, Any] | None, now: int) -> int | None:
+        """When participant ``name`` fires the alarm: its run lease while it runs, its retry time
+        while it is failing, else ``next_due()`` (a ``next_due()`` that raises: ``now``, so that
+        :meth:`alarm` records the failure and backs it off)."""
+        if name in self._leases:
+            return self._leases[name]
+        backoff = self._backoff(name, row)
+        if backoff is not None:
+            return backoff[0]
+        try:
+            due = p.next_due()
+        except Exception:
+            log.exception("next_due() of participant %r raised", name)
+            return now
+        return self._with_stale_row(due, row)
+
+    def _earliest_due(self) -> int | None:
+        """The earliest time at which something is due: the timers and every participant."""
+        if not self._participants:
+            return self.earliest()
+        self.ensure_schema()
+        earliest, rows = self._participant_rows()
+        now = int(self.clock())
+        dues = [self._effective_due(n, p, rows.get(n), now) for n, p in self._participants.items()]
+        return min((d for d in [earliest, *dues] if d is not None), default=None)
+
+    # ------------------------------------------------------------------ the alarm
+    async def arm(self) -> None:
+        """Point the object's alarm at the earliest timer or participant due time (or delete it
+        if there is none).
+
+        Idempotent and cheap (one statement, plus each participant's ``next_due()``); call it
+        after any change to the timers or to a participant's state (after the commit), and once
+        when an instance starts (it repairs an alarm lost between a commit and a ``setAlarm``).
+        A ``next_due()`` that raises is logged and arms the alarm now (:meth:`alarm` backs it
+        off): it never makes :meth:`arm` raise."""
+        earliest = self._earliest_due()
         current = await self.storage.get_alarm()
         if earliest is None:
             if current is not None:
@@ -191,15 +324,16 @@ class DurabilityScheduler:
             await self.storage.set_alarm(earliest)
 
     async def alarm(self, alarm_info: Any = None) -> None:
-        """The object's ``alarm()`` handler delegates here: runs every due timer (earliest
-        first), then re-arms the alarm at the earliest remaining timer.
+        """The object's ``alarm()`` handler delegates here: runs every due timer and participant
+        (earliest first), then re-arms the alarm at the earliest remaining one.
 
         A handler that raises does not stop the others, and its exception is not re-raised: it
         is logged (ERROR, with the timer's name and attempt), the timer's ``attempts`` is
         incremented and the timer moved to ``now + backoff_ms(attempts)`` (or later, if the
-        handler set it later before raising). So the runtime's limited alarm retries are never
-        needed, and the alarm stays set while any timer is left (SPEC R16). Only a failure of
-        the scheduler's own storage calls propagates (then the runtime retries the alarm).
+        handler set it later before raising). Participants likewise (see :meth:`participate`).
+        So the runtime's limited alarm retries are never needed, and the alarm stays set while
+        anything is due (SPEC R16). Only a failure of the scheduler's own storage calls
+        propagates (then the runtime retries the alarm).
 
         After :meth:`migrate` ``(ctx, None)`` (no timer table) there is nothing to run: the alarm
         is deleted and nothing is created, on this instance or a fresh one (R3)."""
@@ -210,23 +344,102 @@ class DurabilityScheduler:
             return
         self.ensure_schema()
         now = int(self.clock())
-        due = self.storage.exec(
-            f"SELECT name, due_at, attempts FROM {TABLE} WHERE due_at <= ? ORDER BY due_at, name", now
-        )
-        for row in due:
-            name, due_at = str(row["name"]), int(row["due_at"])
-            handler = self._handlers.get(name)
-            if handler is None:
-                log.warning("dropping due timer %r: no handler registered", name)
-                self.storage.exec(f"DELETE FROM {TABLE} WHERE name = ? AND due_at = ?", name, due_at)
-                continue
-            if name in self._running:
-                self._defer_rerun(name, now)
-                continue
-            attempts = self._lease_timer(name, due_at, now)
-            if attempts is not None:
-                await self._run_timer(name, due_at, handler, attempts, now + self.RUN_LEASE_MS)
+        rows = self.storage.exec(
+            f"SELECT name, due_at, attempts FROM {TABLE} WHERE due_at <= ?"
+            " OR name IN (SELECT value FROM json_each(?)) ORDER BY due_at, name",
+            now, json.dumps(sorted(self._participants)))
+        mine = {str(r["name"]): r for r in rows if str(r["name"]) in self._participants}
+        work: list[tuple[int, str, dict[str, Any] | None]] = [
+            (int(r["due_at"]), str(r["name"]), r) for r in rows if str(r["name"]) not in mine]
+        runs: dict[str, int] = {}  # due participant -> its attempts so far
+        for name, p in self._participants.items():
+            due = self._alarm_due(name, p, mine.get(name), now)
+            if due is not None and due[0] <= now:
+                work.append((due[0], name, None))
+                runs[name] = due[1]
+        for due_at, name, row in sorted(work, key=lambda w: (w[0], w[1])):
+            if row is not None:
+                await self._run_due_timer(name, due_at, now)
+            else:
+                await self._run_participant(name, self._participants[name], mine.get(name),
+                                            due_at, runs[name], now)
         await self.arm()
+
+    async def _run_due_timer(self, name: str, due_at: int, now: int) -> None:
+        """A due timer of :meth:`alarm`: dropped without a handler, deferred while it still runs,
+        else leased and run."""
+        handler = self._handlers.get(name)
+        if handler is None:
+            log.warning("dropping due timer %r: no handler registered", name)
+            self.storage.exec(f"DELETE FROM {TABLE} WHERE name = ? AND due_at = ?", name, due_at)
+            return
+        if name in self._running:
+            self._defer_rerun(name, now)
+            return
+        attempts = self._lease_timer(name, due_at, now)
+        if attempts is not None:
+            await self._run_timer(name, due_at, handler, attempts, now + self.RUN_LEASE_MS)
+
+    def _alarm_due(self, name: str, p: _Participant, row: dict[str, Any] | None, now: int) -> tuple[int, int] | None:
+        """``(due time, attempts)`` of a participant for :meth:`alarm`. Still running from an
+        earlier alarm of this instance: never run twice at once; its lease is extended instead
+        (the alarm stays set, and not due: R16). A ``next_due()`` that raises counts as a failed
+        run."""
+        if name in self._leases:
+            self._leases[name] = now + self.RUN_LEASE_MS
+            return None
+        backoff = self._backoff(name, row)
+        if backoff is not None:
+            return backoff
+        try:
+            due = p.next_due()
+        except Exception:
+            self._participant_failed(name, 1, "next_due() raised")
+            return None
+        due = self._with_stale_row(due, row)
+        return None if due is None else (due, 0)
+
+    async def _run_participant(self, name: str, p: _Participant, row: dict[str, Any] | None,
+                               due_at: int, attempts: int, now: int) -> None:
+        """Run a due participant under an in-memory lease (its own state says it is due, so a
+        run cut short by the death of the instance happens again on the re-delivered alarm). It
+        raised, or left ``next_due()`` at or before ``due_at``: backed off. It returned: its row
+        (a backoff, or a stale timer row) is deleted, which resets ``attempts``."""
+        self._leases[name] = now + self.RUN_LEASE_MS
+        try:
+            result = p.run(name, due_at)
+            if inspect.isawaitable(result):
+                await result
+            after = p.next_due()
+            if after is not None and int(after) <= due_at:
+                raise _NoProgress(f"next_due() is still {after} after the run for {due_at}")
+        except Exception:  # backed off; never stop the other timers and participants
+            self._participant_failed(name, attempts + 1, "failed")
+        else:
+            self._unrecorded.pop(name, None)
+            if row is not None:
+                self.storage.exec(f"DELETE FROM {TABLE} WHERE name = ?", name)
+        finally:
+            self._leases.pop(name, None)
+
+    def _participant_failed(self, name: str, attempts: int, what: str) -> None:
+        """Log the current exception and back the participant off: its row ``(name, retry time,
+        attempts)`` survives eviction. Called from an ``except`` block; never raises (if the
+        write fails too, the backoff is kept in memory for this instance)."""
+        delay = self.backoff_ms(attempts)
+        retry_at = int(self.clock()) + delay
+        log.error("participant %r %s (attempt %d); retrying in %d ms", name, what, attempts, delay,
+                  exc_info=True)
+        self._unrecorded[name] = (retry_at, attempts)
+        try:
+            self.storage.exec(
+                f"INSERT INTO {TABLE}(name, due_at, attempts) VALUES (?, ?, ?)"
+                " ON CONFLICT(name) DO UPDATE SET due_at = excluded.due_at, attempts = excluded.attempts",
+                name, retry_at, attempts)
+        except Exception:
+            log.exception("could not record the failure of participant %r", name)
+        else:
+            self._unrecorded.pop(name, None)
 
     def _defer_rerun(self, name: str, now: int) -> None:
         """A due timer still running from an earlier alarm of this instance (a long run outlived

@@ -47,7 +47,9 @@ class Snapshot:
 
     grants: list[GrantRow] = field(default_factory=list)
     leases: list[LeaseRow] = field(default_factory=list)
-    meta: dict[str, int] = field(default_factory=dict)
+    #: ``None`` when the decision does not read meta (a sync, the reclaim alarm: they change
+    #: totals only through deltas), so it costs no statement.
+    meta: dict[str, int] | None = field(default_factory=dict)
     #: group -> {aggregate name: value}, for the groups :attr:`Reads.groups` named (absent
     #: groups have no row: all zero).
     groups: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -84,7 +86,7 @@ class Ledger:
     def __init__(self, snapshot: Snapshot) -> None:
         self.grants: dict[str, GrantRow] = {g.grant_id: g for g in snapshot.grants}
         self.leases: dict[str, LeaseRow] = {x.lease_id: x for x in snapshot.leases}
-        self._meta = dict(snapshot.meta)
+        self._meta = None if snapshot.meta is None else dict(snapshot.meta)
         self._groups = snapshot.groups
         # What the stored aggregates account for, per row: grant id -> charge (a grant never
         # changes group), lease id -> (group, footprint, status or "").
@@ -160,6 +162,8 @@ class Ledger:
     # ------------------------------------------------------------------ aggregates and meta
     def meta(self) -> Mapping[str, int]:
         """The meta rows as loaded (changes are :meth:`set_meta` writes, seen by :meth:`changes`)."""
+        if self._meta is None:
+            raise RuntimeError("this decision's snapshot did not load meta")
         return self._meta
 
     def set_meta(self, key: str, value: int) -> None:
@@ -167,7 +171,8 @@ class Ledger:
 
     def totals(self) -> dict[str, int]:
         """Total aggregates including the changes made so far."""
-        return {name: self._meta.get(name, 0) + sum(d[i] for d in self.deltas.values())
+        meta = self.meta()
+        return {name: meta.get(name, 0) + sum(d[i] for d in self.deltas.values())
                 for i, name in enumerate(AGGREGATES)}
 
     def group_usage(self, groups: Iterable[str]) -> dict[str, dict[str, int]]:

@@ -13,7 +13,7 @@ import itertools
 import logging
 import secrets
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Union
+from typing import Any, Awaitable, Callable, Mapping, Union
 
 from ..clock import sleep_until
 from ..core.allocation import LIMIT_ERROR
@@ -35,12 +35,11 @@ from ..core.rounds import (
 )
 from ..core.wire import PermitRequest, SyncMessage, parse_message, valid_count
 from ..errors import ConfigurationError, InvalidMessageError, RoundFailedError
+from ..rpc import client as rpc_client
 from ..runtime import Storage, object_id
 from ..scheduler import DurabilityScheduler
-from ._store import SCHEMA_VERSION, SqlStore, drop_schema, ensure_schema, read_meta
+from ._store import GRANTS, SCHEMA_VERSION, SqlStore, drop_schema, ensure_schema, read_meta
 
-if TYPE_CHECKING:  # rpc is the client helper: the holder module does not import it at run time
-    from ..rpc import Invoke, SemaphoreRpc, Transform
 
 __all__ = ["DurabilitySemaphore", "LimitOption", "GroupLimitOption", "CanGrantOption"]
 
@@ -105,8 +104,11 @@ class DurabilitySemaphore:
     """The holder of one shared concurrency budget, inside an application's Durable Object.
 
     :param scheduler: the object's :class:`DurabilityScheduler` (its ``alarm()`` must delegate to
-        ``scheduler.alarm``). The semaphore uses the scheduler's storage and registers its reclaim
-        timer ``durability_semaphore:reclaim`` on it.
+        ``scheduler.alarm``). The semaphore uses the scheduler's storage and takes part in its
+        alarm as the participant ``durability_semaphore:reclaim`` (SPEC R16): its due time is read
+        from the grant table (the earliest ``claimBy`` of a grant with unclaimed permits), so no
+        timer row is kept in step with it; the scheduler has a row of that name only while the
+        reclaim is failing (its backoff).
     :param limit: the shared limit: an ``int`` >= 0, or a callable (sync or async) returning one,
         resolved once per round (SPEC R12). If it raises or returns something else, the round
         admits nothing (``limit_resolution_error``) but still applies reports.
@@ -214,7 +216,7 @@ class DurabilitySemaphore:
         #: :meth:`_ensure_ready`, updated only after a round's commit). Syncs answer it.
         self._last_contended = False
         self._ready = False
-        scheduler.on(RECLAIM_TIMER, self._on_reclaim_timer)
+        scheduler.participate(RECLAIM_TIMER, self._reclaim_due, self._on_reclaim_timer)
 
     # ================================================================== public API
     async def handle(self, message: Any) -> dict[str, Any]:
@@ -273,26 +275,9 @@ class DurabilitySemaphore:
             "groups": groups,
         }
 
-    @staticmethod
-    def client(
-        binding: str | None = None,
-        *,
-        invoke: Invoke,
-        namespace: Any = None,
-        transforms: tuple[Transform, ...] = (),
-    ) -> SemaphoreRpc:
-        """``DurabilitySemaphore.client(binding=..., invoke=...)``: the client helper (SPEC R36).
-
-        :param binding: name of the holder class's Durable Object binding in ``env``.
-        :param invoke: ``(stub, message) -> awaitable reply`` calling the holder's RPC method, or the
-            method's name (``"permits"``).
-        :param namespace: escape hatch instead of ``binding``: the namespace object itself, or a
-            callable ``env -> namespace``.
-        :param transforms: initial transforms (see :meth:`SemaphoreRpc.with_`).
-        """
-        from ..rpc import client  # at call time: the holder module stays free of the client side
-
-        return client(binding, invoke=invoke, namespace=namespace, transforms=transforms)
+    #: ``DurabilitySemaphore.client(binding=..., invoke=...)``: the client helper (SPEC R36),
+    #: :func:`semaphore.rpc.client` itself (same signature and documentation).
+    client = staticmethod(rpc_client)
 
     @staticmethod
     def migrate(ctx: Any, to_version: int | None) -> None:
@@ -470,13 +455,15 @@ class DurabilitySemaphore:
         return Limits(limit, group_limits, permitted)
 
     def _load(self, reads: Reads, meta: dict[str, int] | None = None) -> Ledger:
-        return Ledger(self.store.load(reads, self.store.meta() if meta is None else meta))
+        """A ledger over the rows ``reads`` names; ``meta`` only for a decision that reads it
+        (a round): a sync and the reclaim alarm run no meta read."""
+        return Ledger(self.store.load(reads, meta))
 
     def _persist(self, ledger: Ledger) -> None:
-        """Write the decision's changes and point the reclaim timer at the earliest deadline of a
-        grant with unclaimed permits (R16), inside the decision's transaction."""
+        """Write the decision's changes, inside the decision's transaction. The reclaim's due
+        time follows from the grants written (R16): the ``scheduler.arm()`` after the commit
+        reads it (:meth:`_reclaim_due`)."""
         self.store.persist(ledger.changes())
-        self.scheduler.point_timer(RECLAIM_TIMER, self.store.next_reclaim_due())
 
     # ================================================================== sync and alarm
     async def _sync(self, message: SyncMessage) -> dict[str, Any]:
@@ -498,8 +485,21 @@ class DurabilitySemaphore:
         await self.scheduler.arm()
         return reply
 
+    def _reclaim_due(self) -> int | None:
+        """The reclaim participant's ``next_due`` (SPEC R16): the earliest deadline of a grant with
+        unclaimed permits, one read; ``None`` when there is no grant table (not created yet, or
+        removed by :meth:`migrate` ``(ctx, None)``: nothing to reclaim, and nothing re-created)."""
+        try:
+            return self.store.next_reclaim_due()
+        except Exception:
+            if self.storage.one("SELECT 1 AS x FROM sqlite_master WHERE type = 'table' AND name = ?",
+                                GRANTS) is None:
+                return None
+            raise
+
     def _on_reclaim_timer(self, name: str, due_at: int) -> None:
-        """Alarm: reclaim unclaimed permits past their deadline (SPEC R16)."""
+        """Alarm (the reclaim participant's run, once :meth:`_reclaim_due` has come): reclaim
+        unclaimed permits past their deadline (SPEC R16)."""
         if not self._ready:  # an alarm can be the first call an instance gets
             ensure_schema(self.storage)
         now = int(self.clock())

@@ -149,8 +149,9 @@ class SqlStore:
             rows += self._load(table, f"{column} IN (SELECT value FROM json_each(?)){extra}", [json_list(part)])
         return rows
 
-    def load(self, reads: Reads, meta: dict[str, int]) -> Snapshot:
-        """The rows ``reads`` names (each once), with ``meta`` as read by :meth:`meta`."""
+    def load(self, reads: Reads, meta: dict[str, int] | None) -> Snapshot:
+        """The rows ``reads`` names (each once), with ``meta`` as read by :meth:`meta` (``None``
+        for a decision that does not read it)."""
         grants: dict[str, GrantRow] = {}
         leases: dict[str, LeaseRow] = {}
 

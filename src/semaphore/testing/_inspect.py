@@ -23,7 +23,8 @@ __all__ = [
     "lease_rows", "timers", "check_aggregates",
 ]
 
-#: Name of the holder's reclaim timer (a key of :func:`timers`).
+#: Name of the holder's reclaim participant: a key of ``scheduler.due_times()`` (of :func:`timers`
+#: only while the reclaim is failing and backed off).
 RECLAIM_TIMER: str = DurabilitySemaphore.RECLAIM_TIMER
 #: The per-group aggregates the holder keeps in ``durability_semaphore_groups`` (and totals in
 #: ``durability_semaphore_meta``).
