@@ -41,6 +41,7 @@ __all__ = ["Policy", "Pending", "Limits", "RoundOutcome", "View", "round_reads",
            "reclaim_reads", "next_round_at", "decide_round", "decide_sync", "decide_reclaim"]
 
 Message = Union[PermitRequest, SyncMessage]
+_DEFAULT_TTL_MS = LeaseConfig().ttl_ms
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class Policy:
     @property
     def ttl_ms(self) -> int:
         """Lease lifetime; leases may outlive a config that had them: the default lifetime then."""
-        return (self.leases or LeaseConfig()).ttl_ms
+        return _DEFAULT_TTL_MS if self.leases is None else self.leases.ttl_ms
 
 
 @dataclass
