@@ -18,26 +18,14 @@ from typing import Any, Awaitable, Callable, Mapping, Union
 from ..clock import sleep_until
 from ..core.allocation import LIMIT_ERROR
 from ..core.config import LeaseConfig, option_int
-from ..core.ledger import Ledger, Reads
 from ..core.lease_ids import LEASE_KEY_WORDS, configured_secret, holder_key
-from ..core.rounds import (
-    Limits,
-    Pending,
-    Policy,
-    RoundOutcome,
-    decide_reclaim,
-    decide_round,
-    decide_sync,
-    next_round_at,
-    reclaim_reads,
-    round_reads,
-    sync_reads,
-)
+from ..core.rounds import Limits, Pending, Policy, next_round_at
 from ..core.wire import PermitRequest, SyncMessage, parse_message, valid_count
 from ..errors import ConfigurationError, InvalidMessageError, RoundFailedError
 from ..rpc import client as rpc_client
 from ..runtime import Storage, object_id
 from ..scheduler import DurabilityScheduler
+from ._steps import lease_scope, run_reclaim, run_round, run_sync
 from ._store import GRANTS, SCHEMA_VERSION, SqlStore, drop_schema, ensure_schema, read_meta
 
 
@@ -407,15 +395,8 @@ class DurabilitySemaphore:
         clients = list(batch.values())
         limits = await self._resolve(clients)
 
-        def body() -> RoundOutcome:  # load -> decide -> persist, in one transaction (R2)
-            meta = self.store.meta()
-            ledger = self._load(round_reads(meta, now, clients, limits, self.policy), meta)
-            outcome = decide_round(ledger, now, clients, limits, self.policy)
-            self._persist(ledger)
-            return outcome
-
-        try:
-            outcome = self.storage.transaction(body)
+        try:  # load -> decide -> persist, in one transaction (R2)
+            outcome = self.storage.transaction(lambda: run_round(self.store, now, clients, limits, self.policy))
         except Exception as exc:
             log.exception("round transaction failed; nothing was written")
             failure = RoundFailedError(f"round failed, nothing was written: {exc}").to_wire()
@@ -437,33 +418,14 @@ class DurabilitySemaphore:
         holding live leases' (R33), and ``can_grant`` for every demanded ``(client, group)`` and
         every live lease's pair (R22, R33), resolved before the transaction opens."""
         limit = await self._resolve_limit()
-        demand_pairs = {(p.client_id, d.group) for p in clients for d in p.latest.demand}
-        groups = {g for _, g in demand_pairs}
-        lease_pairs: set[tuple[str, str]] = set()
-        lease_groups: set[str] = set()
-        if self.leases is not None or read_meta(self.storage).get("live_leases", 0) > 0:
-            # R33: a can_grant that may say no is checked for every live lease, not only those
-            # of the clients in this round (a client drawing from its lease may never request).
-            everyone = self.can_grant is not None
-            lease_pairs = self.store.live_lease_pairs(None if everyone else [p.client_id for p in clients])
-            lease_groups = self.store.groups_with_live_leases()
-        group_limits = {g: await self._resolve_group_limit(g) for g in sorted(groups | lease_groups)}
+        demand_pairs, lease_pairs, groups = lease_scope(
+            self.store, clients, leases_configured=self.leases is not None, every_lease=self.can_grant is not None)
+        group_limits = {g: await self._resolve_group_limit(g) for g in sorted(groups)}
         if callable(self.can_grant):
             permitted = {pair: await self._resolve_can_grant(*pair) for pair in sorted(demand_pairs | lease_pairs)}
         else:  # None or a bool: the same answer for every pair, no call per pair
             permitted = dict.fromkeys(demand_pairs | lease_pairs, self.can_grant is None or bool(self.can_grant))
         return Limits(limit, group_limits, permitted)
-
-    def _load(self, reads: Reads, meta: dict[str, int] | None = None) -> Ledger:
-        """A ledger over the rows ``reads`` names; ``meta`` only for a decision that reads it
-        (a round): a sync and the reclaim alarm run no meta read."""
-        return Ledger(self.store.load(reads, meta))
-
-    def _persist(self, ledger: Ledger) -> None:
-        """Write the decision's changes, inside the decision's transaction. The reclaim's due
-        time follows from the grants written (R16): the ``scheduler.arm()`` after the commit
-        reads it (:meth:`_reclaim_due`)."""
-        self.store.persist(ledger.changes())
 
     # ================================================================== sync and alarm
     async def _sync(self, message: SyncMessage) -> dict[str, Any]:
@@ -471,14 +433,9 @@ class DurabilitySemaphore:
         ``contended`` flag of the last committed round (R29; durable, so it survives eviction)."""
         now = int(self.clock())
 
-        def body() -> dict[str, Any]:
-            ledger = self._load(sync_reads(now, message))
-            reply = decide_sync(ledger, now, message, self.policy, self._last_contended, self.next_request_at())
-            self._persist(ledger)
-            return reply
-
+        contended, next_at = self._last_contended, self.next_request_at()
         try:
-            reply = self.storage.transaction(body)
+            reply = self.storage.transaction(lambda: run_sync(self.store, now, message, self.policy, contended, next_at))
         except Exception as exc:
             log.exception("sync transaction failed; nothing was written")
             return RoundFailedError(f"sync failed, nothing was written: {exc}").to_wire()
@@ -503,13 +460,9 @@ class DurabilitySemaphore:
         if not self._ready:  # an alarm can be the first call an instance gets
             ensure_schema(self.storage)
         now = int(self.clock())
-
-        def body() -> None:
-            ledger = self._load(reclaim_reads(now))
-            decide_reclaim(ledger, now)
-            self._persist(ledger)
-
-        self.storage.transaction(body)
+        # The reclaim's next due time follows from the grants written: the scheduler's arm()
+        # after the run reads it (_reclaim_due).
+        self.storage.transaction(lambda: run_reclaim(self.store, now))
 
     # ================================================================== limits (SPEC R12)
     async def _resolve_limit(self) -> Any:

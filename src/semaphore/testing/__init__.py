@@ -29,6 +29,11 @@ Messages and storage inspection (:mod:`._messages`, :mod:`._inspect`):
   aggregates. :data:`RECLAIM_TIMER`, :data:`TIMERS`, :data:`AGGREGATES` name what they read.
 
 Running (:mod:`._runner`): :func:`run`, :func:`async_test` (``async def`` tests without a plugin).
+
+The holder's decisions without SQLite (:mod:`._memory_store`): :class:`MemoryStore` (the SQL
+store's interface over dicts), :func:`run_round`, :func:`run_sync`, :func:`run_reclaim` (the
+holder's own load -> decide -> persist) and :func:`resolve_limits` (its limit resolution for
+plain synchronous sources).
 """
 
 from ._bed import Bed, HolderSide
@@ -47,6 +52,7 @@ from ._inspect import (
     timers,
 )
 from ._local import T0, AlarmDriver, DurableObjectRuleError, LocalContext, LocalStorage, VirtualClock
+from ._memory_store import MemoryStore, Store, StoreState, resolve_limits, run_reclaim, run_round, run_sync
 from ._messages import blocked, by_id, request, sync
 from ._runner import async_test, run
 from ._tasks import ObjectTasks
@@ -63,4 +69,6 @@ __all__ = [
     "RECLAIM_TIMER", "TIMERS", "AGGREGATES",
     # running
     "run", "async_test",
+    # the holder's decisions over an in-memory store
+    "MemoryStore", "Store", "StoreState", "resolve_limits", "run_round", "run_sync", "run_reclaim",
 ]

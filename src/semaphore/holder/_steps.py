@@ -1,0 +1,100 @@
+"""The holder's three transaction bodies, load -> decide -> persist, over any :class:`Store`.
+
+The holder shell (:mod:`semaphore.holder._semaphore`) runs them over its
+:class:`~semaphore.holder._store.SqlStore` inside ``Storage.transaction`` (SPEC R2); the test
+kit runs them over :class:`semaphore.testing.MemoryStore` (no SQLite, no asyncio). Each loads
+what the core's ``*_reads`` names, lets :mod:`semaphore.core.rounds` decide over a
+:class:`~semaphore.core.ledger.Ledger`, and persists :meth:`~semaphore.core.ledger.Ledger.changes`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Protocol, Sequence
+
+from ..core.ledger import Changes, Ledger, Reads, Snapshot
+from ..core.rounds import (
+    Limits,
+    Pending,
+    Policy,
+    RoundOutcome,
+    decide_reclaim,
+    decide_round,
+    decide_sync,
+    reclaim_reads,
+    round_reads,
+    sync_reads,
+)
+from ..core.wire import SyncMessage
+
+__all__ = ["Store", "LeaseScope", "lease_scope", "run_round", "run_sync", "run_reclaim"]
+
+
+class Store(Protocol):
+    """What the holder needs of a store: the SQL store and the test kit's in-memory one."""
+
+    def meta(self) -> dict[str, int]:
+        """Every meta row."""
+
+    def load(self, reads: Reads, meta: dict[str, int] | None) -> Snapshot:
+        """The rows ``reads`` names, each once, with ``meta`` (``None``: not read)."""
+
+    def persist(self, changes: Changes) -> None:
+        """Write a decision's changes."""
+
+    def next_reclaim_due(self) -> int | None:
+        """The earliest ``claim_by`` of a grant with unclaimed permits."""
+
+    def live_lease_pairs(self, client_ids: Iterable[str] | None) -> set[tuple[str, str]]:
+        """``(client, group)`` pairs holding a live lease: of these clients, or all."""
+
+    def groups_with_live_leases(self) -> set[str]:
+        """Groups whose aggregate row counts a live lease."""
+
+
+class LeaseScope(tuple[set[tuple[str, str]], set[tuple[str, str]], set[str]]):
+    """``(demand pairs, live-lease pairs, groups)`` whose limits and ``can_grant`` a round
+    resolves (see :func:`lease_scope`)."""
+
+
+def lease_scope(store: Store, clients: Sequence[Pending], *, leases_configured: bool,
+                every_lease: bool) -> LeaseScope:
+    """What a round must resolve before its transaction (SPEC R12, R22, R33): the demanded
+    ``(client, group)`` pairs, the pairs holding a live lease (of every client when
+    ``every_lease``: a ``can_grant`` that may say no is asked for every live lease, since a client
+    drawing from its lease may never request; else of the round's clients), and every group
+    demanded or holding live leases. Live leases are looked at only when leases are configured
+    or any is live (one meta read)."""
+    demand_pairs = {(p.client_id, d.group) for p in clients for d in p.latest.demand}
+    lease_pairs: set[tuple[str, str]] = set()
+    lease_groups: set[str] = set()
+    if leases_configured or store.meta().get("live_leases", 0) > 0:
+        lease_pairs = store.live_lease_pairs(None if every_lease else [p.client_id for p in clients])
+        lease_groups = store.groups_with_live_leases()
+    return LeaseScope((demand_pairs, lease_pairs, {g for _, g in demand_pairs} | lease_groups))
+
+
+def run_round(store: Store, now: int, clients: Sequence[Pending], limits: Limits,
+              policy: Policy) -> RoundOutcome:
+    """One round's transaction body (SPEC R2): load what
+    :func:`~semaphore.core.rounds.round_reads` names, decide, persist the changes."""
+    meta = store.meta()
+    ledger = Ledger(store.load(round_reads(meta, now, clients, limits, policy), meta))
+    outcome = decide_round(ledger, now, clients, limits, policy)
+    store.persist(ledger.changes())
+    return outcome
+
+
+def run_sync(store: Store, now: int, message: SyncMessage, policy: Policy, contended: bool,
+             next_request_at: int) -> dict[str, Any]:
+    """One sync's transaction body (SPEC R6); returns the reply. Reads no meta row."""
+    ledger = Ledger(store.load(sync_reads(now, message), None))
+    reply = decide_sync(ledger, now, message, policy, contended, next_request_at)
+    store.persist(ledger.changes())
+    return reply
+
+
+def run_reclaim(store: Store, now: int) -> None:
+    """The reclaim alarm's transaction body (SPEC R15, R16). Reads no meta row."""
+    ledger = Ledger(store.load(reclaim_reads(now), None))
+    decide_reclaim(ledger, now)
+    store.persist(ledger.changes())

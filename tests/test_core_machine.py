@@ -1,0 +1,741 @@
+"""Tier 1: Hypothesis state machines over the holder's pure core (SPEC §4-§7, I1-I5; issue 9).
+
+The machines of ``test_lease_properties.py`` drive the whole holder (asyncio, rounds, SQLite).
+These drive the decisions themselves: :func:`~semaphore.core.rounds.decide_round`,
+:func:`~semaphore.core.rounds.decide_sync` and :func:`~semaphore.core.rounds.decide_reclaim` over
+a :class:`~semaphore.testing._memory_store.MemoryStore` (``tests/test_store_contract.py`` shows it
+interchangeable with the SQL store), with the holder shell's limit resolution
+(:func:`~semaphore.testing._memory_store.resolve_limits`). No SQLite, no asyncio, no clock, so
+they run about ten times the examples in about the same time.
+
+One machine per provisioning mode (none, strict, under, over by ratio and by count, strict
+within group limits) and one switching leases on and off. Honest clients modelled as in
+``test_lease_properties.py`` (queue items, claim grant permits and start only the confirmed
+claims, R15a; draw lease permits one-shot, R34; stop retired leases, R33; return idle lease
+permits when contended, R29; report cumulatively, R13, R31), and rules for: rounds of several
+clients whose replies may be lost (R8, I4), two requests of one client in a round, duplicated or
+with a stale snapshot before or after (R10, I2), reports of another client's grants and leases
+and of ids nobody issued (R14, R32), stale snapshots replayed by sync (I2), the same two
+snapshots delivered in both orders (I2), time advancing past claim deadlines and lease TTLs with
+the reclaim alarm firing or not (R15, R16, R31, I4), the limit and group limits moving or failing
+to resolve (R12, R24, R33), ``canGrant`` flips (R22, R33), and invalid messages (R7, I5).
+
+Checked after every round: I1 as SPEC states it (what the round admitted never takes the total
+above the mode's ceiling, nor a group above its limit, nor grants past the ``under`` ceiling or
+``over`` leases past ``extra``), nothing admitted under an unresolved limit (R12), nothing for a
+refused pair (R22), R27/R33 retirements, R29 (one ``contended`` flag), R8 (every row the client
+holds is in its reply). After every step: I1 in its standing form (while no ceiling was lowered
+below what is charged, charged capacity stays under it), I2 in its strong form (the holder
+charges every grant and lease at least what its client runs under it), the aggregates equal a
+recount of the rows (R19, R38, the totals I3 is measured by), rows consistent (R13, R30). At
+teardown every client drains and settles and charged capacity must return to zero (I3).
+
+Measured on the development container (2 CPUs, shared with other work; ``pytest`` wall time of
+the whole file, two runs), every machine with the same rules' depth of 30 steps unless said:
+
+* ``test_lease_properties.py`` (the whole holder on SQLite, six machines): 40 examples each
+  (240 in all) in 6.1-6.6 s; at 400 examples each, 62-69 s;
+* this file (the pure core over ``MemoryStore``, seven machines): 400 examples each (2,800 in
+  all) in 25-31 s at 30 steps, 20-24 s at the default 20 steps.
+
+So at equal depth an example costs about 2.6 times less (~9-11 ms against ~26-29 ms): ten times
+the examples take about four times the time, not the same time. The floor is Hypothesis's own
+stateful engine: a machine with the same rule shapes whose rules do nothing takes ~3 s for 400
+examples of 30 steps, while the core's decisions cost ~0.3 ms per step. Hence the default of 20
+steps per example (``CORE_MACHINE_STEPS``), which keeps the file within its share of the tier-1
+time; the drain at teardown (I3) runs on top of them.
+
+Examples per machine: ``CORE_MACHINE_EXAMPLES`` (default 400); steps: ``CORE_MACHINE_STEPS``
+(default 20); derandomized, so a run is reproducible.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from semaphore.core.allocation import LIMIT_ERROR, ceiling, grant_ceiling
+from semaphore.core.config import LeaseConfig, LimitedGroups, Provisioning
+from semaphore.core.rounds import Pending, Policy, RoundOutcome
+from semaphore.core.rows import GrantRow, LeaseRow
+from semaphore.core.wire import (
+    Demand,
+    GrantReport,
+    LeaseReport,
+    PermitRequest,
+    SyncMessage,
+    parse_message,
+)
+from semaphore.errors import InvalidMessageError
+from semaphore.testing._memory_store import MemoryStore, resolve_limits, run_reclaim, run_round, run_sync
+
+T0 = 1_700_000_000_000
+CLIENTS = ("c0", "c1", "c2", "c3")  # c3 has no lease support
+GROUPS = ("g0", "g1", "g2")
+TTL = 20_000
+GRANT_TIMEOUT = 10_000
+PERIOD = 2_000
+
+SETTINGS = settings(
+    max_examples=int(os.environ.get("CORE_MACHINE_EXAMPLES", "400")),
+    stateful_step_count=int(os.environ.get("CORE_MACHINE_STEPS", "20")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    derandomize=True,
+)
+
+Reports = tuple[tuple[tuple[str, int, int], ...], tuple[tuple[str, int, int, bool], ...]]
+
+
+# ============================================================================ the honest client
+@dataclass
+class Client:
+    """An honest client (as in ``test_lease_properties.py``): queued items per group, the
+    grants and leases it knows with its cumulative counts, and the items running under each."""
+
+    cid: str
+    lease_capable: bool
+    queue: dict[str, list[int]] = field(default_factory=lambda: {g: [] for g in GROUPS})
+    grants: dict[str, dict[str, Any]] = field(default_factory=dict)
+    leases: dict[str, dict[str, Any]] = field(default_factory=dict)
+    running: dict[tuple[str, str], int] = field(default_factory=dict)  # (kind, id) -> items
+    history: list[Reports] = field(default_factory=list)
+
+    def reports(self, record: bool = True) -> Reports:
+        grants = tuple((gid, g["claimed"], g["released"]) for gid, g in sorted(self.grants.items()))
+        leases = tuple((lid, x["drawn"], x["released"], x["stopped"]) for lid, x in sorted(self.leases.items()))
+        if record:
+            self.history.append((grants, leases))
+        return grants, leases
+
+    def demand(self, now: int) -> tuple[Demand, ...]:
+        return tuple(Demand(g, len(q), min(q)) for g, q in sorted(self.queue.items()) if q)
+
+    def queued(self, group: str) -> int:
+        return len(self.queue[group])
+
+    def run(self, kind: str, ident: str, group: str, n: int) -> None:
+        del self.queue[group][:n]
+        key = (kind, ident)
+        self.running[key] = self.running.get(key, 0) + n
+
+    def draw(self) -> None:
+        """R34: draw queued items from live leases, one permit each, no round trip."""
+        for lid, x in sorted(self.leases.items()):
+            if x["stopped"]:
+                continue
+            k = min(x["permits"] - x["drawn"], self.queued(x["group"]))
+            if k > 0:
+                x["drawn"] += k
+                self.run("lease", lid, x["group"], k)
+
+    def absorb(self, reply: dict[str, Any]) -> None:
+        """Take in a reply: new and re-sent grants and leases, retirements, settlements (R8)."""
+        assert "error" not in reply, reply
+        for s in reply["grants"]:
+            self._absorb_grant(s)
+        for s in reply["leases"]:
+            self._absorb_lease(s)
+        if reply["contended"]:  # R29: return idle lease permits of groups with nothing queued
+            for x in self.leases.values():
+                if not x["stopped"] and self.queued(x["group"]) == 0:
+                    x["stopped"] = True
+
+    def _absorb_grant(self, s: dict[str, Any]) -> None:
+        gid = s["grantId"]
+        mine = self.grants.get(gid)
+        if s["status"] == "not_found":
+            if mine is not None:
+                assert self.running.get(("grant", gid), 0) == 0, f"I2: grant {gid} forgotten while running"
+                del self.grants[gid]
+            return
+        if mine is None:
+            if not (s["claimed"] or s["released"]):  # else a stale replay naming a settled grant
+                self.grants[gid] = {"group": s["group"], "permits": s["permits"], "claimed": 0, "released": 0}
+        else:
+            mine["permits"] = s["permits"]  # shrinks at reclaim (R15)
+
+    def _absorb_lease(self, s: dict[str, Any]) -> None:
+        lid = s["leaseId"]
+        mine = self.leases.get(lid)
+        if s["status"] == "settled":
+            if mine is not None:
+                assert self.running.get(("lease", lid), 0) == 0, f"I2: lease {lid} settled while running"
+                del self.leases[lid]
+            return
+        if mine is None:
+            if s["group"] is not None and s["drawn"] == 0:
+                # a lease we never heard of (its reply was lost): live, or already retired
+                self.leases[lid] = {"group": s["group"], "permits": s["permits"], "drawn": 0,
+                                    "released": 0, "stopped": s["status"] != "live"}
+            return
+        if s["status"] == "retired":
+            mine["stopped"] = True  # R33: a retired lease stops drawing at once
+
+    def _confirmed(self, gid: str) -> int:
+        return self.running.get(("grant", gid), 0) + self.grants[gid]["released"]
+
+    def claims_to_make(self) -> bool:
+        """Claim unclaimed grant permits for queued items (confirmed by the next sync, R15a)."""
+        changed = False
+        for gid, g in sorted(self.grants.items()):
+            pending = sum(h["claimed"] - self._confirmed(hid) for hid, h in self.grants.items()
+                          if h["group"] == g["group"])
+            k = min(g["permits"] - g["claimed"], self.queued(g["group"]) - pending)
+            if k > 0:
+                g["claimed"] += k
+                changed = True
+        return changed
+
+    def confirm(self, reply: dict[str, Any]) -> None:
+        """R15a: start items for claims the reply shows recorded; drop the others."""
+        for s in reply["grants"]:
+            g = self.grants.get(s["grantId"])
+            if g is None:
+                continue
+            gid = s["grantId"]
+            k = min(min(s["claimed"], g["claimed"]) - self._confirmed(gid), self.queued(g["group"]))
+            if k > 0:
+                self.run("grant", gid, g["group"], k)
+            g["claimed"] = self._confirmed(gid)
+
+
+def request_of(c: Client, reports: Reports, demand: tuple[Demand, ...]) -> PermitRequest:
+    grants, leases = reports
+    return PermitRequest(c.cid, demand, tuple(GrantReport(*g) for g in grants),
+                         tuple(LeaseReport(*x) for x in leases) if c.lease_capable else None)
+
+
+def sync_of(c: Client, reports: Reports) -> SyncMessage:
+    grants, leases = reports
+    return SyncMessage(c.cid, tuple(GrantReport(*g) for g in grants),
+                       tuple(LeaseReport(*x) for x in leases) if c.lease_capable else None)
+
+
+def normal_reply(reply: dict[str, Any]) -> dict[str, Any]:
+    out = dict(reply)
+    out["grants"] = sorted(reply["grants"], key=lambda g: g["grantId"])
+    out["leases"] = sorted(reply["leases"], key=lambda x: x["leaseId"])
+    return out
+
+
+def charged(store: MemoryStore, group: str | None = None) -> int:
+    """SPEC R19: grants' ``permits - released`` plus lease footprint (R30), of one group or all."""
+    return (sum(g.charge for g in store.grants.values() if group is None or g.group_name == group)
+            + sum(x.footprint for x in store.leases.values() if group is None or x.group_name == group))
+
+
+# ============================================================================ the machine
+class Ids:
+    """A deterministic id factory that can be copied (to run a decision twice alike)."""
+
+    def __init__(self, n: int = 0) -> None:
+        self.n = n
+
+    def __call__(self) -> str:
+        self.n += 1
+        return f"id{self.n}"
+
+    def copy(self) -> "Ids":
+        return Ids(self.n)
+
+
+class CoreMachine(RuleBasedStateMachine):
+    """The pure core over a :class:`MemoryStore`, with honest (and some hostile) clients."""
+
+    LEASES: dict[str, Any] | None = None
+    #: Switch the lease configuration on and off (``LEASES`` must then be ``strict``).
+    TOGGLE = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.store = MemoryStore()
+        self.config = LeaseConfig.parse(self.LEASES)
+        self.leases_on = True
+        self.now = T0
+        self.limit = 6
+        self.limit_fails = False
+        self.group_limits: dict[str, int] = {}
+        self.group_fails: set[str] = set()
+        self.denied: set[tuple[str, str]] = set()
+        self.ids = Ids()
+        self.new_secret = lambda: bytes(range(32))  # called once per storage (R32)
+        self.clients = {c: Client(c, lease_capable=(c != "c3")) for c in CLIENTS}
+        self.last_round_limit: int | None = None
+        self.last_round_at: int | None = None
+        #: I1 (standing form): charged <= ceiling since the last time a ceiling moved.
+        self.tight = True
+        self.tight_groups: set[str] = set()
+
+    # ------------------------------------------------------------------ plumbing
+    @property
+    def lease_config(self) -> LeaseConfig | None:
+        return self.config if self.leases_on else None
+
+    def policy(self) -> Policy:
+        return Policy(leases=self.lease_config, grant_timeout_ms=GRANT_TIMEOUT, round_period_ms=PERIOD,
+                      new_id=self.ids, new_secret=self.new_secret)
+
+    def ceiling(self) -> int:
+        return ceiling(self.limit, self.lease_config)
+
+    def limits(self, clients: list[Pending]) -> Any:
+        return resolve_limits(
+            self.store, clients, limit=LIMIT_ERROR if self.limit_fails else self.limit,
+            group_limit=lambda g: LIMIT_ERROR if g in self.group_fails else self.group_limits.get(g),
+            can_grant=lambda c, g: (c, g) not in self.denied, leases_configured=self.lease_config is not None)
+
+    def next_request_at(self) -> int:
+        return self.now if self.last_round_at is None else max(self.now, self.last_round_at + PERIOD)
+
+    def sync(self, c: Client, message: SyncMessage | None = None) -> dict[str, Any]:
+        """A sync (R6) of ``c``'s reports, answered with the last round's flag (R29)."""
+        message = message or sync_of(c, c.reports())
+        contended = bool(self.store.meta().get("contended", 0))
+        reply = run_sync(self.store, self.now, message, self.policy(), contended, self.next_request_at())
+        self.check_reply_lists_everything(c.cid, reply)
+        c.absorb(reply)
+        c.confirm(reply)
+        return reply
+
+    def after_reply(self, c: Client) -> None:
+        c.draw()
+        if c.claims_to_make():
+            self.sync(c)
+        c.draw()
+
+    def run_round(self, clients: list[Pending]) -> RoundOutcome:
+        """One round with every per-round check (I1, R12, R22, R27, R29, R33, R8)."""
+        before = self.store.state()
+        limits = self.limits(clients)
+        outcome = run_round(self.store, self.now, clients, limits, self.policy())
+        new_g = [g for i, g in self.store.grants.items() if i not in before["grants"]]
+        new_l = [x for i, x in self.store.leases.items() if i not in before["leases"]]
+        self.check_i1(new_g, new_l)
+        self.check_r12_r22(new_g, new_l, outcome)
+        self.check_r33(before["leases"])
+        for cid, reply in outcome.replies.items():
+            assert reply["contended"] == outcome.contended  # R29: every reply of the round
+            self.check_reply_lists_everything(cid, reply)
+        self.last_round_at = self.now
+        if not self.limit_fails:
+            self.last_round_limit = self.limit
+        return outcome
+
+    def pending(self, cid: str, arrival: int, variant: str) -> Pending:
+        """R10: the client's request, alone, twice, or with a stale snapshot before or after
+        (the latest demand wins; every report is applied)."""
+        c = self.clients[cid]
+        demand = c.demand(self.now)
+        stale = c.history[0] if c.history else None
+        current = request_of(c, c.reports(), demand)
+        if variant == "twice":
+            return Pending(cid, arrival, [current, current])
+        if variant == "stale first" and stale is not None:
+            return Pending(cid, arrival, [request_of(c, stale, demand), current])
+        if variant == "stale last" and stale is not None:
+            return Pending(cid, arrival, [current, request_of(c, stale, demand)])
+        return Pending(cid, arrival, [current])
+
+    # ------------------------------------------------------------------ rules: clients
+    @rule(client=st.sampled_from(CLIENTS), group=st.sampled_from(GROUPS), n=st.integers(1, 5))
+    def add_items(self, client: str, group: str, n: int) -> None:
+        c = self.clients[client]
+        c.queue[group] += [self.now] * n
+        c.draw()  # R34: lease draws need no round trip
+
+    @rule(mask=st.integers(1, 2 ** len(CLIENTS) - 1), group=st.sampled_from(GROUPS), add=st.integers(0, 4),
+          variant=st.sampled_from(["once", "once", "twice", "stale first", "stale last"]),
+          lose=st.booleans())
+    def round(self, mask: int, group: str, add: int, variant: str, lose: bool) -> None:
+        # R8-R33 in one round; a lost reply (I4) is healed by the client's next contact (R8).
+        # ``mask`` picks the members (one draw instead of a list's), each of which first queues
+        # ``add`` items in ``group`` (so most rounds have demand).
+        members = [cid for i, cid in enumerate(CLIENTS) if mask >> i & 1]
+        if mask % 3 == 0:
+            members.reverse()  # arrival order matters for ties (R21)
+        for cid in members:
+            if add:
+                self.add_items(cid, group, add)
+        clients = [self.pending(cid, i, variant if i == 0 else "once") for i, cid in enumerate(members)]
+        outcome = self.run_round(clients)
+        for i, cid in enumerate(members):
+            if lose and i == 0:
+                continue  # the reply is lost: nothing learnt until the next contact (R8, I4)
+            c = self.clients[cid]
+            c.absorb(outcome.replies[cid])
+            self.after_reply(c)
+
+    @rule(client=st.sampled_from(CLIENTS), finish=st.sampled_from([None, None, "grant", "lease"]))
+    def heartbeat(self, client: str, finish: str | None) -> None:
+        # R6, R31: a sync of the client's reports; with ``finish``, every running item of that
+        # kind completes first (and leases are stopped, R30).
+        c = self.clients[client]
+        if finish is not None:
+            self.finish_work(c, finish)
+        self.sync(c)
+        self.after_reply(c)
+
+    @rule(client=st.sampled_from(CLIENTS), data=st.data())
+    def release(self, client: str, data: st.DataObject) -> None:
+        c = self.clients[client]
+        busy = sorted(k for k, n in c.running.items() if n > 0)
+        if busy:
+            kind, ident = data.draw(st.sampled_from(busy))
+            c.running[(kind, ident)] -= 1
+            (c.grants if kind == "grant" else c.leases)[ident]["released"] += 1
+
+    @staticmethod
+    def finish_work(c: Client, kind: str) -> None:
+        for (k, ident), n in list(c.running.items()):
+            if k == kind and n > 0:
+                (c.grants if kind == "grant" else c.leases)[ident]["released"] += n
+                c.running[(k, ident)] = 0
+        if kind == "lease":
+            for x in c.leases.values():
+                x["stopped"] = True
+
+    # ------------------------------------------------------------------ rules: hostile reports
+    @rule(client=st.sampled_from(CLIENTS), data=st.data(), both_orders=st.booleans())
+    def late_reports(self, client: str, data: st.DataObject, both_orders: bool) -> None:
+        # I2: late, repeated or reordered reports (by sync, or in a round in both orders).
+        if both_orders:
+            self.reports_in_both_orders(client, data)
+        else:
+            self.replay_stale_report(client, data)
+
+    def replay_stale_report(self, client: str, data: st.DataObject) -> None:
+        # I2, R13: an old snapshot re-sent late changes nothing an empty sync would not,
+        # but the heartbeat of the live leases it names (R31).
+        c = self.clients[client]
+        if not c.history:
+            return
+        stale = data.draw(st.sampled_from(c.history))
+        reference = self.store.clone()
+        contended = bool(self.store.meta().get("contended", 0))
+        run_sync(reference, self.now, sync_of(c, ((), ())), self.policy(), contended, self.next_request_at())
+        reply = self.sync(c, sync_of(c, stale))
+        heartbeats = {lid for lid, *_ in stale[1]}
+        assert strip(self.store.state(), heartbeats) == strip(reference.state(), heartbeats), "I2: a replay changed state"
+        for s in reply["grants"]:  # R13: answered with the holder's marks, never the stale ones
+            row = self.store.grants.get(s["grantId"])
+            if row is not None:
+                assert (s["claimed"], s["released"]) == (row.claimed, row.released)
+
+    def reports_in_both_orders(self, client: str, data: st.DataObject) -> None:
+        # I2: two delivered snapshots, in a round in either order, leave the same state as the
+        # newer alone: reordered reports never free capacity twice.
+        c = self.clients[client]
+        if len(c.history) < 2:
+            return
+        i, j = sorted(data.draw(st.lists(st.integers(0, len(c.history) - 1), min_size=2, max_size=2, unique=True)))
+        older, newer = (request_of(c, c.history[k], ()) for k in (i, j))
+        limits = self.limits([Pending(c.cid, 0, [newer])])
+        results = []
+        for messages in ([older, newer], [newer, older], [newer]):
+            store = self.store.clone()
+            outcome = run_round(store, self.now, [Pending(c.cid, 0, list(messages))], limits, self.policy())
+            results.append((store, outcome))
+        assert results[0][0].state() == results[1][0].state() == results[2][0].state(), "I2: order mattered"
+        assert normal_reply(results[0][1].replies[c.cid]) == normal_reply(results[1][1].replies[c.cid])
+        self.store = results[1][0]
+        self.last_round_at = self.now
+        c.absorb(results[1][1].replies[c.cid])
+
+    @rule(data=st.data(), member=st.sampled_from(CLIENTS), in_round=st.booleans())
+    def foreign_and_unknown_ids(self, data: st.DataObject, member: str, in_round: bool) -> None:
+        # R14: a report of another client's grant is not applied and answered not_found; R32:
+        # one of another client's lease or of a made-up id is answered as unknown (group None),
+        # charged nothing (its id does not verify for the reporter) and applied to nothing. So
+        # the round or sync leaves exactly the state the honest reports alone would.
+        c = self.clients[member]
+        grants, leases = c.reports()
+        foreign_g = sorted((g for g in self.store.grants.values() if g.client_id != member),
+                           key=lambda g: g.grant_id)[:2]
+        foreign_l = sorted((x for x in self.store.leases.values() if x.client_id != member),
+                           key=lambda x: x.lease_id)[:2]
+        n = data.draw(st.integers(0, 8))
+        hostile: Reports = (
+            grants + tuple((g.grant_id, n, n) for g in foreign_g) + (("ghost", n, 0),),
+            leases + tuple((x.lease_id, n, 0, False) for x in foreign_l) + (("ghost.0.1.0", n, 0, n % 2 == 0),))
+        reference, ids = self.store.clone(), self.ids.copy()
+        policy = Policy(leases=self.lease_config, grant_timeout_ms=GRANT_TIMEOUT, round_period_ms=PERIOD,
+                        new_id=ids, new_secret=self.new_secret)
+        if in_round:
+            demand = c.demand(self.now)
+            honest = [Pending(member, 0, [request_of(c, (grants, leases), demand)])]
+            run_round(reference, self.now, honest, self.limits(honest), policy)
+            reply = self.run_round([Pending(member, 0, [request_of(c, hostile, demand)])]).replies[member]
+        else:
+            contended = bool(self.store.meta().get("contended", 0))
+            run_sync(reference, self.now, sync_of(c, (grants, leases)), policy, contended, self.next_request_at())
+            reply = self.sync(c, sync_of(c, hostile))
+        assert self.store.state() == reference.state(), "R14/R32: a foreign or unknown report changed state"
+        answers = {s["grantId"]: s for s in reply["grants"]}
+        for gid in [g.grant_id for g in foreign_g] + ["ghost"]:
+            assert answers[gid]["status"] == "not_found" and answers[gid]["group"] is None  # R14
+        if c.lease_capable:
+            lease_answers = {s["leaseId"]: s for s in reply["leases"]}
+            for lid in [x.lease_id for x in foreign_l] + ["ghost.0.1.0"]:
+                assert lease_answers[lid]["group"] is None and lease_answers[lid]["status"] != "live"  # R32
+        if in_round:
+            c.absorb(reply)
+        self.after_reply(c)
+
+    # ------------------------------------------------------------------ rules: time and limits
+    @rule(ms=st.sampled_from([500, 2_000, 6_000, 11_000, TTL // 2, TTL]), alarm=st.booleans())
+    def advance(self, ms: int, alarm: bool) -> None:
+        # R15, R16, R31: time passes; the reclaim alarm fires at each due time, or is delayed.
+        target = self.now + ms
+        if alarm:
+            due = self.store.next_reclaim_due()
+            while due is not None and due <= target:
+                self.now = max(self.now, due)
+                run_reclaim(self.store, self.now)
+                due = self.store.next_reclaim_due()
+        self.now = target
+        if alarm:  # I4: unclaimed grant permits came back by their deadline
+            late = [g for g in self.store.grants.values() if g.claimed < g.permits and g.claim_by <= self.now]
+            assert not late, f"I4: unclaimed permits past their deadline {late}"
+
+    @rule(limit=st.integers(-1, 10), toggle_leases=st.booleans())
+    def set_limit(self, limit: int, toggle_leases: bool) -> None:
+        # R24: limits are live; R33: a lowered limit retires live leases; -1: the limit fails
+        # to resolve (R12) until set again. ``toggle_leases`` (machines with ``TOGGLE``): leases
+        # off, no new ones, those live still count and retire (R25, R33); or on again.
+        self.limit_fails = limit < 0
+        self.limit = self.limit if limit < 0 else limit
+        if self.TOGGLE and toggle_leases:
+            self.leases_on = not self.leases_on
+        self.retighten()
+
+    @rule(group=st.sampled_from(GROUPS), gl=st.one_of(st.none(), st.integers(0, 6)),
+          fails=st.sampled_from([False, False, False, True]))
+    def set_group_limit(self, group: str, gl: int | None, fails: bool) -> None:
+        if gl is None:
+            self.group_limits.pop(group, None)
+        else:
+            self.group_limits[group] = gl
+        (self.group_fails.add if fails else self.group_fails.discard)(group)  # R12: fails closed
+        self.retighten()
+
+    @rule(client=st.sampled_from(CLIENTS), group=st.sampled_from(GROUPS), allowed=st.booleans())
+    def can_grant(self, client: str, group: str, allowed: bool) -> None:
+        (self.denied.discard if allowed else self.denied.add)((client, group))  # R22, R33
+
+    @rule(client=st.sampled_from(CLIENTS), mutation=st.sampled_from(
+        ["released>claimed", "v", "count", "duplicate group", "duplicate lease", "client id", "type"]))
+    def invalid_message(self, client: str, mutation: str) -> None:
+        # R7, I5: an invalid message is refused naming its field, and changes nothing.
+        c = self.clients[client]
+        message = request_of(c, c.reports(record=False), c.demand(self.now)).to_wire()
+        assert isinstance(parse_message(message), PermitRequest)
+        bad, field_name = mutate(message, mutation)
+        before = self.store.state()
+        with pytest.raises(InvalidMessageError) as refused:
+            parse_message(bad)
+        assert refused.value.field == field_name, (refused.value.field, field_name)
+        assert self.store.state() == before
+
+    def retighten(self) -> None:
+        """I1 standing form: a ceiling that moved holds from now on if charged is under it."""
+        self.tight = charged(self.store) <= self.ceiling()
+        self.tight_groups = {g for g, gl in self.group_limits.items() if charged(self.store, g) <= gl}
+
+    # ------------------------------------------------------------------ per-round checks
+    def check_i1(self, new_g: list[GrantRow], new_l: list[LeaseRow]) -> None:
+        """I1 as SPEC states it, for the round just run."""
+        config, limit = self.lease_config, self.limit
+        outstanding = sum(g.charge for g in self.store.grants.values())
+        lease_fp = sum(x.footprint for x in self.store.leases.values())
+        if config is None:
+            assert not new_l, "R25: no leases without lease config"
+        extra = config.extra(limit) if config else 0
+        if new_g or new_l:
+            assert outstanding + lease_fp <= limit + extra, f"I1: {outstanding}+{lease_fp} > {limit}+{extra}"
+        if new_g:
+            if config is not None and config.mode is Provisioning.UNDER:
+                assert outstanding <= grant_ceiling(limit, config), "I1: grants past the under ceiling"
+            assert outstanding + max(0, lease_fp - extra) <= limit, "I1: grants past the limit"
+        if new_l and config is not None and config.mode is Provisioning.OVER:
+            assert lease_fp <= extra, "I1: over leases past extra"
+        for group in {x.group_name for x in [*new_g, *new_l]}:
+            gl = self.group_limits.get(group)
+            if gl is not None:
+                assert charged(self.store, group) <= gl, f"I1: group {group} above {gl} after admitting"
+                if config is None or config.limited_groups is LimitedGroups.EXCLUDE:
+                    assert not [x for x in new_l if x.group_name == group], "R27: lease in a limited group"
+
+    def check_r12_r22(self, new_g: list[GrantRow], new_l: list[LeaseRow], outcome: RoundOutcome) -> None:
+        """R12: an unresolved limit admits nothing, an unresolved group limit nothing in its
+        group; R22: nothing for a refused pair, which waits with ``not_permitted`` (R23)."""
+        rows: list[GrantRow | LeaseRow] = [*new_g, *new_l]
+        if self.limit_fails:
+            assert not rows, "R12: admitted under an unresolved limit"
+        assert not [r for r in rows if r.group_name in self.group_fails], "R12: admitted in a failed group"
+        assert not [r for r in rows if (r.client_id, r.group_name) in self.denied], "R22: admitted a refused pair"
+        for cid, reply in outcome.replies.items():
+            for b in reply["blocked"]:
+                if (cid, b["group"]) in self.denied:
+                    assert b["reason"] == "not_permitted", b  # R23: the first constraint
+                elif self.limit_fails or b["group"] in self.group_fails:
+                    assert b["reason"] == "limit_resolution_error", b
+
+    def check_r33(self, before_leases: dict[str, LeaseRow]) -> None:
+        """R33: lowering the limit retires every live lease; R27/R33 (``exclude``): no live lease
+        in a limited group; R33: none of a pair ``canGrant`` refuses."""
+        live = [x for x in self.store.leases.values() if x.status == "live"]
+        if (self.last_round_limit is not None and not self.limit_fails and self.limit < self.last_round_limit):
+            assert not [x for x in live if x.lease_id in before_leases], "R33: live leases survived a lowered limit"
+        config = self.lease_config
+        if config is None or config.limited_groups is LimitedGroups.EXCLUDE:
+            assert not [x for x in live if x.group_name in self.group_limits
+                        and x.group_name not in self.group_fails], "R27/R33: live lease in a limited group"
+        assert not [x for x in live if (x.client_id, x.group_name) in self.denied], "R33: live lease refused"
+
+    def check_reply_lists_everything(self, cid: str, reply: dict[str, Any]) -> None:
+        """R8 (and I4: a lost reply heals at the next contact): every grant and lease the client
+        holds is in its reply."""
+        assert "error" not in reply, reply
+        grants = {s["grantId"] for s in reply["grants"] if s["status"] != "not_found"}
+        leases = {s["leaseId"] for s in reply["leases"] if s["status"] != "settled"}
+        assert {g.grant_id for g in self.store.grants.values() if g.client_id == cid} <= grants, "R8: grant missing"
+        assert {x.lease_id for x in self.store.leases.values() if x.client_id == cid} <= leases, "R8: lease missing"
+
+    # ------------------------------------------------------------------ invariants
+    @invariant()
+    def standing_invariants(self) -> None:
+        """One invariant hook (each costs Hypothesis a step of its own): I1, I2, R19/R38."""
+        self.i1_charged_stays_under_a_ceiling_that_did_not_drop()
+        self.i2_holder_charges_at_least_what_runs()
+        self.aggregates_equal_a_recount()
+
+    def i1_charged_stays_under_a_ceiling_that_did_not_drop(self) -> None:
+        # I1: admissions stop at the ceiling and nothing else raises a charge, so while no
+        # ceiling was lowered below what is charged, charged capacity stays under it.
+        if self.tight:
+            assert charged(self.store) <= self.ceiling(), f"I1: {charged(self.store)} > {self.ceiling()}"
+        for group in self.tight_groups:
+            assert charged(self.store, group) <= self.group_limits[group], f"I1: group {group}"
+
+    def i2_holder_charges_at_least_what_runs(self) -> None:
+        # I2 (strong form): nothing a client is running has been handed back.
+        for c in self.clients.values():
+            for (kind, ident), n in c.running.items():
+                if n > 0:
+                    row = (self.store.grants if kind == "grant" else self.store.leases).get(ident)
+                    assert row is not None, f"I2: {kind} {ident} gone while {n} items run"
+                    assert (row.charge if isinstance(row, GrantRow) else row.footprint) >= n, f"I2: {kind} {ident}"
+
+    def aggregates_equal_a_recount(self) -> None:
+        # R19, R38 (what I3 is measured by): group rows and meta totals equal a recount; rows
+        # are consistent (R13, R30) and settled rows are gone (R15, R17, R30).
+        recount = self.store.recount()
+        assert self.store.groups == recount, (self.store.groups, recount)
+        totals = self.store.totals()
+        assert totals == {a: sum(r[a] for r in recount.values()) for a in totals}
+        for g in self.store.grants.values():
+            assert 0 <= g.released <= g.claimed <= g.permits and g.claim_by >= g.issued_at, g
+            # R17: a fully released grant is deleted; R15: so is one reclaimed with nothing claimed
+            assert g.released < g.permits, f"R15/R17: settled grant kept {g}"
+        for x in self.store.leases.values():
+            assert 0 <= x.released <= x.drawn <= x.permits and x.status in ("live", "retired"), x
+            assert not (x.stopped and x.released >= x.drawn), f"R30: settled lease kept {x}"
+            assert not (x.stopped and x.status == "live"), f"R30: stopped lease still live {x}"
+
+    # ------------------------------------------------------------------ I3 at the end
+    def teardown(self) -> None:
+        # I3: once every client releases, stops and reports, and deadlines pass, nothing is charged.
+        for _ in range(6):
+            for c in self.clients.values():
+                for q in c.queue.values():
+                    q.clear()
+                for (kind, ident), n in list(c.running.items()):
+                    if n > 0:
+                        (c.grants if kind == "grant" else c.leases)[ident]["released"] += n
+                        c.running[(kind, ident)] = 0
+                for x in c.leases.values():
+                    x["stopped"] = True
+                self.sync(c)
+            self.advance(GRANT_TIMEOUT + 1_000, alarm=True)
+        assert charged(self.store) == 0 and self.store.totals()["lease_footprint"] == 0, f"I3: {self.store.totals()}"
+        assert not self.store.grants and not self.store.leases and not self.store.groups
+
+
+def strip(state: dict[str, dict[str, Any]], lease_ids: set[str]) -> dict[str, dict[str, Any]]:
+    """``state`` without the ``expires_at`` of the named leases (a heartbeat moves it, R31)."""
+    out = dict(state)
+    out["leases"] = {i: (x.lease_id, x.drawn, x.released, x.stopped, x.status) if i in lease_ids else x
+                     for i, x in state["leases"].items()}
+    return out
+
+
+def mutate(message: dict[str, Any], mutation: str) -> tuple[dict[str, Any], str]:
+    """One invalid change to a valid request (R7) and the field its error must name."""
+    m = {**message, "demand": [dict(d) for d in message["demand"]], "grants": [dict(g) for g in message["grants"]]}
+    if mutation == "released>claimed":
+        m["grants"].append({"grantId": "x", "claimed": 1, "released": 2})
+        return m, f"grants[{len(m['grants']) - 1}].released"
+    if mutation == "v":
+        return {**m, "v": 2}, "v"
+    if mutation == "type":
+        return {**m, "type": "Request"}, "type"
+    if mutation == "client id":
+        return {**m, "clientId": "c" * 257}, "clientId"
+    if mutation == "count":
+        m["demand"].append({"group": "fresh", "count": -1, "oldestAt": 0})
+        return m, f"demand[{len(m['demand']) - 1}].count"
+    if mutation == "duplicate group":
+        m["demand"] += [{"group": "dup", "count": 1, "oldestAt": 0}] * 2
+        return m, f"demand[{len(m['demand']) - 1}].group"
+    m["leases"] = [{"leaseId": "dup", "drawn": 0, "released": 0, "stopped": False}] * 2
+    return m, "leases[1].leaseId"
+
+
+class NoLeases(CoreMachine):
+    LEASES = None
+
+
+class Strict(CoreMachine):
+    LEASES = {"provisioning": {"mode": "strict"}, "permitsPerLease": 3, "ttlMs": TTL}
+
+
+class Under(CoreMachine):
+    LEASES = {"provisioning": {"mode": "under", "reserve": 4}, "permitsPerLease": 3, "ttlMs": TTL}
+
+
+class OverRatio(CoreMachine):
+    LEASES = {"provisioning": {"mode": "over", "extra": {"ratio": 0.5}}, "permitsPerLease": 3, "ttlMs": TTL}
+
+
+class OverCount(CoreMachine):
+    LEASES = {"provisioning": {"mode": "over", "extra": {"count": 3}}, "permitsPerLease": 2, "ttlMs": TTL,
+              "limitedGroups": "withinGroupLimit"}
+
+
+class StrictWithin(CoreMachine):
+    LEASES = {"provisioning": {"mode": "strict"}, "permitsPerLease": 4, "ttlMs": TTL,
+              "limitedGroups": "withinGroupLimit"}
+
+
+class LeasesOnOff(CoreMachine):
+    LEASES = {"provisioning": {"mode": "strict"}, "permitsPerLease": 2, "ttlMs": TTL}
+    TOGGLE = True
+
+
+TestNoLeases = NoLeases.TestCase
+TestStrict = Strict.TestCase
+TestUnder = Under.TestCase
+TestOverRatio = OverRatio.TestCase
+TestOverCount = OverCount.TestCase
+TestStrictWithin = StrictWithin.TestCase
+TestLeasesOnOff = LeasesOnOff.TestCase
+for _machine in (NoLeases, Strict, Under, OverRatio, OverCount, StrictWithin, LeasesOnOff):
+    _machine.TestCase.settings = SETTINGS
+del _machine
