@@ -79,7 +79,8 @@ RPC_TIMEOUT_MS = 5_000
 #: How long a finished job is remembered, by its queue (``SemaphoreQueue(retention_ms=...)``, so a
 #: retried enqueue does not run it again) and by the account's job directory (``JOB_RETENTION_MS``).
 DEFAULT_JOB_RETENTION_MS = 86_400_000
-#: The holder's scheduler timer that prunes the job directory.
+#: The holder's scheduler participant that prunes the job directory: its due time is read from the
+#: directory itself (the earliest ``done_at`` plus the retention), so no timer row mirrors it.
 JOB_PRUNE_TIMER = "app:prune_job_directory"
 #: A JobQueue's outbox: its finished jobs (and ids it does not know that the directory named)
 #: the account's job directory has not acknowledged yet (``finish_job``).
@@ -217,7 +218,7 @@ class AccountLimit(DurableObject):
         self._override_loaded = False
         self._jobs_ready = False
         self.scheduler = DurabilityScheduler(ctx)
-        self.scheduler.on(JOB_PRUNE_TIMER, self._prune_jobs)
+        self.scheduler.participate(JOB_PRUNE_TIMER, self._prune_due, self._prune_jobs)
         self.config_error: dict[str, Any] | None = None
         try:
             settings = read_settings(env)
@@ -333,11 +334,12 @@ class AccountLimit(DurableObject):
 
     async def finish_job(self, job_id: Any, queue: Any = None) -> dict[str, Any]:
         """``job_id`` is finished in its queue (or that queue does not know it): the directory
-        forgets it ``JOB_RETENTION_MS`` after the first such call (the holder's scheduler timer
-        ``app:prune_job_directory``). Sent by the job's ``JobQueue`` from its outbox until
-        acknowledged, so idempotent; an unknown id, or (with ``queue``) an id registered to
-        another queue, changes nothing. Answers ``{"jobId", "pruneAt"}`` (``pruneAt``: when the
-        entry goes, ``None`` if there is none), which acknowledges it."""
+        forgets it ``JOB_RETENTION_MS`` after the first such call (the holder's scheduler
+        participant ``app:prune_job_directory``, due at :meth:`_next_prune_at`). Sent by the
+        job's ``JobQueue`` from its outbox until acknowledged, so idempotent; an unknown id, or
+        (with ``queue``) an id registered to another queue, changes nothing. Answers
+        ``{"jobId", "pruneAt"}`` (``pruneAt``: when the entry goes, ``None`` if there is none),
+        which acknowledges it."""
         if self.config_error is not None:
             return self.config_error
         job_id = str(plain(job_id))
@@ -351,7 +353,6 @@ class AccountLimit(DurableObject):
         def body() -> int | None:
             self.storage.exec(f"UPDATE {JOBS} SET done_at = ? WHERE job_id = ? AND done_at IS NULL"
                               " AND (? IS NULL OR queue = ?)", now, job_id, queue, queue)
-            self.scheduler.point_timer(JOB_PRUNE_TIMER, self._next_prune_at())
             row = self.storage.one(f"SELECT done_at, queue FROM {JOBS} WHERE job_id = ?", job_id)
             if row is None or row["done_at"] is None or (queue is not None and str(row["queue"]) != queue):
                 return None
@@ -365,22 +366,28 @@ class AccountLimit(DurableObject):
         row = self.storage.one(f"SELECT MIN(done_at) AS done FROM {JOBS} WHERE done_at IS NOT NULL")
         return None if row is None or row["done"] is None else int(row["done"]) + self.job_retention_ms
 
+    def _prune_due(self) -> int | None:
+        """The prune participant's ``next_due``: :meth:`_next_prune_at` (one read). ``None`` when
+        there is no job directory (an account never written to), or one of an earlier version
+        (no ``done_at`` yet: nothing finished to forget); nothing is created."""
+        try:
+            return self._next_prune_at()
+        except Exception:
+            row = self.storage.one("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", JOBS)
+            if row is None or not re.search(r"\bdone_at\b", str(row["sql"] or "")):
+                return None
+            raise
+
     def _prune_jobs(self, name: str, due_at: int) -> None:
-        """Timer handler: drop directory entries of jobs finished ``JOB_RETENTION_MS`` ago, then
-        point the timer at the next one (the scheduler re-arms the alarm)."""
+        """The prune participant's run: drop directory entries of jobs finished
+        ``JOB_RETENTION_MS`` ago (the next due time follows from the entries left; the scheduler
+        re-arms the alarm)."""
         if not has_tables(self.storage, [JOBS]):
             return
         self._jobs_table()
         now = int(self.scheduler.clock())
-
-        def body() -> None:
-            self.storage.exec(f"DELETE FROM {JOBS} WHERE done_at IS NOT NULL AND done_at <= ?",
-                              now - self.job_retention_ms)
-            next_at = self._next_prune_at()
-            if next_at is not None:
-                self.scheduler.set_timer(JOB_PRUNE_TIMER, next_at)
-
-        self.storage.transaction(body)
+        self.storage.exec(f"DELETE FROM {JOBS} WHERE done_at IS NOT NULL AND done_at <= ?",
+                          now - self.job_retention_ms)
 
     def _jobs_table(self) -> None:
         """Create the job directory, or add ``done_at`` to one created by an earlier version."""

@@ -65,7 +65,8 @@ async def queue_in_use(limit: int = 2):
         await clock.advance(10)   # let the wake-up in flight finish its holder round
     await side.queue.enqueue(KEY, "g", "late")   # wake-up due now
     assert {i.state.value for i in side.queue.items(KEY)} == {"running", "queued"}
-    assert timers(side.storage)[SemaphoreQueue.TIMER] == clock.now
+    assert side.scheduler.due_times()[SemaphoreQueue.TIMER] == clock.now   # its participant
+    assert SemaphoreQueue.TIMER not in timers(side.storage)   # no timer row mirrors it
     assert client_side_tables(side.storage) >= {
         "durability_semaphore_client_items", "durability_semaphore_client_wakeups"}
     return clock, side
@@ -77,10 +78,18 @@ async def test_r3_queue_migrate_none_removes_its_tables_and_its_wake_timer():
     # queue timer is left; other timers and the scheduler's table stay.
     clock, side = await queue_in_use()
     side.scheduler.set_timer(RECLAIM_TIMER, T0 + 7_200_000)   # an object that is a holder too
+    # The queue's row in the scheduler's table: the backoff of a failing wake-up (attempts >= 1).
+    side.scheduler.storage.exec("INSERT INTO durability_scheduler_timers(name, due_at, attempts)"
+                                " VALUES (?, ?, 2)", SemaphoreQueue.TIMER, clock.now + 2_000)
+    assert side.scheduler.due_times()[SemaphoreQueue.TIMER] == clock.now + 2_000
     SemaphoreQueue.migrate(side.ctx, None)
     assert client_side_tables(side.storage) == set()
     assert timers(side.storage) == {APP_TIMER: T0 + 3_600_000, RECLAIM_TIMER: T0 + 7_200_000}
     assert "durability_scheduler_timers" in tables(side.storage)
+    # The live queue's participant is never due over the dropped wake-up table (and reads it
+    # without re-creating it).
+    assert side.scheduler.due_times() == {APP_TIMER: T0 + 3_600_000, RECLAIM_TIMER: T0 + 7_200_000}
+    assert client_side_tables(side.storage) == set()
 
 
 @async_test
@@ -97,6 +106,7 @@ async def test_r3_after_queue_migrate_none_the_next_alarm_neither_fails_nor_recr
     await side.scheduler.alarm({})
     assert client_side_tables(side.storage) == set()
     assert timers(side.storage) == {APP_TIMER: T0 + 3_600_000}
+    assert side.scheduler.due_times() == {APP_TIMER: T0 + 3_600_000}
     assert side.storage.alarm == T0 + 3_600_000   # re-armed for what is left
     # Idempotent, also on a storage that never had any of it.
     SemaphoreQueue.migrate(side.ctx, None)

@@ -155,12 +155,54 @@ def test_job_directory_forgets_finished_jobs_after_the_retention(entry):
         rows = dict(ctx.storage.connection.execute("SELECT job_id, done_at FROM app_job_directory").fetchall())
         assert rows["j1"] is not None and rows["j2"] is None
         assert ctx.storage.alarm == rows["j1"] + 1000
+        # The prune is a participant: its due time is read from the directory, no timer row.
+        assert holder.scheduler.due_times() == {entry.JOB_PRUNE_TIMER: rows["j1"] + 1000}
+        assert scheduler_rows(ctx) == {}
         later = rows["j1"] + 1001
         holder.scheduler.clock = lambda: later
         await holder.alarm()
         rows = dict(ctx.storage.connection.execute("SELECT job_id, done_at FROM app_job_directory").fetchall())
         assert rows == {"j2": None}
         assert ctx.storage.alarm is None  # nothing left to prune
+        assert holder.scheduler.due_times() == {} and scheduler_rows(ctx) == {}
+
+    run(scenario())
+
+
+def scheduler_rows(ctx) -> dict[str, tuple[int, int]]:
+    """The rows of the scheduler's table: ``{name: (due_at, attempts)}``."""
+    return {r[0]: (r[1], r[2]) for r in ctx.storage.connection.execute(
+        "SELECT name, due_at, attempts FROM durability_scheduler_timers").fetchall()}
+
+
+def test_r16_a_prune_timer_row_of_an_earlier_release_is_harmless(entry):
+    # R16 (the scheduler's participants): an earlier release kept the timer row
+    # app:prune_job_directory in step with the directory by hand. After the upgrade it arms the
+    # alarm at its time at the latest, is deleted by the prune's next run, and no prune is lost.
+    world = World(entry, JOB_RETENTION_MS="1000")
+
+    async def scenario():
+        for job_id in ("j1", "j2"):
+            assert (await world.fetch("POST", "/accounts/a/queues/q/jobs", {"id": job_id}, headers=AUTH))[0] == 201
+        assert (await world.fetch("POST", "/accounts/a/jobs/j1/complete", headers=AUTH))[0] == 200
+        holder = world.env.ACCOUNT_LIMIT.getByName("a")
+        ctx = world.env.ACCOUNT_LIMIT.contexts["a"]
+        done_at = directory(world)["j1"]
+        holder.scheduler.storage.exec(   # the earlier release's row, left early (attempts 0)
+            "INSERT INTO durability_scheduler_timers(name, due_at) VALUES (?, ?) ON CONFLICT(name)"
+            " DO UPDATE SET due_at = excluded.due_at, attempts = 0", entry.JOB_PRUNE_TIMER, done_at + 400)
+        await holder.scheduler.arm()
+        assert holder.scheduler.due_times()[entry.JOB_PRUNE_TIMER] == done_at + 400
+        assert ctx.storage.alarm == done_at + 400
+        holder.scheduler.clock = lambda: done_at + 400
+        await holder.alarm()   # nothing to forget yet; the row goes
+        assert directory(world)["j1"] == done_at
+        assert scheduler_rows(ctx) == {}
+        assert holder.scheduler.due_times() == {entry.JOB_PRUNE_TIMER: done_at + 1000}
+        assert ctx.storage.alarm == done_at + 1000
+        holder.scheduler.clock = lambda: done_at + 1001
+        await holder.alarm()   # the directory's own due time still comes
+        assert "j1" not in directory(world) and ctx.storage.alarm is None and scheduler_rows(ctx) == {}
 
     run(scenario())
 
@@ -356,7 +398,8 @@ async def until_pruned(world, wall, job_id: str, retention_ms: int) -> None:
     wall.advance(retention_ms + 1)
     await holder.alarm()
     assert job_id not in directory(world)
-    assert holder.scheduler.timer("app:prune_job_directory") is None
+    assert "app:prune_job_directory" not in holder.scheduler.due_times()
+    assert "app:prune_job_directory" not in scheduler_rows(ctx)
 
 
 def test_a_job_completed_while_claiming_is_forgotten_by_the_directory(entry, monkeypatch):

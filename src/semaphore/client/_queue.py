@@ -56,11 +56,16 @@ Life of an item (table ``durability_semaphore_client_items``)::
 * **Reconciliation** (optional): with ``reconcile_after_ms`` and ``check_running``, an item
   running longer than the bound is checked with ``check_running(item)`` (sync or async); if it
   returns False (the work is gone, its completion notice was lost) the item is completed.
-* **Wake-ups** go through the scheduler's timer ``durability_semaphore_queue:wake`` (one timer;
-  per-key wake times in ``durability_semaphore_client_wakeups``): request again at
+* **Wake-ups**: per-key wake times in ``durability_semaphore_client_wakeups`` (request again at
   ``nextRequestAt``, retry after failures, claim confirmations, heartbeats, idle lease stops,
-  admission retries, pending ``on_done`` hooks and reconciliation checks. Everything lives in
-  SQL, so a new instance after eviction continues where the old one stopped.
+  admission retries, pending ``on_done`` hooks and reconciliation checks). The queue takes part
+  in the scheduler's alarm as the participant ``durability_semaphore_queue:wake``, whose due time
+  is read from that table (the earliest ``wake_at``): no timer row is kept in step with it; the
+  scheduler has a row of that name only while the wake-up is failing (its backoff). A wake-up
+  pumps every key that is due, and again any key that came due meanwhile (an enqueue during the
+  wake-up, or work left due "right away"), so it leaves no key due at the time it ran for (the
+  scheduler counts that as no progress, and backs it off). Everything lives in SQL, so a new
+  instance after eviction continues where the old one stopped.
 
 **Plan, then execute.** Every decision above (which claims resolve, what to claim and draw, which
 leases to stop, when reports are due, which message to send, when to wake) is a pure function of
@@ -234,8 +239,8 @@ class SemaphoreQueue:
 
     :param client: the object's :class:`SemaphoreClient` (its storage must be this object's).
     :param scheduler: the object's :class:`DurabilityScheduler`; the object's ``alarm()`` must
-        delegate to ``scheduler.alarm``. The queue registers the timer
-        ``durability_semaphore_queue:wake`` on it.
+        delegate to ``scheduler.alarm``. The queue takes part in it as the participant
+        ``durability_semaphore_queue:wake`` (its due time: the earliest per-key wake time).
     :param on_admit: ``on_admit(item)`` (sync or async) starts the work of an admitted item;
         called at least once per admitted item, always under the item's one permit.
     :param leases: announce lease support to the holder (default True, SPEC R5).
@@ -280,7 +285,12 @@ class SemaphoreQueue:
         grants first).
     """
 
+    #: The queue's participant in the scheduler's alarm (the name of its backoff row while it
+    #: fails; an earlier release kept a timer row of this name in step with the wake times).
     TIMER = "durability_semaphore_queue:wake"
+    #: A wake-up pumps the due keys at most this many times over: a key that comes due again
+    #: meanwhile is pumped again in the same wake-up (see the module documentation).
+    WAKE_PASSES = 4
 
     def __init__(
         self,
@@ -331,7 +341,7 @@ class SemaphoreQueue:
         self._locks: dict[str, asyncio.Lock] = {}
         self._backoff: dict[str, int] = {}
         self._ready = False
-        scheduler.on(self.TIMER, self._on_wake)
+        scheduler.participate(self.TIMER, self._wake_due, self._on_wake)
 
     # ================================================================== schema
     def ensure_schema(self) -> None:
@@ -345,10 +355,12 @@ class SemaphoreQueue:
     @staticmethod
     def migrate(ctx: Any, to_version: int | None) -> None:
         """``None`` removes the queue's schema: its tables, the client's tables, and the queue's
-        scheduler timers (names starting ``durability_semaphore_queue:``, SPEC R3 for the client
-        side), so a later alarm does not run a wake-up over dropped tables. Other timers and the
-        scheduler's table itself stay (it is shared with the holder and the application, and a
-        live scheduler instance keeps using it; :meth:`DurabilityScheduler.migrate` drops it).
+        rows in the scheduler's table (names starting ``durability_semaphore_queue:``: the
+        wake-up's backoff, or a timer row of an earlier release; SPEC R3 for the client side), so
+        a later alarm does not run a wake-up over dropped tables (with no wake-up table, the
+        wake-up is never due). Other timers and the scheduler's table itself stay (it is shared
+        with the holder and the application, and a live scheduler instance keeps using it;
+        :meth:`DurabilityScheduler.migrate` drops it).
         The object's alarm is left as it is: when it fires the scheduler finds nothing of the
         queue's and re-arms for whatever timers are left. ``1`` creates the schema (done
         automatically on first use). Discard any live queue and client instances afterwards."""
@@ -460,8 +472,8 @@ class SemaphoreQueue:
         """Do everything that is due for ``key`` now: resolve claims, draw from leases, claim
         from grants (and confirm with a sync), start admitted items, heartbeat/stop leases,
         reconcile, and ask for permits when ``nextRequestAt`` has come (this waits for the
-        holder's round). Then schedule the next wake-up. Called by the scheduler timer; may be
-        called directly."""
+        holder's round). Then schedule the next wake-up. Called by the wake-up (the scheduler's
+        alarm); may be called directly."""
         self.ensure_schema()
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
@@ -473,21 +485,47 @@ class SemaphoreQueue:
                 await self.scheduler.arm()
 
     # ================================================================== wake-ups
+    def _wake_due(self) -> int | None:
+        """The wake-up participant's ``next_due`` (SPEC R37): the earliest per-key wake time, one
+        read; ``None`` when there is no wake-up table (not created yet, or removed by
+        :meth:`migrate` ``(ctx, None)``: nothing to wake, and nothing re-created)."""
+        try:
+            row = self.storage.one(f"SELECT MIN(wake_at) AS at FROM {WAKEUPS}")
+        except Exception:
+            if not self._has_wakeups():
+                return None
+            raise
+        return None if row is None or row["at"] is None else int(row["at"])
+
+    def _has_wakeups(self) -> bool:
+        return self.storage.one("SELECT 1 AS x FROM sqlite_master WHERE type = 'table' AND name = ?",
+                                WAKEUPS) is not None
+
     async def _on_wake(self, name: str, due_at: int) -> None:
+        """The wake-up participant's run: pump every key whose wake time has come, then any key
+        that came due meanwhile (at most :attr:`WAKE_PASSES` times over), so that no key is left
+        due at the time this run is for (the scheduler's no-progress rule). A pump that raises
+        retries its key after ``retry_ms``."""
+        if not self._ready and not self._has_wakeups():
+            return  # migrated away (only a row left by an earlier release is due): create nothing
         self.ensure_schema()
-        now = self._now()
-        keys = [str(r["key"]) for r in self.storage.exec(
-            f"SELECT key FROM {WAKEUPS} WHERE wake_at <= ? ORDER BY wake_at, key", now)]
-        for key in keys:
-            try:
-                await self.pump(key)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("queue pump for key %r failed", key)
-                retry_at = self._now() + self.retry_ms
-                self.storage.transaction(lambda: self._set_wake(key, retry_at))
-        self._set_timer()
+        for _ in range(self.WAKE_PASSES):
+            keys = [str(r["key"]) for r in self.storage.exec(
+                f"SELECT key FROM {WAKEUPS} WHERE wake_at <= ? ORDER BY wake_at, key", self._now())]
+            if not keys:
+                return
+            for key in keys:
+                await self._wake_key(key)
+
+    async def _wake_key(self, key: str) -> None:
+        try:
+            await self.pump(key)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("queue pump for key %r failed", key)
+            retry_at = self._now() + self.retry_ms
+            self.storage.transaction(lambda: self._set_wake(key, retry_at))
 
     def _set_wake(self, key: str, at: int | None, *, earlier_only: bool = False) -> None:
         if at is None:
@@ -500,11 +538,6 @@ class SemaphoreQueue:
             self.storage.exec(
                 f"INSERT INTO {WAKEUPS}(key, wake_at) VALUES (?, ?)"
                 " ON CONFLICT(key) DO UPDATE SET wake_at = excluded.wake_at", key, int(at))
-        self._set_timer()
-
-    def _set_timer(self) -> None:
-        row = self.storage.one(f"SELECT MIN(wake_at) AS at FROM {WAKEUPS}")
-        self.scheduler.point_timer(self.TIMER, None if row is None or row["at"] is None else int(row["at"]))
 
     # ================================================================== items
     def _item(self, item_id: str) -> QueueItem | None:

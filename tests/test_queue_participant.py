@@ -1,0 +1,220 @@
+"""Tier 1: the queue's wake-up is a scheduler participant (SPEC R16, R37; issue 9).
+
+The queue keeps its per-key wake times in its own table (``durability_semaphore_client_wakeups``)
+and reports the earliest through ``next_due()``: no timer row is kept in step with it. The
+scheduler has a row of the queue's name only while the wake-up is failing (its backoff, which
+survives eviction); a timer row an earlier release left under that name (``attempts = 0``) is
+harmless. A wake-up leaves no key due at the time it ran for, so work that comes due during it
+at the same millisecond is not counted as "no progress"; a wake-up that really makes none is
+backed off instead of re-arming the alarm for "now".
+
+The holder is out of reach throughout (every call raises :class:`HolderUnavailableError`): the
+queue then retries each key after ``retry_ms``, which gives it a wake time in the future with no
+holder round to wait for, on a clock that stands still unless a test moves it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from semaphore import HolderUnavailableError, SemaphoreQueue
+from semaphore.testing import T0, ClientSide, SimClock, async_test, tables, timers
+
+WAKE = SemaphoreQueue.TIMER
+WAKEUPS = "durability_semaphore_client_wakeups"
+RETRY = 1000  # the queue's retry_ms (default)
+
+
+@pytest.fixture(autouse=True)
+def quiet_logs():
+    logging.disable(logging.CRITICAL)
+    yield
+    logging.disable(logging.NOTSET)
+
+
+class Down:
+    """A transport to a holder that never answers; ``calls`` lists the keys asked for.
+    ``during`` (a coroutine function of the key) runs inside the call first: a request that
+    reaches the object while its alarm awaits the holder."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.during = None
+
+    async def __call__(self, key: str, message: dict) -> dict:
+        self.calls.append(key)
+        if self.during is not None:
+            during, self.during = self.during, None
+            await during(key)
+        raise HolderUnavailableError("holder down (test)")
+
+
+def client_object(clock: SimClock, net: Down) -> ClientSide:
+    side = ClientSide("c1", clock, net, on_admit=lambda side, item: None)
+    side.driver.close()  # the tests deliver the alarm themselves, on a clock that stands still
+    return side
+
+
+async def deliver(side: ClientSide) -> None:
+    """The runtime delivers the object's alarm: the clock at it, the alarm cleared, ``alarm()``."""
+    assert side.storage.alarm is not None
+    side.clock.set(max(side.storage.alarm, side.clock.now))
+    await side.storage.deleteAlarm()
+    await side.alarm({})
+
+
+def sql(side: ClientSide, query: str, *args) -> list[dict]:
+    return side.scheduler.storage.exec(query, *args)
+
+
+def block_wakeups(side: ClientSide, raise_: str) -> None:
+    """Make every write of the wake-up table fail (``raise_ = "ABORT, 'disk full'"``) or do
+    nothing, silently (``"IGNORE"``)."""
+    for op in ("INSERT", "UPDATE", "DELETE"):
+        sql(side, f"CREATE TRIGGER block_{op.lower()} BEFORE {op} ON {WAKEUPS} BEGIN SELECT RAISE({raise_}); END")
+
+
+def unblock_wakeups(side: ClientSide) -> None:
+    for op in ("insert", "update", "delete"):
+        sql(side, f"DROP TRIGGER block_{op}")
+
+
+def stale_wake_row(side: ClientSide, due_at: int) -> None:
+    """The row an earlier release kept in step with the queue's wake times (``attempts`` 0)."""
+    sql(side, "INSERT INTO durability_scheduler_timers(name, due_at) VALUES (?, ?)"
+              " ON CONFLICT(name) DO UPDATE SET due_at = excluded.due_at, attempts = 0", WAKE, due_at)
+
+
+@async_test
+async def test_r37_r16_the_queue_wake_arms_the_alarm_with_no_timer_row():
+    # R37: the queue's wake-ups drive the object's alarm through its participant; R16: the alarm
+    # follows the earliest due time, here read from the queue's own table, never a mirror row.
+    clock, net = SimClock(T0), Down()
+    side = client_object(clock, net)
+    await side.queue.enqueue("a", "g", "item1")
+    assert side.queue.wake_at("a") == T0
+    assert timers(side.storage) == {}   # the wake time is only in the queue's table
+    assert side.scheduler.due_times() == {WAKE: T0} and side.storage.alarm == T0
+    assert WAKE in side.scheduler.participants
+    await deliver(side)
+    assert net.calls == ["a"]   # the wake-up pumped the key; the holder is down: retry later
+    assert side.queue.wake_at("a") == T0 + RETRY
+    assert side.scheduler.due_times() == {WAKE: T0 + RETRY} and side.storage.alarm == T0 + RETRY
+    assert timers(side.storage) == {} and side.scheduler.attempts(WAKE) == 0
+    side.evict()   # a new instance reads the same due time from the same table
+    assert side.scheduler.due_times() == {WAKE: T0 + RETRY}
+
+
+@async_test
+async def test_r37_r16_a_wake_timer_row_of_an_earlier_release_is_harmless():
+    # R37, R16: an earlier release kept the row (durability_semaphore_queue:wake, due_at,
+    # attempts 0) in step with the wake times by hand. After the upgrade it arms the alarm at its
+    # time at the latest, is deleted by the wake-up's next run, and no wake-up is lost.
+    clock, net = SimClock(T0), Down()
+    side = client_object(clock, net)
+    await side.queue.enqueue("a", "g", "item1")
+    await deliver(side)   # the key now wakes at T0 + RETRY
+    # The earlier release's mirror, left earlier than the queue's own wake time (for instance
+    # written before its last run was cut short).
+    stale_wake_row(side, T0 + 400)
+    side.evict()
+    await side.scheduler.arm()
+    assert side.scheduler.due_times() == {WAKE: T0 + 400} and side.storage.alarm == T0 + 400
+    await deliver(side)   # nothing of the queue's is due yet: nothing happens, the row goes
+    assert net.calls == ["a"] and clock.now == T0 + 400
+    assert timers(side.storage) == {} and side.scheduler.attempts(WAKE) == 0
+    assert side.scheduler.due_times() == {WAKE: T0 + RETRY} and side.storage.alarm == T0 + RETRY
+    await deliver(side)   # the queue's own wake-up still comes
+    assert net.calls == ["a", "a"] and clock.now == T0 + RETRY
+    # A row left later than the wake time does not delay it either, and goes with its first run.
+    stale_wake_row(side, T0 + 60_000)
+    side.evict()
+    await side.scheduler.arm()
+    assert side.scheduler.due_times() == {WAKE: T0 + 2 * RETRY} and side.storage.alarm == T0 + 2 * RETRY
+    await deliver(side)
+    assert net.calls == ["a"] * 3 and timers(side.storage) == {}
+    assert side.scheduler.due_times() == {WAKE: T0 + 3 * RETRY}
+
+
+@async_test
+async def test_r16_r37_a_failing_wake_backs_off_survives_eviction_and_leaves_no_row_once_it_works():
+    # R16: a wake-up that fails is logged, counted and backed off (1 s, doubling), never thrown to
+    # the runtime; its backoff is a row of the queue's name (it survives eviction), deleted by the
+    # first run that works. R37: the queued work is still done then.
+    clock, net = SimClock(T0), Down()
+    side = client_object(clock, net)
+    await side.queue.enqueue("a", "g", "item1")
+    block_wakeups(side, "ABORT, 'disk full'")   # the wake-up can record nothing: the run fails
+    await deliver(side)
+    assert net.calls == ["a"] and side.scheduler.attempts(WAKE) == 1
+    assert timers(side.storage) == {WAKE: T0 + 1000} and side.storage.alarm == T0 + 1000
+    side.evict()   # a new instance keeps the backoff
+    assert side.scheduler.attempts(WAKE) == 1 and side.scheduler.due_times() == {WAKE: T0 + 1000}
+    await deliver(side)
+    assert side.scheduler.attempts(WAKE) == 2
+    assert side.scheduler.due_times() == {WAKE: T0 + 3000} and side.storage.alarm == T0 + 3000
+    unblock_wakeups(side)
+    side.evict()
+    await deliver(side)   # works: the key's retry is in the queue's table, the backoff row goes
+    assert clock.now == T0 + 3000 and net.calls == ["a"] * 3
+    assert timers(side.storage) == {} and side.scheduler.attempts(WAKE) == 0
+    assert side.queue.wake_at("a") == T0 + 3000 + RETRY
+    assert side.scheduler.due_times() == {WAKE: T0 + 3000 + RETRY} and side.storage.alarm == T0 + 3000 + RETRY
+
+
+@async_test
+async def test_r16_r37_work_due_during_a_wake_at_the_same_millisecond_is_done_by_it_not_counted_as_no_progress():
+    # R16 (no-progress rule): a run that leaves next_due() at or before the time it ran for counts
+    # as a failure. A request that reaches the object while the wake-up awaits the holder (on a
+    # clock that has not moved) makes key "b" due at that very millisecond: the wake-up pumps it
+    # too, so it is neither backed off as "no progress" nor left to an alarm re-armed for "now".
+    clock, net = SimClock(T0), Down()
+    side = client_object(clock, net)
+    await side.queue.enqueue("a", "g", "item1")
+
+    async def enqueue_b(key: str) -> None:
+        await side.queue.enqueue("b", "g", "item2")
+
+    net.during = enqueue_b
+    await deliver(side)
+    assert clock.now == T0 and net.calls == ["a", "b"]   # both keys in the one wake-up
+    assert side.scheduler.attempts(WAKE) == 0 and timers(side.storage) == {}
+    assert side.queue.wake_at("a") == side.queue.wake_at("b") == T0 + RETRY
+    assert side.storage.alarm == T0 + RETRY   # not "now": the alarm does not fire in a loop
+
+
+@async_test
+async def test_r16_r37_a_wake_that_makes_no_progress_is_backed_off_not_looped():
+    # R16: a wake-up that returns but leaves its key due (here the wake-up table silently ignores
+    # every write) would re-arm the alarm for "now" forever; it is counted as a failure and
+    # backed off (1 s, doubling) instead, and works again once it can make progress.
+    clock, net = SimClock(T0), Down()
+    side = client_object(clock, net)
+    await side.queue.enqueue("a", "g", "item1")
+    block_wakeups(side, "IGNORE")
+    await deliver(side)
+    assert side.queue.wake_at("a") == T0   # still due: no progress
+    assert side.storage.alarm == T0 + 1000   # not "now" (T0): backed off
+    assert side.scheduler.attempts(WAKE) == 1 and timers(side.storage) == {WAKE: T0 + 1000}
+    await deliver(side)
+    assert side.scheduler.attempts(WAKE) == 2 and side.storage.alarm == T0 + 3000
+    unblock_wakeups(side)
+    await deliver(side)
+    assert side.scheduler.attempts(WAKE) == 0 and timers(side.storage) == {}
+    assert side.queue.wake_at("a") == T0 + 3000 + RETRY and side.storage.alarm == T0 + 3000 + RETRY
+
+
+@async_test
+async def test_r3_the_wake_participant_reads_no_table_into_existence():
+    # R3: an object whose queue was never used (or was migrated away) has no wake-up table; the
+    # participant is not due and arming or delivering the alarm creates nothing.
+    clock, net = SimClock(T0), Down()
+    side = client_object(clock, net)
+    await side.scheduler.arm()
+    assert side.scheduler.due_times() == {} and side.storage.alarm is None
+    await side.storage.setAlarm(T0)   # an alarm that still fires (e.g. set before a migrate)
+    await deliver(side)
+    assert not any(t.startswith("durability_semaphore_client") for t in tables(side.storage))
+    assert side.storage.alarm is None
