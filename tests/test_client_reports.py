@@ -14,7 +14,6 @@ SQLite VM steps), never timed.
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
 import pytest
@@ -36,11 +35,7 @@ from semaphore.testing import (
 KEY = "k"
 
 
-@pytest.fixture(autouse=True)
-def quiet_logs():
-    logging.disable(logging.CRITICAL)
-    yield
-    logging.disable(logging.NOTSET)
+pytestmark = pytest.mark.usefixtures("quiet_logs")  # failures are injected on purpose
 
 
 class ClientSetup:

@@ -20,7 +20,6 @@ heals and time runs until everything settles. Checked after every step and at th
 from __future__ import annotations
 
 import asyncio
-import logging
 
 import pytest
 
@@ -40,11 +39,7 @@ CONFIGS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def quiet_logs():
-    logging.disable(logging.CRITICAL)  # the simulation logs every injected failure
-    yield
-    logging.disable(logging.NOTSET)
+pytestmark = pytest.mark.usefixtures("quiet_logs")  # failures are injected on purpose
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))

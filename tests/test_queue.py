@@ -15,11 +15,7 @@ KEY = "acct"
 LEASES = {"provisioning": {"mode": "strict"}, "permitsPerLease": 2, "ttlMs": 20_000}
 
 
-@pytest.fixture(autouse=True)
-def quiet_logs():
-    logging.disable(logging.CRITICAL)
-    yield
-    logging.disable(logging.NOTSET)
+pytestmark = pytest.mark.usefixtures("quiet_logs")  # failures are injected on purpose
 
 
 class Setup:

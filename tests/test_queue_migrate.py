@@ -15,7 +15,6 @@ None)`` drops it, for a full uninstall.
 
 from __future__ import annotations
 
-import logging
 
 import pytest
 
@@ -38,11 +37,7 @@ KEY = "acct"
 APP_TIMER = "app:cleanup"
 
 
-@pytest.fixture(autouse=True)
-def quiet_logs():
-    logging.disable(logging.CRITICAL)
-    yield
-    logging.disable(logging.NOTSET)
+pytestmark = pytest.mark.usefixtures("quiet_logs")  # failures are injected on purpose
 
 
 def client_side_tables(storage) -> set[str]:

@@ -15,7 +15,6 @@ holder round to wait for, on a clock that stands still unless a test moves it.
 
 from __future__ import annotations
 
-import logging
 
 import pytest
 
@@ -27,11 +26,7 @@ WAKEUPS = "durability_semaphore_client_wakeups"
 RETRY = 1000  # the queue's retry_ms (default)
 
 
-@pytest.fixture(autouse=True)
-def quiet_logs():
-    logging.disable(logging.CRITICAL)
-    yield
-    logging.disable(logging.NOTSET)
+pytestmark = pytest.mark.usefixtures("quiet_logs")  # failures are injected on purpose
 
 
 class Down:

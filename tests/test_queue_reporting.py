@@ -4,7 +4,6 @@ R37; I3. Real holder and real queue over the in-memory transport (``semaphore.te
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import pytest
@@ -16,11 +15,7 @@ KEY = "acct"
 LEASES = {"provisioning": {"mode": "strict"}, "permitsPerLease": 4, "ttlMs": 600_000}
 
 
-@pytest.fixture(autouse=True)
-def quiet_logs():
-    logging.disable(logging.CRITICAL)
-    yield
-    logging.disable(logging.NOTSET)
+pytestmark = pytest.mark.usefixtures("quiet_logs")  # failures are injected on purpose
 
 
 class Setup:
