@@ -217,6 +217,7 @@ class AccountLimit(DurableObject):
         self._override: int | None = None
         self._override_loaded = False
         self._jobs_ready = False
+        self._jobs_absent = False  # known absent (no schema read at each arm) until _jobs_table()
         self.scheduler = DurabilityScheduler(ctx)
         self.scheduler.participate(JOB_PRUNE_TIMER, self._prune_due, self._prune_jobs)
         self.config_error: dict[str, Any] | None = None
@@ -370,11 +371,19 @@ class AccountLimit(DurableObject):
         """The prune participant's ``next_due``: :meth:`_next_prune_at` (one read). ``None`` when
         there is no job directory (an account never written to), or one of an earlier version
         (no ``done_at`` yet: nothing finished to forget); nothing is created."""
+        if not self._jobs_ready:  # one schema read per instance until it has (or made) the directory
+            if self._jobs_absent:  # only this instance creates it (_jobs_table)
+                return None
+            row = self.storage.one("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", JOBS)
+            if row is None or not re.search(r"\bdone_at\b", str(row["sql"] or "")):
+                self._jobs_absent = True
+                return None
+            self._jobs_table()  # present and current: its index too, then no more schema reads
         try:
             return self._next_prune_at()
         except Exception:
-            row = self.storage.one("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", JOBS)
-            if row is None or not re.search(r"\bdone_at\b", str(row["sql"] or "")):
+            if not has_tables(self.storage, [JOBS]):  # removed meanwhile (an uninstall)
+                self._jobs_ready, self._jobs_absent = False, True
                 return None
             raise
 
@@ -400,7 +409,7 @@ class AccountLimit(DurableObject):
         elif not re.search(r"\bdone_at\b", str(row["sql"] or "")):
             self.storage.exec(f"ALTER TABLE {JOBS} ADD COLUMN done_at INTEGER")
         self.storage.exec(f"CREATE INDEX IF NOT EXISTS {JOBS}_done ON {JOBS}(done_at) WHERE done_at IS NOT NULL")
-        self._jobs_ready = True
+        self._jobs_ready, self._jobs_absent = True, False
 
     async def alarm(self, alarm_info: Any = None) -> None:
         if self.config_error is not None:  # fails (retried by the runtime) until the vars are fixed

@@ -1,21 +1,23 @@
-"""Tier 1: Hypothesis state machines over the holder's pure core (SPEC §4-§7, I1-I5; issue 9).
+"""Tier 1: Hypothesis state-machine tests over the holder's pure core (SPEC §4-§7, I1-I5; issue 9).
 
 The machines of ``test_lease_properties.py`` drive the whole holder (asyncio, rounds, SQLite).
 These drive the decisions themselves: :func:`~semaphore.core.rounds.decide_round`,
 :func:`~semaphore.core.rounds.decide_sync` and :func:`~semaphore.core.rounds.decide_reclaim` over
 a :class:`~semaphore.testing._memory_store.MemoryStore` (``tests/test_store_contract.py`` shows it
 interchangeable with the SQL store), with the holder shell's limit resolution
-(:func:`~semaphore.testing._memory_store.resolve_limits`). No SQLite, no asyncio, no clock, so
-they run about ten times the examples in about the same time.
+(:func:`~semaphore.testing._memory_store.resolve_limits`). No SQLite, no asyncio, no clock, and
+no stateful engine: each test draws a whole program of steps at once and runs it on a plain
+:class:`Model` (see "The driver" below), so they run ten times the examples of those machines, at
+the same depth, in about the same time.
 
-One machine per provisioning mode (none, strict, under, over by ratio and by count, strict
-within group limits) and one switching leases on and off. Honest clients modelled as in
+One test per provisioning mode (none, strict, under, over by ratio and by count, strict within
+group limits) and one switching leases on and off. Honest clients modelled as in
 ``test_lease_properties.py`` (queue items, claim grant permits and start only the confirmed
 claims, R15a; draw lease permits one-shot, R34; stop retired leases, R33; return idle lease
-permits when contended, R29; report cumulatively, R13, R31), and rules for: rounds of several
+permits when contended, R29; report cumulatively, R13, R31), and steps for: rounds of several
 clients whose replies may be lost (R8, I4), two requests of one client in a round, duplicated or
 with a stale snapshot before or after (R10, I2), reports of another client's grants and leases
-and of ids nobody issued (R14, R32), stale snapshots replayed by sync (I2), the same two
+and of ids nobody issued (R14, R32), counts inflated past what was issued (R13, R30), stale snapshots replayed by sync (I2), the same two
 snapshots delivered in both orders (I2), time advancing past claim deadlines and lease TTLs with
 the reclaim alarm firing or not (R15, R16, R31, I4), the limit and group limits moving or failing
 to resolve (R12, R24, R33), ``canGrant`` flips (R22, R33), and invalid messages (R7, I5).
@@ -30,35 +32,48 @@ charges every grant and lease at least what its client runs under it), the aggre
 recount of the rows (R19, R38, the totals I3 is measured by), rows consistent (R13, R30). At
 teardown every client drains and settles and charged capacity must return to zero (I3).
 
+The driver. A :class:`~hypothesis.stateful.RuleBasedStateMachine` costs ~0.25 ms of engine time
+per step (a machine with these rule shapes and empty rules: ~3 s for 400 examples of 30 steps),
+about four times what the core's decisions and the checks cost; ``@given(st.lists(st.one_of(
+st.builds(...))))`` still costs ~30 us per drawn field, twice the steps' own time. So each step
+kind is a small frozen dataclass (its fields' domains beside it, its action a :class:`Model`
+method) and a program is spelt by one fixed-size byte string, drawn in a single choice and
+decoded (:func:`programs`, :func:`decode`): random bytes all but never spell the all-zero "no
+step", so every example runs the full ``CORE_MACHINE_STEPS``, as a machine's do; one byte per
+kind does the machine's swarm testing (each example leaves a random share of the kinds out);
+the shrinker, lowering bytes from the front, turns kinds back on, simplifies steps and zeroes
+the ones it does not need, so a failure prints as a short list of steps (the reply-order bug it
+found, unknown leases answered by whichever report came last, shrank to 4 steps here, to 14 as a
+machine; the holder now merges such reports, R32). Every step runs the same
+action and the same checks after it as the machine rules did; the I3 drain ends early once the
+store and every client hold nothing (the passes left would sync empty reports to an empty store).
+
 Measured on the development container (2 CPUs, shared with other work; ``pytest`` wall time of
-the whole file, two runs), every machine with the same rules' depth of 30 steps unless said:
+the whole file, the two files one after the other, twice), 30 steps per example:
 
 * ``test_lease_properties.py`` (the whole holder on SQLite, six machines): 40 examples each
-  (240 in all) in 6.1-6.6 s; at 400 examples each, 62-69 s;
-* this file (the pure core over ``MemoryStore``, seven machines): 400 examples each (2,800 in
-  all) in 25-31 s at 30 steps, 20-24 s at the default 20 steps.
+  (240 in all) in 6.1-6.5 s;
+* this file (the pure core over ``MemoryStore``, seven programs): 400 examples each (2,800 in
+  all) in 7.6-8.1 s; as seven state machines (this file before: 400 examples of 20 steps, one step
+  kind fewer) 20.6-25 s, and 25-31 s at 30 steps.
 
-So at equal depth an example costs about 2.6 times less (~9-11 ms against ~26-29 ms): ten times
-the examples take about four times the time, not the same time. The floor is Hypothesis's own
-stateful engine: a machine with the same rule shapes whose rules do nothing takes ~3 s for 400
-examples of 30 steps, while the core's decisions cost ~0.3 ms per step. Hence the default of 20
-steps per example (``CORE_MACHINE_STEPS``), which keeps the file within its share of the tier-1
-time; the drain at teardown (I3) runs on top of them.
+So ten times the examples at the same depth take about 1.2 times the time (~2.7 ms an example,
+about three quarters of it the steps' own decisions and checks, the I3 drain included).
 
-Examples per machine: ``CORE_MACHINE_EXAMPLES`` (default 400); steps: ``CORE_MACHINE_STEPS``
-(default 20); derandomized, so a run is reproducible.
+Examples per test: ``CORE_MACHINE_EXAMPLES`` (default 400); steps: ``CORE_MACHINE_STEPS``
+(default 30); derandomized, so a run is reproducible.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from semaphore.core.allocation import LIMIT_ERROR, ceiling, grant_ceiling
 from semaphore.core.config import LeaseConfig, LimitedGroups, Provisioning
@@ -73,7 +88,13 @@ from semaphore.core.wire import (
     parse_message,
 )
 from semaphore.errors import InvalidMessageError
-from semaphore.testing._memory_store import MemoryStore, resolve_limits, run_reclaim, run_round, run_sync
+from semaphore.testing._memory_store import (
+    MemoryStore,
+    resolve_limits,
+    run_reclaim,
+    run_round,
+    run_sync,
+)
 
 T0 = 1_700_000_000_000
 CLIENTS = ("c0", "c1", "c2", "c3")  # c3 has no lease support
@@ -82,9 +103,9 @@ TTL = 20_000
 GRANT_TIMEOUT = 10_000
 PERIOD = 2_000
 
+STEPS = int(os.environ.get("CORE_MACHINE_STEPS", "30"))
 SETTINGS = settings(
     max_examples=int(os.environ.get("CORE_MACHINE_EXAMPLES", "400")),
-    stateful_step_count=int(os.environ.get("CORE_MACHINE_STEPS", "20")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     derandomize=True,
@@ -242,21 +263,21 @@ class Ids:
         self.n += 1
         return f"id{self.n}"
 
-    def copy(self) -> "Ids":
+    def copy(self) -> Ids:
         return Ids(self.n)
 
 
-class CoreMachine(RuleBasedStateMachine):
-    """The pure core over a :class:`MemoryStore`, with honest (and some hostile) clients."""
+class Model:
+    """The pure core over a :class:`MemoryStore`, with honest (and some hostile) clients: one
+    method per kind of step (the ``rules`` sections; each step dataclass below calls one) and
+    the checks: per round inside :meth:`run_round`, after every step :meth:`standing_invariants`,
+    at the end :meth:`drain`."""
 
-    LEASES: dict[str, Any] | None = None
-    #: Switch the lease configuration on and off (``LEASES`` must then be ``strict``).
-    TOGGLE = False
-
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, leases: dict[str, Any] | None, toggle: bool = False) -> None:
         self.store = MemoryStore()
-        self.config = LeaseConfig.parse(self.LEASES)
+        self.config = LeaseConfig.parse(leases)
+        #: Switch the lease configuration on and off (``leases`` must then be ``strict``).
+        self.toggle = toggle
         self.leases_on = True
         self.now = T0
         self.limit = 6
@@ -312,14 +333,14 @@ class CoreMachine(RuleBasedStateMachine):
 
     def run_round(self, clients: list[Pending]) -> RoundOutcome:
         """One round with every per-round check (I1, R12, R22, R27, R29, R33, R8)."""
-        before = self.store.state()
+        before_grants, before_leases = set(self.store.grants), set(self.store.leases)
         limits = self.limits(clients)
         outcome = run_round(self.store, self.now, clients, limits, self.policy())
-        new_g = [g for i, g in self.store.grants.items() if i not in before["grants"]]
-        new_l = [x for i, x in self.store.leases.items() if i not in before["leases"]]
+        new_g = [g for i, g in self.store.grants.items() if i not in before_grants]
+        new_l = [x for i, x in self.store.leases.items() if i not in before_leases]
         self.check_i1(new_g, new_l)
         self.check_r12_r22(new_g, new_l, outcome)
-        self.check_r33(before["leases"])
+        self.check_r33(before_leases)
         for cid, reply in outcome.replies.items():
             assert reply["contended"] == outcome.contended  # R29: every reply of the round
             self.check_reply_lists_everything(cid, reply)
@@ -344,15 +365,11 @@ class CoreMachine(RuleBasedStateMachine):
         return Pending(cid, arrival, [current])
 
     # ------------------------------------------------------------------ rules: clients
-    @rule(client=st.sampled_from(CLIENTS), group=st.sampled_from(GROUPS), n=st.integers(1, 5))
     def add_items(self, client: str, group: str, n: int) -> None:
         c = self.clients[client]
         c.queue[group] += [self.now] * n
         c.draw()  # R34: lease draws need no round trip
 
-    @rule(mask=st.integers(1, 2 ** len(CLIENTS) - 1), group=st.sampled_from(GROUPS), add=st.integers(0, 4),
-          variant=st.sampled_from(["once", "once", "twice", "stale first", "stale last"]),
-          lose=st.booleans())
     def round(self, mask: int, group: str, add: int, variant: str, lose: bool) -> None:
         # R8-R33 in one round; a lost reply (I4) is healed by the client's next contact (R8).
         # ``mask`` picks the members (one draw instead of a list's), each of which first queues
@@ -372,7 +389,6 @@ class CoreMachine(RuleBasedStateMachine):
             c.absorb(outcome.replies[cid])
             self.after_reply(c)
 
-    @rule(client=st.sampled_from(CLIENTS), finish=st.sampled_from([None, None, "grant", "lease"]))
     def heartbeat(self, client: str, finish: str | None) -> None:
         # R6, R31: a sync of the client's reports; with ``finish``, every running item of that
         # kind completes first (and leases are stopped, R30).
@@ -382,12 +398,11 @@ class CoreMachine(RuleBasedStateMachine):
         self.sync(c)
         self.after_reply(c)
 
-    @rule(client=st.sampled_from(CLIENTS), data=st.data())
-    def release(self, client: str, data: st.DataObject) -> None:
+    def release(self, client: str, pick: int) -> None:
         c = self.clients[client]
         busy = sorted(k for k, n in c.running.items() if n > 0)
         if busy:
-            kind, ident = data.draw(st.sampled_from(busy))
+            kind, ident = busy[pick % len(busy)]
             c.running[(kind, ident)] -= 1
             (c.grants if kind == "grant" else c.leases)[ident]["released"] += 1
 
@@ -402,21 +417,20 @@ class CoreMachine(RuleBasedStateMachine):
                 x["stopped"] = True
 
     # ------------------------------------------------------------------ rules: hostile reports
-    @rule(client=st.sampled_from(CLIENTS), data=st.data(), both_orders=st.booleans())
-    def late_reports(self, client: str, data: st.DataObject, both_orders: bool) -> None:
+    def late_reports(self, client: str, both_orders: bool, pick: int, pick2: int) -> None:
         # I2: late, repeated or reordered reports (by sync, or in a round in both orders).
         if both_orders:
-            self.reports_in_both_orders(client, data)
+            self.reports_in_both_orders(client, pick, pick2)
         else:
-            self.replay_stale_report(client, data)
+            self.replay_stale_report(client, pick)
 
-    def replay_stale_report(self, client: str, data: st.DataObject) -> None:
+    def replay_stale_report(self, client: str, pick: int) -> None:
         # I2, R13: an old snapshot re-sent late changes nothing an empty sync would not,
         # but the heartbeat of the live leases it names (R31).
         c = self.clients[client]
         if not c.history:
             return
-        stale = data.draw(st.sampled_from(c.history))
+        stale = c.history[pick % len(c.history)]
         reference = self.store.clone()
         contended = bool(self.store.meta().get("contended", 0))
         run_sync(reference, self.now, sync_of(c, ((), ())), self.policy(), contended, self.next_request_at())
@@ -428,13 +442,14 @@ class CoreMachine(RuleBasedStateMachine):
             if row is not None:
                 assert (s["claimed"], s["released"]) == (row.claimed, row.released)
 
-    def reports_in_both_orders(self, client: str, data: st.DataObject) -> None:
+    def reports_in_both_orders(self, client: str, pick: int, pick2: int) -> None:
         # I2: two delivered snapshots, in a round in either order, leave the same state as the
         # newer alone: reordered reports never free capacity twice.
         c = self.clients[client]
         if len(c.history) < 2:
             return
-        i, j = sorted(data.draw(st.lists(st.integers(0, len(c.history) - 1), min_size=2, max_size=2, unique=True)))
+        i, j = pick % len(c.history), pick2 % (len(c.history) - 1)  # two distinct snapshots
+        i, j = sorted((i, j + (j >= i)))
         older, newer = (request_of(c, c.history[k], ()) for k in (i, j))
         limits = self.limits([Pending(c.cid, 0, [newer])])
         results = []
@@ -443,13 +458,15 @@ class CoreMachine(RuleBasedStateMachine):
             outcome = run_round(store, self.now, [Pending(c.cid, 0, list(messages))], limits, self.policy())
             results.append((store, outcome))
         assert results[0][0].state() == results[1][0].state() == results[2][0].state(), "I2: order mattered"
-        assert normal_reply(results[0][1].replies[c.cid]) == normal_reply(results[1][1].replies[c.cid])
+        # The replies agree too, also for leases the holder does not know (group None): their
+        # reports in one round merge as high-water marks (R13, R32), whatever the order.
+        replies = [normal_reply(results[k][1].replies[c.cid]) for k in (0, 1)]
+        assert replies[0] == replies[1], "I2: the reply depended on the order"
         self.store = results[1][0]
         self.last_round_at = self.now
         c.absorb(results[1][1].replies[c.cid])
 
-    @rule(data=st.data(), member=st.sampled_from(CLIENTS), in_round=st.booleans())
-    def foreign_and_unknown_ids(self, data: st.DataObject, member: str, in_round: bool) -> None:
+    def foreign_and_unknown_ids(self, member: str, in_round: bool, n: int) -> None:
         # R14: a report of another client's grant is not applied and answered not_found; R32:
         # one of another client's lease or of a made-up id is answered as unknown (group None),
         # charged nothing (its id does not verify for the reporter) and applied to nothing. So
@@ -460,7 +477,6 @@ class CoreMachine(RuleBasedStateMachine):
                            key=lambda g: g.grant_id)[:2]
         foreign_l = sorted((x for x in self.store.leases.values() if x.client_id != member),
                            key=lambda x: x.lease_id)[:2]
-        n = data.draw(st.integers(0, 8))
         hostile: Reports = (
             grants + tuple((g.grant_id, n, n) for g in foreign_g) + (("ghost", n, 0),),
             leases + tuple((x.lease_id, n, 0, False) for x in foreign_l) + (("ghost.0.1.0", n, 0, n % 2 == 0),))
@@ -488,8 +504,30 @@ class CoreMachine(RuleBasedStateMachine):
             c.absorb(reply)
         self.after_reply(c)
 
+    def over_report(self, client: str, by: int) -> None:
+        # R13, R30: counts reported past what was issued are clamped (claimed to the grant's
+        # permits; drawn to the lease's permits, or to its final drawn once stopped). Inflated
+        # where the client has nothing left to claim or draw, a sync changes exactly what the
+        # honest one would (the same leases heartbeat, R31).
+        c = self.clients[client]
+        grants, leases = c.reports(record=False)
+        rows = self.store.leases
+        inflated: Reports = (
+            tuple((gid, cl + by if cl >= c.grants[gid]["permits"] else cl, rl) for gid, cl, rl in grants),
+            tuple((lid, d + by if (d >= c.leases[lid]["permits"] or (lid in rows and rows[lid].stopped)) else d, rl, st_)
+                  for lid, d, rl, st_ in leases))
+        if inflated == (grants, leases):
+            return
+        reference = self.store.clone()
+        policy = Policy(leases=self.lease_config, grant_timeout_ms=GRANT_TIMEOUT, round_period_ms=PERIOD,
+                        new_id=self.ids.copy(), new_secret=self.new_secret)
+        contended = bool(self.store.meta().get("contended", 0))
+        run_sync(reference, self.now, sync_of(c, (grants, leases)), policy, contended, self.next_request_at())
+        self.sync(c, sync_of(c, inflated))
+        assert self.store.state() == reference.state(), "R13/R30: an inflated report was not clamped"
+        self.after_reply(c)
+
     # ------------------------------------------------------------------ rules: time and limits
-    @rule(ms=st.sampled_from([500, 2_000, 6_000, 11_000, TTL // 2, TTL]), alarm=st.booleans())
     def advance(self, ms: int, alarm: bool) -> None:
         # R15, R16, R31: time passes; the reclaim alarm fires at each due time, or is delayed.
         target = self.now + ms
@@ -499,24 +537,22 @@ class CoreMachine(RuleBasedStateMachine):
                 self.now = max(self.now, due)
                 run_reclaim(self.store, self.now)
                 due = self.store.next_reclaim_due()
+                assert due is None or due > self.now, f"R15/R16: the alarm at {self.now} left a grant due"
         self.now = target
         if alarm:  # I4: unclaimed grant permits came back by their deadline
             late = [g for g in self.store.grants.values() if g.claimed < g.permits and g.claim_by <= self.now]
             assert not late, f"I4: unclaimed permits past their deadline {late}"
 
-    @rule(limit=st.integers(-1, 10), toggle_leases=st.booleans())
     def set_limit(self, limit: int, toggle_leases: bool) -> None:
         # R24: limits are live; R33: a lowered limit retires live leases; -1: the limit fails
-        # to resolve (R12) until set again. ``toggle_leases`` (machines with ``TOGGLE``): leases
+        # to resolve (R12) until set again. ``toggle_leases`` (models with ``toggle``): leases
         # off, no new ones, those live still count and retire (R25, R33); or on again.
         self.limit_fails = limit < 0
         self.limit = self.limit if limit < 0 else limit
-        if self.TOGGLE and toggle_leases:
+        if self.toggle and toggle_leases:
             self.leases_on = not self.leases_on
         self.retighten()
 
-    @rule(group=st.sampled_from(GROUPS), gl=st.one_of(st.none(), st.integers(0, 6)),
-          fails=st.sampled_from([False, False, False, True]))
     def set_group_limit(self, group: str, gl: int | None, fails: bool) -> None:
         if gl is None:
             self.group_limits.pop(group, None)
@@ -525,12 +561,9 @@ class CoreMachine(RuleBasedStateMachine):
         (self.group_fails.add if fails else self.group_fails.discard)(group)  # R12: fails closed
         self.retighten()
 
-    @rule(client=st.sampled_from(CLIENTS), group=st.sampled_from(GROUPS), allowed=st.booleans())
     def can_grant(self, client: str, group: str, allowed: bool) -> None:
         (self.denied.discard if allowed else self.denied.add)((client, group))  # R22, R33
 
-    @rule(client=st.sampled_from(CLIENTS), mutation=st.sampled_from(
-        ["released>claimed", "v", "count", "duplicate group", "duplicate lease", "client id", "type"]))
     def invalid_message(self, client: str, mutation: str) -> None:
         # R7, I5: an invalid message is refused naming its field, and changes nothing.
         c = self.clients[client]
@@ -587,7 +620,7 @@ class CoreMachine(RuleBasedStateMachine):
                 elif self.limit_fails or b["group"] in self.group_fails:
                     assert b["reason"] == "limit_resolution_error", b
 
-    def check_r33(self, before_leases: dict[str, LeaseRow]) -> None:
+    def check_r33(self, before_leases: set[str]) -> None:
         """R33: lowering the limit retires every live lease; R27/R33 (``exclude``): no live lease
         in a limited group; R33: none of a pair ``canGrant`` refuses."""
         live = [x for x in self.store.leases.values() if x.status == "live"]
@@ -609,9 +642,8 @@ class CoreMachine(RuleBasedStateMachine):
         assert {x.lease_id for x in self.store.leases.values() if x.client_id == cid} <= leases, "R8: lease missing"
 
     # ------------------------------------------------------------------ invariants
-    @invariant()
     def standing_invariants(self) -> None:
-        """One invariant hook (each costs Hypothesis a step of its own): I1, I2, R19/R38."""
+        """After every step (and before the first): I1, I2, R19/R38."""
         self.i1_charged_stays_under_a_ceiling_that_did_not_drop()
         self.i2_holder_charges_at_least_what_runs()
         self.aggregates_equal_a_recount()
@@ -650,7 +682,7 @@ class CoreMachine(RuleBasedStateMachine):
             assert not (x.stopped and x.status == "live"), f"R30: stopped lease still live {x}"
 
     # ------------------------------------------------------------------ I3 at the end
-    def teardown(self) -> None:
+    def drain(self) -> None:
         # I3: once every client releases, stops and reports, and deadlines pass, nothing is charged.
         for _ in range(6):
             for c in self.clients.values():
@@ -664,6 +696,9 @@ class CoreMachine(RuleBasedStateMachine):
                     x["stopped"] = True
                 self.sync(c)
             self.advance(GRANT_TIMEOUT + 1_000, alarm=True)
+            if not (self.store.grants or self.store.leases
+                    or any(c.grants or c.leases for c in self.clients.values())):
+                break  # drained, and known to be: the passes left would sync empty reports
         assert charged(self.store) == 0 and self.store.totals()["lease_footprint"] == 0, f"I3: {self.store.totals()}"
         assert not self.store.grants and not self.store.leases and not self.store.groups
 
@@ -698,44 +733,246 @@ def mutate(message: dict[str, Any], mutation: str) -> tuple[dict[str, Any], str]
     return m, "leases[1].leaseId"
 
 
-class NoLeases(CoreMachine):
-    LEASES = None
+# ============================================================================ the steps
+# One frozen dataclass per kind of step, naming the model action it runs, with the domain of
+# each of its fields (``DOMAINS``, in field order; a value listed twice is drawn twice as often).
+# A failing example prints, and shrinks to, the list of steps, e.g. ``[AddItems(client='c0',
+# group='g0', n=2), Round(mask=1, group='g0', add=0, variant='once', lose=False)]``. ``pick``
+# fields choose among what the state offers when the step runs (a running item, a report
+# snapshot): ``pick % len(choices)``.
+_BYTE = range(256)
 
 
-class Strict(CoreMachine):
-    LEASES = {"provisioning": {"mode": "strict"}, "permitsPerLease": 3, "ttlMs": TTL}
+@dataclass(frozen=True)
+class AddItems:
+    client: str
+    group: str
+    n: int
+    DOMAINS = (CLIENTS, GROUPS, range(1, 6))
+
+    def apply(self, m: Model) -> None:
+        m.add_items(self.client, self.group, self.n)
 
 
-class Under(CoreMachine):
-    LEASES = {"provisioning": {"mode": "under", "reserve": 4}, "permitsPerLease": 3, "ttlMs": TTL}
+@dataclass(frozen=True)
+class Round:
+    mask: int
+    group: str
+    add: int
+    variant: str
+    lose: bool
+    DOMAINS = (range(1, 2 ** len(CLIENTS)), GROUPS, range(5),
+               ("once", "once", "twice", "stale first", "stale last"), (False, True))
+
+    def apply(self, m: Model) -> None:
+        m.round(self.mask, self.group, self.add, self.variant, self.lose)
 
 
-class OverRatio(CoreMachine):
-    LEASES = {"provisioning": {"mode": "over", "extra": {"ratio": 0.5}}, "permitsPerLease": 3, "ttlMs": TTL}
+@dataclass(frozen=True)
+class Heartbeat:
+    client: str
+    finish: str | None
+    DOMAINS = (CLIENTS, (None, None, "grant", "lease"))
+
+    def apply(self, m: Model) -> None:
+        m.heartbeat(self.client, self.finish)
 
 
-class OverCount(CoreMachine):
-    LEASES = {"provisioning": {"mode": "over", "extra": {"count": 3}}, "permitsPerLease": 2, "ttlMs": TTL,
+@dataclass(frozen=True)
+class Release:
+    client: str
+    pick: int
+    DOMAINS = (CLIENTS, _BYTE)
+
+    def apply(self, m: Model) -> None:
+        m.release(self.client, self.pick)
+
+
+@dataclass(frozen=True)
+class LateReports:
+    client: str
+    both_orders: bool
+    pick: int
+    pick2: int
+    DOMAINS = (CLIENTS, (False, True), _BYTE, _BYTE)
+
+    def apply(self, m: Model) -> None:
+        m.late_reports(self.client, self.both_orders, self.pick, self.pick2)
+
+
+@dataclass(frozen=True)
+class ForeignIds:
+    member: str
+    in_round: bool
+    n: int
+    DOMAINS = (CLIENTS, (False, True), range(9))
+
+    def apply(self, m: Model) -> None:
+        m.foreign_and_unknown_ids(self.member, self.in_round, self.n)
+
+
+@dataclass(frozen=True)
+class OverReport:
+    client: str
+    by: int
+    DOMAINS = (CLIENTS, range(1, 4))
+
+    def apply(self, m: Model) -> None:
+        m.over_report(self.client, self.by)
+
+
+@dataclass(frozen=True)
+class Advance:
+    ms: int
+    alarm: bool
+    DOMAINS = ((500, 2_000, 6_000, 11_000, TTL // 2, TTL), (False, True))
+
+    def apply(self, m: Model) -> None:
+        m.advance(self.ms, self.alarm)
+
+
+@dataclass(frozen=True)
+class SetLimit:
+    limit: int
+    toggle_leases: bool
+    DOMAINS = (range(-1, 11), (False, True))
+
+    def apply(self, m: Model) -> None:
+        m.set_limit(self.limit, self.toggle_leases)
+
+
+@dataclass(frozen=True)
+class SetGroupLimit:
+    group: str
+    gl: int | None
+    fails: bool
+    DOMAINS = (GROUPS, (None,) * 7 + tuple(range(7)), (False, False, False, True))  # None half the time
+
+    def apply(self, m: Model) -> None:
+        m.set_group_limit(self.group, self.gl, self.fails)
+
+
+@dataclass(frozen=True)
+class CanGrant:
+    client: str
+    group: str
+    allowed: bool
+    DOMAINS = (CLIENTS, GROUPS, (False, True))
+
+    def apply(self, m: Model) -> None:
+        m.can_grant(self.client, self.group, self.allowed)
+
+
+@dataclass(frozen=True)
+class InvalidMessage:
+    client: str
+    mutation: str
+    DOMAINS = (CLIENTS, ("released>claimed", "v", "count", "duplicate group", "duplicate lease",
+                         "client id", "type"))
+
+    def apply(self, m: Model) -> None:
+        m.invalid_message(self.client, self.mutation)
+
+
+KINDS: tuple[Any, ...] = (AddItems, Round, Heartbeat, Release, LateReports, ForeignIds, OverReport, Advance,
+                          SetLimit, SetGroupLimit, CanGrant, InvalidMessage)
+STEP_BYTES = 4  # one to choose the kind, three for its fields (2**24 is a multiple of, or far above, each size)
+_SIZES = {k: math.prod(len(d) for d in k.DOMAINS) for k in KINDS}
+
+
+def decode(raw: bytes) -> list[Any]:
+    """The program a byte string spells (the encoding is explained in :func:`programs`)."""
+    header, body = raw[:1 + len(KINDS)], raw[1 + len(KINDS):]
+    p, marks = header[0], header[1:]  # swarm: a kind is left out if its mark is below p (none if p is 0)
+    enabled = ([k for k, u in zip(KINDS, marks) if u >= p]
+               or [KINDS[marks.index(max(marks))]])  # at least one (the one marked highest)
+    steps = []
+    for i in range(0, len(body) - STEP_BYTES + 1, STEP_BYTES):
+        chunk = body[i:i + STEP_BYTES]
+        if not any(chunk):
+            continue  # an all-zero step is no step: what the shrinker deletes a step to
+        kind = enabled[chunk[0] % len(enabled)]
+        index = int.from_bytes(chunk[1:], "big") % _SIZES[kind]
+        values = []
+        for domain in reversed(kind.DOMAINS):  # the first field is the most significant digit
+            index, r = divmod(index, len(domain))
+            values.append(domain[r])
+        steps.append(kind(*reversed(values)))
+    return steps
+
+
+def programs(max_steps: int = STEPS) -> st.SearchStrategy[list[Any]]:
+    """Programs of ``max_steps`` steps (each of the kinds above, among those this example
+    enables), spelt by one fixed-size byte string: Hypothesis draws it in one choice, where one
+    draw per field (``st.lists(st.one_of(st.builds(...)))``) costs ~30 us a draw, ~5x the time
+    the steps themselves take; random bytes almost never spell an all-zero step, so every
+    example runs at full depth, as a state machine's do. The first byte and one per kind are
+    swarm testing as a state machine does it (``FeatureFlags``: an example leaves each kind out
+    with one probability drawn per example; shrinking enables them all); then ``STEP_BYTES`` per
+    step: the kind among those enabled, then its fields' digits. Shrinking lowers bytes from the
+    front: kinds back on, then each step towards the first kind, its first values, and none."""
+    size = 1 + len(KINDS) + max_steps * STEP_BYTES
+    return st.binary(min_size=size, max_size=size).map(decode)
+
+
+def run_program(leases: dict[str, Any] | None, steps: list[Any], toggle: bool = False) -> None:
+    m = Model(leases, toggle)
+    m.standing_invariants()
+    for step in steps:
+        step.apply(m)
+        m.standing_invariants()
+    m.drain()
+
+
+# ============================================================================ the configurations
+NO_LEASES = None
+STRICT = {"provisioning": {"mode": "strict"}, "permitsPerLease": 3, "ttlMs": TTL}
+UNDER = {"provisioning": {"mode": "under", "reserve": 4}, "permitsPerLease": 3, "ttlMs": TTL}
+OVER_RATIO = {"provisioning": {"mode": "over", "extra": {"ratio": 0.5}}, "permitsPerLease": 3, "ttlMs": TTL}
+OVER_COUNT = {"provisioning": {"mode": "over", "extra": {"count": 3}}, "permitsPerLease": 2, "ttlMs": TTL,
               "limitedGroups": "withinGroupLimit"}
+STRICT_WITHIN = {"provisioning": {"mode": "strict"}, "permitsPerLease": 4, "ttlMs": TTL,
+                 "limitedGroups": "withinGroupLimit"}
+ON_OFF = {"provisioning": {"mode": "strict"}, "permitsPerLease": 2, "ttlMs": TTL}  # toggled
 
 
-class StrictWithin(CoreMachine):
-    LEASES = {"provisioning": {"mode": "strict"}, "permitsPerLease": 4, "ttlMs": TTL,
-              "limitedGroups": "withinGroupLimit"}
+@SETTINGS
+@given(steps=programs())
+def test_no_leases(steps: list[Any]) -> None:
+    run_program(NO_LEASES, steps)
 
 
-class LeasesOnOff(CoreMachine):
-    LEASES = {"provisioning": {"mode": "strict"}, "permitsPerLease": 2, "ttlMs": TTL}
-    TOGGLE = True
+@SETTINGS
+@given(steps=programs())
+def test_strict(steps: list[Any]) -> None:
+    run_program(STRICT, steps)
 
 
-TestNoLeases = NoLeases.TestCase
-TestStrict = Strict.TestCase
-TestUnder = Under.TestCase
-TestOverRatio = OverRatio.TestCase
-TestOverCount = OverCount.TestCase
-TestStrictWithin = StrictWithin.TestCase
-TestLeasesOnOff = LeasesOnOff.TestCase
-for _machine in (NoLeases, Strict, Under, OverRatio, OverCount, StrictWithin, LeasesOnOff):
-    _machine.TestCase.settings = SETTINGS
-del _machine
+@SETTINGS
+@given(steps=programs())
+def test_under(steps: list[Any]) -> None:
+    run_program(UNDER, steps)
+
+
+@SETTINGS
+@given(steps=programs())
+def test_over_ratio(steps: list[Any]) -> None:
+    run_program(OVER_RATIO, steps)
+
+
+@SETTINGS
+@given(steps=programs())
+def test_over_count(steps: list[Any]) -> None:
+    run_program(OVER_COUNT, steps)
+
+
+@SETTINGS
+@given(steps=programs())
+def test_strict_within(steps: list[Any]) -> None:
+    run_program(STRICT_WITHIN, steps)
+
+
+@SETTINGS
+@given(steps=programs())
+def test_leases_on_off(steps: list[Any]) -> None:
+    run_program(ON_OFF, steps, toggle=True)

@@ -724,6 +724,30 @@ async def test_r32_with_lease_secret_a_lease_from_before_a_storage_reset_is_char
 
 
 @async_test
+async def test_r32_reports_of_one_unknown_lease_in_a_round_merge_whatever_their_order():
+    # R32/R13 (found by the core machines, issue 9): two messages of one client in a round that
+    # report the same lease the holder does not know (a stale, unstopped snapshot and the final,
+    # settled one) are merged as high-water marks: answered ``settled`` and charged nothing in
+    # either order. Before, the report applied last decided: the stale one last answered
+    # ``retired`` and charged its ``drawn - released`` (9) for the round.
+    answers = {}
+    for order in ("final last", "stale last"):
+        bed = Bed(10, leases=STRICT, lease_secret=APP_SECRET)
+        lid, permits = await running_lease(bed, "x")
+        bed.reset(fresh_storage=True)
+        await bed.sem.handle(sync("nobody"))
+        stale, final = (lid, 9, 0), (lid, 9, 9, True)
+        first, last = (stale, final) if order == "final last" else (final, stale)
+        tasks = [bed.send(request("x", {}, leases=[first], oldest_at=0)),
+                 bed.send(request("x", {}, leases=[last], oldest_at=0)),
+                 bed.send(request("honest", {"g": 10}, oldest_at=1))]
+        await bed.clock.advance(60_000)
+        rx, _, ry = [t.result() for t in tasks]
+        answers[order] = (by_id(rx, "leases")[lid]["status"], held(ry))
+    assert answers == {"final last": ("settled", 10), "stale last": ("settled", 10)}, answers
+
+
+@async_test
 async def test_r32_without_lease_secret_a_reset_forgets_old_leases_the_documented_trade_off():
     # R32 (decision): without lease_secret the secret is per storage: a settled lease's replay
     # is charged nothing, and after a storage reset the old ids cannot verify, so the same

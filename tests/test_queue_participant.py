@@ -213,3 +213,115 @@ async def test_r3_the_wake_participant_reads_no_table_into_existence():
     await deliver(side)
     assert not any(t.startswith("durability_semaphore_client") for t in tables(side.storage))
     assert side.storage.alarm is None
+
+
+# ---------------------------------------------------------------- review fixes (issue 9, second review)
+from semaphore import ConfigurationError, DurabilityScheduler, DurabilitySemaphore, SemaphoreClient  # noqa: E402
+from semaphore.testing import Bed, LocalContext, LocalStorage, VirtualClock, request  # noqa: E402
+
+
+class _Down:
+    """A holder out of reach: every call raises; ``latency`` ms of the clock pass per call."""
+
+    def __init__(self, clock: VirtualClock, latency: int = 0, on_call=None) -> None:
+        self.clock, self.latency, self.on_call, self.calls = clock, latency, on_call, []
+
+    async def __call__(self, key, message):
+        self.calls.append(key)
+        if self.on_call is not None:
+            self.on_call()
+        self.clock.set(self.clock.now + self.latency)
+        raise HolderUnavailableError("down")
+
+
+async def _deliver(ctx, scheduler, clock) -> None:
+    """The runtime firing the alarm: time reaches it, it is cleared, the handler runs."""
+    clock.set(max(ctx.storage.alarm, clock.now))
+    await ctx.storage.deleteAlarm()
+    await scheduler.alarm({})
+
+
+@async_test
+async def test_r16_r37_the_queue_keeps_the_schedulers_time_when_its_clients_clock_lags():
+    # R16/R37 (review fix): the queue's wake times are compared with the scheduler's clock, so
+    # the queue reads that clock. Before, it read the client's: a client clock 1.5 s behind made
+    # every wake-up "no progress" and backed the whole queue off (11 wake-ups in 811 s).
+    clock = VirtualClock(T0)
+    ctx = LocalContext(LocalStorage())
+    down = _Down(clock)
+    scheduler = DurabilityScheduler(ctx, clock=clock)
+    client = SemaphoreClient(ctx, down, clock=lambda: clock.now - 1500, client_id="c1")
+    queue = SemaphoreQueue(client=client, scheduler=scheduler, on_admit=lambda item: None)
+    await queue.enqueue("a", "g", "i1")
+    for _ in range(10):
+        await _deliver(ctx, scheduler, clock)
+    assert scheduler.attempts(WAKE) == 0
+    assert clock.now - T0 <= 10 * RETRY and len(down.calls) >= 10  # one retry per second
+
+
+@async_test
+async def test_r3_r16_a_queue_migrated_away_during_its_wake_up_leaves_no_backoff():
+    # R3/R16 (review fix): SemaphoreQueue.migrate(ctx, None) while the wake-up awaits the holder
+    # drops the queue's tables; the rest of the run fails. Nothing is due any more, so the
+    # failure is not recorded: before, a backoff row was written after the migrate and the
+    # alarm stayed armed for ever on the live instance (retrying up to every 5 minutes).
+    clock = VirtualClock(T0)
+    ctx = LocalContext(LocalStorage())
+    down = _Down(clock, on_call=lambda: None if down.calls[1:] else SemaphoreQueue.migrate(ctx, None))
+    scheduler = DurabilityScheduler(ctx, clock=clock)
+    client = SemaphoreClient(ctx, down, clock=clock, client_id="c1")
+    queue = SemaphoreQueue(client=client, scheduler=scheduler, on_admit=lambda item: None)
+    await queue.enqueue("a", "g", "i1")
+    await _deliver(ctx, scheduler, clock)
+    assert not [t for t in tables(ctx.storage) if "client" in t]
+    assert timers(ctx.storage) == {} and ctx.storage.alarm is None
+
+
+@async_test
+async def test_r37_a_wake_up_pumps_what_was_due_at_its_time_not_what_came_due_while_it_ran():
+    # R37/R16 (review fix): every pass of a wake-up takes the keys due at the time of the run;
+    # keys that come due while it runs (the clock moves during I/O) wait for the next alarm.
+    # Before, each pass re-read the clock: 8 keys behind a 300 ms holder took 20 holder calls
+    # (6 s) in one alarm instead of 8.
+    clock = VirtualClock(T0)
+    ctx = LocalContext(LocalStorage())
+    down = _Down(clock, latency=300)
+    scheduler = DurabilityScheduler(ctx, clock=clock)
+    client = SemaphoreClient(ctx, down, clock=clock, client_id="c1")
+    queue = SemaphoreQueue(client=client, scheduler=scheduler, on_admit=lambda item: None)
+    for key in "abcdefgh":
+        await queue.enqueue(key, "g", "i" + key)
+    down.calls.clear()
+    await _deliver(ctx, scheduler, clock)
+    assert len(down.calls) == 8 and sorted(down.calls) == list("abcdefgh")
+    assert scheduler.attempts(WAKE) == 0
+
+
+@pytest.mark.parametrize("option", ["retry_ms", "admit_retry_ms", "reconcile_after_ms"])
+def test_r37_retry_options_below_one_ms_are_refused(option: str):
+    # R37/R7 (review fix): a retry of 0 ms would keep a key due at the time its wake-up ran for
+    # (counted as no progress, backing off every key of the queue); refused, naming the field.
+    ctx = LocalContext(LocalStorage())
+    scheduler = DurabilityScheduler(ctx)
+    client = SemaphoreClient(ctx, _Down(VirtualClock(T0)), client_id="c1")
+    extra = {"check_running": lambda item: True} if option == "reconcile_after_ms" else {}
+    with pytest.raises(ConfigurationError) as caught:
+        SemaphoreQueue(client=client, scheduler=scheduler, on_admit=lambda item: None, **{option: 0}, **extra)
+    assert caught.value.field == option
+
+
+@async_test
+async def test_r15_r16_a_holder_clock_behind_the_schedulers_still_reclaims_on_time():
+    # R15/R16 (review fix): the reclaim runs at the time the scheduler ran it for at the latest;
+    # before, a holder clock behind the scheduler's reclaimed nothing (no progress) and was
+    # backed off, leaving the unclaimed permits charged.
+    bed = Bed(5, grant_timeout_ms=1000)
+    [reply] = await bed.round(request("a", {"g": 3}))
+    bed.driver.close()  # a new instance takes over the object, its holder clock 5 s behind
+    lagging = DurabilitySemaphore(scheduler=DurabilityScheduler(bed.ctx, clock=bed.clock), limit=5,
+                                  grant_timeout_ms=1000, clock=lambda: bed.clock.now - 5000)
+    deadline = reply["grants"][0]["claimBy"]
+    bed.clock.set(deadline)
+    await lagging.scheduler.alarm({})
+    assert (await lagging.usage())["outstanding"] == 0
+    assert lagging.scheduler.attempts(DurabilitySemaphore.RECLAIM_TIMER) == 0

@@ -544,3 +544,32 @@ def test_a_late_announcement_never_marks_a_new_job_with_the_same_id(entry, monke
         assert outbox(world) == []
 
     run(scenario())
+
+
+def test_r16_arming_an_account_without_a_job_directory_runs_no_failing_read(entry):
+    # R16 (review fix): the job-directory prune and the holder's reclaim are scheduler
+    # participants; on an account whose tables do not exist, every arm() (after each round and
+    # sync) used to run a failing MIN(...) read and then a schema read for each. Now one schema
+    # read per table per instance, then none: the instance remembers what it has seen (only it
+    # creates its tables; semaphore.runtime.TableWatch).
+    world = World(entry)
+    ns = world.env.ACCOUNT_LIMIT
+
+    async def scenario():
+        status, _ = await world.fetch("PUT", "/accounts/a/limit", {"limit": 3}, headers=AUTH)
+        assert status == 200
+        obj = ns.objects["a"]
+        seen: list[str] = []
+        connection = ns.contexts["a"].storage.connection
+        connection.set_trace_callback(seen.append)
+        await obj.scheduler.arm()
+        await obj.scheduler.arm()
+        connection.set_trace_callback(None)
+        return seen
+
+    seen = run(scenario())
+    # neither the directory nor the holder's grants (no round ran: no semaphore tables) is read
+    # while absent, and each absence costs one schema read for the instance, not one per arm()
+    for table in ("app_job_directory", "durability_semaphore_grants"):
+        assert not [q for q in seen if table in q and "sqlite_master" not in q], seen
+        assert len([q for q in seen if "sqlite_master" in q and table in q]) <= 1, seen

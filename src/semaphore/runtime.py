@@ -18,7 +18,7 @@ import inspect
 from itertools import chain, repeat
 from typing import Any, Callable, Iterable, TypeVar
 
-__all__ = ["Storage", "plain", "MAX_BINDINGS", "migrate_tables"]
+__all__ = ["Storage", "plain", "MAX_BINDINGS", "migrate_tables", "install_schema", "object_id", "TableWatch"]
 
 T = TypeVar("T")
 
@@ -212,3 +212,41 @@ def migrate_tables(ctx: Any, to_version: int | None, tables: Iterable[str], sche
     else:
         for statement in schema:
             storage.exec(statement)
+
+
+class TableWatch:
+    """Whether a table one component owns exists, remembered by this object instance.
+
+    A scheduler participant's ``next_due()`` runs at every ``arm()`` (after each round and
+    sync): it must create nothing (a component never used, or migrated away, stays without
+    tables) and should cost no failing read. Only the instance itself creates its tables
+    (:meth:`created`), so one schema read per instance start answers for its lifetime; a read
+    that fails because the table went away meanwhile (``migrate(ctx, None)``) forgets the
+    answer and reads the schema again."""
+
+    def __init__(self, storage: Storage, table: str) -> None:
+        self.storage = storage
+        self.table = table
+        self._known: bool | None = None
+
+    def exists(self) -> bool:
+        if self._known is None:
+            self._known = self.storage.one(
+                "SELECT 1 AS x FROM sqlite_master WHERE type = 'table' AND name = ?", self.table) is not None
+        return self._known
+
+    def created(self) -> None:
+        """This instance created (or found) the table."""
+        self._known = True
+
+    def read(self, fn: Callable[[], T]) -> T | None:
+        """``fn()`` if the table exists, else ``None`` (nothing is read or created)."""
+        if not self.exists():
+            return None
+        try:
+            return fn()
+        except Exception:
+            self._known = None
+            if not self.exists():  # removed meanwhile
+                return None
+            raise

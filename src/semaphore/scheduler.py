@@ -309,7 +309,8 @@ class DurabilityScheduler:
         """Point the object's alarm at the earliest timer or participant due time (or delete it
         if there is none).
 
-        Idempotent and cheap (one statement, plus each participant's ``next_due()``); call it
+        Idempotent and cheap (one read of the timer rows, each participant's ``next_due()``
+        (one read each for the library's participants) and the runtime's ``getAlarm``); call it
         after any change to the timers or to a participant's state (after the commit), and once
         when an instance starts (it repairs an alarm lost between a commit and a ``setAlarm``).
         A ``next_due()`` that raises is logged and arms the alarm now (:meth:`alarm` backs it
@@ -414,13 +415,30 @@ class DurabilityScheduler:
             if after is not None and int(after) <= due_at:
                 raise _NoProgress(f"next_due() is still {after} after the run for {due_at}")
         except Exception:  # backed off; never stop the other timers and participants
-            self._participant_failed(name, attempts + 1, "failed")
+            if self._nothing_due(p):  # e.g. migrated away mid-run: nothing left to retry
+                log.warning("participant %r failed, but has nothing due any more", name, exc_info=True)
+                self._clear_participant(name, row)
+            else:
+                self._participant_failed(name, attempts + 1, "failed")
         else:
-            self._unrecorded.pop(name, None)
-            if row is not None:
-                self.storage.exec(f"DELETE FROM {TABLE} WHERE name = ?", name)
+            self._clear_participant(name, row)
         finally:
             self._leases.pop(name, None)
+
+    @staticmethod
+    def _nothing_due(p: _Participant) -> bool:
+        """Whether the participant's own state says nothing is due (``next_due()`` is ``None``)."""
+        try:
+            return p.next_due() is None
+        except Exception:
+            return False
+
+    def _clear_participant(self, name: str, row: dict[str, Any] | None) -> None:
+        """A run that returned (or failed with nothing left due): forget its failures, deleting
+        its row (a backoff, or a stale timer row), which resets ``attempts``."""
+        self._unrecorded.pop(name, None)
+        if row is not None:
+            self.storage.exec(f"DELETE FROM {TABLE} WHERE name = ?", name)
 
     def _participant_failed(self, name: str, attempts: int, what: str) -> None:
         """Log the current exception and back the participant off: its row ``(name, retry time,

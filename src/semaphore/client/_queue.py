@@ -86,9 +86,10 @@ from typing import Any, Awaitable, Callable, Union, cast
 
 from ._client import AppliedReply, KeyUnit, SemaphoreClient
 from ..errors import ConfigurationError, SemaphoreError
-from ..runtime import Storage, install_schema, migrate_tables
+from ..runtime import Storage, TableWatch, install_schema, migrate_tables
 from ..scheduler import DurabilityScheduler
 from ..core import queue_plan as plan
+from ..core.config import option_int
 from ..core.queue_plan import ClaimingItem, Exchange, KeySnapshot, PendingReleases, QueuedItem, Resolve
 from ..core.wire import MAX_LIST_LENGTH, Demand, id_problem
 
@@ -318,6 +319,12 @@ class SemaphoreQueue:
                 or report_releases_within_ms < 0:
             raise ConfigurationError("report_releases_within_ms: must be a non-negative integer",
                                      field="report_releases_within_ms")
+        for name, value, minimum in (("retry_ms", retry_ms, 1), ("admit_retry_ms", admit_retry_ms, 1),
+                                     ("claim_margin_ms", claim_margin_ms, 0), ("lease_margin_ms", lease_margin_ms, 0),
+                                     ("retention_ms", retention_ms, 0)):
+            option_int(value, name, minimum)  # a retry of 0 ms would keep the wake-up due
+        if reconcile_after_ms is not None:
+            option_int(reconcile_after_ms, "reconcile_after_ms", 1)
         if (reconcile_after_ms is None) != (check_running is None):
             raise ConfigurationError("reconcile_after_ms and check_running go together", field="check_running")
         self.client = client
@@ -326,7 +333,9 @@ class SemaphoreQueue:
         self.on_admit = on_admit
         self.on_done = on_done
         self.leases = leases
-        self.clock: Callable[[], int] = clock or client.clock  # the client's defaults to system_clock
+        # The alarm's time: the queue's wake times are compared with the scheduler's clock (its
+        # participant rule), so the queue reads the same clock (the client's must agree).
+        self.clock: Callable[[], int] = clock or scheduler.clock
         self.retry_ms = retry_ms
         self.claim_margin_ms = claim_margin_ms
         self.lease_margin_ms = lease_margin_ms
@@ -341,6 +350,7 @@ class SemaphoreQueue:
         self._locks: dict[str, asyncio.Lock] = {}
         self._backoff: dict[str, int] = {}
         self._ready = False
+        self._wakeups = TableWatch(self.storage, WAKEUPS)  # for the wake-up's next_due
         scheduler.participate(self.TIMER, self._wake_due, self._on_wake)
 
     # ================================================================== schema
@@ -350,6 +360,7 @@ class SemaphoreQueue:
             return
         self.client.ensure_schema()
         _install_schema(self.storage)
+        self._wakeups.created()
         self._ready = True
 
     @staticmethod
@@ -489,29 +500,23 @@ class SemaphoreQueue:
         """The wake-up participant's ``next_due`` (SPEC R37): the earliest per-key wake time, one
         read; ``None`` when there is no wake-up table (not created yet, or removed by
         :meth:`migrate` ``(ctx, None)``: nothing to wake, and nothing re-created)."""
-        try:
-            row = self.storage.one(f"SELECT MIN(wake_at) AS at FROM {WAKEUPS}")
-        except Exception:
-            if not self._has_wakeups():
-                return None
-            raise
+        row = self._wakeups.read(lambda: self.storage.one(f"SELECT MIN(wake_at) AS at FROM {WAKEUPS}"))
         return None if row is None or row["at"] is None else int(row["at"])
-
-    def _has_wakeups(self) -> bool:
-        return self.storage.one("SELECT 1 AS x FROM sqlite_master WHERE type = 'table' AND name = ?",
-                                WAKEUPS) is not None
 
     async def _on_wake(self, name: str, due_at: int) -> None:
         """The wake-up participant's run: pump every key whose wake time has come, then any key
         that came due meanwhile (at most :attr:`WAKE_PASSES` times over), so that no key is left
         due at the time this run is for (the scheduler's no-progress rule). A pump that raises
         retries its key after ``retry_ms``."""
-        if not self._ready and not self._has_wakeups():
+        if not self._ready and not self._wakeups.exists():
             return  # migrated away (only a row left by an earlier release is due): create nothing
         self.ensure_schema()
+        # One bound for every pass: what is due at the time of this run (never before the time
+        # the scheduler ran it for); keys that come due later get the next alarm.
+        at = max(self._now(), int(due_at))
         for _ in range(self.WAKE_PASSES):
             keys = [str(r["key"]) for r in self.storage.exec(
-                f"SELECT key FROM {WAKEUPS} WHERE wake_at <= ? ORDER BY wake_at, key", self._now())]
+                f"SELECT key FROM {WAKEUPS} WHERE wake_at <= ? ORDER BY wake_at, key", at)]
             if not keys:
                 return
             for key in keys:

@@ -96,6 +96,8 @@ class View:
     leases: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> wire LeaseState
     #: Reports of leases the holder does not know (R32): id -> the report's ``drawn - released``.
     unknown_leases: dict[str, int] = field(default_factory=dict)
+    #: ... and their reports merged so far this round: id -> ``(drawn, released, stopped)``.
+    unknown_reports: dict[str, tuple[int, int, bool]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -247,14 +249,22 @@ def _apply_grant_reports(ledger: Ledger, client_id: str, reports: Iterable[Grant
 def _unknown_lease(r: LeaseReport, view: View) -> None:
     """SPEC R32: a lease the holder does not know (or another client's) is answered ``retired``
     (``settled`` if stopped with ``released == drawn``); nothing is stored, and its
-    ``drawn - released`` is kept for the round's charge."""
-    if r.stopped and r.released == r.drawn:
+    ``drawn - released`` is kept for the round's charge. Several reports of one such lease in a
+    round merge as high-water marks (R13: ``drawn`` and ``released`` only rise, ``stopped``
+    stays), so the answer and the charge do not depend on the order they arrived in."""
+    drawn, released, stopped = r.drawn, r.released, r.stopped
+    seen = view.unknown_reports.get(r.lease_id)
+    if seen is not None:
+        drawn, released = raise_counts(seen[0], seen[1], drawn, released, max(seen[0], drawn))
+        stopped = stopped or seen[2]
+    view.unknown_reports[r.lease_id] = (drawn, released, stopped)
+    if stopped and released == drawn:
         status = LeaseStatus.SETTLED
         view.unknown_leases.pop(r.lease_id, None)
     else:
         status = LeaseStatus.RETIRED
-        view.unknown_leases[r.lease_id] = max(0, r.drawn - r.released)
-    view.leases[r.lease_id] = lease_state(r.lease_id, None, r.drawn, r.drawn, r.released, None, status.value)
+        view.unknown_leases[r.lease_id] = max(0, drawn - released)
+    view.leases[r.lease_id] = lease_state(r.lease_id, None, drawn, drawn, released, None, status.value)
 
 
 def _apply_lease_reports(ledger: Ledger, client_id: str, reports: Iterable[LeaseReport], view: View,

@@ -23,7 +23,7 @@ from ..core.rounds import Limits, Pending, Policy, next_round_at
 from ..core.wire import PermitRequest, SyncMessage, parse_message, valid_count
 from ..errors import ConfigurationError, InvalidMessageError, RoundFailedError
 from ..rpc import client as rpc_client
-from ..runtime import Storage, object_id
+from ..runtime import Storage, TableWatch, object_id
 from ..scheduler import DurabilityScheduler
 from ._steps import lease_scope, run_reclaim, run_round, run_sync
 from ._store import GRANTS, SCHEMA_VERSION, SqlStore, drop_schema, ensure_schema, read_meta
@@ -182,6 +182,7 @@ class DurabilitySemaphore:
         self.leases = LeaseConfig.parse(leases)
         self.clock: Callable[[], int] = clock or scheduler.clock  # the scheduler's defaults to system_clock
         self.store = SqlStore(self.storage)
+        self._grants_table = TableWatch(self.storage, GRANTS)  # for the reclaim's next_due
         #: What the core's decisions read of these options (SPEC R15, R31, R32, §7).
         self.policy = Policy(
             leases=self.leases,
@@ -305,6 +306,7 @@ class DurabilitySemaphore:
         if self._ready:
             return
         ensure_schema(self.storage)
+        self._grants_table.created()
         meta = read_meta(self.storage)
         last_round_at = meta.get("last_round_at")
         if last_round_at is not None and self._last_round_at is None:
@@ -446,20 +448,17 @@ class DurabilitySemaphore:
         """The reclaim participant's ``next_due`` (SPEC R16): the earliest deadline of a grant with
         unclaimed permits, one read; ``None`` when there is no grant table (not created yet, or
         removed by :meth:`migrate` ``(ctx, None)``: nothing to reclaim, and nothing re-created)."""
-        try:
-            return self.store.next_reclaim_due()
-        except Exception:
-            if self.storage.one("SELECT 1 AS x FROM sqlite_master WHERE type = 'table' AND name = ?",
-                                GRANTS) is None:
-                return None
-            raise
+        return self._grants_table.read(self.store.next_reclaim_due)
 
     def _on_reclaim_timer(self, name: str, due_at: int) -> None:
         """Alarm (the reclaim participant's run, once :meth:`_reclaim_due` has come): reclaim
         unclaimed permits past their deadline (SPEC R16)."""
         if not self._ready:  # an alarm can be the first call an instance gets
             ensure_schema(self.storage)
-        now = int(self.clock())
+            self._grants_table.created()
+        # Never before the time the scheduler ran it for (a holder clock behind the scheduler's
+        # would reclaim nothing and count as no progress).
+        now = max(int(self.clock()), int(due_at))
         # The reclaim's next due time follows from the grants written: the scheduler's arm()
         # after the run reads it (_reclaim_due).
         self.storage.transaction(lambda: run_reclaim(self.store, now))
