@@ -15,6 +15,8 @@ holder round to wait for, on a clock that stands still unless a test moves it.
 
 from __future__ import annotations
 
+import asyncio
+
 
 import pytest
 
@@ -325,3 +327,59 @@ async def test_r15_r16_a_holder_clock_behind_the_schedulers_still_reclaims_on_ti
     await lagging.scheduler.alarm({})
     assert (await lagging.usage())["outstanding"] == 0
     assert lagging.scheduler.attempts(DurabilitySemaphore.RECLAIM_TIMER) == 0
+
+
+@async_test
+async def test_r3_a_queue_uninstalled_while_its_alarm_runs_is_not_recreated_by_its_wake_up():
+    # R3 (third review): an alarm lists a fresh instance's due work; an earlier timer awaits and
+    # meanwhile the queue is uninstalled (migrate(ctx, None)); the wake-up's turn must create
+    # nothing. It used to trust a cached "the wake-up table exists" and re-create every table.
+    clock = VirtualClock(T0)
+    ctx = LocalContext(LocalStorage())
+
+    def build():
+        scheduler = DurabilityScheduler(ctx, clock=clock)
+        client = SemaphoreClient(ctx, _Down(clock), clock=clock, client_id="c1")
+        return scheduler, SemaphoreQueue(client=client, scheduler=scheduler, on_admit=lambda item: None)
+
+    scheduler, queue = build()
+    await queue.enqueue("a", "g", "i1")
+    scheduler, queue = build()  # eviction: a new instance, whose arm() sees the wake-up table
+
+    async def uninstall_meanwhile(name, due_at):
+        await asyncio.sleep(0)
+        SemaphoreQueue.migrate(ctx, None)
+
+    scheduler.on("app:first", uninstall_meanwhile)
+    scheduler.set_timer("app:first", T0 - 1)
+    await scheduler.arm()
+    await ctx.storage.deleteAlarm()
+    await scheduler.alarm({})
+    assert not [t for t in tables(ctx.storage) if "client" in t]
+
+
+@async_test
+async def test_r16_r37_reinstalled_tables_are_seen_by_the_next_arm_of_a_live_instance():
+    # R16/R37 (third review): uninstall, an arm() that sees the tables gone, re-install by app
+    # code (migrate(ctx, 1)) on the same live instances: the queue's wake-up and the holder's
+    # reclaim are armed again. A cached "absent" used to keep next_due() None until eviction.
+    clock = VirtualClock(T0)
+    ctx = LocalContext(LocalStorage())
+    scheduler = DurabilityScheduler(ctx, clock=clock)
+    client = SemaphoreClient(ctx, _Down(clock), clock=clock, client_id="c1")
+    queue = SemaphoreQueue(client=client, scheduler=scheduler, on_admit=lambda item: None)
+    queue.ensure_schema()
+    SemaphoreQueue.migrate(ctx, None)
+    await scheduler.arm()
+    SemaphoreQueue.migrate(ctx, 1)
+    await queue.enqueue("a", "g", "i1")
+    assert scheduler.due_times().get(WAKE) == queue.wake_at("a") == ctx.storage.alarm
+
+    bed = Bed(5, grant_timeout_ms=1000)
+    await bed.round(request("a", {"g": 3}))
+    DurabilitySemaphore.migrate(bed.ctx, None)
+    await bed.sem.scheduler.arm()
+    DurabilitySemaphore.migrate(bed.ctx, 1)
+    [reply] = await bed.round(request("a", {"g": 3}))
+    deadline = reply["grants"][0]["claimBy"]
+    assert bed.sem.scheduler.due_times()[DurabilitySemaphore.RECLAIM_TIMER] == deadline == bed.ctx.storage.alarm

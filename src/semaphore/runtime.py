@@ -215,22 +215,23 @@ def migrate_tables(ctx: Any, to_version: int | None, tables: Iterable[str], sche
 
 
 class TableWatch:
-    """Whether a table one component owns exists, remembered by this object instance.
+    """Whether a table one component owns exists, for a scheduler participant's ``next_due()``.
 
-    A scheduler participant's ``next_due()`` runs at every ``arm()`` (after each round and
-    sync): it must create nothing (a component never used, or migrated away, stays without
-    tables) and should cost no failing read. Only the instance itself creates its tables
-    (:meth:`created`), so one schema read per instance start answers for its lifetime; a read
-    that fails because the table went away meanwhile (``migrate(ctx, None)``) forgets the
-    answer and reads the schema again."""
+    ``next_due()`` runs at every ``arm()`` (after each round and sync): it must create nothing
+    (a component never used, or migrated away, stays without tables) and should cost no failing
+    read. Only "present" is remembered (tables come and go through the static ``migrate``, which
+    no instance hears of): while a table is absent each check is one schema read; once present,
+    none, until a read fails because it went away meanwhile (``migrate(ctx, None)``), which
+    forgets it. Code that would create tables checks afresh (``exists(fresh=True)``)."""
 
     def __init__(self, storage: Storage, table: str) -> None:
         self.storage = storage
         self.table = table
-        self._known: bool | None = None
+        self._known = False
 
-    def exists(self) -> bool:
-        if self._known is None:
+    def exists(self, *, fresh: bool = False) -> bool:
+        """Whether the table exists (``fresh``: read the schema even if it was seen present)."""
+        if fresh or not self._known:
             self._known = self.storage.one(
                 "SELECT 1 AS x FROM sqlite_master WHERE type = 'table' AND name = ?", self.table) is not None
         return self._known
@@ -246,7 +247,6 @@ class TableWatch:
         try:
             return fn()
         except Exception:
-            self._known = None
-            if not self.exists():  # removed meanwhile
+            if not self.exists(fresh=True):  # removed meanwhile
                 return None
             raise

@@ -245,7 +245,8 @@ class SemaphoreQueue:
     :param on_admit: ``on_admit(item)`` (sync or async) starts the work of an admitted item;
         called at least once per admitted item, always under the item's one permit.
     :param leases: announce lease support to the holder (default True, SPEC R5).
-    :param clock: epoch-ms callable (default: the client's clock).
+    :param clock: epoch-ms callable (default: the scheduler's clock, the alarm's time; the client's
+        clock must agree with it).
     :param retry_ms: wait this long before contacting the holder again after a failure.
     :param claim_margin_ms: do not claim from a grant this close to its claim deadline.
     :param lease_margin_ms: do not draw from a lease this close to its expiry; idle leases are
@@ -504,11 +505,12 @@ class SemaphoreQueue:
         return None if row is None or row["at"] is None else int(row["at"])
 
     async def _on_wake(self, name: str, due_at: int) -> None:
-        """The wake-up participant's run: pump every key whose wake time has come, then any key
-        that came due meanwhile (at most :attr:`WAKE_PASSES` times over), so that no key is left
-        due at the time this run is for (the scheduler's no-progress rule). A pump that raises
-        retries its key after ``retry_ms``."""
-        if not self._ready and not self._wakeups.exists():
+        """The wake-up participant's run: pump every key due at the time of the run (never before
+        ``due_at``), again while keys are due by then (at most :attr:`WAKE_PASSES` passes: a pump
+        may leave its key due at once), so that no key is left due at the time this run is for
+        (the scheduler's no-progress rule). A pump that raises retries its key after
+        ``retry_ms``. A queue migrated away since the alarm listed its work creates nothing."""
+        if not self._ready and not self._wakeups.exists(fresh=True):
             return  # migrated away (only a row left by an earlier release is due): create nothing
         self.ensure_schema()
         # One bound for every pass: what is due at the time of this run (never before the time

@@ -454,6 +454,8 @@ class DurabilitySemaphore:
         """Alarm (the reclaim participant's run, once :meth:`_reclaim_due` has come): reclaim
         unclaimed permits past their deadline (SPEC R16)."""
         if not self._ready:  # an alarm can be the first call an instance gets
+            if not self._grants_table.exists(fresh=True):
+                return  # migrated away since the alarm listed its work: create nothing (R3)
             ensure_schema(self.storage)
             self._grants_table.created()
         # Never before the time the scheduler ran it for (a holder clock behind the scheduler's
