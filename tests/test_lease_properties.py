@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from dataclasses import dataclass, field
 from typing import Any
 
 from hypothesis import HealthCheck, settings
@@ -33,10 +32,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from semaphore import LeaseConfig
 from semaphore.core.allocation import grant_ceiling
+from honest_client import GROUPS, Client
 from semaphore.testing import Bed, check_aggregates, dump, request, sync
 
 CLIENTS = ("c0", "c1", "c2", "c3")  # c3 has no lease support
-GROUPS = ("g0", "g1", "g2")
 TTL = 20_000
 
 SETTINGS = settings(
@@ -46,117 +45,6 @@ SETTINGS = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     derandomize=True,
 )
-
-
-@dataclass
-class Client:
-    cid: str
-    lease_capable: bool
-    queue: dict[str, list[int]] = field(default_factory=lambda: {g: [] for g in GROUPS})
-    grants: dict[str, dict[str, Any]] = field(default_factory=dict)
-    leases: dict[str, dict[str, Any]] = field(default_factory=dict)
-    running: dict[tuple[str, str], int] = field(default_factory=dict)  # (kind, id) -> items
-    history: list[tuple[list[Any], list[Any]]] = field(default_factory=list)
-
-    def reports(self) -> tuple[list[Any], list[Any]]:
-        grants = [(gid, g["claimed"], g["released"]) for gid, g in sorted(self.grants.items())]
-        leases = [(lid, x["drawn"], x["released"], x["stopped"]) for lid, x in sorted(self.leases.items())]
-        self.history.append((grants, leases))
-        return grants, leases
-
-    def demand(self) -> list[tuple[str, int, int]]:
-        return [(g, len(q), min(q)) for g, q in sorted(self.queue.items()) if q]
-
-    def queued(self, group: str) -> int:
-        return len(self.queue[group])
-
-    def run(self, kind: str, ident: str, group: str, n: int) -> None:
-        for _ in range(n):
-            self.queue[group].pop(0)
-        key = (kind, ident)
-        self.running[key] = self.running.get(key, 0) + n
-
-    def draw(self) -> None:
-        """R34: draw queued items from live leases, one permit each, no round trip."""
-        for lid, x in sorted(self.leases.items()):
-            if x["stopped"]:
-                continue
-            k = min(x["permits"] - x["drawn"], self.queued(x["group"]))
-            if k > 0:
-                x["drawn"] += k
-                self.run("lease", lid, x["group"], k)
-
-    def absorb(self, reply: dict[str, Any]) -> None:
-        """Take in a reply: new and re-sent grants and leases, retirements, settlements (R8)."""
-        assert "error" not in reply, reply
-        for s in reply["grants"]:
-            gid = s["grantId"]
-            mine = self.grants.get(gid)
-            if s["status"] == "not_found":
-                if mine is not None:
-                    assert self.running.get(("grant", gid), 0) == 0, f"I2: grant {gid} forgotten while running"
-                    del self.grants[gid]
-                continue
-            if mine is None:
-                if s["claimed"] or s["released"]:
-                    continue  # a stale replay naming a grant already settled here
-                self.grants[gid] = {"group": s["group"], "permits": s["permits"], "claimed": 0, "released": 0}
-            else:
-                mine["permits"] = s["permits"]  # shrinks at reclaim (R15)
-        for s in reply["leases"]:
-            lid = s["leaseId"]
-            mine = self.leases.get(lid)
-            if s["status"] == "settled":
-                if mine is not None:
-                    assert self.running.get(("lease", lid), 0) == 0, f"I2: lease {lid} settled while running"
-                    del self.leases[lid]
-                continue
-            if mine is None:
-                if s["status"] == "live" and s["drawn"] == 0:
-                    self.leases[lid] = {"group": s["group"], "permits": s["permits"], "drawn": 0,
-                                        "released": 0, "stopped": False}
-                elif s["group"] is not None and s["drawn"] == 0:
-                    # a lease we never heard of, already retired: report it stopped and settle
-                    self.leases[lid] = {"group": s["group"], "permits": s["permits"], "drawn": 0,
-                                        "released": 0, "stopped": True}
-                continue
-            if s["status"] == "retired":
-                mine["stopped"] = True  # R33: a retired lease stops drawing at once
-        if reply["contended"]:  # R29: return idle lease permits of groups with nothing queued
-            for x in self.leases.values():
-                if not x["stopped"] and self.queued(x["group"]) == 0:
-                    x["stopped"] = True
-
-    def _confirmed(self, gid: str) -> int:
-        g = self.grants[gid]
-        return self.running.get(("grant", gid), 0) + g["released"]
-
-    def claims_to_make(self) -> bool:
-        """Claim unclaimed grant permits for queued items (confirmed by the next sync)."""
-        changed = False
-        for gid, g in sorted(self.grants.items()):
-            k = min(g["permits"] - g["claimed"], self.queued(g["group"]) - self._pending_claims(g["group"]))
-            if k > 0:
-                g["claimed"] += k
-                changed = True
-        return changed
-
-    def _pending_claims(self, group: str) -> int:
-        return sum(g["claimed"] - self._confirmed(gid) for gid, g in self.grants.items() if g["group"] == group)
-
-    def confirm(self, reply: dict[str, Any]) -> None:
-        """R15a: start items for claims the reply shows recorded and active."""
-        for s in reply["grants"]:
-            gid = s["grantId"]
-            g = self.grants.get(gid)
-            if g is None:
-                continue
-            # active or expired alike, only what the holder shows claimed may run
-            k = min(s["claimed"], g["claimed"]) - self._confirmed(gid)
-            k = min(k, self.queued(g["group"]))
-            if k > 0:
-                self.run("grant", gid, g["group"], k)
-            g["claimed"] = self._confirmed(gid)  # unconfirmed claims are dropped (re-queued items)
 
 
 def footprint(row: dict[str, Any]) -> int:
@@ -224,7 +112,8 @@ class LeaseMachine(RuleBasedStateMachine):
         for cid in members:
             c = self.clients[cid]
             grants, leases = c.reports()
-            messages.append(request(cid, c.demand(), grants, leases if c.lease_capable else None))
+            demand = [(d.group, d.count, d.oldest_at) for d in c.demand()]
+            messages.append(request(cid, demand, grants, leases if c.lease_capable else None))
         limit, group_limits = self.limit, dict(self.group_limits)
         replies = self._run(self.bed.round(*messages))
         self._check_i1(limit, group_limits, before_grants, before_leases)
