@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from semaphore import LeaseConfig, PermitKind, QueueItem  # noqa: E402
 from semaphore.testing import T0, ClientSide, HolderSide, SimClock  # noqa: E402
+
 KEY = "acct"
 
 

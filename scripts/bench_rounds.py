@@ -51,10 +51,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from semaphore import DurabilityScheduler, DurabilitySemaphore  # noqa: E402
-from semaphore.runtime import Storage  # noqa: E402
 from semaphore.core.ledger import Ledger, Snapshot  # noqa: E402
 from semaphore.core.rows import GrantRow  # noqa: E402
 from semaphore.holder._store import SqlStore, ensure_schema  # noqa: E402
+from semaphore.runtime import Storage  # noqa: E402
 from semaphore.testing import AlarmDriver, LocalContext, LocalStorage, VirtualClock  # noqa: E402
 
 START = 1_700_000_000_000
@@ -358,7 +358,8 @@ def main() -> None:
     print("-" * len(header))
     for (kind, clients, live), res in results.items():
         print(f"{kind:7} {clients:>7,} {live:>11,} {res['ms']:>9.2f} {res['ms_min']:>7.2f} "
-              f"{res['cpu']:>7.2f} {res['statements']:>9.0f} {res['vm_steps']:>9,} {res['admitted']:>8.0f} {res['blocked']:>8.0f}")
+              f"{res['cpu']:>7.2f} {res['statements']:>9.0f} {res['vm_steps']:>9,} "
+              f"{res['admitted']:>8.0f} {res['blocked']:>8.0f}")
     print("ms/round: wall time of the round, median (min ms: fastest round); CPU ms: process CPU time,\n"
           "median (less disturbed by other load on the machine); SQL stmts: statements per round;\n"
           "VM steps: SQLite VM instructions in one round (a proxy for rows read: flat if nothing scans);\n"

@@ -66,9 +66,9 @@ from semaphore import (
     timeout,
 )
 from semaphore.client._queue import QUEUE_TABLES
-from semaphore.runtime import Storage, plain
-from semaphore.holder._store import TABLES as HOLDER_TABLES
 from semaphore.core.wire import MAX_INT, id_problem
+from semaphore.holder._store import TABLES as HOLDER_TABLES
+from semaphore.runtime import Storage, plain
 
 __all__ = ["AccountLimit", "JobQueue", "Default"]
 

@@ -75,6 +75,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from honest_client import GROUPS, Client, Reports
 from semaphore.core.allocation import LIMIT_ERROR, ceiling, grant_ceiling
 from semaphore.core.config import LeaseConfig, LimitedGroups, Provisioning
 from semaphore.core.rounds import Pending, Policy, RoundOutcome
@@ -88,7 +89,6 @@ from semaphore.core.wire import (
     parse_message,
 )
 from semaphore.errors import InvalidMessageError
-from honest_client import GROUPS, Client, Reports
 from semaphore.testing._memory_store import (
     MemoryStore,
     resolve_limits,

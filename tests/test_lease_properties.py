@@ -30,9 +30,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from honest_client import GROUPS, Client
 from semaphore import LeaseConfig
 from semaphore.core.allocation import grant_ceiling
-from honest_client import GROUPS, Client
 from semaphore.testing import Bed, check_aggregates, dump, request, sync
 
 CLIENTS = ("c0", "c1", "c2", "c3")  # c3 has no lease support

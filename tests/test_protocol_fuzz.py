@@ -36,8 +36,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from semaphore.errors import InvalidMessageError
 from semaphore.core.wire import MAX_INT, PermitRequest, SyncMessage, parse_message
+from semaphore.errors import InvalidMessageError
 from semaphore.testing import Bed, check_aggregates, dump, run
 
 EXAMPLES = int(os.environ.get("PROTOCOL_FUZZ_EXAMPLES", "40"))

@@ -15,7 +15,6 @@ None)`` drops it, for a full uninstall.
 
 from __future__ import annotations
 
-
 import pytest
 
 from semaphore import DurabilityScheduler, DurabilitySemaphore, SemaphoreClient, SemaphoreQueue

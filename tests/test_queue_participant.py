@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 
-
 import pytest
 
 from semaphore import HolderUnavailableError, SemaphoreQueue

@@ -12,11 +12,11 @@ import pytest
 
 from semaphore import (
     ConfigurationError,
+    Demand,
     DurabilitySemaphore,
     HolderUnavailableError,
     InvalidMessageError,
     PermitRequest,
-    Demand,
     SemaphoreClient,
     SemaphoreTimeoutError,
     retry,
@@ -37,7 +37,7 @@ class JsLikeReply:
 
 
 class Stub:
-    def __init__(self, env: "Env", name: str) -> None:
+    def __init__(self, env: Env, name: str) -> None:
         self.env, self.name = env, name
 
     async def permits(self, message: Any) -> Any:
@@ -51,7 +51,7 @@ class Stub:
 
 
 class Namespace:
-    def __init__(self, env: "Env") -> None:
+    def __init__(self, env: Env) -> None:
         self.env = env
 
     def getByName(self, name: str) -> Stub:

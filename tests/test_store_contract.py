@@ -33,8 +33,9 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st

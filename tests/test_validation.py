@@ -16,12 +16,13 @@ these checks is ``test_protocol_fuzz.py``.
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-from semaphore.errors import InvalidMessageError, error_from_reply
 from semaphore.core.wire import PermitRequest, SyncMessage, parse_message
+from semaphore.errors import InvalidMessageError, error_from_reply
 from semaphore.testing import Bed, async_test, by_id, dump, request, sync
 
 BIG = 2**53
@@ -521,8 +522,8 @@ async def test_r7_id_alphabet_allowed_ids_round_trip_exactly(ident):
 def test_r7_id_alphabet_forbidden_characters():
     # R7 (decision): every control character (C0 incl. NUL, DEL, C1) and every surrogate code
     # point is refused, wherever it is; the error names the field and the code point.
-    from semaphore.errors import InvalidMessageError as Invalid
     from semaphore.core.wire import check_id, id_problem
+    from semaphore.errors import InvalidMessageError as Invalid
 
     forbidden = [chr(c) for c in range(0x20)] + [chr(c) for c in range(0x7f, 0xa0)]
     forbidden += ["\ud800", "\udbff", "\udc00", "\udfff", "\ud83d"]

@@ -5,7 +5,8 @@ through ``from_wire``."""
 
 from __future__ import annotations
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from semaphore.core.wire import (
     Blocked,

@@ -252,7 +252,7 @@ def test_editable_install_writes_no_metadata_into_the_module_root(tmp_path):
     # writes <name>.egg-info/ next to the packages (src/) unless egg_base says otherwise.
     project = tmp_path / "project"
     project.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(ROOT / name, project / name)
     shutil.copytree(SRC / "semaphore", project / "src" / "semaphore",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))

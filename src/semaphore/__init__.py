@@ -3,22 +3,19 @@
 One holder Durable Object per key owns a limit (:class:`DurabilitySemaphore`), with optional
 per-group ceilings; many client Durable Objects get permits from it in batched allocation rounds
 or as leases. See ``docs/SPEC.md`` for the contract and the README for a tour.
+
+The import name ``semaphore`` is short and other distributions on PyPI install a top-level
+``semaphore`` package too; installed into the same ``python_modules/`` one overwrites the other's
+files. ``__distribution__`` marks this one: every subpackage checks it on import and raises a
+clear :class:`ImportError` when the ``semaphore/__init__.py`` in front of it is another
+distribution's (see the README, "Use it in your Worker").
 """
 
-from .core.allocation import LIMIT_ERROR, Allocation, Entry, Usage, allocate
-from .clock import system_clock
-from .core.config import LeaseConfig, LimitedGroups, Provisioning
-from .errors import (
-    ConfigurationError,
-    HolderUnavailableError,
-    InvalidMessageError,
-    RoundFailedError,
-    SemaphoreError,
-    SemaphoreTimeoutError,
-    error_from_reply,
-)
-from .holder import DurabilitySemaphore
-from .scheduler import DurabilityScheduler
+#: The distribution this package belongs to (checked by every subpackage on import).
+__distribution__ = "durability-semaphore"
+#: The release (kept equal to ``pyproject.toml``'s version; tests/test_packaging.py checks it).
+__version__ = "0.1.0"
+
 from .client import (
     AppliedReply,
     ClientGrant,
@@ -33,7 +30,9 @@ from .client import (
     SemaphoreQueue,
     Transport,
 )
-from .rpc import SemaphoreRpc, get_by_name, retry, timeout
+from .clock import system_clock
+from .core.allocation import LIMIT_ERROR, Allocation, Entry, Usage, allocate
+from .core.config import LeaseConfig, LimitedGroups, Provisioning
 from .core.wire import (
     Blocked,
     BlockedReason,
@@ -49,8 +48,21 @@ from .core.wire import (
     SyncMessage,
     parse_message,
 )
+from .errors import (
+    ConfigurationError,
+    HolderUnavailableError,
+    InvalidMessageError,
+    RoundFailedError,
+    SemaphoreError,
+    SemaphoreTimeoutError,
+    error_from_reply,
+)
+from .holder import DurabilitySemaphore
+from .rpc import SemaphoreRpc, get_by_name, retry, timeout
+from .scheduler import DurabilityScheduler
 
 __all__ = [
+    "__version__",
     "DurabilitySemaphore",
     "DurabilityScheduler",
     "SemaphoreClient",

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 __all__ = ["Clock", "SleepingClock", "system_clock", "sleep_until", "now_ms"]
 

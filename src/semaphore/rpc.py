@@ -36,10 +36,12 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Union
+from typing import Any
 
 from .clock import sleep_until, system_clock
+from .core.wire import PermitRequest, SyncMessage
 from .errors import (
     ConfigurationError,
     HolderUnavailableError,
@@ -48,7 +50,6 @@ from .errors import (
     error_from_reply,
 )
 from .runtime import plain
-from .core.wire import PermitRequest, SyncMessage
 
 __all__ = [
     "Call",
@@ -65,7 +66,7 @@ Call = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
 #: A caller transform: wraps a :data:`Call` into another.
 Transform = Callable[[Call], Call]
 #: ``(stub, message) -> reply`` (sync or awaitable), or the name of the stub's RPC method.
-Invoke = Union[str, Callable[[Any, dict[str, Any]], Any]]
+Invoke = str | Callable[[Any, dict[str, Any]], Any]
 
 
 def get_by_name(namespace: Any, name: str) -> Any:
@@ -92,7 +93,7 @@ class SemaphoreRpc:
     namespace: Any = None
     transforms: tuple[Transform, ...] = ()
 
-    def with_(self, *transforms: Transform) -> "SemaphoreRpc":
+    def with_(self, *transforms: Transform) -> SemaphoreRpc:
         """A helper whose calls also go through ``transforms`` (first = outermost; transforms
         added by an earlier ``with_`` stay outside later ones)."""
         for t in transforms:
@@ -204,7 +205,7 @@ def timeout(ms: int, *, clock: Callable[[], int] | None = None) -> Transform:
             if clock is None or getattr(clock, "sleep_until", None) is None:
                 try:
                     return await asyncio.wait_for(call(key, message), ms / 1000)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     raise SemaphoreTimeoutError(f"holder {key!r} did not answer within {ms} ms") from None
             work = asyncio.ensure_future(call(key, message))
             timer = asyncio.ensure_future(sleep_until(clock, int(clock()) + ms))

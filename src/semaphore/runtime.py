@@ -15,8 +15,9 @@ it runs unchanged on CPython (against :mod:`semaphore.testing`) and inside Pyodi
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Iterable
 from itertools import chain, repeat
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, TypeVar
 
 __all__ = ["Storage", "plain", "MAX_BINDINGS", "migrate_tables", "install_schema", "object_id", "TableWatch"]
 
@@ -147,7 +148,7 @@ class Storage:
                     out.append({str(k): _cell(v) for k, v in converted.items()})
                     continue
             if names is None:
-                names = [str(n) for n in getattr(cursor, "columnNames")]
+                names = [str(n) for n in cursor.columnNames]
             out.append({n: _cell(getattr(row, n)) for n in names})
         return out
 

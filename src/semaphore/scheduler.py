@@ -53,8 +53,9 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Union
+from typing import Any
 
 from .clock import system_clock
 from .errors import ConfigurationError
@@ -64,10 +65,10 @@ __all__ = ["DurabilityScheduler", "TimerHandler", "NextDue"]
 
 log = logging.getLogger("semaphore.scheduler")
 
-TimerHandler = Callable[[str, int], Union[Awaitable[None], None]]
+TimerHandler = Callable[[str, int], Awaitable[None] | None]
 #: A participant's own earliest due time (epoch ms), or ``None`` when nothing is due; synchronous
 #: SQL reads only (it is called by every :meth:`DurabilityScheduler.arm`).
-NextDue = Callable[[], Union[int, None]]
+NextDue = Callable[[], int | None]
 
 TABLE = "durability_scheduler_timers"
 

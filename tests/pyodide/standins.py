@@ -20,7 +20,6 @@ import _standin_js  # registered by harness.mjs
 import js
 from pyodide.code import relaxed_call
 from pyodide.ffi import JsProxy, create_proxy, to_js
-
 from workers import python_from_rpc, python_to_rpc
 from workers.rpc import _EnvWrapper
 

@@ -675,7 +675,7 @@ class WorkerdProcess:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def start(self) -> "WorkerdProcess":
+    def start(self) -> WorkerdProcess:
         if self.running():
             raise RuntimeError("workerd is already running")
         if self._log_path is not None:
@@ -769,7 +769,7 @@ class WorkerdProcess:
         self._signal(signal.SIGKILL)
         return self._reap()
 
-    def restart(self, *, hard: bool = False) -> "WorkerdProcess":
+    def restart(self, *, hard: bool = False) -> WorkerdProcess:
         """Stop (or ``kill -9`` with ``hard``) and start again on the same storage and port."""
         if hard:
             self.kill()
@@ -777,7 +777,7 @@ class WorkerdProcess:
             self.stop()
         return self.start()
 
-    def __enter__(self) -> "WorkerdProcess":
+    def __enter__(self) -> WorkerdProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

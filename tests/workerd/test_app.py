@@ -25,8 +25,9 @@ import json
 import random
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import pytest
 

@@ -32,18 +32,19 @@ import threading
 import time
 import types
 import urllib.request
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import pytest
 
-from .test_app import DEADLINE_S, POLL_S, App, by_state, now_ms, wait_for
 from .harness import (
     WorkerdError,
     WorkerdProcess,
     _capnp_text,
     generate_config,
 )
+from .test_app import DEADLINE_S, POLL_S, App, by_state, now_ms, wait_for
 
 pytestmark = pytest.mark.workerd
 

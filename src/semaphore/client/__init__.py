@@ -1,8 +1,16 @@
 """The client side: :class:`SemaphoreClient` (the per-key grant and lease ledger of one client
 object) and :class:`SemaphoreQueue` (work waiting for permits, on top of a client)."""
 
-from ._client import (CLIENT_TABLES, AppliedReply, ClientGrant, ClientLease, KeyState, KeyUnit, SemaphoreClient,
-                      Transport)
+from ._client import (
+                      CLIENT_TABLES,
+                      AppliedReply,
+                      ClientGrant,
+                      ClientLease,
+                      KeyState,
+                      KeyUnit,
+                      SemaphoreClient,
+                      Transport,
+)
 from ._queue import QUEUE_TABLES, ItemState, Permit, PermitKind, QueueItem, SemaphoreQueue
 
 __all__ = [

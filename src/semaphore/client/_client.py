@@ -54,12 +54,11 @@ EXISTS``); nothing else changes.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from ..clock import sleep_until, system_clock
-from ..errors import HolderUnavailableError, SemaphoreError, error_from_reply
-from ..runtime import Storage, install_schema, migrate_tables, object_id, plain
 from ..core.client_state import GONE, ClientGrant, ClientLease, KeyState, merge_grant, merge_lease
 from ..core.wire import (
     MAX_LIST_LENGTH,
@@ -73,7 +72,9 @@ from ..core.wire import (
     PermitResponse,
     SyncMessage,
 )
+from ..errors import HolderUnavailableError, SemaphoreError, error_from_reply
 from ..rpc import Call
+from ..runtime import Storage, install_schema, migrate_tables, object_id, plain
 
 __all__ = [
     "Transport",
@@ -336,7 +337,7 @@ class SemaphoreClient:
         return False
 
     # ================================================================== local changes
-    def unit(self, key: str) -> "KeyUnit":
+    def unit(self, key: str) -> KeyUnit:
         """The per-key unit of work of ``key``: local changes (claim, draw, release, stop) and
         reads that run inside the caller's storage transaction, so a caller can commit them
         together with its own rows (the queue does). Each one-call method below (:meth:`claim`,

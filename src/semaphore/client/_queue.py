@@ -81,17 +81,18 @@ import enum
 import inspect
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Union, cast
+from typing import Any, cast
 
-from ._client import AppliedReply, KeyUnit, SemaphoreClient
-from ..errors import ConfigurationError, SemaphoreError
-from ..runtime import Storage, TableWatch, install_schema, migrate_tables
-from ..scheduler import DurabilityScheduler
 from ..core import queue_plan as plan
 from ..core.config import option_int
 from ..core.queue_plan import ClaimingItem, Exchange, KeySnapshot, PendingReleases, QueuedItem, Resolve
 from ..core.wire import MAX_LIST_LENGTH, Demand, id_problem
+from ..errors import ConfigurationError, SemaphoreError
+from ..runtime import Storage, TableWatch, install_schema, migrate_tables
+from ..scheduler import DurabilityScheduler
+from ._client import AppliedReply, KeyUnit, SemaphoreClient
 
 __all__ = ["ItemState", "PermitKind", "Permit", "QueueItem", "SemaphoreQueue", "QUEUE_TABLES"]
 
@@ -191,7 +192,7 @@ class QueueItem:
     finished_at: int
 
     @classmethod
-    def _from_row(cls, r: dict[str, Any]) -> "QueueItem":
+    def _from_row(cls, r: dict[str, Any]) -> QueueItem:
         permit = None
         if r["permit_kind"]:
             permit = Permit(PermitKind(str(r["permit_kind"])), str(r["permit_id"]), int(r["slot"]))
@@ -200,9 +201,9 @@ class QueueItem:
                    int(r["attempts"]), bool(r["admitted"]), int(r["finished_at"]))
 
 
-AdmitCallback = Callable[[QueueItem], Union[Awaitable[Any], Any]]
+AdmitCallback = Callable[[QueueItem], Awaitable[Any] | Any]
 DoneCallback = Callable[[QueueItem], Any]
-CheckCallback = Callable[[QueueItem], Union[Awaitable[bool], bool]]
+CheckCallback = Callable[[QueueItem], Awaitable[bool] | bool]
 
 
 async def _call(fn: Callable[..., Any], *args: Any) -> Any:
@@ -220,7 +221,7 @@ def _check_done_hook(on_done: Any) -> None:
     if not callable(on_done):
         raise ConfigurationError("on_done: must be callable or None", field="on_done")
     if inspect.iscoroutinefunction(on_done) or inspect.isasyncgenfunction(on_done) \
-            or inspect.iscoroutinefunction(getattr(on_done, "__call__", None)):
+            or inspect.iscoroutinefunction(getattr(on_done, "__call__", None)):  # noqa: B004 (an async __call__)
         raise ConfigurationError("on_done: must be synchronous (it runs inside a storage transaction);"
                                  " an async def would never run", field="on_done")
 
@@ -743,7 +744,7 @@ class SemaphoreQueue:
     async def _pump(self, key: str) -> None:
         for _ in range(8):
             now = self._now()
-            self.storage.transaction(lambda: self._admit_locally(key, now))
+            self.storage.transaction(lambda: self._admit_locally(key, now))  # noqa: B023 (run at once)
             await self._run_callbacks(key, now)
             await self._reconcile(key, now)
             self._run_done_hooks(key)  # no holder message is ever sent for them
@@ -810,7 +811,7 @@ class SemaphoreQueue:
                 self.storage.exec(f"UPDATE {ITEMS} SET checked_at = ? WHERE item_id = ?", at, item.item_id)
             else:
                 log.warning("item %r is no longer running (completion notice lost); releasing it", item.item_id)
-                self.storage.transaction(lambda: self._complete(item.item_id, at))
+                self.storage.transaction(lambda: self._complete(item.item_id, at))  # noqa: B023 (run at once)
 
     def _min(self, column: str, where: str, key: str) -> int | None:
         row = self.storage.one(f"SELECT MIN({column}) AS at FROM {ITEMS} WHERE key = ? AND {where}", key)

@@ -8,6 +8,17 @@ core and persist its result. ``tests/test_layout.py`` enforces the import rules;
 ``docs/ARCHITECTURE.md`` for the map from each SPEC rule to the module that implements it.
 """
 
+import sys as _sys
+
+# The package in front of this one must be durability-semaphore's own (semaphore/__init__.py):
+# another distribution's top-level `semaphore` package, installed into the same folder, replaces
+# that file and would shadow this library silently.
+if getattr(_sys.modules.get(__name__.rpartition(".")[0]), "__distribution__", None) != "durability-semaphore":
+    raise ImportError(
+        "semaphore/__init__.py is not durability-semaphore's: another distribution installed a top-level "
+        "'semaphore' package into the same folder (python_modules/ or site-packages) and overwrote it. "
+        "Uninstall it, or install durability-semaphore into a folder of its own (README: 'Use it in your Worker').")
+
 from .allocation import LIMIT_ERROR, Allocation, Entry, Usage, allocate, ceiling, grant_ceiling, lease_candidate
 from .config import LeaseConfig, LimitedGroups, Provisioning
 from .wire import (

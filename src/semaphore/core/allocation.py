@@ -7,9 +7,9 @@ writes what it returns, all inside the round's transaction.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Mapping
 
 from .config import LeaseConfig, LimitedGroups, Provisioning
 from .wire import BlockedReason

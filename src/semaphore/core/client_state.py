@@ -7,8 +7,9 @@ into it (SPEC R8, R13, R15, R15a, R17, R30, R31, R33). Pure: no storage, no cloc
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any
 
 from .marks import raise_counts
 from .wire import MAX_INT, GrantReport, GrantState, GrantStatus, LeaseReport, LeaseState, LeaseStatus
@@ -77,7 +78,7 @@ class ClientGrant:
         return GrantReport(self.grant_id, claimed, min(self.released, claimed))
 
     @classmethod
-    def _from_row(cls, r: Mapping[str, Any]) -> "ClientGrant":
+    def _from_row(cls, r: Mapping[str, Any]) -> ClientGrant:
         return cls(str(r["key"]), str(r["grant_id"]), str(r["group_name"]), int(r["permits"]),
                    int(r["claimed"]), int(r["released"]), int(r["confirmed"]), int(r["claim_by"]),
                    str(r["status"]), int(r["sent_claimed"]), int(r["sent_released"]))
@@ -146,7 +147,7 @@ class ClientLease:
         return LeaseReport(self.lease_id, self.drawn, self.released, self.stopped)
 
     @classmethod
-    def _from_row(cls, r: Mapping[str, Any]) -> "ClientLease":
+    def _from_row(cls, r: Mapping[str, Any]) -> ClientLease:
         return cls(str(r["key"]), str(r["lease_id"]), str(r["group_name"]), int(r["permits"]),
                    int(r["drawn"]), int(r["released"]), bool(r["stopped"]), str(r["status"]),
                    int(r["expires_at"]), int(r["heartbeat_at"]), int(r["sent_drawn"]),
@@ -169,7 +170,7 @@ class KeyState:
     check_at: int = 0
 
     @classmethod
-    def _from_row(cls, r: Mapping[str, Any] | None) -> "KeyState":
+    def _from_row(cls, r: Mapping[str, Any] | None) -> KeyState:
         if r is None:
             return cls()
         return cls(int(r["next_request_at"]), bool(r["contended"]), bool(r["needs_sync"]), int(r["check_at"]))

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from ..errors import ConfigurationError
 
@@ -115,7 +116,7 @@ class LeaseConfig:
         return int(math.floor(limit * float(self.extra_ratio or 0)))
 
     @classmethod
-    def parse(cls, value: "LeaseConfig | Mapping[str, Any] | None") -> "LeaseConfig | None":
+    def parse(cls, value: LeaseConfig | Mapping[str, Any] | None) -> LeaseConfig | None:
         """Accept a :class:`LeaseConfig`, a camelCase or snake_case mapping, or ``None``."""
         if value is None or isinstance(value, LeaseConfig):
             return value

@@ -13,7 +13,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-from typing import Any, Callable, Mapping, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 from ..errors import ConfigurationError
 from .config import LeaseConfig

@@ -12,8 +12,8 @@ recount of the rows, so once every client has settled the charged capacity is ba
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
 
 from .rows import AGGREGATES, GrantRow, LeaseRow
 

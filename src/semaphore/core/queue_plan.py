@@ -18,8 +18,8 @@ storage or awaits:
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Mapping
 
 from .client_state import ClientGrant, ClientLease, KeyState
 

@@ -15,13 +15,14 @@ R31, R32), write meta (R9, R29, R33), answer every client (R8, R11, R23, R29).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence, Union
+from typing import Any
 
 from .allocation import Allocation, Entry, Usage, allocate, ceiling, lease_candidate
 from .config import LeaseConfig, LimitedGroups
-from .ledger import Ledger, Reads
 from .lease_ids import issuing_key, new_lease_id, unknown_lease_charge
+from .ledger import Ledger, Reads
 from .marks import raise_counts
 from .rows import GrantRow, LeaseRow
 from .wire import (
@@ -40,7 +41,7 @@ from .wire import (
 __all__ = ["Policy", "Pending", "Limits", "RoundOutcome", "View", "round_reads", "sync_reads",
            "reclaim_reads", "next_round_at", "decide_round", "decide_sync", "decide_reclaim"]
 
-Message = Union[PermitRequest, SyncMessage]
+Message = PermitRequest | SyncMessage
 _DEFAULT_TTL_MS = LeaseConfig().ttl_ms
 
 

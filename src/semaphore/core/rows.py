@@ -4,8 +4,9 @@ them in these column orders."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 __all__ = ["GrantRow", "LeaseRow", "AGGREGATES", "GRANT_COLUMNS", "LEASE_COLUMNS", "GRANT_MUTABLE",
            "LEASE_MUTABLE"]
@@ -36,7 +37,7 @@ class GrantRow:
         return self.permits - self.claimed
 
     @classmethod
-    def from_row(cls, r: Mapping[str, Any]) -> "GrantRow":
+    def from_row(cls, r: Mapping[str, Any]) -> GrantRow:
         return cls(str(r["grant_id"]), str(r["client_id"]), str(r["group_name"]), int(r["permits"]),
                    int(r["claimed"]), int(r["released"]), int(r["issued_at"]), int(r["claim_by"]),
                    bool(r["reclaimed"]))
@@ -76,7 +77,7 @@ class LeaseRow:
         return self.permits - self.drawn if self.status == "live" else 0
 
     @classmethod
-    def from_row(cls, r: Mapping[str, Any]) -> "LeaseRow":
+    def from_row(cls, r: Mapping[str, Any]) -> LeaseRow:
         return cls(str(r["lease_id"]), str(r["client_id"]), str(r["group_name"]), int(r["permits"]),
                    int(r["drawn"]), int(r["released"]), bool(r["stopped"]), str(r["status"]),
                    int(r["issued_at"]), int(r["expires_at"]))

@@ -37,8 +37,9 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, cast
+from typing import Any, cast
 
 from ..errors import InvalidMessageError
 
@@ -474,7 +475,7 @@ class GrantState:
                            self.claim_by, self.status.value)
 
     @classmethod
-    def from_wire(cls, d: Mapping[str, Any]) -> "GrantState":
+    def from_wire(cls, d: Mapping[str, Any]) -> GrantState:
         return cls(
             str(d["grantId"]),
             None if d.get("group") is None else str(d["group"]),
@@ -504,7 +505,7 @@ class LeaseState:
                            self.expires_at, self.status.value)
 
     @classmethod
-    def from_wire(cls, d: Mapping[str, Any]) -> "LeaseState":
+    def from_wire(cls, d: Mapping[str, Any]) -> LeaseState:
         return cls(
             str(d["leaseId"]),
             None if d.get("group") is None else str(d["group"]),
@@ -529,7 +530,7 @@ class Blocked:
         return blocked_entry(self.group, self.reason.value, self.waiting)
 
     @classmethod
-    def from_wire(cls, d: Mapping[str, Any]) -> "Blocked":
+    def from_wire(cls, d: Mapping[str, Any]) -> Blocked:
         return cls(str(d["group"]), BlockedReason(d["reason"]), int(d["waiting"]))
 
 
@@ -548,7 +549,7 @@ class PermitResponse:
                                [b.to_wire() for b in self.blocked], self.contended, self.next_request_at)
 
     @classmethod
-    def from_wire(cls, d: Mapping[str, Any]) -> "PermitResponse":
+    def from_wire(cls, d: Mapping[str, Any]) -> PermitResponse:
         """Typed view of a response dict. Raises the typed exception of an error reply."""
         from ..errors import error_from_reply
 

@@ -12,8 +12,9 @@ import inspect
 import itertools
 import logging
 import secrets
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Mapping, Union
+from typing import Any
 
 from ..clock import sleep_until
 from ..core.allocation import LIMIT_ERROR
@@ -28,16 +29,13 @@ from ..scheduler import DurabilityScheduler
 from ._steps import lease_scope, run_reclaim, run_round, run_sync
 from ._store import GRANTS, SCHEMA_VERSION, SqlStore, drop_schema, ensure_schema, read_meta
 
-
 __all__ = ["DurabilitySemaphore", "LimitOption", "GroupLimitOption", "CanGrantOption"]
 
 log = logging.getLogger("semaphore.holder")
 
-LimitOption = Union[int, Callable[[], Union[int, Awaitable[int]]]]
-GroupLimitOption = Union[
-    None, int, Mapping[str, int], Callable[[str], Union[int, None, Awaitable[Union[int, None]]]]
-]
-CanGrantOption = Union[None, bool, Callable[[str, str], Union[bool, Awaitable[bool]]]]
+LimitOption = int | Callable[[], int | Awaitable[int]]
+GroupLimitOption = None | int | Mapping[str, int] | Callable[[str], int | None | Awaitable[int | None]]
+CanGrantOption = None | bool | Callable[[str, str], bool | Awaitable[bool]]
 
 RECLAIM_TIMER = "durability_semaphore:reclaim"
 TIMER_PREFIX = "durability_semaphore:"
@@ -346,7 +344,7 @@ class DurabilitySemaphore:
             task.add_done_callback(self._round_ended)
         return await future
 
-    def _round_ended(self, task: "asyncio.Task[None]") -> None:
+    def _round_ended(self, task: asyncio.Task[None]) -> None:
         """Done callback of every round task (also called by :meth:`_enqueue` for a done timer):
         drops the strong reference and, if the task is still the waiting round timer (it ended
         without taking its batch, e.g. cancelled before its first step), fails the waiting calls
@@ -437,7 +435,8 @@ class DurabilitySemaphore:
 
         contended, next_at = self._last_contended, self.next_request_at()
         try:
-            reply = self.storage.transaction(lambda: run_sync(self.store, now, message, self.policy, contended, next_at))
+            reply = self.storage.transaction(
+                lambda: run_sync(self.store, now, message, self.policy, contended, next_at))
         except Exception as exc:
             log.exception("sync transaction failed; nothing was written")
             return RoundFailedError(f"sync failed, nothing was written: {exc}").to_wire()

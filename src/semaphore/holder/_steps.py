@@ -9,7 +9,8 @@ what the core's ``*_reads`` names, lets :mod:`semaphore.core.rounds` decide over
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Protocol, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 
 from ..core.ledger import Changes, Ledger, Reads, Snapshot
 from ..core.rounds import (

@@ -35,7 +35,8 @@ statements instead of one per 99 ids (the 100-binding limit) or per 11 rows.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 from ..core.ledger import Changes, Reads, Snapshot
 from ..core.rows import AGGREGATES, GRANT_COLUMNS, GRANT_MUTABLE, LEASE_COLUMNS, LEASE_MUTABLE, GrantRow, LeaseRow

@@ -143,7 +143,7 @@ class Bed:
         self.evict(**options)
 
     # ------------------------------------------------------------------ driving
-    def send(self, message: Any) -> "asyncio.Task[dict[str, Any]]":
+    def send(self, message: Any) -> asyncio.Task[dict[str, Any]]:
         """Start :meth:`handle` of ``message`` as a task (a request waits for its round)."""
         return asyncio.ensure_future(self.handle(message))
 
@@ -151,7 +151,7 @@ class Bed:
         """Let every task that can run, run."""
         await self.clock.settle()
 
-    async def finish(self, *tasks: "asyncio.Future[Any]", within_ms: int = 60_000) -> list[Any]:
+    async def finish(self, *tasks: asyncio.Future[Any], within_ms: int = 60_000) -> list[Any]:
         """Advance virtual time event by event until every task is done; return their results."""
         end = self.clock.now + within_ms
         await self.clock.settle()

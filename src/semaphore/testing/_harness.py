@@ -23,7 +23,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import random
-from typing import Any, Awaitable, Callable, NoReturn, Protocol, runtime_checkable
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn, Protocol, runtime_checkable
 
 from ..client import SemaphoreClient, SemaphoreQueue
 from ..errors import HolderUnavailableError
@@ -109,7 +110,7 @@ class Net:
             await self.clock.sleep(delay_ms)
         return await self._handle(copy.deepcopy(message))
 
-    def _spawn(self, coro: Awaitable[Any]) -> "asyncio.Task[Any]":
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
@@ -217,8 +218,8 @@ class ClientSide:
         clock: VirtualClock,
         transport: Callable[[str, dict[str, Any]], Awaitable[Any]],
         *,
-        on_admit: Callable[["ClientSide", Any], Any],
-        check_running: Callable[["ClientSide", Any], Any] | None = None,
+        on_admit: Callable[[ClientSide, Any], Any],
+        check_running: Callable[[ClientSide, Any], Any] | None = None,
         recheck_ms: int = 30_000,
         **queue_options: Any,
     ) -> None:
@@ -255,7 +256,7 @@ class ClientSide:
         """The client object's ``alarm()``: delegates to the scheduler."""
         await self.scheduler.alarm(info)
 
-    def spawn(self, coro: Awaitable[Any]) -> "asyncio.Task[Any]":
+    def spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
         """Run a call into this object as a task (cancelled if the object is evicted)."""
         task = asyncio.ensure_future(coro)
         self.tasks.add(task)

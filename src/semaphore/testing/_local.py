@@ -24,7 +24,8 @@ import heapq
 import itertools
 import re
 import sqlite3
-from typing import Any, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 from ..core.wire import MAX_INT
 
@@ -96,11 +97,11 @@ class VirtualClock:
         """Suspend for ``ms`` virtual milliseconds."""
         await self.sleep_until(self._now + int(ms))
 
-    def add_source(self, driver: "AlarmDriver") -> None:
+    def add_source(self, driver: AlarmDriver) -> None:
         """Fire ``driver``'s alarm as time advances (an :class:`AlarmDriver` registers itself)."""
         self._sources.append(driver)
 
-    def remove_source(self, driver: "AlarmDriver") -> None:
+    def remove_source(self, driver: AlarmDriver) -> None:
         """Stop firing ``driver``'s alarm (see :meth:`AlarmDriver.close`)."""
         if driver in self._sources:
             self._sources.remove(driver)
@@ -223,7 +224,7 @@ class LocalCursor:
 class LocalSql:
     """``ctx.storage.sql`` on a real SQLite connection."""
 
-    def __init__(self, storage: "LocalStorage") -> None:
+    def __init__(self, storage: LocalStorage) -> None:
         self._storage = storage
 
     @property

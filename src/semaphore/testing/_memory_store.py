@@ -26,8 +26,9 @@ holder's decisions directly: no SQLite, no asyncio, no clock.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from ..core.ledger import Changes, Reads, Snapshot
 from ..core.rounds import Limits, Pending
@@ -181,7 +182,7 @@ class MemoryStore:
         """The total aggregates as stored in meta (absent rows are zero)."""
         return {name: self.meta_rows.get(name, 0) for name in AGGREGATES}
 
-    def clone(self) -> "MemoryStore":
+    def clone(self) -> MemoryStore:
         """An independent copy (to run a decision two ways and compare)."""
         return copy.deepcopy(self)
 

@@ -3,7 +3,8 @@ sends (SPEC §3) from short tuples; :func:`by_id` and :func:`blocked` read repli
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 __all__ = ["request", "sync", "by_id", "blocked"]
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from typing import Any, Awaitable, TypeVar
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 __all__ = ["ObjectTasks"]
 
 T = TypeVar("T")
 
-_OWNER: contextvars.ContextVar["ObjectTasks | None"] = contextvars.ContextVar(
+_OWNER: contextvars.ContextVar[ObjectTasks | None] = contextvars.ContextVar(
     "semaphore_testing_object", default=None
 )
 _MARK = "semaphore_testing_tracks_tasks"
@@ -30,7 +31,7 @@ def _install(loop: asyncio.AbstractEventLoop) -> None:
     if getattr(previous, _MARK, False):
         return
 
-    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> "asyncio.Future[Any]":
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Future[Any]:
         if previous is not None:
             task: asyncio.Future[Any] = previous(loop, coro, **kwargs)
         else:
@@ -50,7 +51,7 @@ class ObjectTasks:
     def __init__(self) -> None:
         self._tasks: set[asyncio.Future[Any]] = set()
 
-    def add(self, task: "asyncio.Future[Any]") -> None:
+    def add(self, task: asyncio.Future[Any]) -> None:
         """Count ``task`` as the instance's (until it is done)."""
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

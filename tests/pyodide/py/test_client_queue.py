@@ -11,12 +11,12 @@ objects and exceptions. Client state lives in the client object's own SQLite
 import asyncio
 import time
 
-from entry import AccountLimit
 from pyodide.ffi import JsException
 from standins import Runtime
 from workers import DurableObject
 from workers.rpc import JsDict
 
+from entry import AccountLimit
 from semaphore import (
     Demand,
     DurabilityScheduler,

@@ -7,12 +7,12 @@ python_from_rpc conversions, as between two Durable Objects in production.
 
 import asyncio
 
-from entry import AccountLimit
 from pyodide.ffi import JsException
 from standins import Runtime
 from workers import DurableObject
 from workers.rpc import JsDict
 
+from entry import AccountLimit
 from semaphore import (
     DurabilityScheduler,
     DurabilitySemaphore,

@@ -3,8 +3,9 @@ workers.Response out, and RPC to the AccountLimit holder through the SDK-wrapped
 
 import json
 
-from entry import AccountLimit, Default
 from standins import Runtime
+
+from entry import AccountLimit, Default
 
 VARS = {"ACCOUNT_CONCURRENCY": "7", "ROUND_WAIT_MS": "10", "ROUND_PERIOD_MS": "0",
         "ADMIN_TOKEN": "s3cret"}

@@ -8,8 +8,9 @@ import asyncio
 import json
 import time
 
-from entry import AccountLimit, Default, JobQueue
 from standins import Runtime
+
+from entry import AccountLimit, Default, JobQueue
 
 TOKEN = "s3cret"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
