@@ -126,3 +126,14 @@ class Client:
             if k > 0:
                 self.run("grant", gid, g["group"], k)
             g["claimed"] = self._confirmed(gid)
+
+    def wind_down(self) -> None:
+        """For the I3 drain: drop queued items, release everything running, stop every lease."""
+        for q in self.queue.values():
+            q.clear()
+        for (kind, ident), n in list(self.running.items()):
+            if n > 0:
+                (self.grants if kind == "grant" else self.leases)[ident]["released"] += n
+                self.running[(kind, ident)] = 0
+        for x in self.leases.values():
+            x["stopped"] = True

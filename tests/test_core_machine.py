@@ -572,14 +572,7 @@ class Model:
         # I3: once every client releases, stops and reports, and deadlines pass, nothing is charged.
         for _ in range(6):
             for c in self.clients.values():
-                for q in c.queue.values():
-                    q.clear()
-                for (kind, ident), n in list(c.running.items()):
-                    if n > 0:
-                        (c.grants if kind == "grant" else c.leases)[ident]["released"] += n
-                        c.running[(kind, ident)] = 0
-                for x in c.leases.values():
-                    x["stopped"] = True
+                c.wind_down()
                 self.sync(c)
             self.advance(GRANT_TIMEOUT + 1_000, alarm=True)
             if not (self.store.grants or self.store.leases

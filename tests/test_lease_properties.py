@@ -254,14 +254,7 @@ class LeaseMachine(RuleBasedStateMachine):
     async def _drain(self) -> None:
         for _ in range(6):
             for c in self.clients.values():
-                for q in c.queue.values():
-                    q.clear()
-                for (kind, ident), n in list(c.running.items()):
-                    if n > 0:
-                        (c.grants if kind == "grant" else c.leases)[ident]["released"] += n
-                        c.running[(kind, ident)] = 0
-                for x in c.leases.values():
-                    x["stopped"] = True
+                c.wind_down()
                 await self._sync(c)
             await self.bed.clock.advance(11_000)
         u = await self.bed.usage()

@@ -375,7 +375,7 @@ def test_r2_memory_store_load_returns_copies():
     store = MemoryStore()
     clients = [Pending("a", 0, [PermitRequest("a", (Demand("g", 2, 0),))])]
     limits = resolve_limits(store, clients, limit=5)
-    run_round(store, T0, clients, limits, Policy(new_id=lambda: "gid"))
+    run_round(store, T0, clients, limits, Policy(new_id=lambda: "gid", new_secret=lambda: bytes(32)))
     before = store.state()
     snapshot = store.load(Reads(clients=frozenset({"a"}), due_at=T0 + 20_000, groups=frozenset({"g"})),
                           store.meta())

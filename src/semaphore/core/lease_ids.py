@@ -22,7 +22,7 @@ from .wire import MAX_ID_LENGTH, id_problem
 
 __all__ = [
     "LeaseIdParts", "LEASE_NONCE_MAX", "LEASE_SECRET_MIN_BYTES", "LEASE_KEY_PREFIX", "LEASE_KEY_WORDS",
-    "LEASE_EPOCH_KEY", "holder_key", "lease_id_for", "verified_lease_id", "lease_id_verifies", "configured_secret",
+    "LEASE_EPOCH_KEY", "holder_key", "lease_id_for", "verified_lease_id", "configured_secret",
     "stored_secret", "stored_epoch", "issuing_key", "new_lease_id", "unknown_lease_charge",
 ]
 
@@ -167,12 +167,6 @@ def _pre_reset_permits(secret: bytes, client_id: str, lease_id: str, epoch: int 
     if fields is None or (epoch is not None and int(fields[1], 16) == epoch):
         return 0
     return int(fields[2]) if _mac_matches(secret, client_id, fields) else 0
-
-
-def lease_id_verifies(secret: bytes, client_id: str, lease_id: str) -> bool:
-    """Whether ``lease_id`` is one issued under ``secret`` to ``client_id``
-    (:func:`verified_lease_id`)."""
-    return verified_lease_id(secret, client_id, lease_id) is not None
 
 
 def issuing_key(meta: Mapping[str, int], app_secret: bytes | None,

@@ -75,10 +75,6 @@ class Changes:
         sums = [sum(d[i] for d in self.group_deltas.values()) for i in range(len(AGGREGATES))]
         return {name: sums[i] for i, name in enumerate(AGGREGATES) if sums[i]}
 
-    def empty(self) -> bool:
-        return not (self.new_grants or self.changed_grants or self.deleted_grants or self.new_leases
-                    or self.changed_leases or self.deleted_leases or self.group_deltas or self.meta_sets)
-
 
 class Ledger:
     """The rows of one decision, with their changes and the aggregates kept in step."""

@@ -45,19 +45,19 @@ Message = PermitRequest | SyncMessage
 _DEFAULT_TTL_MS = LeaseConfig().ttl_ms
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Policy:
     """The holder options the decisions read (see :class:`~semaphore.DurabilitySemaphore`)."""
 
+    #: A fresh unique id for a grant, or a lease's nonce (required: no default could be unique).
+    new_id: Callable[[], str]
+    #: 32 random bytes, called at most once per storage (R32).
+    new_secret: Callable[[], bytes]
     leases: LeaseConfig | None = None
     grant_timeout_ms: int = 10_000
     round_period_ms: int = 2000
-    #: A fresh unique id for a grant, or a lease's nonce.
-    new_id: Callable[[], str] = lambda: ""
     #: The holder's MAC key under ``lease_secret`` (``None``: the per-storage secret).
     app_secret: bytes | None = None
-    #: 32 random bytes, called at most once per storage (R32).
-    new_secret: Callable[[], bytes] = lambda: b""
 
     @property
     def ttl_ms(self) -> int:
@@ -95,10 +95,15 @@ class View:
 
     grants: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> wire GrantState
     leases: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> wire LeaseState
-    #: Reports of leases the holder does not know (R32): id -> the report's ``drawn - released``.
-    unknown_leases: dict[str, int] = field(default_factory=dict)
-    #: ... and their reports merged so far this round: id -> ``(drawn, released, stopped)``.
+    #: Reports of leases the holder does not know (R32), merged so far this round:
+    #: id -> ``(drawn, released, stopped)``.
     unknown_reports: dict[str, tuple[int, int, bool]] = field(default_factory=dict)
+
+    def unknown_footprints(self) -> dict[str, int]:
+        """What the unknown leases reported may still run: id -> ``drawn - released``, for
+        each not settled by its reports (stopped with ``released == drawn``)."""
+        return {lid: max(0, d - r) for lid, (d, r, stopped) in self.unknown_reports.items()
+                if not (stopped and r == d)}
 
 
 @dataclass(frozen=True)
@@ -259,12 +264,7 @@ def _unknown_lease(r: LeaseReport, view: View) -> None:
         drawn, released = raise_counts(seen[0], seen[1], drawn, released, max(seen[0], drawn))
         stopped = stopped or seen[2]
     view.unknown_reports[r.lease_id] = (drawn, released, stopped)
-    if stopped and released == drawn:
-        status = LeaseStatus.SETTLED
-        view.unknown_leases.pop(r.lease_id, None)
-    else:
-        status = LeaseStatus.RETIRED
-        view.unknown_leases[r.lease_id] = max(0, drawn - released)
+    status = LeaseStatus.SETTLED if stopped and released == drawn else LeaseStatus.RETIRED
     view.leases[r.lease_id] = lease_state(r.lease_id, None, drawn, drawn, released, None, status.value)
 
 
@@ -303,7 +303,7 @@ def _usage(ledger: Ledger, views: Mapping[str, View], limits: Limits, policy: Po
     totals = ledger.totals()
     per_group = ledger.group_usage(demand_groups)
     limit = limits.limit
-    unknown = unknown_lease_charge({c: v.unknown_leases for c, v in views.items()}, ledger.meta(),
+    unknown = unknown_lease_charge({c: v.unknown_footprints() for c, v in views.items()}, ledger.meta(),
                                    policy.app_secret, policy.leases,
                                    ceiling(limit, policy.leases) if isinstance(limit, int) and policy.leases else None)
     return Usage(

@@ -10,7 +10,7 @@ what the core's ``*_reads`` names, lets :mod:`semaphore.core.rounds` decide over
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ..core.ledger import Changes, Ledger, Reads, Snapshot
 from ..core.rounds import (
@@ -52,9 +52,12 @@ class Store(Protocol):
         """Groups whose aggregate row counts a live lease."""
 
 
-class LeaseScope(tuple[set[tuple[str, str]], set[tuple[str, str]], set[str]]):
-    """``(demand pairs, live-lease pairs, groups)`` whose limits and ``can_grant`` a round
-    resolves (see :func:`lease_scope`)."""
+class LeaseScope(NamedTuple):
+    """What a round resolves limits and ``can_grant`` for (see :func:`lease_scope`)."""
+
+    demand_pairs: set[tuple[str, str]]
+    lease_pairs: set[tuple[str, str]]
+    groups: set[str]
 
 
 def lease_scope(store: Store, clients: Sequence[Pending], *, leases_configured: bool,
@@ -71,7 +74,7 @@ def lease_scope(store: Store, clients: Sequence[Pending], *, leases_configured: 
     if leases_configured or store.meta().get("live_leases", 0) > 0:
         lease_pairs = store.live_lease_pairs(None if every_lease else [p.client_id for p in clients])
         lease_groups = store.groups_with_live_leases()
-    return LeaseScope((demand_pairs, lease_pairs, {g for _, g in demand_pairs} | lease_groups))
+    return LeaseScope(demand_pairs, lease_pairs, {g for _, g in demand_pairs} | lease_groups)
 
 
 def run_round(store: Store, now: int, clients: Sequence[Pending], limits: Limits,
