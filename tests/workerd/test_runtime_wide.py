@@ -23,6 +23,7 @@ the AccountLimit / JobQueue objects) unless it says otherwise.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import glob
 import json
 import os
@@ -32,7 +33,7 @@ import threading
 import time
 import types
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +159,19 @@ def start_process(workerd_runtime: dict[str, Any], workerd_bin: Path, toml: Path
     except WorkerdError as err:
         pytest.fail(f"{err}\n--- workerd output ---\n{err.output}", pytrace=False)
     return proc, storage
+
+
+@contextlib.contextmanager
+def front_of(workerd_runtime: dict[str, Any], workerd_bin: Path, toml: Path, base: Path,
+             vars_override: dict[str, str]) -> Iterator[Front]:
+    """A workerd process of its own for one test, as a :class:`Front`; its log tail is printed
+    afterwards (shown by pytest when the test failed)."""
+    proc, storage = start_process(workerd_runtime, workerd_bin, toml, base, vars_override)
+    try:
+        yield Front(proc, storage)
+    finally:
+        print(f"--- workerd output ({proc.runs} run(s)) ---\n{proc.logs[-30000:]}")
+        proc.stop()
 
 
 @pytest.fixture(scope="module")
@@ -462,14 +476,8 @@ def test_holder_killed_between_grant_and_claim_then_alarm_and_raising_limit(
        read made after claimBy already shows the reclaim (R15, R16, I4); later reports get
        ``not_found`` / ``expired``, and the queue's next job gets a fresh grant.
     """
-    proc, storage = start_process(workerd_runtime, workerd_bin, project_wrangler_toml, tmp_path,
-                                  EVICT_VARS)
-    app = Front(proc, storage)
-    try:
+    with front_of(workerd_runtime, workerd_bin, project_wrangler_toml, tmp_path, EVICT_VARS) as app:
         _killed_between_grant_and_claim(app)
-    finally:
-        print(f"--- workerd output ({proc.runs} run(s)) ---\n{proc.logs[-30000:]}")
-        proc.stop()
 
 
 def _killed_between_grant_and_claim(app: Front) -> None:
@@ -625,13 +633,8 @@ def test_leases_through_the_worker_draw_return_heartbeat_and_settle(
 
     At every sample each account stays within its own limit (running <= outstanding + lease
     footprint <= limit, strict: I1) and shows only its own group."""
-    proc, storage = start_process(workerd_runtime, workerd_bin, project_wrangler_toml, tmp_path, LEASE_VARS)
-    app = Front(proc, storage)
-    try:
+    with front_of(workerd_runtime, workerd_bin, project_wrangler_toml, tmp_path, LEASE_VARS) as app:
         _leases_end_to_end(app)
-    finally:
-        print(f"--- workerd output ---\n{proc.logs[-30000:]}")
-        proc.stop()
 
 
 def _leases_end_to_end(app: Front) -> None:
