@@ -63,6 +63,7 @@ from semaphore import (
     QueueItem,
     SemaphoreClient,
     SemaphoreQueue,
+    SemaphoreUsage,
     timeout,
 )
 from semaphore.client._queue import QUEUE_TABLES
@@ -265,7 +266,9 @@ class AccountLimit(DurableObject):
         """The semaphore's ``usage()`` (SPEC R38) plus ``defaultLimit`` and ``limitOverride``.
         Read only: a holder whose semaphore never ran (no tables) answers the empty usage under
         its current limit without creating its schema or arming an alarm (a limit that cannot be
-        resolved, e.g. a corrupt stored override, is ``None`` there too, as in the semaphore's)."""
+        resolved, e.g. a corrupt stored override, is ``None`` there too, as in the semaphore's):
+        the same keys, ``charged`` 0 and ``available`` the whole grant room (``limit`` itself
+        unless the ``under`` reserve keeps part of it for leases)."""
         if self.config_error is not None:
             return self.config_error
         if has_tables(self.storage, HOLDER_TABLES):
@@ -276,8 +279,8 @@ class AccountLimit(DurableObject):
             except Exception:
                 log.exception("AccountLimit: the limit cannot be resolved")
                 limit = None
-            usage = {"limit": limit, "outstanding": 0, "leaseFootprint": 0,
-                     "liveLeases": 0, "retiredLeases": 0, "groups": {}}
+            # The same keys as the semaphore's (charged 0, available the empty grant room).
+            usage = SemaphoreUsage.empty(limit, self.semaphore.leases).to_wire()
         usage["defaultLimit"] = self.default_limit
         usage["limitOverride"] = self._override
         return usage

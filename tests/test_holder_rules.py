@@ -959,18 +959,19 @@ async def test_r38_usage_shape_and_values():
               leases={"provisioning": {"mode": "strict"}, "permitsPerLease": 3})
     empty = await bed.usage()
     assert empty == {"limit": 12, "outstanding": 0, "leaseFootprint": 0, "liveLeases": 0,
-                     "retiredLeases": 0, "groups": {}}
+                     "retiredLeases": 0, "charged": 0, "available": 12, "groups": {}}
     a, b = await bed.round(request("a", {"capped": 4}), request("b", {"free": 2}, leases=[]))
     gb = b["grants"][0]["grantId"]
     await bed.sem.handle(sync("b", [(gb, 2, 1)]))
     u = await bed.usage()
     assert u == {
         "limit": 12, "outstanding": 5, "leaseFootprint": 3, "liveLeases": 1, "retiredLeases": 0,
+        "charged": 8, "available": 4,
         "groups": {
             "capped": {"outstanding": 4, "leaseFootprint": 0, "liveLeases": 0, "retiredLeases": 0,
-                       "limit": 5},
+                       "limit": 5, "charged": 4, "available": 1},
             "free": {"outstanding": 1, "leaseFootprint": 3, "liveLeases": 1, "retiredLeases": 0,
-                     "limit": None},
+                     "limit": None, "charged": 4, "available": 4},
         },
     }
     agg = bed.check()

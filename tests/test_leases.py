@@ -257,7 +257,7 @@ async def test_r27_within_group_limit_lease_footprint_counts_against_the_group()
     assert only(ra, "grants")["permits"] == 2 and only(ra)["permits"] == 3
     u = await bed.usage()
     assert u["groups"]["lim"] == {"outstanding": 2, "leaseFootprint": 3, "liveLeases": 1,
-                                  "retiredLeases": 0, "limit": 5}
+                                  "retiredLeases": 0, "limit": 5, "charged": 5, "available": 0}
     (rb,) = await bed.round(request("b", {"lim": 1}, oldest_at=2))
     assert rb["grants"] == [] and blocked(rb) == {"lim": ("group_limit", 1)}
     bed.check()
@@ -1190,9 +1190,9 @@ async def test_r38_usage_reports_lease_footprint_per_group_and_total():
     assert u["outstanding"] == 3 and u["leaseFootprint"] == (4 - 1) + 4
     assert u["liveLeases"] == 1 and u["retiredLeases"] == 1
     assert u["groups"]["g"] == {"outstanding": 2, "leaseFootprint": 3, "liveLeases": 1,
-                                "retiredLeases": 0, "limit": None}
+                                "retiredLeases": 0, "limit": None, "charged": 5, "available": 90}
     assert u["groups"]["h"] == {"outstanding": 1, "leaseFootprint": 4, "liveLeases": 0,
-                                "retiredLeases": 1, "limit": 20}
+                                "retiredLeases": 1, "limit": 20, "charged": 5, "available": 15}
     agg = bed.check()
     assert agg["total"]["lease_footprint"] == u["leaseFootprint"]
 

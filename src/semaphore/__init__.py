@@ -33,6 +33,7 @@ from .client import (
 from .clock import system_clock
 from .core.allocation import LIMIT_ERROR, Allocation, Entry, Usage, allocate
 from .core.config import LeaseConfig, LimitedGroups, Provisioning
+from .core.usage import GroupUsage, SemaphoreUsage
 from .core.wire import (
     Blocked,
     BlockedReason,
@@ -52,6 +53,7 @@ from .errors import (
     ConfigurationError,
     HolderUnavailableError,
     InvalidMessageError,
+    PermitTimeoutError,
     RoundFailedError,
     SemaphoreError,
     SemaphoreTimeoutError,
@@ -102,6 +104,7 @@ __all__ = [
     "RoundFailedError",
     "HolderUnavailableError",
     "SemaphoreTimeoutError",
+    "PermitTimeoutError",
     "ConfigurationError",
     "error_from_reply",
     "allocate",
@@ -109,5 +112,7 @@ __all__ = [
     "Usage",
     "Allocation",
     "LIMIT_ERROR",
+    "SemaphoreUsage",
+    "GroupUsage",
     "system_clock",
 ]

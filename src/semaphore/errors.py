@@ -16,6 +16,7 @@ __all__ = [
     "RoundFailedError",
     "HolderUnavailableError",
     "SemaphoreTimeoutError",
+    "PermitTimeoutError",
     "ConfigurationError",
     "error_from_reply",
 ]
@@ -74,6 +75,21 @@ class SemaphoreTimeoutError(HolderUnavailableError, TimeoutError):
     code = "timeout"
 
 
+class PermitTimeoutError(SemaphoreError, TimeoutError):
+    """No permit came within the ``timeout_ms`` of :meth:`SemaphoreQueue.permit
+    <semaphore.client.SemaphoreQueue.permit>`. The request was withdrawn: nothing stays charged
+    for it (a claim already sent is released when the holder answers it). Not a holder failure:
+    the holder may be up and simply have no capacity free (its ``blocked`` reason says why).
+
+    :ivar blocked: the holder's latest ``blocked`` entry for the key and group, if any."""
+
+    code = "permit_timeout"
+
+    def __init__(self, message: str, *, blocked: Any = None) -> None:
+        super().__init__(message)
+        self.blocked = blocked
+
+
 class ConfigurationError(SemaphoreError, ValueError):
     """An option given to the library is invalid (raised at construction)."""
 
@@ -82,7 +98,8 @@ class ConfigurationError(SemaphoreError, ValueError):
 
 _BY_CODE: dict[str, type[SemaphoreError]] = {
     cls.code: cls
-    for cls in (RoundFailedError, HolderUnavailableError, SemaphoreTimeoutError, ConfigurationError)
+    for cls in (RoundFailedError, HolderUnavailableError, SemaphoreTimeoutError, PermitTimeoutError,
+                ConfigurationError)
 }
 
 

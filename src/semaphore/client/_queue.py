@@ -77,19 +77,21 @@ own tables and the client's per-key unit of work (:meth:`SemaphoreClient.unit`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import inspect
 import json
 import logging
-from collections.abc import Awaitable, Callable
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
 from ..core import queue_plan as plan
 from ..core.config import option_int
 from ..core.queue_plan import ClaimingItem, Exchange, KeySnapshot, PendingReleases, QueuedItem, Resolve
-from ..core.wire import MAX_LIST_LENGTH, Demand, id_problem
-from ..errors import ConfigurationError, SemaphoreError
+from ..core.wire import MAX_LIST_LENGTH, Blocked, BlockedReason, Demand, id_problem
+from ..errors import ConfigurationError, PermitTimeoutError, SemaphoreError
 from ..runtime import Storage, TableWatch, install_schema, migrate_tables
 from ..scheduler import DurabilityScheduler
 from ._client import AppliedReply, KeyUnit, SemaphoreClient
@@ -103,8 +105,10 @@ WAKEUPS = "durability_semaphore_client_wakeups"
 #: Per key, since when releases wait to be reported (``report_releases_within_ms``). Durable, so
 #: an object evicted more often than the bound still reports them on time.
 PENDING = "durability_semaphore_client_pending_releases"
+#: Per ``(key, group)``: the holder's latest ``blocked`` entry (why its queued items wait, R23).
+BLOCKED = "durability_semaphore_client_blocked"
 #: Tables owned by :class:`SemaphoreQueue`.
-QUEUE_TABLES = (ITEMS, WAKEUPS, PENDING)
+QUEUE_TABLES = (ITEMS, WAKEUPS, PENDING, BLOCKED)
 
 _SCHEMA = (
     f"CREATE TABLE IF NOT EXISTS {ITEMS} ("
@@ -119,23 +123,36 @@ _SCHEMA = (
     f"CREATE INDEX IF NOT EXISTS {ITEMS}_done ON {ITEMS}(finished_at) WHERE state = 'done'",
     f"CREATE TABLE IF NOT EXISTS {WAKEUPS} (key TEXT PRIMARY KEY, wake_at INTEGER NOT NULL)",
     f"CREATE TABLE IF NOT EXISTS {PENDING} (key TEXT PRIMARY KEY, since INTEGER NOT NULL)",
+    f"CREATE TABLE IF NOT EXISTS {BLOCKED} (key TEXT NOT NULL, group_name TEXT NOT NULL, reason TEXT NOT NULL,"
+    " waiting INTEGER NOT NULL, at INTEGER NOT NULL, PRIMARY KEY (key, group_name))",
 )
 
 #: Columns added after the first release: ``(table, column, declaration)``; tables created by an
 #: older release gain them on first use (``ALTER TABLE ... ADD COLUMN``). ``done_pending``: the
 #: item is done and its ``on_done`` hook has not run yet; ``done_attempts`` / ``done_retry_at``:
-#: failed calls of the hook and when to call it again.
+#: failed calls of the hook and when to call it again; ``owner``: for an item of
+#: :meth:`SemaphoreQueue.permit`, the queue instance whose caller waits for it or holds it (empty
+#: for callback items); ``error``: the last failure of the item's ``on_admit`` / ``work``.
 _ADDED_COLUMNS = (
     (ITEMS, "done_pending", "INTEGER NOT NULL DEFAULT 0"),
     (ITEMS, "done_attempts", "INTEGER NOT NULL DEFAULT 0"),
     (ITEMS, "done_retry_at", "INTEGER NOT NULL DEFAULT 0"),
+    (ITEMS, "owner", "TEXT NOT NULL DEFAULT ''"),
+    (ITEMS, "error", "TEXT NOT NULL DEFAULT ''"),
 )
 
 # Created after the added columns (they index them). Partial: the pump finds pending hooks
 # without walking done items; queries repeat the WHERE term literally (SQLite needs that).
 _INDEXES = (
     f"CREATE INDEX IF NOT EXISTS {ITEMS}_done_pending ON {ITEMS}(key, done_retry_at) WHERE done_pending = 1",
+    f"CREATE INDEX IF NOT EXISTS {ITEMS}_permits ON {ITEMS}(key, checked_at) WHERE owner != '' AND state != 'done'",
 )
+
+#: The public item view: each item with its key's latest ``blocked`` entry for its group while
+#: it is queued.
+_VIEW = (f"SELECT i.*, b.reason AS blocked_reason, b.waiting AS blocked_waiting, b.at AS blocked_at"
+         f" FROM {ITEMS} i LEFT JOIN {BLOCKED} b"
+         " ON i.state = 'queued' AND b.key = i.key AND b.group_name = i.group_name")
 
 
 def _install_schema(storage: Storage) -> None:
@@ -175,8 +192,18 @@ class QueueItem:
 
     :ivar payload: the JSON-compatible value given to :meth:`SemaphoreQueue.enqueue`.
     :ivar permit: set once the item claimed or drew a permit.
-    :ivar attempts: how many times ``on_admit`` has been called for it.
-    :ivar admitted: ``on_admit`` returned for it (the application has the work).
+    :ivar attempts: how many times ``on_admit`` (or ``work``) has been called for it.
+    :ivar admitted: ``on_admit`` returned for it (the application has the work); for an item of
+        :meth:`SemaphoreQueue.permit`: its caller holds the permit.
+    :ivar blocked: while the item is queued, why its group waits: the holder's latest ``blocked``
+        entry for ``(key, group)`` (reason ``limit``, ``group_limit``, ``not_permitted`` or
+        ``limit_resolution_error``, and how many of the key's items of the group it left
+        waiting), from the last reply to a request; ``None`` when the holder has not said (no
+        round yet, or the last round served the group in full).
+    :ivar blocked_at: when that reply was applied (epoch ms), or ``None``.
+    :ivar error: the last failure of ``on_admit`` / ``work`` for the item (``repr`` of the
+        exception), or ``None``.
+    :ivar is_permit: the item of a :meth:`SemaphoreQueue.permit` call (no callback runs for it).
     """
 
     item_id: str
@@ -190,18 +217,29 @@ class QueueItem:
     attempts: int
     admitted: bool
     finished_at: int
+    blocked: Blocked | None = None
+    blocked_at: int | None = None
+    error: str | None = None
+    is_permit: bool = False
 
     @classmethod
     def _from_row(cls, r: dict[str, Any]) -> QueueItem:
         permit = None
         if r["permit_kind"]:
             permit = Permit(PermitKind(str(r["permit_kind"])), str(r["permit_id"]), int(r["slot"]))
+        blocked, blocked_at = None, None
+        if r.get("blocked_reason") is not None:
+            blocked = Blocked(str(r["group_name"]), BlockedReason(str(r["blocked_reason"])),
+                              int(r["blocked_waiting"]))
+            blocked_at = int(r["blocked_at"])
         return cls(str(r["item_id"]), str(r["key"]), str(r["group_name"]), json.loads(str(r["payload"])),
                    int(r["enqueued_at"]), ItemState(str(r["state"])), permit, int(r["started_at"]),
-                   int(r["attempts"]), bool(r["admitted"]), int(r["finished_at"]))
+                   int(r["attempts"]), bool(r["admitted"]), int(r["finished_at"]), blocked, blocked_at,
+                   str(r.get("error") or "") or None, bool(r.get("owner")))
 
 
 AdmitCallback = Callable[[QueueItem], Awaitable[Any] | Any]
+WorkCallback = Callable[[QueueItem], Awaitable[Any]]
 DoneCallback = Callable[[QueueItem], Any]
 CheckCallback = Callable[[QueueItem], Awaitable[bool] | bool]
 
@@ -226,6 +264,34 @@ def _check_done_hook(on_done: Any) -> None:
                                  " an async def would never run", field="on_done")
 
 
+def _check_options(o: dict[str, Any]) -> None:
+    """Raise :class:`ConfigurationError` naming the first invalid option of the queue."""
+    on_admit, work, on_done = o["on_admit"], o["work"], o["on_done"]
+    report_releases_within_ms, reconcile_after_ms = o["report_releases_within_ms"], o["reconcile_after_ms"]
+    if on_admit is not None and not callable(on_admit):
+        raise ConfigurationError("on_admit: must be callable or None", field="on_admit")
+    if work is not None and not callable(work):
+        raise ConfigurationError("work: must be an async callable or None", field="work")
+    if work is not None and on_admit is not None:
+        raise ConfigurationError("work: give on_admit or work, not both", field="work")
+    option_int(o["work_attempts"], "work_attempts", 1)
+    option_int(o["orphan_check_ms"], "orphan_check_ms", 1)
+    if o["admit_concurrency"] is not None:
+        option_int(o["admit_concurrency"], "admit_concurrency", 1)
+    _check_done_hook(on_done)
+    if isinstance(report_releases_within_ms, bool) or not isinstance(report_releases_within_ms, int) \
+            or report_releases_within_ms < 0:
+        raise ConfigurationError("report_releases_within_ms: must be a non-negative integer",
+                                 field="report_releases_within_ms")
+    for name, minimum in (("retry_ms", 1), ("admit_retry_ms", 1), ("claim_margin_ms", 0),
+                          ("lease_margin_ms", 0), ("retention_ms", 0)):
+        option_int(o[name], name, minimum)  # a retry of 0 ms would keep the wake-up due
+    if reconcile_after_ms is not None:
+        option_int(reconcile_after_ms, "reconcile_after_ms", 1)
+    if (reconcile_after_ms is None) != (o["check_running"] is None):
+        raise ConfigurationError("reconcile_after_ms and check_running go together", field="check_running")
+
+
 def _check_id(value: Any, name: str) -> str:
     """``value`` if it is in the wire's id alphabet (:func:`semaphore.wire.id_problem`, R7), so
     a queued group can never make the holder refuse the queue's whole request."""
@@ -244,48 +310,33 @@ class SemaphoreQueue:
         delegate to ``scheduler.alarm``. The queue takes part in it as the participant
         ``durability_semaphore_queue:wake`` (its due time: the earliest per-key wake time).
     :param on_admit: ``on_admit(item)`` (sync or async) starts the work of an admitted item;
-        called at least once per admitted item, always under the item's one permit.
-    :param leases: announce lease support to the holder (default True, SPEC R5).
-    :param clock: epoch-ms callable (default: the scheduler's clock, the alarm's time; the client's
-        clock must agree with it).
-    :param retry_ms: wait this long before contacting the holder again after a failure.
-    :param claim_margin_ms: do not claim from a grant this close to its claim deadline.
-    :param lease_margin_ms: do not draw from a lease this close to its expiry; idle leases are
-        stopped at ``expiresAt - lease_margin_ms``.
-    :param admit_retry_ms: wait this long before calling ``on_admit`` again after it raised.
-    :param reconcile_after_ms: / :param check_running: reconciliation (see the module docs).
-    :param on_done: ``on_done(item)``, synchronous, called once with the item (state ``done``,
-        ``finished_at`` set) for every item that turns ``done``: by :meth:`complete` of a queued
-        or running item, when the pump resolves a claim that :meth:`complete` cancelled while it
-        was ``claiming`` (the item turns ``done`` only then, not in :meth:`complete`), and by
-        reconciliation. The step that marks the item ``done`` (and releases its permit) only
-        records the hook as pending; :meth:`complete` (for the item it finished) and the pump
-        then call it, each call in a storage transaction of its own that also clears the pending
-        flag, so SQL it runs on this object's storage (e.g. an outbox row telling another object,
-        sent later) commits exactly when the hook counts as run, and is durable once it returned.
-        An eviction before it ran leaves it pending for the next instance's pump. It must not
-        await or do I/O: a coroutine function is refused here, and a hook that returns an
-        awaitable raises :class:`ConfigurationError` (from :meth:`complete`; logged by the pump).
-        If it raises, its writes roll back, the error is logged (WARNING, with the item id) and
-        only that item stays pending: the pump calls the hook again after a backoff (1 s doubling
-        to 5 min, as the scheduler's; no holder message is sent for it), and nothing else of the
-        key waits. A pending item is kept past ``retention_ms`` until its hook ran.
-    :param retention_ms: finished items are remembered this long (so a retried enqueue of a
-        finished item does not run it again), then deleted. Default one day.
-    :param report_releases_within_ms: releases (of grant permits and lease draws, and the stop
-        of a lease with nothing left to draw) ride on the next message to the holder; a ``sync``
-        is sent just for them only once the oldest has waited this long (default 10 s; ``0``
-        reports every release at once), or at once when the key's last reply was ``contended``
-        (other work is waiting for that capacity, R29). Releases only free capacity at the holder
-        sooner (R19, R30), so the bound trades idle capacity for fewer holder calls only while
-        nobody is waiting. Claims (R15a), stops that return undrawn lease permits (R29) and
-        heartbeats (R37) are never delayed. The waiting time is kept in SQL, so evictions do not
-        restart it.
-    :param prefer_leases: when the queued items of a group fit in the undrawn permits of its
-        live leases, draw them all from the leases and leave grant permits unclaimed (they go
-        back at ``claimBy``, R15), which saves the ``sync`` a claim confirmation costs; when they
-        do not fit, claim from grants first and draw the rest (default True; False always claims
-        grants first).
+        called at least once per admitted item, always under the item's one permit. An async
+        callback (or one returning an awaitable) runs as a task of its own: the pump does not
+        wait for it, so a slow callback holds up neither the key's other admitted items nor its
+        heartbeats and syncs. ``None`` (the default) for a queue used only through
+        :meth:`permit` (then :meth:`enqueue` refuses items). At most one of ``on_admit`` and
+        ``work``.
+    :param work: ``async work(item)``: the item's whole work, run as a task once the item holds
+        its permit; when it returns the item is completed (its permit released), when it raises
+        it is called again after ``admit_retry_ms`` under the same permit, up to ``work_attempts``
+        calls in all, and then the item is completed anyway (its permit released) with the error
+        logged (ERROR) and kept in :attr:`QueueItem.error`. An eviction during it calls it again
+        (at-least-once, like ``on_admit``: make it idempotent per ``item.item_id``).
+    :param work_attempts: how many calls of ``work`` an item gets (default 3, at least 1).
+    :param admit_concurrency: at most this many items of one key are admitted and waiting for
+        their callback (``on_admit`` or ``work``) to return, claims awaiting confirmation
+        included (default 1,000; ``None``: no bound). Further items stay queued, and the queue asks
+        the holder for no more than it may admit, so no permit waits idle for a callback slot;
+        when a callback returns, the key is pumped again. Items of :meth:`permit` are not
+        bounded by it (each has its caller waiting).
+    :param orphan_check_ms: how often the queue checks, while it lives, for work whose owner may
+        be gone with an earlier instance (the object was evicted): a live :meth:`permit` item
+        whose caller is gone is completed (its permit released), and an ``on_admit`` / ``work``
+        call still running here has its retry moved this far on, so that if this instance dies
+        the next one calls it again within this time (a call that dies within
+        ``admit_retry_ms`` of its start is retried after ``admit_retry_ms``, as before). The
+        check runs at every pump of the key and at least this often while such work lives
+        (default 60 s: one local wake-up, no holder message).
     """
 
     #: The queue's participant in the scheduler's alarm (the name of its backoff row while it
@@ -300,8 +351,12 @@ class SemaphoreQueue:
         *,
         client: SemaphoreClient,
         scheduler: DurabilityScheduler,
-        on_admit: AdmitCallback,
+        on_admit: AdmitCallback | None = None,
         on_done: DoneCallback | None = None,
+        work: WorkCallback | None = None,
+        work_attempts: int = 3,
+        admit_concurrency: int | None = 1000,
+        orphan_check_ms: int = 60_000,
         leases: bool = True,
         clock: Callable[[], int] | None = None,
         retry_ms: int = 1000,
@@ -314,26 +369,16 @@ class SemaphoreQueue:
         report_releases_within_ms: int = 10_000,
         prefer_leases: bool = True,
     ) -> None:
-        if not callable(on_admit):
-            raise ConfigurationError("on_admit: must be callable", field="on_admit")
-        _check_done_hook(on_done)
-        if isinstance(report_releases_within_ms, bool) or not isinstance(report_releases_within_ms, int) \
-                or report_releases_within_ms < 0:
-            raise ConfigurationError("report_releases_within_ms: must be a non-negative integer",
-                                     field="report_releases_within_ms")
-        for name, value, minimum in (("retry_ms", retry_ms, 1), ("admit_retry_ms", admit_retry_ms, 1),
-                                     ("claim_margin_ms", claim_margin_ms, 0), ("lease_margin_ms", lease_margin_ms, 0),
-                                     ("retention_ms", retention_ms, 0)):
-            option_int(value, name, minimum)  # a retry of 0 ms would keep the wake-up due
-        if reconcile_after_ms is not None:
-            option_int(reconcile_after_ms, "reconcile_after_ms", 1)
-        if (reconcile_after_ms is None) != (check_running is None):
-            raise ConfigurationError("reconcile_after_ms and check_running go together", field="check_running")
+        _check_options(locals())
         self.client = client
         self.scheduler = scheduler
         self.storage: Storage = scheduler.storage
         self.on_admit = on_admit
         self.on_done = on_done
+        self.work = work
+        self.work_attempts = work_attempts
+        self.admit_concurrency = admit_concurrency
+        self.orphan_check_ms = orphan_check_ms
         self.leases = leases
         # The alarm's time: the queue's wake times are compared with the scheduler's clock (its
         # participant rule), so the queue reads the same clock (the client's must agree).
@@ -347,13 +392,30 @@ class SemaphoreQueue:
         self.retention_ms = retention_ms
         self.report_releases_within_ms = report_releases_within_ms
         self.prefer_leases = prefer_leases
-        #: per key: when the oldest release not yet reported became pending (in memory only: after
-        #: eviction the wait restarts, which only delays a report by at most the bound again).
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._backoff: dict[str, int] = {}
+        self._init_memory()
         self._ready = False
         self._wakeups = TableWatch(self.storage, WAKEUPS)  # for the wake-up's next_due
         scheduler.participate(self.TIMER, self._wake_due, self._on_wake)
+
+    def _init_memory(self) -> None:
+        """The instance's in-memory state (lost with the object; nothing here must survive)."""
+        #: per key: the pump's lock, and until when the holder is not asked again after a failure.
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._backoff: dict[str, int] = {}
+        #: This instance: the owner of the items of its permit() calls (an item of another, dead
+        #: instance has no caller any more and is released).
+        self._token = secrets.token_hex(12)
+        #: Callback tasks in flight, per item id (strong references; never two for one item).
+        self._inflight: dict[str, asyncio.Task[None]] = {}
+        #: permit() callers waiting for their item's admission, per item id.
+        self._waiters: dict[str, asyncio.Future[QueueItem]] = {}
+        #: Background pumps (kicked by permit() and by returning callbacks), per key; a key in
+        #: ``_rekick`` is pumped again once its running kick ends.
+        self._kicks: dict[str, asyncio.Task[None]] = {}
+        self._rekick: set[str] = set()
+        #: Items of this instance's permit() calls whose caller waits or holds the permit.
+        self._permits: set[str] = set()
+        self._dead = False
 
     # ================================================================== schema
     def ensure_schema(self) -> None:
@@ -398,32 +460,154 @@ class SemaphoreQueue:
         """Queue ``item_id`` for ``(key, group)`` and schedule a wake-up. Idempotent: an item id
         already known (queued, running or recently finished) is returned unchanged.
         ``payload`` must be JSON-compatible."""
+        if self.on_admit is None and self.work is None:
+            raise ConfigurationError("enqueue: this queue has neither on_admit nor work, so nothing would run"
+                                     " the item; use permit() or give the queue a callback", field="on_admit")
         _check_id(key, "key")
         _check_id(group, "group")
         _check_id(item_id, "item_id")
         text = json.dumps(payload)
         self.ensure_schema()
         now = self._now()
-
-        def body() -> QueueItem:
-            existing = self._item(item_id)
-            if existing is not None:
-                return existing
-            row = self.storage.one(f"SELECT COALESCE(MAX(seq), 0) + 1 AS seq FROM {ITEMS}")
-            seq = int(row["seq"]) if row else 1
-            self.storage.exec(
-                f"INSERT INTO {ITEMS}(item_id, key, group_name, payload, enqueued_at, seq, state, permit_kind,"
-                " permit_id, slot, started_at, admitted, attempts, retry_at, checked_at, finished_at, cancel)"
-                " VALUES (?, ?, ?, ?, ?, ?, 'queued', '', '', 0, 0, 0, 0, 0, 0, 0, 0)",
-                item_id, key, group, text, now, seq)
-            self._set_wake(key, now, earlier_only=True)
-            item = self._item(item_id)
-            assert item is not None
-            return item
-
-        item = self.storage.transaction(body)
+        item = self.storage.transaction(lambda: self._insert(key, group, item_id, text, now, owner=""))
         await self.scheduler.arm()
         return item
+
+    def _insert(self, key: str, group: str, item_id: str, payload: str, now: int, *, owner: str) -> QueueItem:
+        """Queue a new item (or return the existing one of ``item_id``) and wake its key."""
+        existing = self._item(item_id)
+        if existing is not None:
+            return existing
+        row = self.storage.one(f"SELECT COALESCE(MAX(seq), 0) + 1 AS seq FROM {ITEMS}")
+        seq = int(row["seq"]) if row else 1
+        self.storage.exec(
+            f"INSERT INTO {ITEMS}(item_id, key, group_name, payload, enqueued_at, seq, state, permit_kind,"
+            " permit_id, slot, started_at, admitted, attempts, retry_at, checked_at, finished_at, cancel, owner)"
+            " VALUES (?, ?, ?, ?, ?, ?, 'queued', '', '', 0, 0, 0, 0, 0, ?, 0, 0, ?)",
+            item_id, key, group, payload, now, seq, now, owner)
+        self._set_wake(key, now, earlier_only=True)
+        item = self._item(item_id)
+        assert item is not None
+        return item
+
+    @contextlib.asynccontextmanager
+    async def permit(self, key: str, group: str = "default", *, timeout_ms: int | None = None,
+                     payload: Any = None) -> AsyncIterator[QueueItem]:
+        """Hold one permit of ``(key, group)`` for the body of an ``async with``::
+
+            async with self.queue.permit(account, group="exports", timeout_ms=30_000):
+                await export(job)
+
+        Acquires one permit on the queue's own durable state: from a live lease of the group at
+        once (no holder call, R34), else through the holder's next round and a confirmed claim
+        (R15a), oldest first among the key's queued items. Yields the item (a
+        :class:`QueueItem` with ``is_permit`` set and its :attr:`~QueueItem.permit`). Leaving
+        the block, normally or by an exception, completes the item: its permit is released
+        durably (the release rides on the next message to the holder, see
+        ``report_releases_within_ms``).
+
+        :param timeout_ms: give up after this long without a permit (``None``: wait as long as
+            it takes): raises :class:`~semaphore.errors.PermitTimeoutError` (with the holder's
+            latest ``blocked`` entry) and withdraws the request, leaving nothing charged (a
+            claim already sent is released as soon as the holder answers it). Measured on the
+            queue's clock (a :class:`~semaphore.testing.VirtualClock` drives it in tests).
+        :param payload: JSON-compatible value stored with the item (shown in :meth:`items`).
+
+        Durable across eviction: the item belongs to this queue instance; if the object is
+        evicted while the caller waits for or holds the permit, the next instance completes
+        the item at its first pump of the key (at the latest ``orphan_check_ms`` later, by the
+        alarm), so the permit is released and nothing is charged for a caller that is gone. A
+        cancelled caller withdraws like a timeout. Needs no ``on_admit``."""
+        _check_id(key, "key")
+        _check_id(group, "group")
+        if timeout_ms is not None:
+            option_int(timeout_ms, "timeout_ms", 0)
+        text = json.dumps(payload)
+        self.ensure_schema()
+        now = self._now()
+        item_id = f"permit:{self._token}:{secrets.token_hex(8)}"
+        fut: asyncio.Future[QueueItem] = asyncio.get_running_loop().create_future()
+        self._waiters[item_id] = fut
+        self._permits.add(item_id)
+        try:
+            self.storage.transaction(lambda: self._insert(key, group, item_id, text, now, owner=self._token))
+            self.storage.transaction(lambda: self._admit_locally(key, now))  # a live lease serves it at once
+            self._hand_over(key)
+            if not fut.done():
+                await self.scheduler.arm()
+                self._kick(key)
+            item = await self._await_permit(fut, key, group, now, timeout_ms)
+        except BaseException:
+            self._waiters.pop(item_id, None)
+            await self._withdraw(item_id)
+            raise
+        self._waiters.pop(item_id, None)
+        try:
+            yield item
+        finally:
+            await self._withdraw(item_id)
+
+    async def _await_permit(self, fut: asyncio.Future[QueueItem], key: str, group: str, now: int,
+                            timeout_ms: int | None) -> QueueItem:
+        if timeout_ms is None:
+            return await fut
+        sleep_until = getattr(self.clock, "sleep_until", None)
+        timer: asyncio.Future[Any] = asyncio.ensure_future(
+            sleep_until(now + timeout_ms) if sleep_until is not None else asyncio.sleep(timeout_ms / 1000))
+        try:
+            await asyncio.wait({fut, timer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+        if fut.done():
+            return fut.result()
+        blocked = self.blocked(key).get(group)
+        why = "" if blocked is None else f" (holder: {blocked.reason.value}, {blocked.waiting} waiting)"
+        raise PermitTimeoutError(f"no permit for key {key!r}, group {group!r} within {timeout_ms} ms{why}",
+                                 blocked=blocked)
+
+    async def _withdraw(self, item_id: str) -> None:
+        """Complete a permit item (cancel it, or release its permit); never raises over the
+        caller's own outcome (a failure is logged: the next instance or check releases it)."""
+        if self._dead:
+            return  # abandoned: a dead object writes nothing
+        try:
+            await self.complete(item_id)
+        except Exception:  # noqa: BLE001 - the caller's exception (or result) wins
+            log.exception("could not complete permit item %r; it is released by a later pump", item_id)
+        finally:
+            self._permits.discard(item_id)
+
+    def blocked(self, key: str) -> dict[str, Blocked]:
+        """Why ``key``'s queued items wait, per group: the holder's ``blocked`` entries of the
+        last reply to a request of the key (SPEC R23). Empty when the holder served everything
+        asked for (or was not asked yet)."""
+        self.ensure_schema()
+        return {str(r["group_name"]): Blocked(str(r["group_name"]), BlockedReason(str(r["reason"])),
+                                              int(r["waiting"]))
+                for r in self.storage.exec(f"SELECT group_name, reason, waiting FROM {BLOCKED} WHERE key = ?"
+                                           " ORDER BY group_name", key)}
+
+    async def drain(self) -> None:
+        """Wait until every callback task (``on_admit`` / ``work``) and background pump this
+        instance started has finished (e.g. before a test looks at the result, or at shutdown)."""
+        while True:
+            tasks = [t for t in (*self._inflight.values(), *self._kicks.values()) if not t.done()]
+            if not tasks:
+                return
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def abandon(self) -> None:
+        """Cancel this instance's callback tasks, background pumps and waiting :meth:`permit`
+        callers without writing anything, as the death of the object would (the test kit's
+        eviction uses it). The durable state is left for the next instance."""
+        self._dead = True
+        for task in (*self._inflight.values(), *self._kicks.values()):
+            task.cancel()
+        for fut in self._waiters.values():
+            fut.cancel()
+        self._inflight.clear()
+        self._kicks.clear()
+        self._waiters.clear()
 
     async def complete(self, item_id: str) -> bool:
         """The work of ``item_id`` finished: release its permit (reported with the next sync) and
@@ -448,32 +632,46 @@ class SemaphoreQueue:
     def item(self, item_id: str) -> QueueItem | None:
         """One item, or ``None``."""
         self.ensure_schema()
-        return self._item(item_id)
+        r = self.storage.one(f"{_VIEW} WHERE i.item_id = ?", item_id)
+        return None if r is None else QueueItem._from_row(r)
 
     def items(self, key: str | None = None, state: ItemState | None = None) -> list[QueueItem]:
         """Items (of ``key``, in ``state``), in enqueue order."""
         self.ensure_schema()
-        query, args = f"SELECT * FROM {ITEMS} WHERE 1 = 1", []
+        query, args = f"{_VIEW} WHERE 1 = 1", []
         if key is not None:
-            query += " AND key = ?"
+            query += " AND i.key = ?"
             args.append(key)
         if state is not None:
-            query += " AND state = ?"
+            query += " AND i.state = ?"
             args.append(ItemState(state).value)
-        return [QueueItem._from_row(r) for r in self.storage.exec(query + " ORDER BY seq", *args)]
+        return [QueueItem._from_row(r) for r in self.storage.exec(query + " ORDER BY i.seq", *args)]
 
     def demand(self, key: str) -> list[Demand]:
-        """Demand of ``key`` per group, from the queued items (``count``, ``oldestAt``).
+        """What the queue asks the holder for, for ``key``, per group (``count``, ``oldestAt``):
+        its queued items, callback items only up to what ``admit_concurrency`` lets it admit
+        (:func:`~semaphore.core.queue_plan.cap_demand`).
 
         At most the :data:`~semaphore.wire.MAX_LIST_LENGTH` (1,000) groups with the oldest
         queued item: a request may carry no more (R7), and the holder serves oldest demand
         first anyway (R21); the other groups are asked for once these are served."""
         self.ensure_schema()
         rows = self.storage.exec(
-            f"SELECT group_name, COUNT(*) AS n, MIN(enqueued_at) AS oldest FROM {ITEMS}"
-            " WHERE key = ? AND state = 'queued' GROUP BY group_name"
+            f"SELECT group_name, SUM(owner = '') AS bounded, SUM(owner != '') AS permits,"
+            f" MIN(enqueued_at) AS oldest FROM {ITEMS} WHERE key = ? AND state = 'queued' GROUP BY group_name"
             " ORDER BY oldest, group_name LIMIT ?", key, MAX_LIST_LENGTH)
-        return [Demand(str(r["group_name"]), int(r["n"]), int(r["oldest"])) for r in rows]
+        demand = plan.cap_demand([plan.DemandRow(str(r["group_name"]), int(r["bounded"]), int(r["permits"]),
+                                                 int(r["oldest"])) for r in rows], self._admit_room(key))
+        return [Demand(group, count, oldest) for group, count, oldest in demand]
+
+    def _admit_room(self, key: str) -> int | None:
+        """How many more callback items of ``key`` may be admitted (``admit_concurrency``)."""
+        if self.admit_concurrency is None:
+            return None
+        row = self.storage.one(
+            f"SELECT COUNT(*) AS n FROM {ITEMS} WHERE key = ? AND owner = ''"
+            " AND (state = 'claiming' OR (state = 'running' AND admitted = 0))", key)
+        return max(0, self.admit_concurrency - (int(row["n"]) if row else 0))
 
     def wake_at(self, key: str) -> int | None:
         """When the queue next wants to work on ``key``, if at all."""
@@ -663,15 +861,17 @@ class SemaphoreQueue:
     def _snapshot(self, key: str, now: int) -> KeySnapshot:
         """What the planner decides over for ``key`` at ``now`` (live rows only)."""
         unit = self.client.unit(key)
-        queued = tuple(QueuedItem(str(r["item_id"]), str(r["group_name"]), int(r["seq"]))
-                       for r in self._rows_in(key, "queued", "item_id, group_name, seq"))
+        queued = tuple(QueuedItem(str(r["item_id"]), str(r["group_name"]), int(r["seq"]), not r["owner"])
+                       for r in self._rows_in(key, "queued", "item_id, group_name, seq, owner"))
         claiming = tuple(ClaimingItem(str(r["item_id"]), str(r["group_name"]), int(r["seq"]), str(r["permit_id"]),
-                                      int(r["slot"]), bool(r["cancel"]))
-                         for r in self._rows_in(key, "claiming", "item_id, group_name, seq, permit_id, slot, cancel"))
+                                      int(r["slot"]), bool(r["cancel"]), not r["owner"])
+                         for r in self._rows_in(key, "claiming",
+                                                "item_id, group_name, seq, permit_id, slot, cancel, owner"))
         pending = self.storage.one(f"SELECT since FROM {PENDING} WHERE key = ?", key)
         return KeySnapshot(
             now, queued, claiming, tuple(unit.grants()), {c.grant_id: unit.grant(c.grant_id) for c in claiming},
-            tuple(unit.leases()), unit.state(), None if pending is None else int(pending["since"]))
+            tuple(unit.leases()), unit.state(), None if pending is None else int(pending["since"]),
+            self._admit_room(key))
 
     def _rows_in(self, key: str, state: str, columns: str) -> list[dict[str, Any]]:
         return self.storage.exec(f"SELECT {columns} FROM {ITEMS} WHERE key = ? AND state = ? ORDER BY seq", key, state)
@@ -702,6 +902,18 @@ class SemaphoreQueue:
         self._resolve(unit, step.resolutions, step.wake_now, applied.now)
         for lease_id in step.stops:
             unit.stop_lease(lease_id)
+
+    def _on_request_reply(self, applied: AppliedReply) -> None:
+        """A reply to a request: keep its ``blocked`` entries as the key's latest word on why
+        its groups wait (one statement; replaces the previous reply's), then as any reply."""
+        self.storage.exec(f"DELETE FROM {BLOCKED} WHERE key = ?", applied.key)
+        entries = [[b.group, b.reason.value, b.waiting] for b in applied.response.blocked]
+        if entries:
+            self.storage.exec(
+                f"INSERT OR REPLACE INTO {BLOCKED}(key, group_name, reason, waiting, at)"
+                " SELECT ?, json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'), ?"
+                " FROM json_each(?)", applied.key, applied.now, json.dumps(entries))
+        self._on_reply(applied)
 
     def _admit_locally(self, key: str, now: int) -> None:
         """Resolve claims, claim from grants (pending confirmation), draw from leases, stop
@@ -742,6 +954,7 @@ class SemaphoreQueue:
         return due
 
     async def _pump(self, key: str) -> None:
+        self._release_orphans(key, self._now())
         for _ in range(8):
             now = self._now()
             self.storage.transaction(lambda: self._admit_locally(key, now))  # noqa: B023 (run at once)
@@ -758,7 +971,8 @@ class SemaphoreQueue:
                 if exchange is Exchange.SYNC:
                     await self.client.sync(key, leases=self.leases, on_reply=self._on_reply)
                 elif exchange is Exchange.REQUEST:
-                    await self.client.request(key, demand, leases=self.leases, force=True, on_reply=self._on_reply)
+                    await self.client.request(key, demand, leases=self.leases, force=True,
+                                              on_reply=self._on_request_reply)
                 else:
                     return
             except SemaphoreError as exc:
@@ -770,32 +984,139 @@ class SemaphoreQueue:
         self._run_done_hooks(key)  # items the last reply finished
         self._backoff[key] = self._now() + self.retry_ms
 
+    # ================================================================== callbacks and permits
     async def _run_callbacks(self, key: str, now: int) -> None:
+        """Hand admitted permit items to their callers, and start the callback (``on_admit`` or
+        ``work``) of every admitted item of ``key`` whose call is due and not in flight: a sync
+        ``on_admit`` runs here, an awaitable (any ``work``) as a task of its own that this pump
+        does not wait for (it writes the outcome itself). The attempt is persisted first, so an
+        eviction during the callback retries it after ``admit_retry_ms``, under the same
+        permit."""
+        self._hand_over(key)
+        if self.on_admit is None and self.work is None:
+            return
         rows = self.storage.exec(
-            f"SELECT * FROM {ITEMS} WHERE key = ? AND state = 'running' AND admitted = 0 AND retry_at <= ?"
-            " ORDER BY seq", key, now)
+            f"SELECT * FROM {ITEMS} WHERE key = ? AND state = 'running' AND admitted = 0 AND owner = ''"
+            " AND retry_at <= ? ORDER BY seq", key, now)
+        spawned = False
         for r in rows:
-            item = QueueItem._from_row(r)
-            # Persist the attempt first: if the object dies in the callback, the retry waits.
+            item_id = str(r["item_id"])
+            if item_id in self._inflight:  # still running here: due again only if this instance dies
+                self.storage.exec(f"UPDATE {ITEMS} SET retry_at = ? WHERE item_id = ?", now + self.orphan_check_ms,
+                                  item_id)
+                continue
             self.storage.exec(f"UPDATE {ITEMS} SET attempts = attempts + 1, retry_at = ? WHERE item_id = ?",
-                              now + self.admit_retry_ms, item.item_id)
-            item = self._item(item.item_id) or item
+                              now + self.admit_retry_ms, item_id)
+            item = self._item(item_id) or QueueItem._from_row(r)
             try:
-                await _call(self.on_admit, item)
+                result = self.work(item) if self.work is not None else cast(AdmitCallback, self.on_admit)(item)
+            except Exception as exc:  # noqa: BLE001 - a failing callback only delays its item
+                await self._callback_failed(item, exc)
+                continue
+            if inspect.isawaitable(result):
+                self._inflight[item_id] = asyncio.ensure_future(self._await_callback(item, result))
+                spawned = True
+            else:
+                self.storage.exec(f"UPDATE {ITEMS} SET admitted = 1 WHERE item_id = ? AND state = 'running'",
+                                  item_id)
+        if spawned:
+            await asyncio.sleep(0)  # let the new tasks take their first step (a quick one is done)
+
+    async def _await_callback(self, item: QueueItem, awaitable: Awaitable[Any]) -> None:
+        """The task of one awaitable callback: on return the item counts as admitted (with
+        ``work``: it is completed, its permit released); on failure it is retried later (or,
+        with ``work``, completed after ``work_attempts`` calls). Then the key is pumped again:
+        its callback slot is free."""
+        try:
+            try:
+                await awaitable
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("on_admit failed for item %r; retrying under the same permit", item.item_id)
+            except Exception as exc:  # noqa: BLE001 - a failing callback only delays its item
+                await self._callback_failed(item, exc)
+            else:
+                self.storage.exec(f"UPDATE {ITEMS} SET admitted = 1 WHERE item_id = ? AND state = 'running'",
+                                  item.item_id)
+                if self.work is not None:
+                    await self._complete_logged(item.item_id)
+        finally:
+            if self._inflight.get(item.item_id) is asyncio.current_task():
+                del self._inflight[item.item_id]
+        self._kick(item.key)
+
+    async def _callback_failed(self, item: QueueItem, exc: Exception) -> None:
+        retry_at = self._now() + self.admit_retry_ms
+        self.storage.exec(f"UPDATE {ITEMS} SET error = ?, retry_at = ? WHERE item_id = ?", repr(exc)[:1000], retry_at,
+                          item.item_id)
+        if self.work is not None and item.attempts >= self.work_attempts:
+            log.error("work failed for item %r (attempt %d of %d): %r; completing it, its permit is released",
+                      item.item_id, item.attempts, self.work_attempts, exc, exc_info=exc)
+            await self._complete_logged(item.item_id)
+            return
+        what = "work" if self.work is not None else "on_admit"
+        log.error("%s failed for item %r (attempt %d): %r; retrying in %d ms under the same permit",
+                  what, item.item_id, item.attempts, exc, self.admit_retry_ms, exc_info=exc)
+        self.storage.transaction(lambda: self._set_wake(item.key, retry_at, earlier_only=True))
+        await self.scheduler.arm()
+
+    async def _complete_logged(self, item_id: str) -> None:
+        try:
+            await self.complete(item_id)
+        except Exception:  # noqa: BLE001 - e.g. an on_done that returned an awaitable: logged, left to the pump
+            log.exception("completing item %r after its work failed; the pump retries its hook", item_id)
+
+    def _hand_over(self, key: str) -> None:
+        """Give every admitted permit item of this instance to its waiting caller."""
+        rows = self.storage.exec(
+            f"SELECT * FROM {ITEMS} WHERE key = ? AND owner = ? AND owner != '' AND state = 'running'"
+            " AND admitted = 0", key, self._token)
+        for r in rows:
+            fut = self._waiters.get(str(r["item_id"]))
+            if fut is None or fut.done():
+                continue  # withdrawn meanwhile: its caller completes it
+            self.storage.exec(f"UPDATE {ITEMS} SET admitted = 1 WHERE item_id = ?", str(r["item_id"]))
+            fut.set_result(self._item(str(r["item_id"])) or QueueItem._from_row(r))
+
+    def _release_orphans(self, key: str, now: int) -> None:
+        """Complete the live permit items of ``key`` whose caller is gone: items of another
+        (dead) instance of this queue, and items of this one with no caller (a withdrawal that
+        failed). Their permits are released, nothing stays charged for them. Items of live
+        callers are marked checked (the next check is ``orphan_check_ms`` later)."""
+        rows = self.storage.exec(
+            f"SELECT item_id, owner FROM {ITEMS} WHERE key = ? AND owner != '' AND state != 'done'", key)
+        for r in rows:
+            item_id = str(r["item_id"])
+            if r["owner"] == self._token and item_id in self._permits:
                 continue
-            self.storage.exec(f"UPDATE {ITEMS} SET admitted = 1 WHERE item_id = ? AND state = 'running'",
-                              item.item_id)
+            log.warning("permit item %r has no caller any more (evicted); releasing it", item_id)
+            self.storage.transaction(lambda: self._complete(item_id, now))  # noqa: B023 (run at once)
+        self.storage.exec(
+            f"UPDATE {ITEMS} SET checked_at = ? WHERE key = ? AND owner != '' AND state != 'done'"
+            " AND owner = ? AND checked_at <= ?", now, key, self._token, now - self.orphan_check_ms)
+
+    def _kick(self, key: str) -> None:
+        """Pump ``key`` soon in the background (once more if a kicked pump is running already)."""
+        if self._dead:
+            return
+        task = self._kicks.get(key)
+        if task is not None and not task.done():
+            self._rekick.add(key)
+            return
+        self._kicks[key] = asyncio.ensure_future(self._kick_loop(key))
+
+    async def _kick_loop(self, key: str) -> None:
+        while True:
+            self._rekick.discard(key)
+            await self._wake_key(key)
+            if key not in self._rekick:
+                return
 
     async def _reconcile(self, key: str, now: int) -> None:
         if self.reconcile_after_ms is None or self.check_running is None:
             return
         bound = self.reconcile_after_ms
         rows = self.storage.exec(
-            f"SELECT * FROM {ITEMS} WHERE key = ? AND state = 'running' AND admitted = 1"
+            f"SELECT * FROM {ITEMS} WHERE key = ? AND state = 'running' AND admitted = 1 AND owner = ''"
             " AND started_at <= ? AND checked_at <= ? ORDER BY seq", key, now - bound, now - bound)
         for r in rows:
             item = QueueItem._from_row(r)
@@ -813,16 +1134,20 @@ class SemaphoreQueue:
                 log.warning("item %r is no longer running (completion notice lost); releasing it", item.item_id)
                 self.storage.transaction(lambda: self._complete(item.item_id, at))  # noqa: B023 (run at once)
 
-    def _min(self, column: str, where: str, key: str) -> int | None:
-        row = self.storage.one(f"SELECT MIN({column}) AS at FROM {ITEMS} WHERE key = ? AND {where}", key)
+    def _min(self, column: str, where: str, key: str, *args: Any) -> int | None:
+        row = self.storage.one(f"SELECT MIN({column}) AS at FROM {ITEMS} WHERE key = ? AND {where}", key, *args)
         return None if row is None or row["at"] is None else int(row["at"])
 
     def _next_wake(self, key: str, now: int) -> int | None:
         snap = self._snapshot(key, now)
+        checked = self._min("checked_at", "owner != '' AND state != 'done'", key)
         times = plan.ItemTimes(
-            admit_retry_at=self._min("retry_at", "state = 'running' AND admitted = 0", key),
+            # a callback in flight is due at its retry_at too: if this instance died, the next one
+            # calls it again; while it lives, each such wake-up moves retry_at orphan_check_ms on
+            admit_retry_at=self._min("retry_at", "state = 'running' AND admitted = 0 AND owner = ''", key),
             done_retry_at=None if self.on_done is None else self._min("done_retry_at", "done_pending = 1", key),
             last_checked_at=None if self.reconcile_after_ms is None else self._min(
-                "MAX(started_at, checked_at)", "state = 'running' AND admitted = 1", key))
+                "MAX(started_at, checked_at)", "state = 'running' AND admitted = 1 AND owner = ''", key),
+            permit_check_at=None if checked is None else checked + self.orphan_check_ms)
         return plan.next_wake(snap, self._options(), backoff_until=self._backoff.get(key, 0), items=times,
                               due=self._report_due(key, snap))

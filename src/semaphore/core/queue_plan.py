@@ -26,8 +26,8 @@ from .client_state import ClientGrant, ClientLease, KeyState
 __all__ = [
     "QueueOptions", "QueuedItem", "ClaimingItem", "KeySnapshot",
     "Resolution", "Resolve", "Claim", "Draw", "AdmissionPlan", "ReplyPlan",
-    "PendingReleases", "ReportDue", "Exchange", "ItemTimes",
-    "resolve_claims", "leases_to_stop", "plan_admission", "plan_reply", "report_due",
+    "PendingReleases", "ReportDue", "Exchange", "ItemTimes", "DemandRow",
+    "resolve_claims", "admissible", "cap_demand", "leases_to_stop", "plan_admission", "plan_reply", "report_due",
     "heartbeat_due", "plan_exchange", "next_wake",
 ]
 
@@ -47,11 +47,14 @@ class QueueOptions:
 
 @dataclass(frozen=True)
 class QueuedItem:
-    """An item waiting for a permit (state ``queued``)."""
+    """An item waiting for a permit (state ``queued``); ``bounded``: its work runs in a callback
+    (``on_admit`` / ``work``), so its admission counts against ``admit_concurrency``; a permit
+    (:meth:`~semaphore.client.SemaphoreQueue.permit`) has a caller waiting and is not bounded."""
 
     item_id: str
     group: str
     seq: int
+    bounded: bool = True
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ class ClaimingItem:
     grant_id: str
     slot: int
     cancel: bool = False
+    bounded: bool = True
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,9 @@ class KeySnapshot:
         the client forgot it.
     :ivar leases: the client's live (not settled) leases of the key, earliest expiry first.
     :ivar pending_since: since when releases have waited to be reported (``None``: none).
+    :ivar admit_room: how many more bounded items may be admitted now (``admit_concurrency``
+        minus the key's claiming items and running items whose callback has not returned);
+        ``None``: no bound.
     """
 
     now: int
@@ -87,6 +94,7 @@ class KeySnapshot:
     leases: tuple[ClientLease, ...] = ()
     key: KeyState = field(default_factory=KeyState)
     pending_since: int | None = None
+    admit_room: int | None = None
 
     def queued_groups(self) -> dict[str, list[str]]:
         """Queued item ids per group, in enqueue order."""
@@ -137,9 +145,14 @@ def _after_resolutions(snap: KeySnapshot, resolutions: tuple[Resolution, ...]) -
     longer claiming."""
     resolved = {r.item_id for r in resolutions}
     back = {r.item_id for r in resolutions if r.action is Resolve.REQUEUE}
-    queued = list(snap.queued) + [QueuedItem(c.item_id, c.group, c.seq) for c in snap.claiming if c.item_id in back]
+    queued = list(snap.queued) + [QueuedItem(c.item_id, c.group, c.seq, c.bounded)
+                                  for c in snap.claiming if c.item_id in back]
+    room = snap.admit_room
+    if room is not None:  # a claim that ended without starting its item frees its callback slot
+        started = {r.item_id for r in resolutions if r.action is Resolve.START}
+        room += sum(1 for c in snap.claiming if c.bounded and c.item_id in resolved and c.item_id not in started)
     return replace(snap, queued=tuple(sorted(queued, key=lambda i: i.seq)),
-                   claiming=tuple(c for c in snap.claiming if c.item_id not in resolved))
+                   claiming=tuple(c for c in snap.claiming if c.item_id not in resolved), admit_room=room)
 
 
 # ============================================================================ leases (R29, R37)
@@ -190,6 +203,47 @@ class AdmissionPlan:
     stops: tuple[str, ...] = ()
     wake_now: bool = False
     purge_done_before: int | None = None
+
+
+def admissible(snap: KeySnapshot) -> dict[str, list[str]]:
+    """The queued items that may be admitted now, per group in enqueue order: every permit item,
+    and the oldest bounded items up to ``admit_room`` (``admit_concurrency``: a callback's item is
+    not admitted while the callbacks of that many others are still running, so no permit waits
+    idle for a callback slot)."""
+    room = snap.admit_room
+    out: dict[str, list[str]] = {}
+    for item in snap.queued:
+        if item.bounded and room is not None:
+            if room <= 0:
+                continue
+            room -= 1
+        out.setdefault(item.group, []).append(item.item_id)
+    return out
+
+
+@dataclass(frozen=True)
+class DemandRow:
+    """Queued items of one group: ``bounded`` callback items and ``permits`` permit items, the
+    oldest enqueued at ``oldest``."""
+
+    group: str
+    bounded: int
+    permits: int
+    oldest: int
+
+
+def cap_demand(rows: list[DemandRow], room: int | None) -> list[tuple[str, int, int]]:
+    """The demand to ask the holder for, ``(group, count, oldestAt)``, oldest group first: every
+    permit item, and bounded items only up to ``room`` in all (:func:`admissible`): asking for
+    more would get grant permits that wait unclaimed until ``claimBy`` while others need them."""
+    out = []
+    for r in sorted(rows, key=lambda r: (r.oldest, r.group)):
+        bounded = r.bounded if room is None else min(r.bounded, room)
+        if room is not None:
+            room -= bounded
+        if bounded + r.permits > 0:
+            out.append((r.group, bounded + r.permits, r.oldest))
+    return out
 
 
 def _lease_only_groups(snap: KeySnapshot, opts: QueueOptions, queued: dict[str, list[str]]) -> set[str]:
@@ -244,7 +298,7 @@ def plan_admission(snap: KeySnapshot, opts: QueueOptions) -> AdmissionPlan:
     stop leases with nothing left to draw or idle before expiry (R37)."""
     resolutions = resolve_claims(snap)
     snap = _after_resolutions(snap, resolutions)
-    queued = snap.queued_groups()
+    queued = admissible(snap)
     claims = _claims(snap, opts, queued)
     draws = _draws(snap, opts, queued)
     stops = leases_to_stop(_after_admission(snap, claims, draws), opts, contended=False)
@@ -360,11 +414,14 @@ class ItemTimes:
     :ivar admit_retry_at: earliest ``on_admit`` retry of a running, not yet admitted item.
     :ivar done_retry_at: earliest retry of a pending ``on_done`` hook.
     :ivar last_checked_at: earliest ``max(started_at, checked_at)`` of an admitted running item
-        (reconciliation)."""
+        (reconciliation).
+    :ivar permit_check_at: when a live permit item is next checked for an owner that is gone
+        (evicted: its permit is then released)."""
 
     admit_retry_at: int | None = None
     done_retry_at: int | None = None
     last_checked_at: int | None = None
+    permit_check_at: int | None = None
 
 
 def next_wake(snap: KeySnapshot, opts: QueueOptions, *, backoff_until: int = 0,
@@ -376,7 +433,7 @@ def next_wake(snap: KeySnapshot, opts: QueueOptions, *, backoff_until: int = 0,
     now = snap.now
     network_at = max(now, backoff_until)
     times: list[int] = []
-    if snap.queued:
+    if admissible(snap):  # items beyond admit_room wait for a callback to return (it pumps the key)
         times.append(max(snap.key.next_request_at, network_at))
     if snap.claiming:
         times.append(network_at)
@@ -395,4 +452,6 @@ def next_wake(snap: KeySnapshot, opts: QueueOptions, *, backoff_until: int = 0,
         times.append(max(now, items.done_retry_at))
     if opts.reconcile_after_ms is not None and items.last_checked_at is not None:
         times.append(max(now, items.last_checked_at + opts.reconcile_after_ms))
+    if items.permit_check_at is not None:
+        times.append(max(now, items.permit_check_at))
     return min(times) if times else None

@@ -21,6 +21,7 @@ from ..core.allocation import LIMIT_ERROR
 from ..core.config import LeaseConfig, option_int
 from ..core.lease_ids import LEASE_KEY_WORDS, configured_secret, holder_key
 from ..core.rounds import Limits, Pending, Policy, next_round_at
+from ..core.usage import measure
 from ..core.wire import PermitRequest, SyncMessage, parse_message, valid_count
 from ..errors import ConfigurationError, InvalidMessageError, RoundFailedError
 from ..rpc import client as rpc_client
@@ -230,37 +231,28 @@ class DurabilitySemaphore:
         return await self._enqueue(parsed)
 
     async def usage(self) -> dict[str, Any]:
-        """Current usage (SPEC R38)::
+        """Current usage (SPEC R38), computed by :func:`semaphore.core.usage.measure`::
 
             {"limit": int | None, "outstanding": int, "leaseFootprint": int,
-             "liveLeases": int, "retiredLeases": int,
+             "liveLeases": int, "retiredLeases": int, "charged": int, "available": int | None,
              "groups": {group: {"outstanding", "leaseFootprint", "liveLeases",
-                                "retiredLeases", "limit"}}}
+                                "retiredLeases", "limit", "charged", "available"}}}
 
-        ``outstanding`` is the sum of ``permits - released`` over grants; ``limit`` is ``None``
-        when the limit (or a group's limit) is not set or could not be resolved."""
+        ``outstanding`` is the sum of ``permits - released`` over grants; ``charged`` is
+        ``outstanding + leaseFootprint``; ``available`` is what one new grant request could get
+        now: the grant room of the provisioning mode under the limit (and, in a group, under the
+        group's limit too), never below 0. ``limit`` is ``None`` when the limit (or a group's
+        limit) is not set or could not be resolved; ``available`` is ``None`` when the limit or
+        the group's could not be resolved. :class:`~semaphore.SemaphoreUsage` is the typed view.
+        Reads the aggregate rows only (meta and groups), never the grant or lease tables."""
         await self._ensure_ready()
         limit = await self._resolve_limit()
         meta = read_meta(self.storage)
-        groups: dict[str, Any] = {}
+        groups: dict[str, tuple[dict[str, Any], Any]] = {}
         for r in self.store.group_rows():
             name = str(r["group_name"])
-            gl = await self._resolve_group_limit(name)
-            groups[name] = {
-                "outstanding": int(r["outstanding"]),
-                "leaseFootprint": int(r["lease_footprint"]),
-                "liveLeases": int(r["live_leases"]),
-                "retiredLeases": int(r["retired_leases"]),
-                "limit": gl if isinstance(gl, int) else None,
-            }
-        return {
-            "limit": limit if isinstance(limit, int) else None,
-            "outstanding": meta.get("outstanding", 0),
-            "leaseFootprint": meta.get("lease_footprint", 0),
-            "liveLeases": meta.get("live_leases", 0),
-            "retiredLeases": meta.get("retired_leases", 0),
-            "groups": groups,
-        }
+            groups[name] = (r, await self._resolve_group_limit(name))
+        return measure(limit, meta, groups, self.leases).to_wire()
 
     #: ``DurabilitySemaphore.client(binding=..., invoke=...)``: the client helper (SPEC R36),
     #: :func:`semaphore.rpc.client` itself (same signature and documentation).

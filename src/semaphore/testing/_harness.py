@@ -209,8 +209,10 @@ class ClientSide:
     :class:`LocalStorage`, its alarm fired by a :class:`TaskAlarmDriver`.
 
     ``transport`` is what the client calls (e.g. a :class:`Net`); ``on_admit`` and
-    ``check_running`` (attributes, may be replaced) are called with ``(side, item)``;
-    ``recheck_ms`` goes to the client, the other keyword options to the queue."""
+    ``check_running`` (attributes, may be replaced) are called with ``(side, item)``; without
+    ``on_admit`` the queue has none (a queue used through ``permit()``, or given ``work=``);
+    ``recheck_ms`` goes to the client, the other keyword options to the queue (``work`` is
+    called with the item alone)."""
 
     def __init__(
         self,
@@ -218,7 +220,7 @@ class ClientSide:
         clock: VirtualClock,
         transport: Callable[[str, dict[str, Any]], Awaitable[Any]],
         *,
-        on_admit: Callable[[ClientSide, Any], Any],
+        on_admit: Callable[[ClientSide, Any], Any] | None = None,
         check_running: Callable[[ClientSide, Any], Any] | None = None,
         recheck_ms: int = 30_000,
         **queue_options: Any,
@@ -245,8 +247,13 @@ class ClientSide:
         options = dict(self.queue_options)
         if self.check_running is not None:
             options["check_running"] = self._check
-        self.queue = SemaphoreQueue(client=self.client, scheduler=self.scheduler,
-                                    on_admit=lambda item: self.on_admit(self, item), **options)
+        if self.on_admit is not None:
+            options["on_admit"] = lambda item: self._admit(item)
+        self.queue = SemaphoreQueue(client=self.client, scheduler=self.scheduler, **options)
+
+    def _admit(self, item: Any) -> Any:
+        assert self.on_admit is not None
+        return self.on_admit(self, item)
 
     def _check(self, item: Any) -> Any:
         assert self.check_running is not None
@@ -269,5 +276,6 @@ class ClientSide:
         self.driver.kill()
         for task in list(self.tasks):
             task.cancel()
+        self.queue.abandon()  # its callback tasks and background pumps die with the object
         self.evictions += 1
         self._start()

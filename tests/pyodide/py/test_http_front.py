@@ -77,7 +77,8 @@ async def test_reads_of_a_never_used_account_create_no_storage():
     assert resp.status == 200
     usage = await body(resp)
     assert usage == {"limit": 7, "outstanding": 0, "leaseFootprint": 0, "liveLeases": 0,
-                     "retiredLeases": 0, "groups": {}, "defaultLimit": 7, "limitOverride": None}
+                     "retiredLeases": 0, "charged": 0, "available": 7, "groups": {}, "defaultLimit": 7,
+                     "limitOverride": None}
     resp = await rt.fetch(Default, "http://w/accounts/ghost/queues/q")
     assert resp.status == 200 and await body(resp) == {"account": "ghost", "queue": "q", "jobs": []}
     # Admin calls that find nothing create nothing either.

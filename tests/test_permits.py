@@ -1,0 +1,221 @@
+"""SemaphoreQueue.permit(): one permit for the body of an ``async with`` (issue 10), against a
+real holder over the in-memory transport, on virtual time.
+
+Each test names the rule it leans on: the permit is a queue item, so it is admitted like one
+(R15a: grant claims confirmed before use, R34: lease draws need no round trip) and its release
+is a cumulative report (R13, R19)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from semaphore import BlockedReason, ItemState, PermitKind, PermitTimeoutError, QueueItem
+from semaphore.testing import T0, ClientSide, HolderSide, Net, SimClock, async_test
+
+KEY = "acct"
+LEASES = {"provisioning": {"mode": "strict"}, "permitsPerLease": 4, "ttlMs": 60_000}
+
+pytestmark = pytest.mark.usefixtures("quiet_logs")
+
+
+class Setup:
+    def __init__(self, limit: int = 2, **holder_options: Any) -> None:
+        self.clock = SimClock(T0)
+        self.holder = HolderSide(self.clock, limit=limit, **holder_options)
+        self.net = Net(self.holder, self.clock)
+        self.side = ClientSide("c1", self.clock, self.net, report_releases_within_ms=0)
+
+    @property
+    def queue(self):
+        return self.side.queue
+
+    async def usage(self) -> dict:
+        return await self.holder.usage()
+
+    def spawn(self, coro) -> asyncio.Task:
+        return self.side.spawn(coro)
+
+    async def hold(self, group: str = "g", **options: Any) -> tuple[asyncio.Event, asyncio.Event, dict]:
+        """Start a task that holds a permit until ``release`` is set; ``got`` is set inside."""
+        got, release, seen = asyncio.Event(), asyncio.Event(), {}
+
+        async def body() -> None:
+            async with self.queue.permit(KEY, group=group, **options) as item:
+                seen["item"] = item
+                got.set()
+                await release.wait()
+
+        seen["task"] = self.spawn(body())
+        return got, release, seen
+
+
+@async_test
+async def test_r15a_permit_through_a_round_and_a_confirmed_claim_then_released_durably():
+    s = Setup(limit=2)
+    got, release, seen = await s.hold()
+    await s.clock.advance(3000)  # the round (round_wait_ms), then the claim's confirming sync
+    assert got.is_set()
+    item: QueueItem = seen["item"]
+    assert item.is_permit and item.state is ItemState.RUNNING and item.admitted
+    assert item.permit is not None and item.permit.kind is PermitKind.GRANT
+    grant = s.side.client.grant(KEY, item.permit.id)
+    assert grant is not None and grant.confirmed >= item.permit.slot  # R15a: used only once confirmed
+    assert [m["type"] for m in s.net.sent][:2] == ["request", "sync"]
+    assert (await s.usage())["outstanding"] >= 1
+    release.set()
+    await s.clock.advance(1000)
+    assert seen["task"].done() and seen["task"].exception() is None
+    assert s.queue.item(item.item_id).state is ItemState.DONE
+    await s.clock.advance(11_000)  # the unclaimed rest of the grant returns at claimBy (R15)
+    assert (await s.usage())["outstanding"] == 0  # R19: the release reached the holder
+
+
+@async_test
+async def test_r34_permit_from_a_live_lease_at_once_without_a_holder_call():
+    s = Setup(limit=8, leases=LEASES)
+    got, release, seen = await s.hold()
+    await s.clock.advance(3000)
+    assert got.is_set()
+    assert s.side.client.leases(KEY), "the first request also got a lease"
+    sent = len(s.net.sent)
+    async with s.queue.permit(KEY, group="g") as item:  # no virtual time passes: it is at once
+        assert item.permit is not None and item.permit.kind is PermitKind.LEASE
+        assert len(s.net.sent) == sent  # R34: drawn locally, no round trip
+    release.set()
+    await s.clock.advance(1000)
+
+
+@async_test
+async def test_permit_timeout_raises_with_the_blocked_reason_and_leaves_nothing_charged():
+    s = Setup(limit=1)
+    got, release, _ = await s.hold()
+    await s.clock.advance(3000)
+    assert got.is_set()
+    before = await s.usage()
+
+    async def wait_for_second() -> None:
+        async with s.queue.permit(KEY, group="g", timeout_ms=5000):
+            raise AssertionError("no permit should come while the limit is held")
+
+    task = s.spawn(wait_for_second())
+    await s.clock.advance(6000)
+    assert task.done()
+    err = task.exception()
+    assert isinstance(err, PermitTimeoutError) and isinstance(err, TimeoutError)
+    assert err.blocked is not None and err.blocked.reason is BlockedReason.LIMIT  # R23: why it waited
+    assert "limit" in str(err)
+    (withdrawn,) = [i for i in s.queue.items(KEY) if i.is_permit and i.state is ItemState.DONE]
+    assert withdrawn.permit is None  # never admitted, never charged
+    assert s.queue.demand(KEY) == []  # nothing asked for any more
+    await s.clock.advance(5000)
+    after = await s.usage()
+    assert after["outstanding"] == before["outstanding"] == 1
+    release.set()
+    await s.clock.advance(1000)
+
+
+@async_test
+async def test_body_that_raises_releases_the_permit_and_the_error_propagates():
+    s = Setup(limit=1)
+
+    async def failing() -> None:
+        async with s.queue.permit(KEY, group="g"):
+            raise KeyError("boom")
+
+    task = s.spawn(failing())
+    await s.clock.advance(3000)
+    assert isinstance(task.exception(), KeyError)
+    (item,) = s.queue.items(KEY)
+    assert item.state is ItemState.DONE
+    await s.clock.advance(12_000)
+    assert (await s.usage())["outstanding"] == 0  # R19: released, and the grant's rest reclaimed
+
+
+@async_test
+async def test_cancelled_waiter_withdraws_its_request():
+    s = Setup(limit=1)
+    got, release, _ = await s.hold()
+    await s.clock.advance(3000)
+    task = s.spawn(_enter_and_wait(s))
+    await s.clock.advance(2500)
+    assert not task.done()
+    task.cancel()
+    await s.clock.advance(10)
+    assert task.cancelled()
+    waiting = [i for i in s.queue.items(KEY) if i.state is not ItemState.DONE]
+    assert len(waiting) == 1  # only the holder of the permit is left
+    assert s.queue.demand(KEY) == []
+    release.set()
+    await s.clock.advance(1000)
+
+
+async def _enter_and_wait(s: Setup) -> None:
+    async with s.queue.permit(KEY, group="g"):
+        await asyncio.sleep(3600)
+
+
+@async_test
+async def test_permit_held_across_an_eviction_is_released_by_the_next_instance():
+    # Durable across eviction: the caller died with the object; its permit must not stay charged.
+    s = Setup(limit=1)
+    got, _release, seen = await s.hold()
+    await s.clock.advance(3000)
+    assert got.is_set()
+    held: QueueItem = seen["item"]
+    assert (await s.usage())["outstanding"] == 1
+    s.side.evict()  # the body dies with the object: nothing it would have written is written
+    assert s.queue.item(held.item_id).state is ItemState.RUNNING
+    await s.clock.advance(61_000)  # at the latest orphan_check_ms later, the alarm's pump releases it
+    assert s.queue.item(held.item_id).state is ItemState.DONE
+    await s.clock.advance(1000)
+    assert (await s.usage())["outstanding"] == 0
+    # and the new instance serves new permits
+    got2, release2, seen2 = await s.hold()
+    await s.clock.advance(4000)
+    assert got2.is_set()
+    release2.set()
+    await s.clock.advance(1000)
+
+
+@async_test
+async def test_permit_waiting_across_an_eviction_is_withdrawn_by_the_next_instance():
+    s = Setup(limit=1)
+    got, release, _ = await s.hold()
+    await s.clock.advance(3000)
+    s.spawn(_enter_and_wait(s))
+    await s.clock.advance(100)
+    waiting = [i for i in s.queue.items(KEY) if i.state is ItemState.QUEUED]
+    assert len(waiting) == 1
+    s.side.evict()  # both callers die
+    await s.clock.advance(61_000)
+    assert all(i.state is ItemState.DONE for i in s.queue.items(KEY))
+    await s.clock.advance(12_000)
+    assert (await s.usage())["outstanding"] == 0  # the held one released, the waiting one never charged
+
+
+@async_test
+async def test_permit_rejects_bad_ids_and_timeouts_naming_the_field():
+    from semaphore import ConfigurationError
+
+    s = Setup()
+    for kwargs, field in (({"group": ""}, "group"), ({"timeout_ms": -1}, "timeout_ms"),
+                          ({"group": "a\x00b"}, "group")):
+        with pytest.raises(ConfigurationError) as err:
+            async with s.queue.permit(KEY, **kwargs):
+                pass
+        assert err.value.field == field
+    assert s.queue.items() == []
+
+
+@async_test
+async def test_a_queue_without_on_admit_refuses_enqueue_but_serves_permits():
+    from semaphore import ConfigurationError
+
+    s = Setup()
+    with pytest.raises(ConfigurationError) as err:
+        await s.queue.enqueue(KEY, "g", "job-1")
+    assert err.value.field == "on_admit"
+    assert s.queue.items() == []
