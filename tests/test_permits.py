@@ -219,3 +219,21 @@ async def test_a_queue_without_on_admit_refuses_enqueue_but_serves_permits():
         await s.queue.enqueue(KEY, "g", "job-1")
     assert err.value.field == "on_admit"
     assert s.queue.items() == []
+
+
+@async_test
+async def test_a_second_queue_on_the_same_scheduler_does_not_take_a_live_permit_for_an_orphan():
+    # Two SemaphoreQueue instances of one object (one scheduler): the permit held through the
+    # first is live, so a pump of the second must not release it as an earlier instance's.
+    from semaphore import SemaphoreQueue
+
+    s = Setup(limit=1)
+    got, release, seen = await s.hold()
+    await s.clock.advance(3000)
+    assert got.is_set()
+    other = SemaphoreQueue(client=s.side.client, scheduler=s.side.scheduler, report_releases_within_ms=0)
+    await other.pump(KEY)
+    assert s.queue.item(seen["item"].item_id).state is ItemState.RUNNING
+    assert (await s.usage())["outstanding"] == 1
+    release.set()
+    await s.clock.advance(1000)

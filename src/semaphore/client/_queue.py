@@ -83,6 +83,7 @@ import inspect
 import json
 import logging
 import secrets
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -264,6 +265,17 @@ def _check_done_hook(on_done: Any) -> None:
                                  " an async def would never run", field="on_done")
 
 
+@dataclass
+class _Owner:
+    """The owner token of one object instance's permit() items, and those still live."""
+
+    token: str
+    live: set[str]
+
+
+_OWNERS: weakref.WeakKeyDictionary[DurabilityScheduler, _Owner] = weakref.WeakKeyDictionary()
+
+
 def _check_options(o: dict[str, Any]) -> None:
     """Raise :class:`ConfigurationError` naming the first invalid option of the queue."""
     on_admit, work, on_done = o["on_admit"], o["work"], o["on_done"]
@@ -402,9 +414,15 @@ class SemaphoreQueue:
         #: per key: the pump's lock, and until when the holder is not asked again after a failure.
         self._locks: dict[str, asyncio.Lock] = {}
         self._backoff: dict[str, int] = {}
-        #: This instance: the owner of the items of its permit() calls (an item of another, dead
-        #: instance has no caller any more and is released).
-        self._token = secrets.token_hex(12)
+        #: The owner of this object's permit() items and the set of those whose caller waits or
+        #: holds the permit: one per scheduler (the object's one scheduler, made in its
+        #: constructor), so queues sharing it share them; an item of another owner belongs to a
+        #: dead instance of the object and is released.
+        owner = _OWNERS.get(self.scheduler)
+        if owner is None:
+            owner = _OWNERS[self.scheduler] = _Owner(secrets.token_hex(12), set())
+        self._token = owner.token
+        self._permits = owner.live
         #: Callback tasks in flight, per item id (strong references; never two for one item).
         self._inflight: dict[str, asyncio.Task[None]] = {}
         #: permit() callers waiting for their item's admission, per item id.
@@ -413,8 +431,6 @@ class SemaphoreQueue:
         #: ``_rekick`` is pumped again once its running kick ends.
         self._kicks: dict[str, asyncio.Task[None]] = {}
         self._rekick: set[str] = set()
-        #: Items of this instance's permit() calls whose caller waits or holds the permit.
-        self._permits: set[str] = set()
         self._dead = False
 
     # ================================================================== schema
