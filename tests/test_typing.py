@@ -98,3 +98,48 @@ def test_r36_client_helper_is_declared_on_the_class_with_rpc_clients_signature()
     helper = DurabilitySemaphore.client(binding="X", invoke="permits")
     assert helper == rpc.client(binding="X", invoke="permits")
     assert isinstance(helper, rpc.SemaphoreRpc)
+
+
+@needs_mypy
+def test_permit_queue_and_usage_api_type_check_as_the_readme_uses_them(mypy_cache: Path, tmp_path: Path) -> None:
+    """Issue 10: the three-line permit call, the queue with ``work=``, the item view, the typed
+    usage and the permit timeout type-check under ``--strict`` from the public package alone."""
+    snippet = tmp_path / "uses_permits.py"
+    snippet.write_text(textwrap.dedent('''
+        from typing import Any
+
+        from semaphore import (Blocked, BlockedReason, DurabilityScheduler, DurabilitySemaphore, PermitTimeoutError,
+                               QueueItem, SemaphoreClient, SemaphoreQueue, SemaphoreUsage, Transport, timeout)
+
+        limits = DurabilitySemaphore.client(binding="LIMIT", invoke=lambda stub, message: stub.permits(message))
+
+
+        class Jobs:
+            def __init__(self, ctx: Any, env: Any) -> None:
+                transport: Transport = limits.with_(timeout(5_000)).transport(env)
+                self.queue = SemaphoreQueue(client=SemaphoreClient(ctx, transport), scheduler=DurabilityScheduler(ctx))
+                self.workers = SemaphoreQueue(client=SemaphoreClient(ctx, transport), scheduler=DurabilityScheduler(ctx),
+                                              work=self.run, work_attempts=2, admit_concurrency=8)
+
+            async def run(self, item: QueueItem) -> None:
+                print(item.item_id, item.payload)
+
+            async def export(self, account: str) -> str | None:
+                try:
+                    async with self.queue.permit(account, group="exports", timeout_ms=30_000) as item:
+                        return item.item_id
+                except PermitTimeoutError as err:
+                    why: Blocked | None = err.blocked
+                    return None if why is None else why.reason.value
+
+            def why_waiting(self, item_id: str) -> BlockedReason | None:
+                item = self.workers.item(item_id)
+                return None if item is None or item.blocked is None else item.blocked.reason
+
+
+        async def available(sem: DurabilitySemaphore) -> int | None:
+            usage = SemaphoreUsage.from_wire(await sem.usage())
+            return usage.available
+    '''))
+    result = run_mypy(mypy_cache, "--follow-imports=silent", str(snippet))
+    assert result.returncode == 0, f"mypy --strict on the permit API failed:\n{result.stdout}{result.stderr}"
