@@ -129,3 +129,27 @@ def test_ruff_is_clean_on_the_whole_tree():
     proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=ROOT,
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_uv_builds_the_same_wheel_and_sdist_contents(built, tmp_path):
+    # "builds as a wheel and an sdist (pip and uv)": uv's frontend (offline, the venv's
+    # setuptools) gives the same files as pip's.
+    uv = shutil.which("uv", path=str(Path(sys.executable).parent))
+    if uv is None:
+        pytest.skip("uv is not installed in this environment (pip install -e '.[dev]' installs it)")
+    project = _project_copy(tmp_path)
+    out = tmp_path / "uvdist"
+    _run(uv, "build", "--offline", "--no-build-isolation", "--python", sys.executable, "--out-dir", str(out),
+         cwd=project)
+    (wheel,) = out.glob("durability_semaphore-*.whl")
+    (sdist,) = out.glob("durability_semaphore-*.tar.gz")
+
+    def wheel_names(path: Path) -> set[str]:
+        return {n for n in zipfile.ZipFile(path).namelist() if not n.endswith("RECORD")}
+
+    def sdist_names(path: Path) -> set[str]:
+        with tarfile.open(path) as tar:
+            return {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+
+    assert wheel.name == built[0].name and wheel_names(wheel) == wheel_names(built[0])
+    assert sdist_names(sdist) == sdist_names(built[1])
