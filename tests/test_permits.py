@@ -237,3 +237,43 @@ async def test_a_second_queue_on_the_same_scheduler_does_not_take_a_live_permit_
     assert (await s.usage())["outstanding"] == 1
     release.set()
     await s.clock.advance(1000)
+
+
+@async_test
+async def test_a_permit_withdrawn_while_its_claim_is_in_flight_is_released_once_and_not_reported_as_orphan(caplog):
+    # R15a: the claim's confirming sync reaches the holder but its reply is lost, and the
+    # timeout hits before the retry; the claim is released when the holder answers the retry,
+    # exactly once, and the withdrawn item is not taken for an orphan ("no caller" warning).
+    import logging
+
+    s = Setup(limit=1)
+    original = s.net.intercept
+
+    async def run() -> None:
+        async with s.queue.permit(KEY, group="g", timeout_ms=1500):
+            raise AssertionError("the claim is confirmed only after the timeout")
+
+    lost = {"done": False}
+
+    def lose_first_sync_reply(key: str, message: dict) -> None:
+        if message.get("type") == "sync" and not lost["done"]:
+            lost["done"] = True
+            s.net.p["lose_reply"] = 1.0  # the claim reaches the holder, its reply is lost
+        else:
+            s.net.p["lose_reply"] = 0.0
+        return None if original is None else original(key, message)
+
+    s.net.intercept = lose_first_sync_reply
+    with caplog.at_level(logging.WARNING, logger="semaphore.queue"):
+        task = s.spawn(run())
+        while not task.done():
+            await s.clock.advance(50)
+        (item,) = s.queue.items(KEY)
+        assert item.state is ItemState.CLAIMING  # withdrawn while its claim is on the way
+        await s.clock.advance(20_000)
+    assert isinstance(task.exception(), PermitTimeoutError)
+    (item,) = s.queue.items(KEY)
+    assert item.state is ItemState.DONE
+    assert not [r for r in caplog.records if "no caller" in r.getMessage()]
+    await s.clock.advance(12_000)
+    assert (await s.usage())["outstanding"] == 0

@@ -1099,7 +1099,8 @@ class SemaphoreQueue:
         failed). Their permits are released, nothing stays charged for them. Items of live
         callers are marked checked (the next check is ``orphan_check_ms`` later)."""
         rows = self.storage.exec(
-            f"SELECT item_id, owner FROM {ITEMS} WHERE key = ? AND owner != '' AND state != 'done'", key)
+            f"SELECT item_id, owner FROM {ITEMS} WHERE key = ? AND owner != '' AND state != 'done' AND cancel = 0",
+            key)  # a cancelled one was withdrawn already: its claim is released once the holder answers
         for r in rows:
             item_id = str(r["item_id"])
             if r["owner"] == self._token and item_id in self._permits:
