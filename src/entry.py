@@ -421,7 +421,11 @@ class AccountLimit(DurableObject):
 
 
 def job_view(item: QueueItem) -> dict[str, Any]:
-    """JSON view of a queued job (the HTTP front drops ``payload`` from the public view)."""
+    """JSON view of a queued job (the HTTP front drops ``payload`` from the public view).
+    ``blocked``: while the job is queued, the holder's latest word on why its group waits
+    (``{"reason", "waiting", "at"}``, from :attr:`QueueItem.blocked` / ``blocked_at``), else
+    ``None``."""
+    blocked = item.blocked
     return {
         "id": item.item_id,
         "group": item.group,
@@ -431,6 +435,8 @@ def job_view(item: QueueItem) -> dict[str, Any]:
         "startedAt": item.started_at or None,
         "finishedAt": item.finished_at or None,
         "permit": None if item.permit is None else {"kind": item.permit.kind.value, "id": item.permit.id},
+        "blocked": None if blocked is None else {"reason": blocked.reason.value, "waiting": blocked.waiting,
+                                                 "at": item.blocked_at},
     }
 
 

@@ -245,6 +245,42 @@ def test_leases_var_is_parsed_once_and_jobs_are_drawn_from_leases(entry):
     run(scenario())
 
 
+def test_queue_view_shows_the_holders_blocked_reason_per_queued_job(entry, monkeypatch):
+    # The queue view (GET /accounts/{account}/queues/{queue}) shows, for each job, the holder's
+    # latest blocked entry for its group while it is queued (QueueItem.blocked / blocked_at):
+    # limit 1, two jobs: the first runs (no reason), the second waits for "limit".
+    wall = _Wall(monkeypatch)
+    world = World(entry, ACCOUNT_CONCURRENCY="1", ROUND_WAIT_MS="0", ROUND_PERIOD_MS="0")
+
+    async def scenario():
+        for job_id in ("j1", "j2"):
+            assert (await world.fetch("POST", "/accounts/a/queues/q/jobs", {"id": job_id}, headers=AUTH))[0] == 201
+        status, body = await world.fetch("GET", "/accounts/a/queues/q")
+        assert status == 200 and [j["blocked"] for j in body["jobs"]] == [None, None], body  # no round yet
+        jq = queue_object(world, "a", "q")
+        before = jq.queue.clock()
+        await jq.alarm()  # a round: one grant (claimed, confirmed), the rest blocked by the limit
+        status, body = await world.fetch("GET", "/accounts/a/queues/q")
+        j1, j2 = body["jobs"]
+        assert (j1["id"], j1["state"], j1["blocked"]) == ("j1", "running", None), body
+        assert j2["id"] == "j2" and j2["state"] == "queued", body
+        assert set(j2["blocked"]) == {"reason", "waiting", "at"}, j2
+        assert (j2["blocked"]["reason"], j2["blocked"]["waiting"]) == ("limit", 1), j2
+        assert before <= j2["blocked"]["at"] <= jq.queue.clock(), j2
+        assert json.loads(json.dumps(body)) == body  # plain JSON
+        # Completing j1 frees the permit: j2 runs and shows no reason any more.
+        assert (await world.fetch("POST", "/accounts/a/jobs/j1/complete", headers=AUTH))[0] == 200
+        for _ in range(4):
+            wall.advance(1001)
+            await jq.alarm()
+            jobs = (await world.fetch("GET", "/accounts/a/queues/q"))[1]["jobs"]
+            if jobs[1]["state"] == "running":
+                break
+        assert [(j["state"], j["blocked"]) for j in jobs] == [("done", None), ("running", None)], jobs
+
+    run(scenario())
+
+
 ROUTES = [  # (method, path, body), every route of the front
     ("GET", "/accounts/a/usage", None),
     ("PUT", "/accounts/a/limit", {"limit": 3}),

@@ -200,3 +200,25 @@ async def test_leases_var_admits_jobs_from_a_lease():
     assert jobs[0]["state"] == "running" and jobs[0]["permit"]["kind"] == "lease", jobs
     usage = await body(await rt.fetch(Default, "http://w/accounts/acme/usage"))
     assert (usage["leaseFootprint"], usage["liveLeases"]) == (2, 1), usage
+
+
+async def test_queue_view_shows_the_holders_blocked_reason_of_queued_jobs():
+    # GET /accounts/{account}/queues/{queue}: each job carries the holder's latest blocked entry
+    # for its group while it is queued ({"reason", "waiting", "at"}), else null.
+    from entry import JobQueue
+
+    rt = Runtime({"ACCOUNT_LIMIT": AccountLimit, "JOB_QUEUE": JobQueue}, vars={**VARS, "ACCOUNT_CONCURRENCY": "1"},
+                 auto_alarms=False)
+    for job_id in ("j1", "j2"):
+        resp = await rt.fetch(Default, "http://w/accounts/acme/queues/q/jobs", method="POST", headers=AUTH,
+                              body=json.dumps({"id": job_id}))
+        assert resp.status == 201
+    jobs = (await body(await rt.fetch(Default, "http://w/accounts/acme/queues/q")))["jobs"]
+    assert [j["blocked"] for j in jobs] == [None, None], jobs   # no round yet
+    before = rt.now()
+    assert (await rt.fire_alarm("JOB_QUEUE", json.dumps(["acme", "q"]), force=True))["error"] is None
+    j1, j2 = (await body(await rt.fetch(Default, "http://w/accounts/acme/queues/q")))["jobs"]
+    assert (j1["state"], j1["blocked"]) == ("running", None), j1
+    assert j2["state"] == "queued" and set(j2["blocked"]) == {"reason", "waiting", "at"}, j2
+    assert (j2["blocked"]["reason"], j2["blocked"]["waiting"]) == ("limit", 1), j2
+    assert type(j2["blocked"]["at"]) is int and before <= j2["blocked"]["at"] <= rt.now(), j2

@@ -1,0 +1,196 @@
+"""SemaphoreQueue.permit(), concurrent async on_admit callbacks and work= inside Pyodide, through
+the real SDK.
+
+Client objects reach the reference Worker's ``AccountLimit`` holder (bound as ``ACCOUNT_LIMIT``)
+over the stand-in RPC (``structuredClone``); rounds are 10 ms of real time. ``permit()`` is driven
+by the queue's own background pump (an asyncio task started in the caller's RPC call), callbacks
+run as asyncio tasks on Pyodide's event loop (the WebLoop), and the release of a finished permit
+reaches the holder through the object's alarm (fired by hand) or the pump a finished ``work``
+kicks. ``report_releases_within_ms=0`` keeps the release reports immediate.
+"""
+
+import asyncio
+
+from standins import Runtime
+from workers import DurableObject
+
+from entry import AccountLimit
+from semaphore import (
+    BlockedReason,
+    DurabilityScheduler,
+    DurabilitySemaphore,
+    ItemState,
+    PermitKind,
+    PermitTimeoutError,
+    SemaphoreClient,
+    SemaphoreQueue,
+    timeout,
+)
+from semaphore.runtime import Storage
+
+KEY = "acct"
+VARS = {"ROUND_WAIT_MS": "10", "ROUND_PERIOD_MS": "0", "GRANT_TIMEOUT_MS": "10000", "ACCOUNT_CONCURRENCY": "1"}
+HELPER = DurabilitySemaphore.client(binding="ACCOUNT_LIMIT", invoke=lambda stub, message: stub.permits(message))
+DRAIN_S = 5  # a callback or pump still running after this is a hang (e.g. serialised callbacks)
+
+
+def holder_usage(env):
+    """The holder's usage() over RPC (a JsDict)."""
+    return env.ACCOUNT_LIMIT.getByName(KEY).usage()
+
+
+class Base(DurableObject):
+    """A client object: SemaphoreClient + SemaphoreQueue over the helper; its alarm drives the queue."""
+
+    def __init__(self, ctx, env):
+        super().__init__(ctx, env)
+        self.storage = Storage(ctx)
+        self.scheduler = DurabilityScheduler(ctx)
+        self.client = SemaphoreClient(ctx, HELPER.with_(timeout(2000)).transport(env))
+        self.queue = SemaphoreQueue(client=self.client, scheduler=self.scheduler, report_releases_within_ms=0,
+                                    **self.options())
+
+    def options(self):
+        return {}
+
+    async def enqueue(self, item_id):
+        return (await self.queue.enqueue(KEY, "g", str(item_id), {"n": item_id})).state.value
+
+    async def alarm(self, info=None):
+        await self.scheduler.alarm(info)
+
+
+class Permits(Base):
+    """No on_admit: the queue is used through permit() only."""
+
+    async def hold_once(self):
+        """RPC: one permit for a body that reads the holder's usage; what it saw, as plain data."""
+        async with self.queue.permit(KEY, "g", payload={"job": 1}) as item:
+            inside = await holder_usage(self.env)
+            seen = {"item_id": item.item_id, "is_permit": item.is_permit, "state": item.state.value,
+                    "admitted": item.admitted, "kind": item.permit.kind.value, "payload": item.payload,
+                    "charged": inside.charged, "available": inside.available,
+                    "grant_confirmed": self.client.grant(KEY, item.permit.id).confirmed}
+        seen["after_state"] = self.queue.item(seen["item_id"]).state.value
+        await asyncio.wait_for(self.queue.drain(), DRAIN_S)
+        return seen
+
+    async def time_out_behind(self, timeout_ms):
+        """RPC: hold a permit (limit 1) and ask for a second with a timeout."""
+        async with self.queue.permit(KEY, "g") as first:
+            try:
+                async with self.queue.permit(KEY, "g", timeout_ms=int(timeout_ms)):
+                    return {"raised": None}
+            except PermitTimeoutError as exc:
+                err = exc
+            during = await holder_usage(self.env)
+            (second,) = [i for i in self.queue.items(KEY) if i.item_id != first.item_id]
+            seen = {"raised": type(err).__name__, "is_timeout": isinstance(err, TimeoutError),
+                    "reason": err.blocked.reason is BlockedReason.LIMIT if err.blocked else None,
+                    "waiting": err.blocked.waiting if err.blocked else None, "message": str(err),
+                    "second": [second.state.value, second.permit is None, second.is_permit],
+                    "demand": [d.count for d in self.queue.demand(KEY)], "charged": during.charged}
+        await asyncio.wait_for(self.queue.drain(), DRAIN_S)
+        return seen
+
+
+class Admits(Base):
+    """Async on_admit: item "a" waits for an event that item "b"'s callback sets."""
+
+    def options(self):
+        self.order = []
+        self.ev = asyncio.Event()
+        return {"on_admit": self.on_admit}
+
+    async def on_admit(self, item):
+        self.order.append(("start", item.item_id, item.permit.kind.value))
+        if item.item_id == "a":
+            await self.ev.wait()   # a pump awaiting callbacks one at a time never gets to "b"
+        else:
+            await asyncio.sleep(0.01)
+            self.ev.set()
+        self.order.append(("end", item.item_id))
+
+
+class Works(Base):
+    """work=: the coroutine is the item's whole work; its return completes the item."""
+
+    def options(self):
+        return {"work": self.work}
+
+    async def work(self, item):
+        await asyncio.sleep(0.01)
+        self.storage.exec("CREATE TABLE IF NOT EXISTS test_worked (item_id TEXT, kind TEXT, state TEXT)")
+        self.storage.exec("INSERT INTO test_worked VALUES (?, ?, ?)", item.item_id, item.permit.kind.value,
+                          item.state.value)
+
+
+async def test_permit_through_a_round_and_a_confirmed_claim_is_released_to_the_holder():
+    # R15a, R19, R37: permit() asks the holder (a round), claims, confirms with a sync, runs the
+    # body; leaving it releases the permit, and the object's alarm reports the release.
+    rt = Runtime({"ACCOUNT_LIMIT": AccountLimit, "PERMITS": Permits}, vars=VARS, auto_alarms=False)
+    seen = await asyncio.wait_for(rt.stub("PERMITS", "p").hold_once(), DRAIN_S)
+    assert seen.is_permit is True and seen.state == "running" and seen.admitted is True, seen
+    assert seen.kind == "grant" and seen.grant_confirmed == 1, seen   # used only once confirmed (R15a)
+    assert seen.payload == {"job": 1} and (seen.charged, seen.available) == (1, 0), seen
+    assert seen.after_state == "done", seen
+    fired = await rt.fire_alarm("PERMITS", "p")     # due at once: reports the release (if not sent yet)
+    assert fired.get("error") is None, fired
+    usage = await holder_usage(rt.env)
+    assert (usage.charged, usage.outstanding, usage.available) == (0, 0, 1), usage
+    assert rt.sql("ACCOUNT_LIMIT", KEY, "SELECT * FROM durability_semaphore_grants") == []
+
+
+async def test_permit_timeout_raises_with_the_limit_reason_and_leaves_nothing_charged():
+    # R23: PermitTimeoutError carries the holder's blocked entry; the withdrawn request was never
+    # charged and is asked for no more.
+    rt = Runtime({"ACCOUNT_LIMIT": AccountLimit, "PERMITS": Permits}, vars=VARS, auto_alarms=False)
+    seen = await asyncio.wait_for(rt.stub("PERMITS", "p").time_out_behind(400), DRAIN_S)
+    assert seen.raised == "PermitTimeoutError" and seen.is_timeout is True, seen
+    assert seen.reason is True and seen.waiting == 1 and "limit" in seen.message, seen
+    assert seen.second == ["done", True, True] and seen.demand == [], seen
+    assert seen.charged == 1, seen                       # the first permit only
+    # With ROUND_PERIOD_MS 0 the blocked second request was asked again at every 10 ms round
+    # until the pump's 8-exchange bound paused the key for retry_ms (1 s, in memory), which also
+    # holds back the release report: let that pass before the alarm.
+    rt.advance(1001)
+    fired = await rt.fire_alarm("PERMITS", "p")     # reports the first's release
+    assert fired.get("error") is None, fired
+    usage = await holder_usage(rt.env)
+    assert (usage.charged, usage.outstanding) == (0, 0), usage
+
+
+async def test_async_on_admit_callbacks_of_one_key_run_concurrently():
+    # Two async callbacks of one key are asyncio tasks on Pyodide's loop: "a" waits for an event
+    # only "b" sets, so running them one after the other would never end.
+    rt = Runtime({"ACCOUNT_LIMIT": AccountLimit, "ADMITS": Admits}, vars={**VARS, "ACCOUNT_CONCURRENCY": "2"},
+                 auto_alarms=False)
+    q = rt.stub("ADMITS", "q")
+    assert [await q.enqueue("a"), await q.enqueue("b")] == ["queued", "queued"]
+    fired = await asyncio.wait_for(rt.fire_alarm("ADMITS", "q"), DRAIN_S)  # request, claim, sync, start
+    assert fired["error"] is None, fired
+    inst = await rt.instance("ADMITS", "q")
+    await asyncio.wait_for(inst.queue.drain(), DRAIN_S)
+    assert inst.order == [("start", "a", "grant"), ("start", "b", "grant"), ("end", "b"), ("end", "a")], inst.order
+    items = {i.item_id: i for i in inst.queue.items(KEY)}
+    assert all(i.state is ItemState.RUNNING and i.admitted and i.attempts == 1 and i.error is None
+               for i in items.values()), items
+    assert (await holder_usage(rt.env)).charged == 2
+
+
+async def test_work_completes_the_item_when_the_coroutine_returns():
+    # work=: the item runs under its permit, turns done when the coroutine returns, and its
+    # release reaches the holder (the returning work kicks a pump; releases are reported at once).
+    rt = Runtime({"ACCOUNT_LIMIT": AccountLimit, "WORKS": Works}, vars=VARS, auto_alarms=False)
+    q = rt.stub("WORKS", "q")
+    assert await q.enqueue("j1") == "queued"
+    assert (await asyncio.wait_for(rt.fire_alarm("WORKS", "q"), DRAIN_S))["error"] is None
+    inst = await rt.instance("WORKS", "q")
+    await asyncio.wait_for(inst.queue.drain(), DRAIN_S)
+    assert rt.sql("WORKS", "q", "SELECT * FROM test_worked") == [{"item_id": "j1", "kind": "grant",
+                                                                   "state": "running"}]
+    item = inst.queue.item("j1")
+    assert item.state is ItemState.DONE and item.permit.kind is PermitKind.GRANT, item
+    assert item.attempts == 1 and item.error is None and item.admitted, item
+    usage = await holder_usage(rt.env)
+    assert (usage.charged, usage.outstanding) == (0, 0), usage
