@@ -205,6 +205,8 @@ class DurabilityScheduler:
         return None if row is None else int(row["due_at"])
 
     def earliest(self) -> int | None:
+        """The earliest due time among the timer rows, or ``None`` (participants not included:
+        see :meth:`due_times`)."""
         self.ensure_schema()
         row = self.storage.one(f"SELECT MIN(due_at) AS due FROM {TABLE}")
         return None if row is None or row["due"] is None else int(row["due"])

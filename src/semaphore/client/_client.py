@@ -182,6 +182,7 @@ class AppliedReply:
 
     @property
     def contended(self) -> bool:
+        """The reply said ``contended`` (SPEC R29): some demand of the round went unserved."""
         return self.response.contended
 
 

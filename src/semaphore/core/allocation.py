@@ -60,9 +60,11 @@ class Entry:
 
     @property
     def key(self) -> Key:
+        """``(client_id, group)``."""
         return (self.client_id, self.group)
 
     def order(self) -> tuple[int, int, str]:
+        """Sort key of oldest demand first: ``(oldest_at, arrival, client_id)`` (SPEC R10)."""
         return (self.oldest_at, self.arrival, self.client_id)
 
 
@@ -86,6 +88,13 @@ class Usage:
 
 @dataclass
 class Allocation:
+    """What :func:`allocate` decided for one round.
+
+    :ivar grants: permits of the new grant per ``(client_id, group)`` (SPEC R21).
+    :ivar leases: permits of the new lease per ``(client_id, group)`` (SPEC R26-R28).
+    :ivar blocked: ``(client_id, group, reason, waiting)`` of every entry left with need (SPEC R23).
+    """
+
     grants: dict[Key, int] = field(default_factory=dict)
     leases: dict[Key, int] = field(default_factory=dict)
     blocked: list[tuple[str, str, BlockedReason, int]] = field(default_factory=list)

@@ -110,6 +110,7 @@ class ClientLease:
 
     @property
     def undrawn(self) -> int:
+        """Permits of the lease not drawn yet."""
         return max(0, self.permits - self.drawn)
 
     @property
@@ -144,6 +145,7 @@ class ClientLease:
         return self.released > self.sent_released or self.unsent_stop
 
     def report(self) -> LeaseReport:
+        """The cumulative report of this lease (drawn, released, stopped)."""
         return LeaseReport(self.lease_id, self.drawn, self.released, self.stopped)
 
     @classmethod

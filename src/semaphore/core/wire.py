@@ -265,6 +265,7 @@ class Demand:
     oldest_at: int
 
     def to_wire(self) -> dict[str, Any]:
+        """The wire dict: ``{"group", "count", "oldestAt"}``."""
         return {"group": self.group, "count": self.count, "oldestAt": self.oldest_at}
 
 
@@ -277,6 +278,7 @@ class GrantReport:
     released: int
 
     def to_wire(self) -> dict[str, Any]:
+        """The wire dict: ``{"grantId", "claimed", "released"}``."""
         return {"grantId": self.grant_id, "claimed": self.claimed, "released": self.released}
 
 
@@ -291,6 +293,7 @@ class LeaseReport:
     stopped: bool = False
 
     def to_wire(self) -> dict[str, Any]:
+        """The wire dict: ``{"leaseId", "drawn", "released", "stopped"}``."""
         return {
             "leaseId": self.lease_id,
             "drawn": self.drawn,
@@ -314,6 +317,7 @@ class PermitRequest:
     type = "request"
 
     def to_wire(self) -> dict[str, Any]:
+        """The wire message (``type: "request"``, ``v: 1``); ``leases`` only when not ``None``."""
         message: dict[str, Any] = {
             "type": "request",
             "v": WIRE_VERSION,
@@ -337,6 +341,7 @@ class SyncMessage:
     type = "sync"
 
     def to_wire(self) -> dict[str, Any]:
+        """The wire message (``type: "sync"``, ``v: 1``); ``leases`` only when not ``None``."""
         message: dict[str, Any] = {
             "type": "sync",
             "v": WIRE_VERSION,
@@ -471,11 +476,14 @@ class GrantState:
     status: GrantStatus
 
     def to_wire(self) -> dict[str, Any]:
+        """The reply entry: ``{"grantId", "group", "permits", "claimed", "released", "claimBy",
+        "status"}``."""
         return grant_state(self.grant_id, self.group, self.permits, self.claimed, self.released,
                            self.claim_by, self.status.value)
 
     @classmethod
     def from_wire(cls, d: Mapping[str, Any]) -> GrantState:
+        """Typed view of a reply's grant entry."""
         return cls(
             str(d["grantId"]),
             None if d.get("group") is None else str(d["group"]),
@@ -501,11 +509,14 @@ class LeaseState:
     status: LeaseStatus
 
     def to_wire(self) -> dict[str, Any]:
+        """The reply entry: ``{"leaseId", "group", "permits", "drawn", "released", "expiresAt",
+        "status"}``."""
         return lease_state(self.lease_id, self.group, self.permits, self.drawn, self.released,
                            self.expires_at, self.status.value)
 
     @classmethod
     def from_wire(cls, d: Mapping[str, Any]) -> LeaseState:
+        """Typed view of a reply's lease entry."""
         return cls(
             str(d["leaseId"]),
             None if d.get("group") is None else str(d["group"]),
@@ -527,10 +538,12 @@ class Blocked:
     waiting: int
 
     def to_wire(self) -> dict[str, Any]:
+        """The reply entry: ``{"group", "reason", "waiting"}``."""
         return blocked_entry(self.group, self.reason.value, self.waiting)
 
     @classmethod
     def from_wire(cls, d: Mapping[str, Any]) -> Blocked:
+        """Typed view of a reply's ``blocked`` entry."""
         return cls(str(d["group"]), BlockedReason(d["reason"]), int(d["waiting"]))
 
 
@@ -545,6 +558,7 @@ class PermitResponse:
     next_request_at: int = 0
 
     def to_wire(self) -> dict[str, Any]:
+        """The reply dict: ``{"v", "grants", "leases", "blocked", "contended", "nextRequestAt"}``."""
         return permit_response([g.to_wire() for g in self.grants], [x.to_wire() for x in self.leases],
                                [b.to_wire() for b in self.blocked], self.contended, self.next_request_at)
 
