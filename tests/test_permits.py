@@ -21,6 +21,13 @@ LEASES = {"provisioning": {"mode": "strict"}, "permitsPerLease": 4, "ttlMs": 60_
 pytestmark = pytest.mark.usefixtures("quiet_logs")
 
 
+def finished(queue, item_id: str) -> bool:
+    """A permit() item is done once its caller left the block; the next pump deletes it (its id
+    is random, so there is nothing to remember it for)."""
+    item = queue.item(item_id)
+    return item is None or item.state is ItemState.DONE
+
+
 class Setup:
     def __init__(self, limit: int = 2, **holder_options: Any) -> None:
         self.clock = SimClock(T0)
@@ -68,7 +75,7 @@ async def test_r15a_permit_through_a_round_and_a_confirmed_claim_then_released_d
     release.set()
     await s.clock.advance(1000)
     assert seen["task"].done() and seen["task"].exception() is None
-    assert s.queue.item(item.item_id).state is ItemState.DONE
+    assert finished(s.queue, item.item_id)
     await s.clock.advance(11_000)  # the unclaimed rest of the grant returns at claimBy (R15)
     assert (await s.usage())["outstanding"] == 0  # R19: the release reached the holder
 
@@ -107,8 +114,9 @@ async def test_permit_timeout_raises_with_the_blocked_reason_and_leaves_nothing_
     assert isinstance(err, PermitTimeoutError) and isinstance(err, TimeoutError)
     assert err.blocked is not None and err.blocked.reason is BlockedReason.LIMIT  # R23: why it waited
     assert "limit" in str(err)
-    (withdrawn,) = [i for i in s.queue.items(KEY) if i.is_permit and i.state is ItemState.DONE]
-    assert withdrawn.permit is None  # never admitted, never charged
+    (held,) = [i for i in s.queue.items(KEY) if i.state is not ItemState.DONE]  # the withdrawn one is done
+    assert held.admitted  # only the first caller's item is live
+    assert all(i.permit is None for i in s.queue.items(KEY) if i.state is ItemState.DONE)  # never charged
     assert s.queue.demand(KEY) == []  # nothing asked for any more
     await s.clock.advance(5000)
     after = await s.usage()
@@ -128,8 +136,7 @@ async def test_body_that_raises_releases_the_permit_and_the_error_propagates():
     task = s.spawn(failing())
     await s.clock.advance(3000)
     assert isinstance(task.exception(), KeyError)
-    (item,) = s.queue.items(KEY)
-    assert item.state is ItemState.DONE
+    assert all(i.state is ItemState.DONE for i in s.queue.items(KEY))
     await s.clock.advance(12_000)
     assert (await s.usage())["outstanding"] == 0  # R19: released, and the grant's rest reclaimed
 
@@ -169,7 +176,7 @@ async def test_permit_held_across_an_eviction_is_released_by_the_next_instance()
     s.side.evict()  # the body dies with the object: nothing it would have written is written
     assert s.queue.item(held.item_id).state is ItemState.RUNNING
     await s.clock.advance(61_000)  # at the latest orphan_check_ms later, the alarm's pump releases it
-    assert s.queue.item(held.item_id).state is ItemState.DONE
+    assert finished(s.queue, held.item_id)
     await s.clock.advance(1000)
     assert (await s.usage())["outstanding"] == 0
     # and the new instance serves new permits
@@ -221,22 +228,17 @@ async def test_a_queue_without_on_admit_refuses_enqueue_but_serves_permits():
     assert s.queue.items() == []
 
 
-@async_test
-async def test_a_second_queue_on_the_same_scheduler_does_not_take_a_live_permit_for_an_orphan():
-    # Two SemaphoreQueue instances of one object (one scheduler): the permit held through the
-    # first is live, so a pump of the second must not release it as an earlier instance's.
-    from semaphore import SemaphoreQueue
+def test_a_second_queue_on_the_same_scheduler_is_refused():
+    # One queue per object (it serves permit() and callbacks for every key): a second one on the
+    # same scheduler would replace the first's wake-up participant, so the first's permit
+    # callers would never be handed their admitted permits and its on_admit never called
+    # (review finding F1).
+    from semaphore import ConfigurationError, SemaphoreQueue
 
     s = Setup(limit=1)
-    got, release, seen = await s.hold()
-    await s.clock.advance(3000)
-    assert got.is_set()
-    other = SemaphoreQueue(client=s.side.client, scheduler=s.side.scheduler, report_releases_within_ms=0)
-    await other.pump(KEY)
-    assert s.queue.item(seen["item"].item_id).state is ItemState.RUNNING
-    assert (await s.usage())["outstanding"] == 1
-    release.set()
-    await s.clock.advance(1000)
+    with pytest.raises(ConfigurationError) as err:
+        SemaphoreQueue(client=s.side.client, scheduler=s.side.scheduler)
+    assert err.value.field == "scheduler" and "one queue per object" in str(err.value)
 
 
 @async_test
@@ -272,8 +274,133 @@ async def test_a_permit_withdrawn_while_its_claim_is_in_flight_is_released_once_
         assert item.state is ItemState.CLAIMING  # withdrawn while its claim is on the way
         await s.clock.advance(20_000)
     assert isinstance(task.exception(), PermitTimeoutError)
-    (item,) = s.queue.items(KEY)
-    assert item.state is ItemState.DONE
+    assert all(i.state is ItemState.DONE for i in s.queue.items(KEY))
     assert not [r for r in caplog.records if "no caller" in r.getMessage()]
     await s.clock.advance(12_000)
     assert (await s.usage())["outstanding"] == 0
+
+
+# ---------------------------------------------------------------------------- review findings
+@async_test
+async def test_a_dead_instances_claiming_permit_does_not_keep_the_wakeup_due_while_the_holder_is_down():
+    # Review F2: the dead instance's item, withdrawn with its claim in flight, is left to the
+    # claim's own network-paced wake-up; its stale orphan check must not make the key due "now"
+    # after every pump (the scheduler would back off the whole queue as making no progress).
+    from semaphore import HolderUnavailableError, SemaphoreQueue
+
+    s = Setup(limit=1)
+    s.side.queue_options["orphan_check_ms"] = 5_000
+    s.side.evict()  # restart with the option
+    down = {"on": False}
+
+    def intercept(key: str, message: dict) -> None:
+        if message.get("type") == "sync" or down["on"]:
+            down["on"] = True
+            raise HolderUnavailableError("holder down (test)")
+        return None
+
+    s.net.intercept = intercept
+    s.spawn(_enter_and_wait(s))
+    await s.clock.advance(1500)  # the round; its claim's confirming sync fails
+    (item,) = s.queue.items(KEY)
+    assert item.state is ItemState.CLAIMING
+    await s.clock.advance(10_000)
+    s.side.evict()
+    await s.clock.advance(66_000)
+    assert s.side.scheduler.attempts(SemaphoreQueue.TIMER) == 0
+    await s.queue.pump(KEY)
+    assert s.queue.wake_at(KEY) > s.clock.now  # paced by retry_ms, not due at once
+
+
+@async_test
+async def test_a_permit_drawn_from_a_lease_at_once_arms_the_alarm_for_its_orphan_check():
+    # Review F4: served from a lease with no holder call, the permit still re-arms the alarm, so
+    # after an eviction its permit is released within orphan_check_ms, not at whatever the alarm
+    # was armed for before (an idle lease's stop, up to ttlMs later).
+    leases = {"provisioning": {"mode": "strict"}, "permitsPerLease": 4, "ttlMs": 1_800_000}
+    s = Setup(limit=8, leases=leases)
+    got, release, _ = await s.hold()
+    await s.clock.advance(3000)
+    assert got.is_set() and s.side.client.leases(KEY)
+    release.set()
+    await s.clock.advance(100_000)  # idle: the lease is live with undrawn permits
+    got2, _release2, seen2 = await s.hold()
+    await s.clock.settle()
+    assert got2.is_set() and seen2["item"].permit.kind is PermitKind.LEASE
+    s.side.evict()  # the body dies with the object
+    await s.clock.advance(65_000)
+    assert finished(s.queue, seen2["item"].item_id)
+
+
+@async_test
+async def test_complete_refuses_the_item_of_a_live_permit_call():
+    # Review F5: complete() of a waiting caller's item would leave the caller waiting forever (and
+    # of a running one, its body running without a permit): refused, naming the field.
+    from semaphore import ConfigurationError
+
+    s = Setup(limit=1)
+    got1, release1, _ = await s.hold()
+    await s.clock.advance(3000)
+    _got2, release2, seen2 = await s.hold()
+    await s.clock.advance(100)
+    for item in s.queue.items(KEY):
+        with pytest.raises(ConfigurationError) as err:
+            await s.queue.complete(item.item_id)
+        assert err.value.field == "item_id"
+    release1.set()
+    await s.clock.advance(5000)
+    assert "item" in seen2  # the waiter got the freed permit
+    release2.set()
+    await s.clock.advance(1000)
+    assert seen2["task"].done() and seen2["task"].exception() is None
+
+
+@async_test
+async def test_permit_cost_does_not_grow_with_finished_items():
+    # Review F7: finished permit items are deleted (their ids are random: nothing to remember),
+    # and the insert's MAX(seq) is an index lookup, so one permit() costs the same SQLite work
+    # over 10 or 50,000 earlier finished items.
+    async def vm_steps(done_rows: int) -> int:
+        s = Setup(limit=4)
+        s.queue.ensure_schema()
+        conn = s.side.storage.connection
+        conn.executemany(
+            "INSERT INTO durability_semaphore_client_items(item_id, key, group_name, payload, enqueued_at, seq,"
+            " state, permit_kind, permit_id, slot, started_at, admitted, attempts, retry_at, checked_at,"
+            " finished_at, cancel, owner) VALUES (?, ?, 'g', 'null', ?, ?, 'done', '', '', 0, 0, 1, 0, 0, 0, ?,"
+            " 0, '')", ((f"job-{n}", f"other{n % 50}", T0, n + 1, T0) for n in range(done_rows)))
+        steps = [0]
+
+        def count() -> int:
+            steps[0] += 1
+            return 0
+
+        conn.set_progress_handler(count, 100)
+        with pytest.raises(PermitTimeoutError):
+            async with s.queue.permit(KEY, timeout_ms=0):
+                pass
+        conn.set_progress_handler(None, 0)
+        await s.clock.advance(5000)
+        return steps[0] * 100
+
+    small, large = await vm_steps(10), await vm_steps(50_000)
+    assert large < 2 * small + 2_000, (small, large)
+
+
+@async_test
+async def test_finished_permit_items_are_deleted_at_the_next_pump():
+    s = Setup(limit=2)
+
+    async def three() -> None:
+        for _ in range(3):
+            async with s.queue.permit(KEY, timeout_ms=10_000):
+                pass
+
+    task = s.spawn(three())
+    for _ in range(100):
+        if task.done():
+            break
+        await s.clock.advance(500)
+    assert task.done() and task.exception() is None
+    await s.queue.pump(KEY)
+    assert s.queue.items(KEY) == []

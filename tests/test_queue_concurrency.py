@@ -195,3 +195,66 @@ async def test_r23_item_view_shows_the_holders_blocked_reason_per_key_and_group(
     assert set(side.queue.blocked(KEY)) == {"small", "big"}
     assert [i.blocked.reason for i in side.queue.items(KEY, ItemState.QUEUED)] == [BlockedReason.GROUP_LIMIT] + \
         [BlockedReason.LIMIT] * 2
+
+
+# ---------------------------------------------------------------------------- review findings
+def test_demand_asks_for_exactly_the_items_it_would_admit():
+    # Review F3: the admit_concurrency room goes to the oldest items across groups, and the
+    # demand asks for exactly those (not for whole groups, oldest group first).
+    from semaphore.core import queue_plan as plan
+
+    queued = (plan.QueuedItem("a1", "A", 1, True, T0), plan.QueuedItem("b1", "B", 2, True, T0 + 5),
+              plan.QueuedItem("a2", "A", 3, True, T0 + 10), plan.QueuedItem("p1", "B", 4, False, T0 + 20))
+    snap = plan.KeySnapshot(now=T0, queued=queued, admit_room=2)
+    assert plan.admissible(snap) == {"A": ["a1"], "B": ["b1", "p1"]}  # permit items are not bounded
+    assert plan.demand_of(queued, 2) == [("A", 1, T0), ("B", 2, T0 + 5)]
+    assert plan.demand_of(queued, None) == [("A", 2, T0), ("B", 2, T0 + 5)]
+
+
+@async_test
+async def test_no_granted_permit_idles_while_an_admissible_item_of_another_group_is_not_asked_for():
+    gates: dict[str, asyncio.Event] = {}
+
+    async def on_admit(side: ClientSide, item: QueueItem) -> None:
+        await gates.setdefault(item.item_id, asyncio.Event()).wait()
+
+    clock, _holder, _net, side = setup(limit=10, on_admit=on_admit, admit_concurrency=2)
+    await side.queue.enqueue(KEY, "A", "a1")
+    clock.set(T0 + 5)
+    await side.queue.enqueue(KEY, "B", "b1")
+    clock.set(T0 + 10)
+    await side.queue.enqueue(KEY, "A", "a2")
+    await clock.advance(3000)
+    idle = sum(g.unclaimed for g in side.client.grants(KEY) if g.group == "A")
+    assert idle == 0 and side.queue.item("b1").state is ItemState.RUNNING
+    for g in gates.values():
+        g.set()
+    await clock.advance(30_000)
+
+
+@async_test
+async def test_a_synchronous_work_function_completes_its_item_when_it_returns():
+    # Review F6: a plain function as work= is done when it returns (it was marked admitted and
+    # never completed: its permit stayed charged forever).
+    ran: list[str] = []
+    clock, holder, _net, side = setup(limit=1, work=lambda item: ran.append(item.item_id))
+    await side.queue.enqueue(KEY, "g", "j1")
+    await clock.advance(4000)
+    assert ran == ["j1"] and side.queue.item("j1").state is ItemState.DONE
+    await clock.advance(12_000)
+    assert (await holder.usage())["outstanding"] == 0
+
+
+@async_test
+async def test_r23_the_blocked_reason_is_forgotten_once_nothing_of_the_key_is_queued():
+    # Review remark: blocked rows were deleted only by the next request's reply, so a key that
+    # went idle kept a stale reason (and its row) for ever.
+    admitted: list[str] = []
+    clock, _holder, _net, side = setup(limit=1, on_admit=lambda s, item: admitted.append(item.item_id))
+    await side.queue.enqueue(KEY, "g", "a")
+    await side.queue.enqueue(KEY, "g", "b")
+    await clock.advance(4000)
+    assert side.queue.blocked(KEY)["g"].reason is BlockedReason.LIMIT
+    await side.queue.complete("b")  # cancelled while queued: no request is sent for the key again
+    await clock.advance(6000)
+    assert side.queue.blocked(KEY) == {}

@@ -8,7 +8,8 @@
   ``wrangler deploy --dry-run --outdir`` bundles it: the upload is the sample's ``entry.py``,
   the library's modules under ``python_modules/semaphore/`` byte for byte from the wheel
   (nothing from this checkout's ``src/``) and the Workers SDK.
-* The sample imports only names the library exports, and the README's check of the import name
+* The sample imports only names the library exports, makes ONE ``SemaphoreQueue`` (with
+  ``work=``) that serves both ``permit()`` and ``enqueue()``, and the README's check of the import name
   (``semaphore.__distribution__``) answers ``durability-semaphore`` from its ``python_modules/``.
 
 Needs ``scripts/setup`` (wrangler, the venv's Node 24); the tier-3 twin is
@@ -88,7 +89,12 @@ def test_the_sample_uses_the_permit_api_and_only_exported_names():
             assert hasattr(importlib.import_module(module), name), f"{module}.{name} does not exist"
     calls = {node.func.attr for node in ast.walk(tree)
              if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)}
-    assert "permit" in calls, "the sample's client object must use queue.permit(...)"
+    assert {"permit", "enqueue"} <= calls, "the sample's client object must use queue.permit(...) and enqueue()"
+    # One queue per object serves both permit() and work=: exactly one SemaphoreQueue(...), given work=.
+    queues = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
+              and isinstance(node.func, ast.Name) and node.func.id == "SemaphoreQueue"]
+    assert len(queues) == 1, f"the sample makes {len(queues)} SemaphoreQueues; one serves both"
+    assert "work" in {kw.arg for kw in queues[0].keywords}, "the sample's queue must run jobs with work="
 
 
 def test_the_fresh_sample_holds_the_wheel_not_the_checkout(sample):

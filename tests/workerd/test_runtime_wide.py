@@ -690,7 +690,8 @@ def _leases_end_to_end(app: Front) -> None:
         assert (usage["outstanding"], usage["leaseFootprint"], usage["liveLeases"], usage["retiredLeases"]) == (
             0, 2, 1, 0), (acct, usage)
         assert usage["groups"] == {group: {"outstanding": 0, "leaseFootprint": 2, "liveLeases": 1,
-                                           "retiredLeases": 0, "limit": None}}, (acct, usage)
+                                           "retiredLeases": 0, "limit": None, "charged": 2,
+                                           "available": spec[acct][0] - 2}}, (acct, usage)
         view = lease_view(acct, "q1")
         [lease] = view["leases"]
         assert (lease["leaseId"], lease["group"], lease["permits"], lease["drawn"], lease["released"],

@@ -83,7 +83,6 @@ import inspect
 import json
 import logging
 import secrets
-import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -91,7 +90,7 @@ from typing import Any, cast
 from ..core import queue_plan as plan
 from ..core.config import option_int
 from ..core.queue_plan import ClaimingItem, Exchange, KeySnapshot, PendingReleases, QueuedItem, Resolve
-from ..core.wire import MAX_LIST_LENGTH, Blocked, BlockedReason, Demand, id_problem
+from ..core.wire import Blocked, BlockedReason, Demand, id_problem
 from ..errors import ConfigurationError, PermitTimeoutError, SemaphoreError
 from ..runtime import Storage, TableWatch, install_schema, migrate_tables
 from ..scheduler import DurabilityScheduler
@@ -147,6 +146,8 @@ _ADDED_COLUMNS = (
 _INDEXES = (
     f"CREATE INDEX IF NOT EXISTS {ITEMS}_done_pending ON {ITEMS}(key, done_retry_at) WHERE done_pending = 1",
     f"CREATE INDEX IF NOT EXISTS {ITEMS}_permits ON {ITEMS}(key, checked_at) WHERE owner != '' AND state != 'done'",
+    f"CREATE INDEX IF NOT EXISTS {ITEMS}_permits_done ON {ITEMS}(key) WHERE state = 'done' AND owner != ''",
+    f"CREATE INDEX IF NOT EXISTS {ITEMS}_seq ON {ITEMS}(seq)",  # MAX(seq) at every insert
 )
 
 #: The public item view: each item with its key's latest ``blocked`` entry for its group while
@@ -265,17 +266,6 @@ def _check_done_hook(on_done: Any) -> None:
                                  " an async def would never run", field="on_done")
 
 
-@dataclass
-class _Owner:
-    """The owner token of one object instance's permit() items, and those still live."""
-
-    token: str
-    live: set[str]
-
-
-_OWNERS: weakref.WeakKeyDictionary[DurabilityScheduler, _Owner] = weakref.WeakKeyDictionary()
-
-
 def _check_options(o: dict[str, Any]) -> None:
     """Raise :class:`ConfigurationError` naming the first invalid option of the queue."""
     on_admit, work, on_done = o["on_admit"], o["work"], o["on_done"]
@@ -317,6 +307,10 @@ class SemaphoreQueue:
     """Durable work items per ``(key, group)`` admitted under the semaphore of ``key``
     (SPEC R37). See the module documentation for the life of an item.
 
+    One queue per object: make it in the object's constructor with the object's one scheduler
+    (a second queue on the same scheduler raises :class:`ConfigurationError`); it serves
+    :meth:`permit` and its callbacks for every key.
+
     :param client: the object's :class:`SemaphoreClient` (its storage must be this object's).
     :param scheduler: the object's :class:`DurabilityScheduler`; the object's ``alarm()`` must
         delegate to ``scheduler.alarm``. The queue takes part in it as the participant
@@ -328,13 +322,15 @@ class SemaphoreQueue:
         heartbeats and syncs. ``None`` (the default) for a queue used only through
         :meth:`permit` (then :meth:`enqueue` refuses items). At most one of ``on_admit`` and
         ``work``.
-    :param work: ``async work(item)``: the item's whole work, run as a task once the item holds
-        its permit; when it returns the item is completed (its permit released), when it raises
+    :param work: ``async work(item)`` (a plain function is done when it returns): the item's
+        whole work, run as a task once the item holds its permit; when it returns the item is completed (its permit released), when it raises
         it is called again after ``admit_retry_ms`` under the same permit, up to ``work_attempts``
         calls in all, and then the item is completed anyway (its permit released) with the error
         logged (ERROR) and kept in :attr:`QueueItem.error`. An eviction during it calls it again
-        (at-least-once, like ``on_admit``: make it idempotent per ``item.item_id``).
-    :param work_attempts: how many calls of ``work`` an item gets (default 3, at least 1).
+        (at-least-once, like ``on_admit``: make it idempotent per ``item.item_id``). A call that
+        never returns holds its permit as long as the object lives: bound its awaits.
+    :param work_attempts: how many failed calls of ``work`` an item gets (default 3, at least 1);
+        a call cut short by an eviction does not count.
     :param admit_concurrency: at most this many items of one key are admitted and waiting for
         their callback (``on_admit`` or ``work``) to return, claims awaiting confirmation
         included (default 1,000; ``None``: no bound). Further items stay queued, and the queue asks
@@ -407,6 +403,10 @@ class SemaphoreQueue:
         self._init_memory()
         self._ready = False
         self._wakeups = TableWatch(self.storage, WAKEUPS)  # for the wake-up's next_due
+        if self.TIMER in scheduler.participants:
+            raise ConfigurationError(
+                "scheduler: it already has a SemaphoreQueue; make one queue per object (one queue serves"
+                " permit() and its callbacks, for every key) and keep it for the object's life", field="scheduler")
         scheduler.participate(self.TIMER, self._wake_due, self._on_wake)
 
     def _init_memory(self) -> None:
@@ -414,15 +414,11 @@ class SemaphoreQueue:
         #: per key: the pump's lock, and until when the holder is not asked again after a failure.
         self._locks: dict[str, asyncio.Lock] = {}
         self._backoff: dict[str, int] = {}
-        #: The owner of this object's permit() items and the set of those whose caller waits or
-        #: holds the permit: one per scheduler (the object's one scheduler, made in its
-        #: constructor), so queues sharing it share them; an item of another owner belongs to a
-        #: dead instance of the object and is released.
-        owner = _OWNERS.get(self.scheduler)
-        if owner is None:
-            owner = _OWNERS[self.scheduler] = _Owner(secrets.token_hex(12), set())
-        self._token = owner.token
-        self._permits = owner.live
+        #: The owner of this instance's permit() items, and those whose caller waits or holds the
+        #: permit; an item of another owner belongs to a dead instance of the object (the queue
+        #: is one per object: one per scheduler) and is released.
+        self._token = secrets.token_hex(12)
+        self._permits: set[str] = set()
         #: Callback tasks in flight, per item id (strong references; never two for one item).
         self._inflight: dict[str, asyncio.Task[None]] = {}
         #: permit() callers waiting for their item's admission, per item id.
@@ -549,8 +545,8 @@ class SemaphoreQueue:
             self.storage.transaction(lambda: self._insert(key, group, item_id, text, now, owner=self._token))
             self.storage.transaction(lambda: self._admit_locally(key, now))  # a live lease serves it at once
             self._hand_over(key)
+            await self.scheduler.arm()  # the item's wake-ups (its orphan check, a lease heartbeat)
             if not fut.done():
-                await self.scheduler.arm()
                 self._kick(key)
             item = await self._await_permit(fut, key, group, now, timeout_ms)
         except BaseException:
@@ -587,7 +583,7 @@ class SemaphoreQueue:
         if self._dead:
             return  # abandoned: a dead object writes nothing
         try:
-            await self.complete(item_id)
+            await self._complete_item(item_id)
         except Exception:  # noqa: BLE001 - the caller's exception (or result) wins
             log.exception("could not complete permit item %r; it is released by a later pump", item_id)
         finally:
@@ -633,7 +629,16 @@ class SemaphoreQueue:
         the claim, and turns ``done`` then (``on_done`` is called there, not here). For an item
         it marks ``done``, ``on_done`` is called here, after the transition committed, in a
         transaction of its own; a hook that raises is logged and left to the pump (the item is
-        done all the same); one that returns an awaitable raises :class:`ConfigurationError`."""
+        done all the same); one that returns an awaitable raises :class:`ConfigurationError`.
+        An item of a :meth:`permit` call that is still waiting or running is refused
+        (:class:`ConfigurationError`): it is completed when its caller leaves the block."""
+        if item_id in self._permits:
+            raise ConfigurationError(
+                f"complete: item {item_id!r} belongs to a waiting or running permit() call; it is completed"
+                " when its caller leaves the block", field="item_id")
+        return await self._complete_item(item_id)
+
+    async def _complete_item(self, item_id: str) -> bool:
         self.ensure_schema()
         now = self._now()
         done = self.storage.transaction(lambda: self._complete(item_id, now))
@@ -665,20 +670,22 @@ class SemaphoreQueue:
 
     def demand(self, key: str) -> list[Demand]:
         """What the queue asks the holder for, for ``key``, per group (``count``, ``oldestAt``):
-        its queued items, callback items only up to what ``admit_concurrency`` lets it admit
-        (:func:`~semaphore.core.queue_plan.cap_demand`).
+        the queued items it may admit now (callback items only up to ``admit_concurrency``,
+        oldest first; every :meth:`permit` item), :func:`~semaphore.core.queue_plan.demand_of`.
 
         At most the :data:`~semaphore.wire.MAX_LIST_LENGTH` (1,000) groups with the oldest
         queued item: a request may carry no more (R7), and the holder serves oldest demand
         first anyway (R21); the other groups are asked for once these are served."""
         self.ensure_schema()
-        rows = self.storage.exec(
-            f"SELECT group_name, SUM(owner = '') AS bounded, SUM(owner != '') AS permits,"
-            f" MIN(enqueued_at) AS oldest FROM {ITEMS} WHERE key = ? AND state = 'queued' GROUP BY group_name"
-            " ORDER BY oldest, group_name LIMIT ?", key, MAX_LIST_LENGTH)
-        demand = plan.cap_demand([plan.DemandRow(str(r["group_name"]), int(r["bounded"]), int(r["permits"]),
-                                                 int(r["oldest"])) for r in rows], self._admit_room(key))
-        return [Demand(group, count, oldest) for group, count, oldest in demand]
+        return self._demand(self._queued(key), self._admit_room(key))
+
+    def _demand(self, queued: tuple[QueuedItem, ...], room: int | None) -> list[Demand]:
+        return [Demand(group, count, oldest) for group, count, oldest in plan.demand_of(queued, room)]
+
+    def _queued(self, key: str) -> tuple[QueuedItem, ...]:
+        return tuple(QueuedItem(str(r["item_id"]), str(r["group_name"]), int(r["seq"]), not r["owner"],
+                                int(r["enqueued_at"]))
+                     for r in self._rows_in(key, "queued", "item_id, group_name, seq, owner, enqueued_at"))
 
     def _admit_room(self, key: str) -> int | None:
         """How many more callback items of ``key`` may be admitted (``admit_concurrency``)."""
@@ -708,8 +715,15 @@ class SemaphoreQueue:
                 await self._pump(key)
             finally:
                 now = self._now()
-                self.storage.transaction(lambda: self._set_wake(key, self._next_wake(key, now)))
+                self.storage.transaction(lambda: self._after_pump(key, now))
                 await self.scheduler.arm()
+
+    def _after_pump(self, key: str, now: int) -> None:
+        """Schedule the key's next wake-up, and forget the holder's ``blocked`` word on it once
+        nothing of the key is queued (nothing waits: the reason is stale)."""
+        self._set_wake(key, self._next_wake(key, now))
+        self.storage.exec(f"DELETE FROM {BLOCKED} WHERE key = ? AND NOT EXISTS (SELECT 1 FROM {ITEMS}"
+                          " WHERE key = ? AND state = 'queued')", key, key)
 
     # ================================================================== wake-ups
     def _wake_due(self) -> int | None:
@@ -795,8 +809,8 @@ class SemaphoreQueue:
         ``on_done`` its hook is only recorded as pending, due at once: it runs later in a
         transaction of its own (:meth:`_run_done_hook`), never in this shared step, so a failing
         hook cannot roll back the key's admissions or replies."""
-        self.storage.exec(
-            f"UPDATE {ITEMS} SET state = 'done', finished_at = ?, done_pending = ?, done_attempts = 0,"
+        self.storage.exec(  # a permit() item's caller knows when it is done: no hook for it
+            f"UPDATE {ITEMS} SET state = 'done', finished_at = ?, done_pending = (owner = '' AND ?), done_attempts = 0,"
             " done_retry_at = ? WHERE item_id = ?", now, 0 if self.on_done is None else 1, now, item_id)
 
     def _run_done_hooks(self, key: str) -> None:
@@ -877,8 +891,7 @@ class SemaphoreQueue:
     def _snapshot(self, key: str, now: int) -> KeySnapshot:
         """What the planner decides over for ``key`` at ``now`` (live rows only)."""
         unit = self.client.unit(key)
-        queued = tuple(QueuedItem(str(r["item_id"]), str(r["group_name"]), int(r["seq"]), not r["owner"])
-                       for r in self._rows_in(key, "queued", "item_id, group_name, seq, owner"))
+        queued = self._queued(key)
         claiming = tuple(ClaimingItem(str(r["item_id"]), str(r["group_name"]), int(r["seq"]), str(r["permit_id"]),
                                       int(r["slot"]), bool(r["cancel"]), not r["owner"])
                          for r in self._rows_in(key, "claiming",
@@ -957,6 +970,8 @@ class SemaphoreQueue:
             kept = "" if self.on_done is None else " AND done_pending = 0"
             self.storage.exec(f"DELETE FROM {ITEMS} WHERE state = 'done' AND finished_at < ?{kept}",
                               step.purge_done_before)
+        # A finished permit() item is never enqueued again (its id is random): nothing to keep.
+        self.storage.exec(f"DELETE FROM {ITEMS} WHERE key = ? AND state = 'done' AND owner != ''", key)
 
     def _report_due(self, key: str, snap: KeySnapshot) -> plan.ReportDue:
         """:func:`~semaphore.core.queue_plan.report_due`, keeping the key's "releases waiting
@@ -980,7 +995,7 @@ class SemaphoreQueue:
             if self._backoff.get(key, 0) > now:
                 return
             snap = self._snapshot(key, now)
-            demand = self.demand(key)
+            demand = self._demand(snap.queued, snap.admit_room)
             exchange = plan.plan_exchange(snap, self._options(), demand=bool(demand),
                                           due=self._report_due(key, snap))
             try:
@@ -1035,6 +1050,8 @@ class SemaphoreQueue:
             else:
                 self.storage.exec(f"UPDATE {ITEMS} SET admitted = 1 WHERE item_id = ? AND state = 'running'",
                                   item_id)
+                if self.work is not None:  # a synchronous work function: it is done when it returns
+                    await self._complete_logged(item_id)
         if spawned:
             await asyncio.sleep(0)  # let the new tasks take their first step (a quick one is done)
 
@@ -1157,7 +1174,11 @@ class SemaphoreQueue:
 
     def _next_wake(self, key: str, now: int) -> int | None:
         snap = self._snapshot(key, now)
-        checked = self._min("checked_at", "owner != '' AND state != 'done'", key)
+        # Only this instance's live permit items need a check; another owner's are handled at
+        # every pump's start (completed, or cancelled with a claim in flight, which the claim's
+        # own network-paced wake-up resolves).
+        checked = self._min("checked_at", "owner != '' AND state != 'done' AND owner = ? AND cancel = 0", key,
+                            self._token)
         times = plan.ItemTimes(
             # a callback in flight is due at its retry_at too: if this instance died, the next one
             # calls it again; while it lives, each such wake-up moves retry_at orphan_check_ms on

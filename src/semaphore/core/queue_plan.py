@@ -22,12 +22,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from .client_state import ClientGrant, ClientLease, KeyState
+from .wire import MAX_LIST_LENGTH
 
 __all__ = [
     "QueueOptions", "QueuedItem", "ClaimingItem", "KeySnapshot",
     "Resolution", "Resolve", "Claim", "Draw", "AdmissionPlan", "ReplyPlan",
-    "PendingReleases", "ReportDue", "Exchange", "ItemTimes", "DemandRow",
-    "resolve_claims", "admissible", "cap_demand", "leases_to_stop", "plan_admission", "plan_reply", "report_due",
+    "PendingReleases", "ReportDue", "Exchange", "ItemTimes",
+    "resolve_claims", "admissible", "demand_of", "leases_to_stop", "plan_admission", "plan_reply", "report_due",
     "heartbeat_due", "plan_exchange", "next_wake",
 ]
 
@@ -55,6 +56,7 @@ class QueuedItem:
     group: str
     seq: int
     bounded: bool = True
+    enqueued_at: int = 0
 
 
 @dataclass(frozen=True)
@@ -210,9 +212,12 @@ def admissible(snap: KeySnapshot) -> dict[str, list[str]]:
     and the oldest bounded items up to ``admit_room`` (``admit_concurrency``: a callback's item is
     not admitted while the callbacks of that many others are still running, so no permit waits
     idle for a callback slot)."""
-    room = snap.admit_room
+    return _admissible(snap.queued, snap.admit_room)
+
+
+def _admissible(queued: tuple[QueuedItem, ...], room: int | None) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
-    for item in snap.queued:
+    for item in queued:
         if item.bounded and room is not None:
             if room <= 0:
                 continue
@@ -221,29 +226,19 @@ def admissible(snap: KeySnapshot) -> dict[str, list[str]]:
     return out
 
 
-@dataclass(frozen=True)
-class DemandRow:
-    """Queued items of one group: ``bounded`` callback items and ``permits`` permit items, the
-    oldest enqueued at ``oldest``."""
-
-    group: str
-    bounded: int
-    permits: int
-    oldest: int
-
-
-def cap_demand(rows: list[DemandRow], room: int | None) -> list[tuple[str, int, int]]:
-    """The demand to ask the holder for, ``(group, count, oldestAt)``, oldest group first: every
-    permit item, and bounded items only up to ``room`` in all (:func:`admissible`): asking for
-    more would get grant permits that wait unclaimed until ``claimBy`` while others need them."""
-    out = []
-    for r in sorted(rows, key=lambda r: (r.oldest, r.group)):
-        bounded = r.bounded if room is None else min(r.bounded, room)
-        if room is not None:
-            room -= bounded
-        if bounded + r.permits > 0:
-            out.append((r.group, bounded + r.permits, r.oldest))
-    return out
+def demand_of(queued: tuple[QueuedItem, ...], room: int | None) -> list[tuple[str, int, int]]:
+    """The demand to ask the holder for, ``(group, count, oldestAt)``: per group, exactly the
+    items :func:`admissible` would admit (asking for more would get grant permits that wait
+    unclaimed until ``claimBy`` while others need them), with the group's oldest queued item as
+    its age (R21); oldest group first, at most :data:`~semaphore.core.wire.MAX_LIST_LENGTH`
+    groups (R7: the others are asked for once these are served)."""
+    admit = _admissible(queued, room)
+    oldest: dict[str, int] = {}
+    for item in queued:
+        if item.group in admit:
+            oldest[item.group] = min(oldest.get(item.group, item.enqueued_at), item.enqueued_at)
+    rows = sorted(((g, len(ids), oldest[g]) for g, ids in admit.items()), key=lambda r: (r[2], r[0]))
+    return rows[:MAX_LIST_LENGTH]
 
 
 def _lease_only_groups(snap: KeySnapshot, opts: QueueOptions, queued: dict[str, list[str]]) -> set[str]:
