@@ -323,9 +323,10 @@ class SemaphoreQueue:
         :meth:`permit` (then :meth:`enqueue` refuses items). At most one of ``on_admit`` and
         ``work``.
     :param work: ``async work(item)`` (a plain function is done when it returns): the item's
-        whole work, run as a task once the item holds its permit; when it returns the item is completed (its permit released), when it raises
-        it is called again after ``admit_retry_ms`` under the same permit, up to ``work_attempts``
-        calls in all, and then the item is completed anyway (its permit released) with the error
+        whole work, run as a task once the item holds its permit; when it returns the item is
+        completed (its permit released), when it raises it is called again after
+        ``admit_retry_ms`` under the same permit, up to ``work_attempts`` failed calls in all, and
+        then the item is completed anyway (its permit released) with the error
         logged (ERROR) and kept in :attr:`QueueItem.error`. An eviction during it calls it again
         (at-least-once, like ``on_admit``: make it idempotent per ``item.item_id``). A call that
         never returns holds its permit as long as the object lives: bound its awaits.
