@@ -36,7 +36,7 @@ from semaphore import (  # noqa: E402
     SemaphoreQueue,
     timeout,
 )
-from semaphore.testing import LocalContext, VirtualClock  # noqa: E402
+from semaphore.testing import LocalContext, Namespace, VirtualClock  # noqa: E402
 
 clock = VirtualClock(1_700_000_000_000)
 
@@ -61,19 +61,7 @@ class AccountLimit:
         await self.scheduler.alarm(info)
 
 
-class Namespace:
-    """Stands in for ``env.ACCOUNT_LIMIT`` (a Durable Object namespace): getByName -> stub."""
-
-    def __init__(self) -> None:
-        self.objects: dict[str, AccountLimit] = {}
-
-    def getByName(self, name: str) -> AccountLimit:
-        if name not in self.objects:
-            self.objects[name] = AccountLimit(LocalContext(name=name))
-        return self.objects[name]
-
-
-ACCOUNT_LIMIT = Namespace()
+ACCOUNT_LIMIT = Namespace(lambda name: AccountLimit(LocalContext(name=name)))  # env.ACCOUNT_LIMIT: getByName -> stub
 limits = DurabilitySemaphore.client(namespace=ACCOUNT_LIMIT, invoke=lambda stub, msg: stub.permits(msg))
 
 

@@ -38,7 +38,7 @@ from semaphore import (  # noqa: E402
     SemaphoreClient,
     SemaphoreQueue,
 )
-from semaphore.testing import LocalContext, TaskAlarmDriver, VirtualClock  # noqa: E402
+from semaphore.testing import LocalContext, Namespace, TaskAlarmDriver, VirtualClock  # noqa: E402
 
 T0 = 1_700_000_000_000
 clock = VirtualClock(T0)
@@ -70,19 +70,7 @@ class Account:
         await self.scheduler.alarm(info)
 
 
-class Namespace:
-    """Stands in for ``env.ACCOUNT`` (a Durable Object namespace): getByName -> stub."""
-
-    def __init__(self) -> None:
-        self.objects: dict[str, Account] = {}
-
-    def getByName(self, name: str) -> Account:
-        if name not in self.objects:
-            self.objects[name] = Account(LocalContext(name=name))
-        return self.objects[name]
-
-
-ACCOUNT = Namespace()
+ACCOUNT = Namespace(lambda name: Account(LocalContext(name=name)))  # env.ACCOUNT: getByName -> stub
 limits = DurabilitySemaphore.client(namespace=ACCOUNT, invoke=lambda stub, message: stub.permits(message))
 
 

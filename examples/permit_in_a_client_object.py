@@ -34,7 +34,7 @@ from semaphore import (  # noqa: E402
     SemaphoreClient,
     SemaphoreQueue,
 )
-from semaphore.testing import LocalContext, TaskAlarmDriver, VirtualClock  # noqa: E402
+from semaphore.testing import LocalContext, Namespace, TaskAlarmDriver, VirtualClock  # noqa: E402
 
 clock = VirtualClock(1_700_000_000_000)
 running: set[str] = set()
@@ -61,19 +61,7 @@ class Budget:
         await self.scheduler.alarm(info)
 
 
-class Namespace:
-    """Stands in for ``env.BUDGET`` (a Durable Object namespace): getByName -> stub."""
-
-    def __init__(self) -> None:
-        self.objects: dict[str, Budget] = {}
-
-    def getByName(self, name: str) -> Budget:
-        if name not in self.objects:
-            self.objects[name] = Budget(LocalContext(name=name))
-        return self.objects[name]
-
-
-BUDGET = Namespace()
+BUDGET = Namespace(lambda name: Budget(LocalContext(name=name)))  # env.BUDGET: getByName -> stub
 limits = DurabilitySemaphore.client(namespace=BUDGET, invoke=lambda stub, message: stub.permits(message))
 
 

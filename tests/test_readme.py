@@ -56,6 +56,7 @@ from semaphore.testing import (
     ClientSide,
     HolderSide,
     LocalContext,
+    Namespace,
     Net,
     SimClock,
     TaskAlarmDriver,
@@ -206,19 +207,6 @@ class Env:
 
     def __init__(self, **values: Any) -> None:
         self.__dict__.update(values)
-
-
-class Namespace:
-    """A Durable Object namespace: ``getByName(name)`` makes (once) and returns the object."""
-
-    def __init__(self, make: Any) -> None:
-        self.make = make
-        self.objects: dict[str, Any] = {}
-
-    def getByName(self, name: str) -> Any:
-        if name not in self.objects:
-            self.objects[name] = self.make(name)
-        return self.objects[name]
 
 
 async def until(clock: VirtualClock, condition: Any, within_ms: int = 60_000, step_ms: int = 250) -> None:

@@ -20,6 +20,7 @@ Objects (:mod:`._bed`, :mod:`._harness`):
 * :class:`Net` - a faulty in-memory network (loss, duplication, delay, reorder) to a holder.
 * :class:`SimClock` - a virtual clock that settles faster.
 * :class:`ObjectTasks` - the tasks one object instance started, so an eviction ends them.
+* :class:`Namespace` - a Durable Object namespace binding (``getByName``) over in-process objects.
 
 Messages and storage inspection (:mod:`._messages`, :mod:`._inspect`):
 
@@ -54,6 +55,7 @@ from ._inspect import (
 from ._local import T0, AlarmDriver, DurableObjectRuleError, LocalContext, LocalStorage, VirtualClock
 from ._memory_store import MemoryStore, Store, StoreState, resolve_limits, run_reclaim, run_round, run_sync
 from ._messages import blocked, by_id, request, sync
+from ._namespace import Namespace
 from ._runner import async_test, run
 from ._tasks import ObjectTasks
 
@@ -61,7 +63,7 @@ __all__ = [
     # storage and time
     "T0", "VirtualClock", "LocalStorage", "LocalContext", "AlarmDriver", "DurableObjectRuleError",
     # objects
-    "Bed", "HolderSide", "ClientSide", "TaskAlarmDriver", "Net", "Holder", "SimClock", "ObjectTasks",
+    "Bed", "HolderSide", "ClientSide", "TaskAlarmDriver", "Net", "Holder", "SimClock", "ObjectTasks", "Namespace",
     # messages
     "request", "sync", "by_id", "blocked",
     # storage inspection
