@@ -117,9 +117,9 @@ def test_permit_queue_and_usage_api_type_check_as_the_readme_uses_them(mypy_cach
         class Jobs:
             def __init__(self, ctx: Any, env: Any) -> None:
                 transport: Transport = limits.with_(timeout(5_000)).transport(env)
-                self.queue = SemaphoreQueue(client=SemaphoreClient(ctx, transport), scheduler=DurabilityScheduler(ctx))
-                self.workers = SemaphoreQueue(client=SemaphoreClient(ctx, transport), scheduler=DurabilityScheduler(ctx),
-                                              work=self.run, work_attempts=2, admit_concurrency=8)
+                # one queue per object: it serves permit() and the work= items
+                self.queue = SemaphoreQueue(client=SemaphoreClient(ctx, transport), scheduler=DurabilityScheduler(ctx),
+                                            work=self.run, work_attempts=2, admit_concurrency=8)
 
             async def run(self, item: QueueItem) -> None:
                 print(item.item_id, item.payload)
@@ -133,7 +133,7 @@ def test_permit_queue_and_usage_api_type_check_as_the_readme_uses_them(mypy_cach
                     return None if why is None else why.reason.value
 
             def why_waiting(self, item_id: str) -> BlockedReason | None:
-                item = self.workers.item(item_id)
+                item = self.queue.item(item_id)
                 return None if item is None or item.blocked is None else item.blocked.reason
 
 

@@ -894,9 +894,9 @@ class SemaphoreQueue:
         unit = self.client.unit(key)
         queued = self._queued(key)
         claiming = tuple(ClaimingItem(str(r["item_id"]), str(r["group_name"]), int(r["seq"]), str(r["permit_id"]),
-                                      int(r["slot"]), bool(r["cancel"]), not r["owner"])
-                         for r in self._rows_in(key, "claiming",
-                                                "item_id, group_name, seq, permit_id, slot, cancel, owner"))
+                                      int(r["slot"]), bool(r["cancel"]), not r["owner"], int(r["enqueued_at"]))
+                         for r in self._rows_in(key, "claiming", "item_id, group_name, seq, permit_id, slot,"
+                                                " cancel, owner, enqueued_at"))
         pending = self.storage.one(f"SELECT since FROM {PENDING} WHERE key = ?", key)
         return KeySnapshot(
             now, queued, claiming, tuple(unit.grants()), {c.grant_id: unit.grant(c.grant_id) for c in claiming},
@@ -988,9 +988,7 @@ class SemaphoreQueue:
     async def _pump(self, key: str) -> None:
         self._release_orphans(key, self._now())
         for _ in range(8):
-            now = self._now()
-            self.storage.transaction(lambda: self._admit_locally(key, now))  # noqa: B023 (run at once)
-            await self._run_callbacks(key, now)
+            now = await self._admit_and_call(key)
             await self._reconcile(key, now)
             self._run_done_hooks(key)  # no holder message is ever sent for them
             if self._backoff.get(key, 0) > now:
@@ -1012,25 +1010,40 @@ class SemaphoreQueue:
                 self._backoff[key] = self._now() + self.retry_ms
                 return
             self._backoff.pop(key, None)
-        # Still work left after 8 exchanges: pause instead of spinning.
+        # Still work left after 8 exchanges: pause instead of spinning. What the last reply
+        # confirmed is still handed over and started now (a permit caller would otherwise wait
+        # for an unrelated wake-up).
+        await self._admit_and_call(key)
         self._run_done_hooks(key)  # items the last reply finished
         self._backoff[key] = self._now() + self.retry_ms
 
+    async def _admit_and_call(self, key: str) -> int:
+        """Admit locally (resolve claims, claim, draw) and start the due callbacks and hand-overs;
+        again while a synchronous callback returned and so freed an ``admit_concurrency`` slot
+        (it would otherwise wait for the next request period). Returns the time of the last
+        step."""
+        while True:
+            now = self._now()
+            self.storage.transaction(lambda: self._admit_locally(key, now))  # noqa: B023 (run at once)
+            freed = await self._run_callbacks(key, now)
+            if not freed or self.admit_concurrency is None:
+                return now
+
     # ================================================================== callbacks and permits
-    async def _run_callbacks(self, key: str, now: int) -> None:
+    async def _run_callbacks(self, key: str, now: int) -> bool:
         """Hand admitted permit items to their callers, and start the callback (``on_admit`` or
         ``work``) of every admitted item of ``key`` whose call is due and not in flight: a sync
         ``on_admit`` runs here, an awaitable (any ``work``) as a task of its own that this pump
         does not wait for (it writes the outcome itself). The attempt is persisted first, so an
         eviction during the callback retries it after ``admit_retry_ms``, under the same
-        permit."""
+        permit. Returns whether a callback returned here (synchronously), freeing its slot."""
         self._hand_over(key)
         if self.on_admit is None and self.work is None:
-            return
+            return False
         rows = self.storage.exec(
             f"SELECT * FROM {ITEMS} WHERE key = ? AND state = 'running' AND admitted = 0 AND owner = ''"
             " AND retry_at <= ? ORDER BY seq", key, now)
-        spawned = False
+        spawned = freed = False
         for r in rows:
             item_id = str(r["item_id"])
             if item_id in self._inflight:  # still running here: due again only if this instance dies
@@ -1053,8 +1066,10 @@ class SemaphoreQueue:
                                   item_id)
                 if self.work is not None:  # a synchronous work function: it is done when it returns
                     await self._complete_logged(item_id)
+                freed = True
         if spawned:
             await asyncio.sleep(0)  # let the new tasks take their first step (a quick one is done)
+        return freed
 
     async def _await_callback(self, item: QueueItem, awaitable: Awaitable[Any]) -> None:
         """The task of one awaitable callback: on return the item counts as admitted (with

@@ -71,6 +71,7 @@ class ClaimingItem:
     slot: int
     cancel: bool = False
     bounded: bool = True
+    enqueued_at: int = 0
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ def _after_resolutions(snap: KeySnapshot, resolutions: tuple[Resolution, ...]) -
     longer claiming."""
     resolved = {r.item_id for r in resolutions}
     back = {r.item_id for r in resolutions if r.action is Resolve.REQUEUE}
-    queued = list(snap.queued) + [QueuedItem(c.item_id, c.group, c.seq, c.bounded)
+    queued = list(snap.queued) + [QueuedItem(c.item_id, c.group, c.seq, c.bounded, c.enqueued_at)
                                   for c in snap.claiming if c.item_id in back]
     room = snap.admit_room
     if room is not None:  # a claim that ended without starting its item frees its callback slot
@@ -229,13 +230,15 @@ def _admissible(queued: tuple[QueuedItem, ...], room: int | None) -> dict[str, l
 def demand_of(queued: tuple[QueuedItem, ...], room: int | None) -> list[tuple[str, int, int]]:
     """The demand to ask the holder for, ``(group, count, oldestAt)``: per group, exactly the
     items :func:`admissible` would admit (asking for more would get grant permits that wait
-    unclaimed until ``claimBy`` while others need them), with the group's oldest queued item as
-    its age (R21); oldest group first, at most :data:`~semaphore.core.wire.MAX_LIST_LENGTH`
-    groups (R7: the others are asked for once these are served)."""
+    unclaimed until ``claimBy`` while others need them), with the oldest of those items as its
+    age (R21: an item held back by ``admit_concurrency`` lends its age to no other); oldest group
+    first, at most :data:`~semaphore.core.wire.MAX_LIST_LENGTH` groups (R7: the others are asked
+    for once these are served)."""
     admit = _admissible(queued, room)
+    admitted = {i for ids in admit.values() for i in ids}
     oldest: dict[str, int] = {}
     for item in queued:
-        if item.group in admit:
+        if item.item_id in admitted:
             oldest[item.group] = min(oldest.get(item.group, item.enqueued_at), item.enqueued_at)
     rows = sorted(((g, len(ids), oldest[g]) for g, ids in admit.items()), key=lambda r: (r[2], r[0]))
     return rows[:MAX_LIST_LENGTH]
