@@ -19,6 +19,17 @@ LEASES = {"provisioning": {"mode": "strict"}, "permitsPerLease": 4, "ttlMs": 60_
 pytestmark = pytest.mark.usefixtures("quiet_logs")
 
 
+def objects(limit: Any = 1, *, holder: dict[str, Any] | None = None, **queue_options: Any
+            ) -> tuple[SimClock, HolderSide, Net, ClientSide]:
+    """A holder and one client object on a virtual clock (releases reported at once unless
+    ``report_releases_within_ms`` is given)."""
+    clock = SimClock(T0)
+    hold = HolderSide(clock, limit=limit, **(holder or {}))
+    net = Net(hold, clock)
+    queue_options.setdefault("report_releases_within_ms", 0)
+    return clock, hold, net, ClientSide("c1", clock, net, **queue_options)
+
+
 def live(queue: SemaphoreQueue, key: str = KEY) -> list[QueueItem]:
     return [i for i in queue.items(key) if i.state is not ItemState.DONE]
 
@@ -26,16 +37,12 @@ def live(queue: SemaphoreQueue, key: str = KEY) -> list[QueueItem]:
 # ---------------------------------------------------------------------------------------------
 @async_test
 async def test_r15a_a_claim_confirmed_by_the_pumps_last_exchange_is_handed_to_its_permit_caller():
-    # _pump's loop hands admitted permit items to their callers at the top of each pass
-    # (_run_callbacks -> _hand_over). When the 8th exchange is the sync that confirms the claim,
-    # the loop ends without another pass, and nothing is due for that item (a permit item has
-    # no admit_retry wake; only its orphan check, 60 s on): the caller waits with its permit
-    # confirmed and charged, idle, for up to orphan_check_ms (or times out holding it).
-    clock = SimClock(T0)
+    # The 8th exchange of one pump is the sync that confirms the permit's claim: the pump still
+    # hands the item to its caller before it pauses (it used to stop without another pass, and
+    # nothing was due for the item but its orphan check, 60 s on: the caller waited with its
+    # permit confirmed and charged, or timed out holding it).
     cap = {"n": 0}
-    holder = HolderSide(clock, limit=lambda: cap["n"], round_wait_ms=0, round_period_ms=0)
-    net = Net(holder, clock)
-    side = ClientSide("c1", clock, net, report_releases_within_ms=0)
+    clock, holder, net, side = objects(lambda: cap["n"], holder={"round_wait_ms": 0, "round_period_ms": 0})
     sent: list[str] = []
 
     def intercept(key: str, message: dict) -> None:
@@ -66,16 +73,12 @@ async def test_r15a_a_claim_confirmed_by_the_pumps_last_exchange_is_handed_to_it
 # ---------------------------------------------------------------------------------------------
 @async_test
 async def test_a_sync_on_admit_frees_its_admit_concurrency_slot_at_once():
-    # A synchronous on_admit returns at once (admitted = 1), so its slot is free again in the
-    # same pass, but the pump admits only at the top of a pass and next_wake schedules queued
-    # items at nextRequestAt: with admit_concurrency=1 and a lease holding 4 undrawn permits,
-    # the 4 items are admitted one per holder round period instead of at once.
-    clock = SimClock(T0)
-    holder = HolderSide(clock, limit=8, leases=LEASES)
-    net = Net(holder, clock)
+    # A synchronous on_admit returns at once, so its admit_concurrency slot is free again within
+    # the same pump: with admit_concurrency=1 and a lease holding undrawn permits, the three
+    # items are admitted at once (they were admitted one per holder round period).
     admitted: list[tuple[str, int]] = []
-    side = ClientSide("c1", clock, net, on_admit=lambda s, item: admitted.append((item.item_id, clock.now)),
-                      report_releases_within_ms=0, admit_concurrency=1)
+    clock, holder, net, side = objects(8, holder={"leases": LEASES}, admit_concurrency=1,
+                                       on_admit=lambda s, item: admitted.append((item.item_id, s.clock.now)))
     await side.queue.enqueue(KEY, "g", "warm")
     await clock.advance(3000)
     assert side.client.leases(KEY), "a lease is live"
@@ -98,10 +101,7 @@ async def test_f3_two_queues_on_one_object_via_two_schedulers_release_each_other
     # two queues on one ctx, each with its own DurabilityScheduler(ctx). They share the item
     # table, each with its own owner token, so the first pump of one queue takes the other's
     # live permit item for an orphan and releases it while its body still runs.
-    clock = SimClock(T0)
-    holder = HolderSide(clock, limit=1)
-    net = Net(holder, clock)
-    side = ClientSide("c1", clock, net, report_releases_within_ms=0)
+    clock, holder, net, side = objects()
     other = SemaphoreQueue(client=SemaphoreClient(side.ctx, net, clock=clock, client_id="c1"),
                            scheduler=DurabilityScheduler(side.ctx, clock=clock), report_releases_within_ms=0)
     inside = asyncio.Event()
@@ -138,10 +138,7 @@ async def test_f3_two_queues_on_one_object_via_two_schedulers_release_each_other
 async def test_permit_timeout_fires_while_the_holder_keeps_failing():
     from semaphore import HolderUnavailableError
 
-    clock = SimClock(T0)
-    holder = HolderSide(clock, limit=1)
-    net = Net(holder, clock)
-    side = ClientSide("c1", clock, net, report_releases_within_ms=0)
+    clock, holder, net, side = objects()
 
     def down(key: str, message: dict) -> None:
         raise HolderUnavailableError("down (test)")
@@ -164,10 +161,7 @@ async def _handoff(**holder_options: Any) -> tuple[list[tuple[int, str, Any]], i
     """limit 1: A holds the permit; B (same object, same key) asks, its request waits for the
     holder's round; A leaves 1 ms later. Returns the messages sent, when A left and when B got
     its permit (relative times)."""
-    clock = SimClock(T0)
-    holder = HolderSide(clock, limit=1, **holder_options)
-    net = Net(holder, clock)
-    side = ClientSide("c1", clock, net)
+    clock, holder, net, side = objects(holder=holder_options, report_releases_within_ms=10_000)
     log: list[tuple[int, str, Any]] = []
     net.intercept = lambda key, m: log.append(
         (clock.now - T0, m["type"], [(g["claimed"], g["released"]) for g in m.get("grants", [])]))
@@ -226,10 +220,7 @@ async def test_f5_a_release_made_while_the_keys_request_waits_for_its_round_miss
 async def test_a_waiter_without_timeout_waits_through_a_holder_outage_and_is_served_after():
     from semaphore import HolderUnavailableError
 
-    clock = SimClock(T0)
-    holder = HolderSide(clock, limit=1)
-    net = Net(holder, clock)
-    side = ClientSide("c1", clock, net, report_releases_within_ms=0)
+    clock, holder, net, side = objects()
     down = {"on": True}
 
     def intercept(key: str, message: dict) -> None:
