@@ -59,13 +59,14 @@ from .errors import (
     SemaphoreTimeoutError,
     error_from_reply,
 )
-from .holder import DurabilitySemaphore
+from .holder import DurabilitySemaphore, RoundRecord
 from .rpc import SemaphoreRpc, get_by_name, retry, timeout
 from .scheduler import DurabilityScheduler
 
 __all__ = [
     "__version__",
     "DurabilitySemaphore",
+    "RoundRecord",
     "DurabilityScheduler",
     "SemaphoreClient",
     "ClientGrant",

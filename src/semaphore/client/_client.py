@@ -321,6 +321,13 @@ class SemaphoreClient:
         now = self._now() if now is None else now
         return bool(row["needs_sync"]) or 0 < int(row["check_at"]) <= now
 
+    def ask_holder(self, key: str) -> None:
+        """Make :meth:`needs_sync` true for ``key`` until the next reply: the key's owner (the
+        queue) then contacts the holder at once, e.g. to learn whether the permits of items it
+        has not started yet are still there before calling their work again."""
+        now = self._now()
+        self.storage.transaction(lambda: self._touch_key(key, now, needs_sync=1))
+
     def check_at(self, key: str) -> int | None:
         """When the post-request re-check sync is due, if one is pending."""
         row = self._key_row(key)

@@ -921,6 +921,13 @@ class SemaphoreQueue:
             self._set_wake(unit.key, now, earlier_only=True)  # a hook is due, even if this instance dies
 
     def _on_reply(self, applied: AppliedReply) -> None:
+        # The holder has answered: admitted items still to be (re)started have their permit
+        # checked by this reply (a retry waits for one, see _run_callbacks).
+        self.storage.exec(f"UPDATE {ITEMS} SET checked_at = ? WHERE key = ? AND state = 'running' AND admitted = 0"
+                          " AND owner = ''", applied.now, applied.key)
+        self._apply_reply(applied)
+
+    def _apply_reply(self, applied: AppliedReply) -> None:
         # What was pending went with this message, unless it could not carry every report (over
         # 1,000, R7): then the rest stays due since the same time, so the pump's next exchange
         # sends the next window at once (claims are due at once anyway: items stay claiming).
@@ -1046,6 +1053,14 @@ class SemaphoreQueue:
         spawned = freed = False
         for r in rows:
             item_id = str(r["item_id"])
+            if item_id not in self._inflight and self._requeue_if_gone(r):
+                continue
+            if item_id not in self._inflight and int(r["attempts"]) > 0 and int(r["checked_at"]) < int(r["retry_at"]):
+                # A retry starts only once the holder has answered since it came due: if the
+                # permit is gone meanwhile (an operator's force-settle), that answer says so and
+                # the item goes back to the queue instead of starting under it.
+                self.client.ask_holder(key)
+                continue
             if item_id in self._inflight:  # still running here: due again only if this instance dies
                 self.storage.exec(f"UPDATE {ITEMS} SET retry_at = ? WHERE item_id = ?", now + self.orphan_check_ms,
                                   item_id)
@@ -1114,6 +1129,31 @@ class SemaphoreQueue:
         except Exception:  # noqa: BLE001 - e.g. an on_done that returned an awaitable: logged, left to the pump
             log.exception("completing item %r after its work failed; the pump retries its hook", item_id)
 
+    def _requeue_if_gone(self, r: dict[str, Any]) -> bool:
+        """An admitted item whose work has not started yet (its callback never returned, or its
+        permit caller was not handed it) while its permit is gone at the holder (the grant
+        answered ``not_found``, the lease ``settled``: an operator's force-settle, or a lost
+        holder storage): back to the queue for a fresh admission, with its original age. Normal
+        operation never gets here (a grant or lease is gone only once everything under it was
+        released)."""
+        unit = self.client.unit(str(r["key"]))
+        if r["permit_kind"] == PermitKind.GRANT.value:
+            grant = unit.grant(str(r["permit_id"]))
+            gone = grant is None or grant.status == "gone"
+        else:
+            lease = unit.lease(str(r["permit_id"]))
+            gone = lease is None or lease.status == "settled"
+        if not gone:
+            return False
+        log.warning("the %s permit of item %r is gone at the holder (force-settled?); the item is queued again"
+                    " for a fresh admission", r["permit_kind"], str(r["item_id"]))
+        def body() -> None:
+            self._requeue(str(r["item_id"]))
+            self._set_wake(str(r["key"]), self._now(), earlier_only=True)
+
+        self.storage.transaction(body)
+        return True
+
     def _hand_over(self, key: str) -> None:
         """Give every admitted permit item of this instance to its waiting caller."""
         rows = self.storage.exec(
@@ -1123,6 +1163,8 @@ class SemaphoreQueue:
             fut = self._waiters.get(str(r["item_id"]))
             if fut is None or fut.done():
                 continue  # withdrawn meanwhile: its caller completes it
+            if self._requeue_if_gone(r):
+                continue
             self.storage.exec(f"UPDATE {ITEMS} SET admitted = 1 WHERE item_id = ?", str(r["item_id"]))
             fut.set_result(self._item(str(r["item_id"])) or QueueItem._from_row(r))
 
@@ -1198,7 +1240,9 @@ class SemaphoreQueue:
         times = plan.ItemTimes(
             # a callback in flight is due at its retry_at too: if this instance died, the next one
             # calls it again; while it lives, each such wake-up moves retry_at orphan_check_ms on
-            admit_retry_at=self._min("retry_at", "state = 'running' AND admitted = 0 AND owner = ''", key),
+            # (a due retry waiting for the holder's answer is woken by that exchange, network-paced)
+            admit_retry_at=self._min("retry_at", "state = 'running' AND admitted = 0 AND owner = ''"
+                                     " AND (attempts = 0 OR checked_at >= retry_at OR retry_at > ?)", key, now),
             done_retry_at=None if self.on_done is None else self._min("done_retry_at", "done_pending = 1", key),
             last_checked_at=None if self.reconcile_after_ms is None else self._min(
                 "MAX(started_at, checked_at)", "state = 'running' AND admitted = 1 AND owner = ''", key),

@@ -108,10 +108,28 @@ class View:
 
 @dataclass(frozen=True)
 class RoundOutcome:
-    """Each client's reply and the round's R29 ``contended`` flag."""
+    """Each client's reply and the round's R29 ``contended`` flag, with what the round did
+    (read from the decision itself, no extra reads; the holder's round record reports them)."""
 
     replies: dict[str, dict[str, Any]]
     contended: bool
+    #: Clients in the round (each with its latest demand, R10).
+    requests: int = 0
+    #: Permits granted in the round's new grants, and how many grants.
+    admitted: int = 0
+    grants_issued: int = 0
+    #: New leases and their permits.
+    leases_issued: int = 0
+    lease_permits_issued: int = 0
+    #: Leases that stopped being live in the round (TTL R31, R33, stopped by a report R30),
+    #: settled ones included.
+    leases_retired: int = 0
+    #: Blocked reason -> permits left waiting (the sum of the round's ``blocked`` entries, R23).
+    blocked: Mapping[str, int] = field(default_factory=dict)
+    #: Charged capacity after the round (``outstanding + leaseFootprint``, R19), and the limit
+    #: the round ran under (``None`` when not resolved, R12).
+    charged: int = 0
+    limit: int | None = None
 
 
 def next_round_at(now: int, last_round_at: int | None, round_period_ms: int) -> int:
@@ -377,7 +395,9 @@ def _write_meta(ledger: Ledger, limit: Any, now: int, contended: bool) -> None:
 def decide_round(ledger: Ledger, now: int, clients: Sequence[Pending], limits: Limits,
                  policy: Policy) -> RoundOutcome:
     """One allocation round (SPEC §4-§7) over the ledger ``round_reads`` loaded: every change
-    goes into ``ledger``; returns each client's reply and the round's ``contended`` flag."""
+    goes into ``ledger``; returns each client's reply, the round's ``contended`` flag and what
+    the round did (:class:`RoundOutcome`)."""
+    live_before = [lid for lid, x in ledger.leases.items() if x.status == "live"]
     views = _open(ledger, now, {p.client_id: p.messages for p in clients}, policy)
     _retire_ineligible(ledger, limits, policy)
     usage = _usage(ledger, views, limits, policy, {d.group for p in clients for d in p.latest.demand})
@@ -387,7 +407,28 @@ def decide_round(ledger: Ledger, now: int, clients: Sequence[Pending], limits: L
     _issue(ledger, views, result, now, policy)
     _write_meta(ledger, limits.limit, now, result.contended)
     next_at = next_round_at(now, now, policy.round_period_ms)  # R11: this round just began
-    return RoundOutcome(_round_replies(ledger, clients, views, result, next_at), result.contended)
+    return _outcome(ledger, _round_replies(ledger, clients, views, result, next_at), result, limits,
+                    live_before)
+
+
+def _outcome(ledger: Ledger, replies: dict[str, dict[str, Any]], result: Allocation, limits: Limits,
+             live_before: Iterable[str]) -> RoundOutcome:
+    """The round's :class:`RoundOutcome`: its replies and what it did, from the allocation and
+    the ledger (the leases live before it that are not any more, the totals after it)."""
+    blocked: dict[str, int] = {}
+    for _client, _group, reason, waiting in result.blocked:
+        blocked[reason.value] = blocked.get(reason.value, 0) + waiting
+    totals = ledger.totals()
+    leases = ledger.leases
+    retired = sum(1 for lid in live_before if lid not in leases or leases[lid].status != "live")
+    return RoundOutcome(
+        replies, result.contended, requests=len(replies),
+        admitted=sum(result.grants.values()), grants_issued=len(result.grants),
+        leases_issued=len(result.leases), lease_permits_issued=sum(result.leases.values()),
+        leases_retired=retired, blocked=blocked,
+        charged=totals["outstanding"] + totals["lease_footprint"],
+        limit=limits.limit if type(limits.limit) is int else None,
+    )
 
 
 def decide_sync(ledger: Ledger, now: int, message: SyncMessage, policy: Policy, contended: bool,

@@ -12,6 +12,7 @@ import inspect
 import itertools
 import logging
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,8 @@ from ..errors import ConfigurationError, InvalidMessageError, RoundFailedError
 from ..rpc import client as rpc_client
 from ..runtime import Storage, TableWatch, object_id
 from ..scheduler import DurabilityScheduler
+from . import _operations
+from ._observe import OnRound, emit, failed_record, round_record
 from ._steps import lease_scope, run_reclaim, run_round, run_sync
 from ._store import GRANTS, SCHEMA_VERSION, SqlStore, drop_schema, ensure_schema, read_meta
 
@@ -139,6 +142,13 @@ class DurabilitySemaphore:
         per-storage secret (kept only when ``lease_secret`` is ``None``) and the storage epoch
         (derived one-way from them). Default: ``secrets.token_bytes(32)``. For deterministic
         tests only; anything predictable lets clients forge lease ids.
+    :param on_round: ``None`` (default) or a synchronous callable receiving the
+        :class:`~semaphore.holder._observe.RoundRecord` of every round, committed or failed
+        (requests, permits admitted, grants and leases issued, leases retired, ``blocked``
+        {reason: waiting}, SQL statements, duration, charged and limit after the round,
+        ``contended``, ``failed``/``error``), called after the round's replies are set. The same
+        record is logged as one JSON line on the logger ``semaphore.round`` (``INFO``; a failed
+        round ``WARNING``). An exception from ``on_round`` is logged and never affects the round.
 
     Lease ids are verifiable: every lease id is ``<id_factory()>.<epoch>.<permits>.<mac>``, the
     mac the first 32 hex digits of HMAC-SHA256 over the client id, nonce, storage epoch (8 hex
@@ -168,6 +178,7 @@ class DurabilitySemaphore:
         id_factory: Callable[[], str] | None = None,
         lease_secret: str | bytes | None = None,
         secret_factory: Callable[[], bytes] | None = None,
+        on_round: OnRound | None = None,
     ) -> None:
         _check_sources(scheduler, limit, group_limit, can_grant)
         self.scheduler = scheduler
@@ -179,6 +190,10 @@ class DurabilitySemaphore:
         self.round_period_ms = option_int(round_period_ms, "round_period_ms", 0)
         self.grant_timeout_ms = option_int(grant_timeout_ms, "grant_timeout_ms", 1)
         self.leases = LeaseConfig.parse(leases)
+        if on_round is not None and not callable(on_round):
+            raise ConfigurationError("on_round: expected None or a callable", field="on_round")
+        #: The round hook (see the ``on_round`` option).
+        self.on_round = on_round
         self.clock: Callable[[], int] = clock or scheduler.clock  # the scheduler's defaults to system_clock
         self.store = SqlStore(self.storage)
         self._grants_table = TableWatch(self.storage, GRANTS)  # for the reclaim's next_due
@@ -253,6 +268,56 @@ class DurabilitySemaphore:
             name = str(r["group_name"])
             groups[name] = (r, await self._resolve_group_limit(name))
         return measure(limit, meta, groups, self.leases).to_wire()
+
+    # ================================================================== operations (issue 11)
+    async def holders(self, cursor: str | None = None, limit: int = 100) -> dict[str, Any]:
+        """Who holds what: one page of the clients holding grants or leases, in client id order::
+
+            {"holders": [{"clientId", "lastReportAt", "charged",
+                          "grants": [{"grantId", "group", "permits", "claimed", "released",
+                                      "issuedAt", "claimBy", "status", "charged"}],
+                          "leases": [{"leaseId", "group", "permits", "drawn", "released",
+                                      "stopped", "issuedAt", "expiresAt", "status", "charged"}]}],
+             "cursor": str | None}
+
+        Pass ``cursor`` back for the next page (``None``: this was the last). ``limit``: 1 to
+        1,000 clients per page. ``lastReportAt``: when the client last sent a request or a sync
+        (epoch ms; ``None`` if not since this release recorded it). ``charged``: what each row
+        charges (R19, R30). The reads are proportional to the page, not to all state. A bad
+        option raises :class:`ConfigurationError` naming it."""
+        await self._ensure_ready()
+        return _operations.holders_page(self.store, cursor, limit)
+
+    async def force_settle(self, client_id: str, reason: str, *, actor: str | None = None) -> dict[str, Any]:
+        """Declare ``client_id`` gone for good and free everything it holds: the one explicit
+        exception to "never revoke". Its grants are deleted (their ``permits - released``
+        freed; its later reports of them are answered ``not_found`` and never applied, R14) and
+        its leases stopped at their released count (footprint 0; its next report of each is
+        answered ``settled``), so no report of that client can free anything twice (I2). If the
+        client is alive after all, its queue stops using those permits: items not yet started
+        under them go back to the queue for a fresh admission; work already running is not
+        stopped (it runs uncharged). Writes who (``actor``), when and why (``reason``, required)
+        to the audit table ``durability_semaphore_audit`` in the same transaction, and returns
+        that record (see :meth:`audit`). Idempotent in effect: a second call frees nothing and
+        records that."""
+        await self._ensure_ready()
+        record = _operations.force_settle(self.storage, self.store, int(self.clock()), client_id, reason, actor)
+        log.warning("force-settled client %r (%s): %d grant permits and %d lease permits freed; audit %d",
+                    record["clientId"], record["reason"], record["grantPermits"], record["leasePermits"],
+                    record["auditId"])
+        try:
+            await self.scheduler.arm()
+        except Exception:  # the commit stands; the next instance start re-arms
+            log.exception("could not arm the alarm after a force-settle")
+        return record
+
+    async def audit(self, cursor: int | None = None, limit: int = 100) -> dict[str, Any]:
+        """The audit records, newest first: ``{"records": [{"auditId", "at", "action",
+        "clientId", "reason", "actor", "grantPermits", "leasePermits", "grants": [{"grantId",
+        "group", "permits"}], "leases": [...]}], "cursor": int | None}`` (pass ``cursor`` back
+        for older records). Only :meth:`migrate` ``(ctx, None)`` removes them."""
+        await self._ensure_ready()
+        return _operations.audit_page(self.store, cursor, limit)
 
     #: ``DurabilitySemaphore.client(binding=..., invoke=...)``: the client helper (SPEC R36),
     #: :func:`semaphore.rpc.client` itself (same signature and documentation).
@@ -382,18 +447,30 @@ class DurabilitySemaphore:
                 raise
 
     async def _run_round(self, batch: dict[str, _Waiting]) -> None:
+        """Run one round over ``batch`` (R2, R12, R29) and answer its calls; then its
+        :class:`~semaphore.holder._observe.RoundRecord` goes to the log and ``on_round``."""
         now = int(self.clock())
         self._last_round_at = now
         clients = list(batch.values())
-        limits = await self._resolve(clients)
-
+        started = time.perf_counter()
+        try:
+            limits = await self._resolve(clients)
+        except Exception as exc:  # _round_after fails the calls
+            emit(failed_record(now, (time.perf_counter() - started) * 1000, 0, len(clients), None, exc),
+                 self.on_round)
+            raise
+        statements = self.storage.statements
         try:  # load -> decide -> persist, in one transaction (R2)
             outcome = self.storage.transaction(lambda: run_round(self.store, now, clients, limits, self.policy))
         except Exception as exc:
             log.exception("round transaction failed; nothing was written")
             failure = RoundFailedError(f"round failed, nothing was written: {exc}").to_wire()
             replies = {p.client_id: failure for p in clients}
+            record = failed_record(now, (time.perf_counter() - started) * 1000,
+                                   self.storage.statements - statements, len(clients), limits.limit, exc)
         else:
+            record = round_record(now, (time.perf_counter() - started) * 1000,
+                                  self.storage.statements - statements, outcome)
             replies = outcome.replies
             self._last_contended = outcome.contended  # R29: only a committed round changes the flag
             try:
@@ -404,6 +481,7 @@ class DurabilitySemaphore:
             for f in p.futures:
                 if not f.done():
                     f.set_result(replies[p.client_id])
+        emit(record, self.on_round)
 
     async def _resolve(self, clients: list[_Waiting]) -> Limits:
         """The round's limits (R12): the limit, every demanded group's limit and every group

@@ -1,4 +1,5 @@
-"""The holder's three transaction bodies, load -> decide -> persist, over any :class:`Store`.
+"""The holder's transaction bodies (a round, a sync, the reclaim, a force-settle), each load ->
+decide -> persist, over any :class:`Store`.
 
 The holder shell (:mod:`semaphore.holder._semaphore`) runs them over its
 :class:`~semaphore.holder._store.SqlStore` inside ``Storage.transaction`` (SPEC R2); the test
@@ -25,9 +26,10 @@ from ..core.rounds import (
     round_reads,
     sync_reads,
 )
+from ..core.settle import Settlement, decide_force_settle
 from ..core.wire import SyncMessage
 
-__all__ = ["Store", "LeaseScope", "lease_scope", "run_round", "run_sync", "run_reclaim"]
+__all__ = ["Store", "LeaseScope", "lease_scope", "run_round", "run_sync", "run_reclaim", "run_force_settle"]
 
 
 class Store(Protocol):
@@ -50,6 +52,10 @@ class Store(Protocol):
 
     def groups_with_live_leases(self) -> set[str]:
         """Groups whose aggregate row counts a live lease."""
+
+    def seen(self, holding: Sequence[str], idle: Sequence[str], now: int) -> None:
+        """Record that these clients reported at ``now``: ``holding`` hold a grant or a lease
+        (their time is kept), ``idle`` hold nothing (their time is forgotten)."""
 
 
 class LeaseScope(NamedTuple):
@@ -85,6 +91,7 @@ def run_round(store: Store, now: int, clients: Sequence[Pending], limits: Limits
     ledger = Ledger(store.load(round_reads(meta, now, clients, limits, policy), meta))
     outcome = decide_round(ledger, now, clients, limits, policy)
     store.persist(ledger.changes())
+    _seen(store, ledger, [p.client_id for p in clients], now)
     return outcome
 
 
@@ -94,6 +101,7 @@ def run_sync(store: Store, now: int, message: SyncMessage, policy: Policy, conte
     ledger = Ledger(store.load(sync_reads(now, message), None))
     reply = decide_sync(ledger, now, message, policy, contended, next_request_at)
     store.persist(ledger.changes())
+    _seen(store, ledger, [message.client_id], now)
     return reply
 
 
@@ -102,3 +110,19 @@ def run_reclaim(store: Store, now: int) -> None:
     ledger = Ledger(store.load(reclaim_reads(now), None))
     decide_reclaim(ledger, now)
     store.persist(ledger.changes())
+
+
+def _seen(store: Store, ledger: Ledger, client_ids: Sequence[str], now: int) -> None:
+    """The last report time of the clients of a round or sync, kept only for clients that hold
+    something after it (a made-up client id leaves no row behind)."""
+    owners = {g.client_id for g in ledger.grants.values()} | {x.client_id for x in ledger.leases.values()}
+    store.seen([c for c in client_ids if c in owners], [c for c in client_ids if c not in owners], now)
+
+
+def run_force_settle(store: Store, client_id: str) -> Settlement:
+    """A force-settle's decision over every grant and lease of ``client_id`` (issue 11,
+    :mod:`semaphore.core.settle`); the caller writes the audit record in the same transaction."""
+    ledger = Ledger(store.load(Reads(clients=frozenset({client_id})), None))
+    settlement = decide_force_settle(ledger, client_id)
+    store.persist(ledger.changes())
+    return settlement

@@ -61,7 +61,11 @@ GRANTS = "durability_semaphore_grants"
 LEASES = "durability_semaphore_leases"
 GROUPS = "durability_semaphore_groups"
 META = "durability_semaphore_meta"
-TABLES = (GRANTS, LEASES, GROUPS, META)
+#: Per client: when it last sent a request or a sync (for :meth:`DurabilitySemaphore.holders`).
+CLIENTS = "durability_semaphore_clients"
+#: One row per force-settle: who, when, why and what it freed (never deleted by the library).
+AUDIT = "durability_semaphore_audit"
+TABLES = (GRANTS, LEASES, GROUPS, META, CLIENTS, AUDIT)
 
 _SCHEMA = (
     f"CREATE TABLE IF NOT EXISTS {META} (key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
@@ -83,6 +87,11 @@ _SCHEMA = (
     " group_name TEXT PRIMARY KEY, outstanding INTEGER NOT NULL, lease_footprint INTEGER NOT NULL,"
     " live_leases INTEGER NOT NULL, retired_leases INTEGER NOT NULL)",
     f"CREATE INDEX IF NOT EXISTS {GROUPS}_live ON {GROUPS}(live_leases) WHERE live_leases > 0",
+    f"CREATE TABLE IF NOT EXISTS {CLIENTS} (client_id TEXT PRIMARY KEY, last_report_at INTEGER NOT NULL)",
+    f"CREATE TABLE IF NOT EXISTS {AUDIT} ("
+    " audit_id INTEGER PRIMARY KEY AUTOINCREMENT, at INTEGER NOT NULL, action TEXT NOT NULL,"
+    " client_id TEXT NOT NULL, reason TEXT NOT NULL, actor TEXT, grant_permits INTEGER NOT NULL,"
+    " lease_permits INTEGER NOT NULL, detail TEXT NOT NULL)",
 )
 
 
@@ -181,6 +190,53 @@ class SqlStore:
         groups = {str(r["group_name"]): {name: int(r[name]) for name in AGGREGATES}
                   for r in self._in(GROUPS, "group_name", reads.groups)}
         return Snapshot(list(grants.values()), list(leases.values()), meta, groups)
+
+    # ------------------------------------------------------------------ operations (issue 11)
+    def seen(self, holding: Sequence[str], idle: Sequence[str], now: int) -> None:
+        """Record that these clients reported at ``now``: one statement for those ``holding``
+        a grant or lease, one to forget those ``idle`` (holding nothing: no row is kept for
+        them, so made-up client ids leave nothing behind)."""
+        if holding:
+            self.storage.exec(
+                f"INSERT INTO {CLIENTS}(client_id, last_report_at) SELECT value, ? FROM json_each(?) WHERE true"
+                " ON CONFLICT(client_id) DO UPDATE SET last_report_at = excluded.last_report_at",
+                now, json_list(sorted(set(holding))))
+        if idle:
+            self.storage.exec(f"DELETE FROM {CLIENTS} WHERE client_id IN (SELECT value FROM json_each(?))",
+                              json_list(sorted(set(idle))))
+
+    def holder_page(self, after: str | None, limit: int) -> tuple[list[str], list[dict[str, Any]],
+                                                                  list[dict[str, Any]], dict[str, int]]:
+        """Up to ``limit`` clients holding a grant or a lease, in id order after ``after``, with
+        their grant rows, lease rows and last report times: reads proportional to the page (a
+        merge of the two owner indexes that stops at ``limit``)."""
+        start = "" if after is None else after
+        ids = [str(r["client_id"]) for r in self.storage.exec(
+            f"SELECT client_id FROM {GRANTS} WHERE client_id > ? UNION"
+            f" SELECT client_id FROM {LEASES} WHERE client_id > ? ORDER BY 1 LIMIT ?", start, start, limit)]
+        if not ids:
+            return [], [], [], {}
+        grants = self._in(GRANTS, "client_id", ids)
+        leases = self._in(LEASES, "client_id", ids)
+        seen = {str(r["client_id"]): int(r["last_report_at"]) for r in self._in(CLIENTS, "client_id", ids)}
+        return ids, grants, leases, seen
+
+    def write_audit(self, at: int, action: str, client_id: str, reason: str, actor: str | None,
+                    grant_permits: int, lease_permits: int, detail: dict[str, Any]) -> int:
+        """Append an audit record; returns its id."""
+        self.storage.exec(
+            f"INSERT INTO {AUDIT}(at, action, client_id, reason, actor, grant_permits, lease_permits, detail)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)", at, action, client_id, reason, actor, grant_permits, lease_permits,
+            json.dumps(detail, separators=(",", ":"), ensure_ascii=False))
+        row = self.storage.one(f"SELECT MAX(audit_id) AS id FROM {AUDIT}")
+        assert row is not None
+        self.storage.exec(f"DELETE FROM {CLIENTS} WHERE client_id = ?", client_id)
+        return int(row["id"])
+
+    def audit_page(self, before: int | None, limit: int) -> list[dict[str, Any]]:
+        """Up to ``limit`` audit rows, newest first, with ids below ``before``."""
+        return self.storage.exec(f"SELECT * FROM {AUDIT} WHERE audit_id < ? ORDER BY audit_id DESC LIMIT ?",
+                                 2**53 - 1 if before is None else before, limit)
 
     def next_reclaim_due(self) -> int | None:
         """The earliest deadline of a grant with unclaimed permits (R16), if any."""

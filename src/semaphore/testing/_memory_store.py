@@ -59,6 +59,8 @@ class MemoryStore:
         self.leases: dict[str, LeaseRow] = {}
         self.groups: dict[str, dict[str, int]] = {}
         self.meta_rows: dict[str, int] = dict(meta) if meta is not None else {"schema_version": SCHEMA_VERSION}
+        #: client id -> when it last reported (the SQL store's ``durability_semaphore_clients``).
+        self.last_report_at: dict[str, int] = {}
 
     # ------------------------------------------------------------------ reads
     def meta(self) -> dict[str, int]:
@@ -113,6 +115,13 @@ class MemoryStore:
     def groups_with_live_leases(self) -> set[str]:
         """Groups whose aggregate row counts a live lease."""
         return {g for g, row in self.groups.items() if row["live_leases"] > 0}
+
+    def seen(self, holding: Sequence[str], idle: Sequence[str], now: int) -> None:
+        """Record that these clients reported at ``now`` (``idle`` ones hold nothing: forgotten)."""
+        for client_id in holding:
+            self.last_report_at[client_id] = now
+        for client_id in idle:
+            self.last_report_at.pop(client_id, None)
 
     def group_rows(self) -> list[dict[str, Any]]:
         """Every group's aggregates, by name (``group_name`` plus the aggregates, as the SQL

@@ -1,0 +1,215 @@
+"""Operations (issue 11): ``holders()`` (who holds what, paginated, cost proportional to the
+page), ``force_settle()`` (the one explicit exception to "never revoke", audited, never freeing
+anything twice: I2) and ``audit()``; and, end to end with the real queue, that a client found alive
+after its force-settle stops using the settled permits (no item starts under them without a
+fresh admission)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from semaphore import ConfigurationError, PermitKind, QueueItem
+from semaphore.testing import T0, Bed, ClientSide, HolderSide, Net, SimClock, async_test, request, sync
+
+pytestmark = pytest.mark.usefixtures("quiet_logs")
+
+LEASES = {"provisioning": {"mode": "strict"}, "permitsPerLease": 3, "ttlMs": 60_000}
+
+
+def only(reply: dict, kind: str = "grants") -> dict:
+    (x,) = reply[kind]
+    return x
+
+
+# ============================================================================ holders()
+@async_test
+async def test_holders_lists_grants_leases_last_report_and_charge_per_client():
+    bed = Bed(20, leases=LEASES)
+    ra, rb = await bed.round(request("a", {"g": 2}, leases=[], oldest_at=1), request("b", {"h": 1}, oldest_at=2))
+    ga, lease = only(ra), only(ra, "leases")
+    await bed.sem.handle(sync("a", [(ga["grantId"], 2, 1)], leases=[(lease["leaseId"], 1, 0)]))
+    page = await bed.sem.holders()
+    assert page["cursor"] is None
+    a, b = page["holders"]
+    assert (a["clientId"], b["clientId"]) == ("a", "b")
+    assert a["lastReportAt"] == bed.now and b["lastReportAt"] is not None
+    (grant,) = a["grants"]
+    assert (grant["grantId"], grant["group"], grant["permits"], grant["claimed"], grant["released"]) == (
+        ga["grantId"], "g", 2, 2, 1)
+    assert grant["status"] == "active" and grant["claimBy"] == ga["claimBy"] and grant["charged"] == 1
+    (lx,) = a["leases"]
+    assert (lx["leaseId"], lx["drawn"], lx["released"], lx["status"], lx["charged"]) == (
+        lease["leaseId"], 1, 0, "live", 3)
+    assert a["charged"] == 1 + 3 and b["charged"] == 1 and b["leases"] == []
+    usage = await bed.usage()
+    assert sum(h["charged"] for h in page["holders"]) == usage["charged"]
+
+
+@async_test
+async def test_holders_pages_with_a_cursor_and_reads_in_proportion_to_the_page():
+    bed = Bed(100_000)
+    await bed.round(*[request(f"c{n:04d}", {"g": 1}) for n in range(250)])
+    seen, cursor = [], None
+    while True:
+        page = await bed.sem.holders(cursor, limit=100)
+        seen += [h["clientId"] for h in page["holders"]]
+        cursor = page["cursor"]
+        if cursor is None:
+            break
+    assert seen == [f"c{n:04d}" for n in range(250)]
+
+    async def steps(clients: int) -> int:
+        b = Bed(100_000)
+        await b.round(*[request(f"c{n:05d}", {"g": 1}) for n in range(clients)])
+        count = [0]
+
+        def tick() -> int:
+            count[0] += 1
+            return 0
+
+        b.storage.connection.set_progress_handler(tick, 100)
+        await b.sem.holders(None, limit=10)
+        b.storage.connection.set_progress_handler(None, 0)
+        return count[0]
+
+    small, large = await steps(20), await steps(3000)
+    assert large <= small + 2, (small, large)  # SQLite work for one page of 10: the same over 20 or 3,000
+
+
+@async_test
+async def test_holders_and_audit_refuse_bad_options_naming_the_field():
+    bed = Bed(5)
+    for kwargs, field in (({"limit": 0}, "limit"), ({"limit": 1001}, "limit"), ({"cursor": 5}, "cursor"),
+                          ({"cursor": "a\x00"}, "cursor")):
+        with pytest.raises(ConfigurationError) as err:
+            await bed.sem.holders(**kwargs)
+        assert err.value.field == field
+    with pytest.raises(ConfigurationError) as err:
+        await bed.sem.audit(cursor="x")
+    assert err.value.field == "cursor"
+
+
+# ============================================================================ force_settle()
+@async_test
+async def test_force_settle_frees_grants_and_leases_and_writes_the_audit_record():
+    bed = Bed(10, leases=LEASES)
+    (ra,) = await bed.round(request("gone", {"g": 4}, leases=[], oldest_at=1))
+    ga, lease = only(ra), only(ra, "leases")
+    await bed.sem.handle(sync("gone", [(ga["grantId"], 3, 1)], leases=[(lease["leaseId"], 2, 1)]))
+    before = await bed.usage()
+    assert before["charged"] == (4 - 1) + (3 - 1)
+    record = await bed.sem.force_settle("gone", "object deleted with its namespace", actor="ops@example")
+    assert record["action"] == "force_settle" and record["clientId"] == "gone"
+    assert record["reason"] == "object deleted with its namespace" and record["actor"] == "ops@example"
+    assert record["at"] == bed.now and record["grantPermits"] == 3 and record["leasePermits"] == 2
+    assert record["grants"] == [{"grantId": ga["grantId"], "group": "g", "permits": 3}]
+    assert record["leases"] == [{"leaseId": lease["leaseId"], "group": "g", "permits": 2}]
+    after = await bed.usage()
+    assert (after["outstanding"], after["leaseFootprint"], after["charged"]) == (0, 0, 0)
+    assert (await bed.sem.holders())["holders"][0]["charged"] == 0  # the stopped lease, until its report
+    assert (await bed.sem.audit())["records"] == [record]
+    bed.check()  # the aggregates equal a recount of the rows
+
+
+@async_test
+async def test_r14_i2_later_reports_of_a_force_settled_client_free_nothing_twice():
+    bed = Bed(10, leases=LEASES)
+    (ra,) = await bed.round(request("c", {"g": 4}, leases=[], oldest_at=1))
+    ga, lease = only(ra), only(ra, "leases")
+    await bed.sem.force_settle("c", "crashed for good")
+    (rb,) = await bed.round(request("other", {"g": 10}))  # takes the whole freed limit
+    assert sum(g["permits"] for g in rb["grants"]) == 10
+    # The client was alive after all: it reports everything released, drawn its whole lease,
+    # repeated, reordered: nothing it says frees anything again, and it learns the permits are gone.
+    for _ in range(3):
+        reply = await bed.sem.handle(sync("c", [(ga["grantId"], 4, 4)], leases=[(lease["leaseId"], 3, 3, True)]))
+        assert reply["grants"][0]["status"] == "not_found"
+        assert reply["leases"][0]["status"] == "settled"
+        u = await bed.usage()
+        assert u["outstanding"] == 10 and u["charged"] == 10 and u["available"] == 0
+    reply = await bed.sem.handle(sync("c", [(ga["grantId"], 4, 0)], leases=[(lease["leaseId"], 0, 0)]))
+    assert (await bed.usage())["charged"] == 10
+    bed.check()
+
+
+@async_test
+async def test_a_force_settled_lease_answers_settled_to_the_clients_next_report():
+    bed = Bed(10, leases=LEASES)
+    (ra,) = await bed.round(request("c", {"g": 1}, leases=[], oldest_at=1))
+    lease = only(ra, "leases")
+    await bed.sem.force_settle("c", "test")
+    reply = await bed.sem.handle(sync("c", leases=[(lease["leaseId"], 2, 0)]))  # not stopped, 2 drawn
+    (x,) = reply["leases"]
+    assert x["status"] == "settled" and x["drawn"] == 0  # drawn was final at the settle: 0 released
+    assert (await bed.usage())["charged"] == 0
+
+
+@async_test
+async def test_force_settle_validates_and_a_second_call_frees_nothing_but_is_recorded():
+    bed = Bed(5)
+    await bed.round(request("c", {"g": 2}))
+    for args, field in ((("", "why"), "client_id"), (("c", ""), "reason"), (("c", "  "), "reason"),
+                        (("c", "x" * 1001), "reason"), (("c\x00", "why"), "client_id")):
+        with pytest.raises(ConfigurationError) as err:
+            await bed.sem.force_settle(*args)
+        assert err.value.field == field
+    with pytest.raises(ConfigurationError) as err:
+        await bed.sem.force_settle("c", "why", actor="")
+    assert err.value.field == "actor"
+    assert (await bed.sem.audit())["records"] == []  # refused calls change nothing
+    first = await bed.sem.force_settle("c", "first")
+    second = await bed.sem.force_settle("c", "again")
+    assert first["grantPermits"] == 2 and second["grantPermits"] == 0 and second["grants"] == []
+    page = await bed.sem.audit(limit=1)
+    assert [r["reason"] for r in page["records"]] == ["again"] and page["cursor"] == second["auditId"]
+    older = await bed.sem.audit(page["cursor"], limit=1)
+    assert [r["reason"] for r in older["records"]] == ["first"]
+
+
+# ============================================================================ end to end, real queue
+class Crashy:
+    """``on_admit`` that fails its first call per item (the item stays admitted but not started)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def __call__(self, side: ClientSide, item: QueueItem) -> None:
+        self.calls.append((item.item_id, item.permit))
+        if sum(1 for i, _ in self.calls if i == item.item_id) == 1:
+            raise RuntimeError("crashed before starting the work")
+
+
+async def _settle_while_not_started(leases: dict | None) -> tuple[Crashy, Any, HolderSide]:
+    clock = SimClock(T0)
+    holder = HolderSide(clock, limit=4, leases=leases)
+    side = ClientSide("c1", clock, Net(holder, clock), on_admit=(crashy := Crashy()), report_releases_within_ms=0,
+                      admit_retry_ms=5_000)
+    await side.queue.enqueue("acct", "g", "job")
+    await clock.advance(3000)
+    ((_, first_permit),) = crashy.calls  # admitted once, crashed: retried in 5 s under the same permit
+    await holder.sem.force_settle("c1", "declared gone (it was not)")
+    await clock.advance(60_000)
+    return crashy, first_permit, holder
+
+
+@async_test
+async def test_a_live_client_never_starts_an_item_under_a_force_settled_grant():
+    crashy, first, holder = await _settle_while_not_started(None)
+    assert first.kind is PermitKind.GRANT
+    later = [p for _, p in crashy.calls[1:]]
+    assert later, "the item was admitted again"
+    assert all(p.id != first.id for p in later), f"an item started under the settled grant: {crashy.calls}"
+    (h,) = (await holder.sem.holders())["holders"]
+    assert any(g["grantId"] == later[-1].id for g in h["grants"])  # a fresh admission, charged again
+
+
+@async_test
+async def test_a_live_client_never_starts_an_item_under_a_force_settled_lease():
+    crashy, first, holder = await _settle_while_not_started(LEASES)
+    assert first.kind is PermitKind.LEASE
+    later = [p for _, p in crashy.calls[1:]]
+    assert later and all(p.id != first.id for p in later), crashy.calls
+    usage = await holder.usage()
+    assert usage["charged"] >= 1  # the item runs under a fresh, charged permit
