@@ -6,7 +6,11 @@
 * ``JobQueue`` (binding ``JOB_QUEUE``, one per (account, queue), named ``["account", "queue"]``) is a client: a
   :class:`semaphore.SemaphoreQueue` whose items are the queue's jobs, admitted under the
   account's budget through the client helper (``ACCOUNT_LIMIT`` by name, RPC ``permits``).
-* ``Default`` is the HTTP front (JSON in and out).
+* ``AccountIndex`` (binding ``ACCOUNT_INDEX``, one object named ``accounts``) lists the accounts
+  the Worker has seen, for ``GET /metrics`` (Prometheus text, admin): each ``AccountLimit`` adds
+  itself after its first storage-creating write; its round counters (``app_round_metrics``) are
+  written by the semaphore's ``on_round`` hook.
+* ``Default`` is the HTTP front (JSON in and out; ``/metrics`` Prometheus text).
 
 A job's work is external: admission marks it ``running`` (its permit is held), and
 ``POST /accounts/{account}/jobs/{id}/complete`` releases the permit.
@@ -48,12 +52,14 @@ import hmac
 import json
 import logging
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 from workers import DurableObject, Response, WorkerEntrypoint
 
+import dashboard
 from semaphore import (
     ConfigurationError,
     DurabilityScheduler,
@@ -68,10 +74,11 @@ from semaphore import (
 )
 from semaphore.client._queue import QUEUE_TABLES
 from semaphore.core.wire import MAX_INT, id_problem
+from semaphore.holder._observe import RoundRecord
 from semaphore.holder._store import TABLES as HOLDER_TABLES
 from semaphore.runtime import Storage, plain
 
-__all__ = ["AccountLimit", "JobQueue", "Default"]
+__all__ = ["AccountLimit", "JobQueue", "AccountIndex", "Default"]
 
 DEFAULT_CONCURRENCY = 10
 SETTINGS = "app_account_settings"
@@ -97,8 +104,45 @@ ANNOUNCE_BATCH = 100
 ERROR_VERSION = 1
 #: The error code of an invalid ``[vars]`` entry (answered with HTTP status 500 by the front).
 CONFIG_ERROR = "configuration_error"
+#: The account registry (``AccountIndex``, binding ``ACCOUNT_INDEX``): one object of this name.
+ACCOUNT_INDEX_NAME = "accounts"
+#: The registry's table (``account`` primary key), created by its first ``add``.
+ACCOUNTS = "app_accounts"
+#: A holder's round counters (``name`` -> ``value``: ``rounds``, ``failed_rounds``, ``admitted``,
+#: ``blocked:<reason>``), written by the semaphore's ``on_round`` hook after each round.
+ROUND_METRICS = "app_round_metrics"
+#: ``GET /metrics`` lists at most this many accounts (the first by name; ``semaphore_accounts``
+#: says how many the registry has), asking their holders this many at a time.
+METRICS_MAX_ACCOUNTS = 100
+METRICS_CONCURRENCY = 10
+#: A holder whose registration failed tries again after this long (ms), not at every write.
+INDEX_RETRY_MS = 60_000
 
 log = logging.getLogger("entry")
+
+
+class StdoutHandler(logging.Handler):
+    """Writes each record's message as one line to the current ``sys.stdout``."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            print(self.format(record), file=sys.stdout, flush=True)
+        except Exception:
+            self.handleError(record)
+
+
+def log_rounds() -> None:
+    """Print the holder's round records (one JSON line per round, logger ``semaphore.round``,
+    ``INFO``) to stdout, which the runtime sends to ``console.log`` (Workers Logs with
+    ``[observability]``). Only when nothing configured a handler for that logger already."""
+    rounds = logging.getLogger("semaphore.round")
+    if rounds.handlers:
+        return
+    rounds.addHandler(StdoutHandler())
+    rounds.setLevel(logging.INFO)
+
+
+log_rounds()
 
 #: How client objects reach an account's holder (SPEC R36): env.ACCOUNT_LIMIT.getByName(account),
 #: RPC method ``permits``, each call bounded by a timeout.
@@ -111,6 +155,13 @@ def has_tables(storage: Storage, names: tuple[str, ...] | list[str]) -> bool:
     row = storage.one(f"SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ({marks}) LIMIT 1",
                       *names)
     return row is not None
+
+
+def account_name(ctx: Any) -> str | None:
+    """The name the object was reached by (``ctx.id.name``, set for ``getByName`` / ``idFromName``
+    ids), or ``None`` where the runtime does not give it."""
+    name = plain(getattr(getattr(ctx, "id", None), "name", None))
+    return name if isinstance(name, str) and name else None
 
 
 def error_value(code: str, message: str, field: str | None = None) -> dict[str, Any]:
@@ -237,7 +288,12 @@ class AccountLimit(DurableObject):
             round_wait_ms=settings.round_wait_ms,
             round_period_ms=settings.round_period_ms,
             leases=settings.leases,
+            on_round=self._count_round,
         )
+        self._index_env = env
+        self._indexed = False  # registered in the AccountIndex (per instance: one add() per instance)
+        self._index_retry_at = 0
+        self._metrics_ready = False
 
     # -- configuration -------------------------------------------------------------------
     def _settings(self) -> None:
@@ -260,7 +316,10 @@ class AccountLimit(DurableObject):
         """The semaphore's wire endpoint (requests and syncs from client objects)."""
         if self.config_error is not None:
             return self.config_error
-        return await self.semaphore.handle(message)
+        reply = await self.semaphore.handle(message)
+        if not (isinstance(reply, dict) and "error" in reply):
+            await self._register()
+        return reply
 
     async def usage(self) -> dict[str, Any]:
         """The semaphore's ``usage()`` (SPEC R38) plus ``defaultLimit`` and ``limitOverride``.
@@ -306,7 +365,59 @@ class AccountLimit(DurableObject):
                 f"INSERT INTO {SETTINGS}(key, value) VALUES ('limit', ?)"
                 " ON CONFLICT(key) DO UPDATE SET value = excluded.value", limit)
         self._override, self._override_loaded = limit, True
+        if limit is not None:
+            await self._register()
         return {"limit": self.current_limit(), "override": limit, "defaultLimit": self.default_limit}
+
+    # -- operations (issue 11): who holds what, an audited force-settle ---------------------
+    async def holders(self, cursor: Any = None, limit: Any = 100) -> dict[str, Any]:
+        """One page of the clients holding grants or leases (the semaphore's ``holders()``:
+        ``{"holders": [{"clientId", "lastReportAt", "charged", "grants", "leases"}], "cursor"}``).
+        Read only: a holder without its tables answers ``{"holders": [], "cursor": None}`` and
+        creates nothing. A bad ``cursor``/``limit`` is answered ``invalid_request`` naming it."""
+        if self.config_error is not None:
+            return self.config_error
+        cursor, limit = plain(cursor), plain(limit)
+        problem = page_problem(cursor, limit, int_cursor=False)
+        if problem is not None:
+            return problem
+        if not has_tables(self.storage, HOLDER_TABLES):
+            return {"holders": [], "cursor": None}
+        try:
+            return await self.semaphore.holders(cursor, limit)
+        except ConfigurationError as exc:
+            return error_value("invalid_request", exc.message, exc.field)
+
+    async def audit(self, cursor: Any = None, limit: Any = 100) -> dict[str, Any]:
+        """One page of the holder's audit records, newest first (the semaphore's ``audit()``:
+        ``{"records": [...], "cursor": int | None}``). Read only, like :meth:`holders`."""
+        if self.config_error is not None:
+            return self.config_error
+        cursor, limit = plain(cursor), plain(limit)
+        problem = page_problem(cursor, limit, int_cursor=True)
+        if problem is not None:
+            return problem
+        if not has_tables(self.storage, HOLDER_TABLES):
+            return {"records": [], "cursor": None}
+        try:
+            return await self.semaphore.audit(cursor, limit)
+        except ConfigurationError as exc:
+            return error_value("invalid_request", exc.message, exc.field)
+
+    async def force_settle(self, client_id: Any, reason: Any, actor: Any = None) -> dict[str, Any]:
+        """Free everything ``client_id`` holds, recorded in the audit log (the semaphore's
+        ``force_settle()``); answers the audit record. A holder that has no state answers the
+        error value ``not_found`` and creates nothing; a bad ``reason``/``actor``
+        ``invalid_request`` naming it."""
+        if self.config_error is not None:
+            return self.config_error
+        client_id, reason, actor = plain(client_id), plain(reason), plain(actor)
+        if not has_tables(self.storage, HOLDER_TABLES):
+            return error_value("not_found", "this account's holder has no state: nothing to settle")
+        try:
+            return await self.semaphore.force_settle(client_id, reason, actor=actor)
+        except ConfigurationError as exc:
+            return error_value("invalid_request", exc.message, exc.field)
 
     async def register_job(self, job_id: Any, queue: Any) -> dict[str, Any]:
         """Record that ``job_id`` lives in ``queue`` (idempotent). Answers the queue the job is
@@ -325,6 +436,7 @@ class AccountLimit(DurableObject):
             " ON CONFLICT(job_id) DO UPDATE SET done_at = NULL WHERE queue = excluded.queue",
             job_id, queue)
         row = self.storage.one(f"SELECT queue FROM {JOBS} WHERE job_id = ?", job_id)
+        await self._register()
         return {"jobId": job_id, "queue": str(row["queue"]) if row else queue}
 
     async def find_job(self, job_id: Any) -> dict[str, Any]:
@@ -413,6 +525,65 @@ class AccountLimit(DurableObject):
             self.storage.exec(f"ALTER TABLE {JOBS} ADD COLUMN done_at INTEGER")
         self.storage.exec(f"CREATE INDEX IF NOT EXISTS {JOBS}_done ON {JOBS}(done_at) WHERE done_at IS NOT NULL")
         self._jobs_ready, self._jobs_absent = True, False
+
+    # -- metrics (GET /metrics) ------------------------------------------------------------
+    async def metrics(self) -> dict[str, Any]:
+        """What ``GET /metrics`` shows of this account: ``{"usage": <usage()>, "counters":
+        {"rounds", "failed_rounds", "admitted", "blocked:<reason>": int}}`` (counters never
+        written are absent). Read only, like :meth:`usage`: creates nothing."""
+        if self.config_error is not None:
+            return self.config_error
+        usage = await self.usage()
+        counters: dict[str, int] = {}
+        if has_tables(self.storage, [ROUND_METRICS]):
+            counters = {str(r["name"]): int(r["value"])
+                        for r in self.storage.exec(f"SELECT name, value FROM {ROUND_METRICS}")}
+        return {"usage": usage, "counters": counters}
+
+    def _count_round(self, record: RoundRecord) -> None:
+        """The semaphore's ``on_round`` hook: add the round to the durable counters (one upsert,
+        after the round's commit: a round whose instance dies right after it goes uncounted)."""
+        rows = [("failed_rounds" if record.failed else "rounds", 1)]
+        if record.admitted:
+            rows.append(("admitted", record.admitted))
+        rows += [(f"blocked:{reason}", n) for reason, n in sorted(record.blocked.items()) if n]
+        if not self._metrics_ready:
+            self.storage.exec(f"CREATE TABLE IF NOT EXISTS {ROUND_METRICS} (name TEXT PRIMARY KEY,"
+                              " value INTEGER NOT NULL)")
+            self._metrics_ready = True
+        self.storage.exec(
+            f"INSERT INTO {ROUND_METRICS}(name, value) VALUES {', '.join('(?, ?)' for _ in rows)}"
+            " ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
+            *(x for row in rows for x in row))
+
+    async def _register(self) -> None:
+        """Make sure the ``AccountIndex`` lists this account (its name is ``ctx.id.name``): called
+        after the writes that create the holder's storage (``set_limit`` of a value,
+        ``register_job``, a ``permits`` message answered without an error), once per instance.
+        A failure is logged and retried after ``INDEX_RETRY_MS``; it never fails the write."""
+        if self._indexed:
+            return
+        index = getattr(self._index_env, "ACCOUNT_INDEX", None)
+        name = account_name(self.ctx)
+        if index is None or name is None:  # no registry bound, or a runtime without ctx.id.name
+            if index is not None:
+                log.warning("AccountLimit: ctx.id.name is not available; the account is not indexed")
+            self._indexed = True
+            return
+        now = int(self.scheduler.clock())
+        if now < self._index_retry_at:
+            return
+        try:
+            reply = plain(await asyncio.wait_for(index.getByName(ACCOUNT_INDEX_NAME).add(name), RPC_TIMEOUT_MS / 1000))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # TimeoutError, JsException
+            reply = error_value("unavailable", str(exc) or type(exc).__name__)
+        if isinstance(reply, dict) and "error" in reply:
+            log.warning("AccountLimit: registering account %r in the AccountIndex failed: %s", name, reply)
+            self._index_retry_at = now + INDEX_RETRY_MS
+            return
+        self._indexed = True
 
     async def alarm(self, alarm_info: Any = None) -> None:
         if self.config_error is not None:  # fails (retried by the runtime) until the vars are fixed
@@ -688,6 +859,44 @@ class JobQueue(DurableObject):
         return reply
 
 
+class AccountIndex(DurableObject):
+    """The registry of accounts the Worker has seen, for ``GET /metrics`` (binding
+    ``ACCOUNT_INDEX``, one object named ``accounts``).
+
+    Written only by an account's ``AccountLimit``, once per holder instance, after a write that
+    creates the holder's storage (:meth:`AccountLimit._register`): so only accounts some admin
+    write reached are listed, and reads (``/usage``, ``/metrics``) never add one. Its table
+    ``app_accounts`` is created by the first :meth:`add`; :meth:`accounts` creates nothing."""
+
+    def __init__(self, ctx: Any, env: Any) -> None:
+        super().__init__(ctx, env)
+        self.storage = Storage(ctx)
+        self._ready = False
+
+    async def add(self, account: Any) -> dict[str, Any]:
+        """List ``account`` (idempotent); an id outside the wire alphabet is the error value
+        ``invalid_request``. Answers ``{"account"}``."""
+        account = plain(account)
+        problem = id_problem(account)
+        if problem is not None:
+            return error_value("invalid_request", f"account {problem}", "account")
+        if not self._ready:
+            self.storage.exec(f"CREATE TABLE IF NOT EXISTS {ACCOUNTS} (account TEXT PRIMARY KEY) WITHOUT ROWID")
+            self._ready = True
+        self.storage.exec(f"INSERT INTO {ACCOUNTS}(account) VALUES (?) ON CONFLICT(account) DO NOTHING", account)
+        return {"account": account}
+
+    async def accounts(self, limit: Any = METRICS_MAX_ACCOUNTS) -> dict[str, Any]:
+        """The first ``limit`` accounts by name and how many there are: ``{"accounts": [...],
+        "total": int}``. Read only."""
+        if not has_tables(self.storage, [ACCOUNTS]):
+            return {"accounts": [], "total": 0}
+        count = max(0, min(int(plain(limit)), METRICS_MAX_ACCOUNTS))
+        rows = self.storage.exec(f"SELECT account FROM {ACCOUNTS} ORDER BY account LIMIT ?", count)
+        total = self.storage.one(f"SELECT COUNT(*) AS n FROM {ACCOUNTS}")
+        return {"accounts": [str(r["account"]) for r in rows], "total": int(total["n"]) if total else 0}
+
+
 # ------------------------------------------------------------------------------- HTTP front
 class HttpError(Exception):
     """An HTTP error answer: ``status`` with the error value ``{"v": 1, "error": {...}}``."""
@@ -743,6 +952,48 @@ def checked(reply: Any) -> Any:
     return reply
 
 
+#: Most entries one page of ``holders``/``audit`` may ask for (the semaphore's bound).
+MAX_PAGE = 1000
+
+
+def page_problem(cursor: Any, limit: Any, *, int_cursor: bool) -> dict[str, Any] | None:
+    """The ``invalid_request`` error value of a bad page request, else ``None``: ``limit`` an
+    int from 1 to ``MAX_PAGE``; ``cursor`` ``None`` or the previous page's (a positive int for
+    the audit log, an id for the holders)."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
+        return error_value("invalid_request", f"limit must be an integer from 1 to {MAX_PAGE}", "limit")
+    if cursor is None:
+        return None
+    bad = (isinstance(cursor, bool) or not isinstance(cursor, int) or cursor < 1) if int_cursor \
+        else id_problem(cursor) is not None
+    if bad:
+        return error_value("invalid_request", "cursor must be the cursor of the previous page", "cursor")
+    return None
+
+
+def page_query(request: Any, *, int_cursor: bool) -> tuple[Any, Any]:
+    """``(cursor, limit)`` from the query string (``?cursor=...&limit=...``; defaults ``None``,
+    100); a malformed number is HTTP 400 naming it (the rest is checked by :func:`page_problem`)."""
+    query = parse_qs(urlparse(request.url).query)
+
+    def one(name: str) -> str | None:
+        values = query.get(name)
+        return None if not values else values[-1]
+
+    raw_limit, cursor = one("limit"), one("cursor")
+    try:
+        limit = 100 if raw_limit is None else int(raw_limit)
+    except ValueError:
+        raise HttpError(400, "invalid_request", f"limit must be an integer from 1 to {MAX_PAGE}", "limit") from None
+    if cursor is not None and int_cursor:
+        try:
+            return int(cursor), limit
+        except ValueError:
+            raise HttpError(400, "invalid_request", "cursor must be the cursor of the previous page",
+                            "cursor") from None
+    return cursor, limit
+
+
 def holder(env: Any, account: str) -> Any:
     return env.ACCOUNT_LIMIT.getByName(account)
 
@@ -750,6 +1001,87 @@ def holder(env: Any, account: str) -> Any:
 def job_queue(env: Any, account: str, queue: str) -> Any:
     # An unambiguous name: "a:b" + "c" and "a" + "b:c" must be different objects.
     return env.JOB_QUEUE.getByName(json.dumps([account, queue]))
+
+
+#: ``GET /metrics``'s content type (the Prometheus text exposition format).
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: The metric families of ``GET /metrics``: (name, type, help, labels beyond ``account``).
+METRIC_FAMILIES: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    ("semaphore_up", "gauge", "1 if the account's holder answered this scrape, else 0.", ()),
+    ("semaphore_charged", "gauge", "Charged capacity: outstanding grant permits plus lease footprint.", ()),
+    ("semaphore_limit", "gauge", "The account's limit (absent when it cannot be resolved).", ()),
+    ("semaphore_available", "gauge", "What one new grant request could get now (absent if unknown).", ()),
+    ("semaphore_group_charged", "gauge", "Charged capacity per group.", ("group",)),
+    ("semaphore_rounds_total", "counter", "Allocation rounds committed by the account's holder.", ()),
+    ("semaphore_failed_rounds_total", "counter", "Allocation rounds that failed (nothing written).", ()),
+    ("semaphore_admitted_total", "counter", "Permits granted in new grants, over all rounds.", ()),
+    ("semaphore_blocked_total", "counter",
+     "Permits left waiting per round, by blocked reason, summed over rounds.", ("reason",)),
+)
+
+
+def label_value(value: str) -> str:
+    """A Prometheus label value, escaped (backslash, double quote, newline)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _metric_samples(account: str, answer: dict[str, Any] | None) -> dict[str, list[tuple[tuple[str, ...], Any]]]:
+    """One account's samples per family: ``{family: [(extra label values, value)]}``."""
+    out: dict[str, list[tuple[tuple[str, ...], Any]]] = {"semaphore_up": [((), 0 if answer is None else 1)]}
+    if answer is None:
+        return out
+    usage, counters = answer.get("usage") or {}, answer.get("counters") or {}
+    for family, key in (("semaphore_charged", "charged"), ("semaphore_limit", "limit"),
+                        ("semaphore_available", "available")):
+        if isinstance(usage.get(key), int):
+            out[family] = [((), usage[key])]
+    groups = usage.get("groups") or {}
+    out["semaphore_group_charged"] = [((g,), groups[g].get("charged", 0)) for g in sorted(groups)]
+    for family, key in (("semaphore_rounds_total", "rounds"), ("semaphore_failed_rounds_total", "failed_rounds"),
+                        ("semaphore_admitted_total", "admitted")):
+        out[family] = [((), counters.get(key, 0))]
+    out["semaphore_blocked_total"] = [((name[len("blocked:"):],), n) for name, n in sorted(counters.items())
+                                      if name.startswith("blocked:")]
+    return out
+
+
+def render_metrics(total: int, answers: list[tuple[str, dict[str, Any] | None]]) -> str:
+    """The Prometheus text of ``GET /metrics``: ``semaphore_accounts`` (accounts in the registry),
+    then every family of :data:`METRIC_FAMILIES` for each ``(account, metrics() answer or None
+    when the holder did not answer)``, each family with its ``HELP`` and ``TYPE`` lines."""
+    lines = ["# HELP semaphore_accounts Accounts the Worker has seen (the AccountIndex); "
+             f"at most {METRICS_MAX_ACCOUNTS} are listed.", "# TYPE semaphore_accounts gauge",
+             f"semaphore_accounts {int(total)}"]
+    samples = [(account, _metric_samples(account, answer)) for account, answer in answers]
+    for family, kind, help_text, labels in METRIC_FAMILIES:
+        lines += [f"# HELP {family} {help_text}", f"# TYPE {family} {kind}"]
+        for account, per_family in samples:
+            for values, value in per_family.get(family, []):
+                pairs = [("account", account), *zip(labels, values)]
+                rendered = ",".join(f'{k}="{label_value(str(v))}"' for k, v in pairs)
+                lines.append(f"{family}{{{rendered}}} {int(value)}")
+    return "\n".join(lines) + "\n"
+
+
+async def account_metrics(env: Any, accounts: list[str]) -> list[tuple[str, dict[str, Any] | None]]:
+    """Each account's holder ``metrics()``, ``METRICS_CONCURRENCY`` at a time, each bounded by
+    ``RPC_TIMEOUT_MS``; ``None`` for a holder that failed, timed out or answered an error."""
+
+    async def one(account: str) -> dict[str, Any] | None:
+        try:
+            reply = plain(await asyncio.wait_for(holder(env, account).metrics(), RPC_TIMEOUT_MS / 1000))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("metrics: holder %r did not answer", account)
+            return None
+        return reply if isinstance(reply, dict) and "error" not in reply else None
+
+    out: list[tuple[str, dict[str, Any] | None]] = []
+    for i in range(0, len(accounts), METRICS_CONCURRENCY):
+        chunk = accounts[i:i + METRICS_CONCURRENCY]
+        out += zip(chunk, await asyncio.gather(*(one(a) for a in chunk)))
+    return out
 
 
 def identifier(value: Any, name: str) -> str:
@@ -763,12 +1095,17 @@ def identifier(value: Any, name: str) -> str:
 
 ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("GET", re.compile(r"^/healthz$"), "healthz"),
+    ("GET", re.compile(r"^/metrics$"), "metrics"),
+    ("GET", re.compile(r"^/$"), "dashboard"),
     ("GET", re.compile(r"^/accounts/([^/]+)/usage$"), "usage"),
     ("PUT", re.compile(r"^/accounts/([^/]+)/limit$"), "set_limit"),
     ("POST", re.compile(r"^/accounts/([^/]+)/queues/([^/]+)/jobs$"), "enqueue"),
     ("GET", re.compile(r"^/accounts/([^/]+)/queues/([^/]+)$"), "queue_status"),
     ("POST", re.compile(r"^/accounts/([^/]+)/jobs/([^/]+)/complete$"), "complete"),
     ("POST", re.compile(r"^/accounts/([^/]+)/permits$"), "permits"),
+    ("GET", re.compile(r"^/accounts/([^/]+)/holders$"), "holders"),
+    ("POST", re.compile(r"^/accounts/([^/]+)/holders/([^/]+)/settle$"), "settle"),
+    ("GET", re.compile(r"^/accounts/([^/]+)/audit$"), "audit"),
 ]
 
 
@@ -803,6 +1140,50 @@ class Default(WorkerEntrypoint):
 
     async def route_healthz(self, request: Any) -> Response:
         return json_response({"ok": True})
+
+    async def route_metrics(self, request: Any) -> Response:
+        """Admin (it names every account): Prometheus text of the accounts the ``AccountIndex``
+        lists, at most ``METRICS_MAX_ACCOUNTS`` (:func:`render_metrics`). Creates no storage."""
+        require_admin(request, self.env)
+        index = getattr(self.env, "ACCOUNT_INDEX", None)
+        listed = {"accounts": [], "total": 0}
+        if index is not None:
+            listed = checked(await index.getByName(ACCOUNT_INDEX_NAME).accounts(METRICS_MAX_ACCOUNTS))
+        answers = await account_metrics(self.env, [str(a) for a in listed["accounts"]])
+        return Response(render_metrics(int(listed["total"]), answers), status=200,
+                        headers={"content-type": PROMETHEUS_CONTENT_TYPE})
+
+    async def route_dashboard(self, request: Any) -> Response:
+        """Public: the operations page (``src/dashboard.py``: one HTML page, inline CSS and JS, no
+        external resources). It reads the JSON routes itself; the admin token it may send is typed
+        into the page and kept in the tab's ``sessionStorage``, never in the URL."""
+        return Response(dashboard.PAGE, status=200, headers=dict(dashboard.HEADERS))
+
+    async def route_holders(self, request: Any, account: str) -> Response:
+        """Admin: one page of the account's holders (``?cursor=&limit=``). Creates no storage."""
+        require_admin(request, self.env)
+        cursor, limit = page_query(request, int_cursor=False)
+        result = checked(await holder(self.env, account).holders(cursor, limit))
+        return json_response(result, 400 if "error" in result else 200)
+
+    async def route_audit(self, request: Any, account: str) -> Response:
+        """Admin: one page of the account's audit log, newest first. Creates no storage."""
+        require_admin(request, self.env)
+        cursor, limit = page_query(request, int_cursor=True)
+        result = checked(await holder(self.env, account).audit(cursor, limit))
+        return json_response(result, 400 if "error" in result else 200)
+
+    async def route_settle(self, request: Any, account: str, client_id: str) -> Response:
+        """Admin: force-settle one client (body ``{"reason": str, "actor"?: str}``); answers the
+        audit record. 404 (nothing created) when the account's holder has no state."""
+        require_admin(request, self.env)
+        body = await read_json(request)
+        result = checked(await holder(self.env, account).force_settle(client_id, body.get("reason"),
+                                                                      body.get("actor")))
+        error = result.get("error")
+        if isinstance(error, dict):
+            return json_response(result, 404 if error.get("code") == "not_found" else 400)
+        return json_response(result)
 
     async def route_usage(self, request: Any, account: str) -> Response:
         """Public: the holder's usage (counts, limits, group names). Creates no storage."""

@@ -80,9 +80,9 @@ def _sdk_files() -> list[str]:
 
 
 def _expected_upload() -> set[str]:
-    """Exactly what wrangler may upload: the entry, the library, the SDK."""
+    """Exactly what wrangler may upload: the entry, its dashboard page, the library, the SDK."""
     library = {m.as_posix() for m in _source_modules() if m.parts[0] == "semaphore"}
-    return {"entry.py"} | library | {f"python_modules/{f}" for f in _sdk_files()}
+    return {"entry.py", "dashboard.py"} | library | {f"python_modules/{f}" for f in _sdk_files()}
 
 
 def _uploaded(outdir: Path) -> set[str]:

@@ -235,8 +235,10 @@ class SqlStore:
 
     def audit_page(self, before: int | None, limit: int) -> list[dict[str, Any]]:
         """Up to ``limit`` audit rows, newest first, with ids below ``before``."""
+        if before is None:  # no sentinel bound: Pyodide passes ints from 2**53 - 1 up as BigInt
+            return self.storage.exec(f"SELECT * FROM {AUDIT} ORDER BY audit_id DESC LIMIT ?", limit)
         return self.storage.exec(f"SELECT * FROM {AUDIT} WHERE audit_id < ? ORDER BY audit_id DESC LIMIT ?",
-                                 2**53 - 1 if before is None else before, limit)
+                                 before, limit)
 
     def next_reclaim_due(self) -> int | None:
         """The earliest deadline of a grant with unclaimed permits (R16), if any."""
