@@ -127,6 +127,9 @@ _SCHEMA = (
 _ADDED_COLUMNS = (
     (GRANTS, "report_at", "INTEGER NOT NULL DEFAULT 0"),
     (LEASES, "report_at", "INTEGER NOT NULL DEFAULT 0"),
+    # the holder's claimTtlMs and when its last reply was applied (claim heartbeats)
+    (KEYS, "claim_ttl_ms", "INTEGER NOT NULL DEFAULT 0"),
+    (KEYS, "replied_at", "INTEGER NOT NULL DEFAULT 0"),
 )
 
 # Partial indexes: live rows (what every read wants, in the order it wants them) apart from
@@ -515,18 +518,20 @@ class SemaphoreClient:
     # ================================================================== applying replies
     def _touch_key(self, key: str, now: int, **values: int) -> None:
         row = self._key_row(key)
-        current = {"next_request_at": 0, "contended": 0, "needs_sync": 0, "check_at": 0}
+        current = {"next_request_at": 0, "contended": 0, "needs_sync": 0, "check_at": 0, "claim_ttl_ms": 0,
+                   "replied_at": 0}
         if row is not None:
-            current.update({k: int(row[k]) for k in current})
+            current.update({k: int(row[k] or 0) for k in current})
         current.update(values)
         self.storage.exec(
-            f"INSERT INTO {KEYS}(key, next_request_at, contended, needs_sync, check_at, updated_at)"
-            " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(key) DO UPDATE SET"
+            f"INSERT INTO {KEYS}(key, next_request_at, contended, needs_sync, check_at, claim_ttl_ms, replied_at,"
+            " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(key) DO UPDATE SET"
             " next_request_at = excluded.next_request_at, contended = excluded.contended,"
             " needs_sync = excluded.needs_sync, check_at = excluded.check_at,"
+            " claim_ttl_ms = excluded.claim_ttl_ms, replied_at = excluded.replied_at,"
             " updated_at = excluded.updated_at",
             key, current["next_request_at"], current["contended"], current["needs_sync"],
-            current["check_at"], now)
+            current["check_at"], current["claim_ttl_ms"], current["replied_at"], now)
 
     def _apply(
         self,
@@ -565,7 +570,8 @@ class SemaphoreClient:
         if isinstance(message, SyncMessage) and 0 < check_at <= now:
             check_at = 0
         self._touch_key(key, now, next_request_at=response.next_request_at,
-                        contended=int(response.contended), needs_sync=0, check_at=check_at)
+                        contended=int(response.contended), needs_sync=0, check_at=check_at,
+                        claim_ttl_ms=response.claim_ttl_ms or 0, replied_at=now)
         self._prune(key, now)
         if on_reply is not None:
             on_reply(applied)

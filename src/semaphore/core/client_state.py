@@ -164,18 +164,23 @@ class KeyState:
     :ivar contended: the last reply was ``contended`` (SPEC R29).
     :ivar needs_sync: a ``request`` got no reply yet (it may have created a lease).
     :ivar check_at: when the post-request re-check sync is due (0: none pending).
+    :ivar claim_ttl_ms: the holder's ``claimTtlMs`` of its last reply (0: not set).
+    :ivar replied_at: when the last reply of the holder was applied (0: never).
     """
 
     next_request_at: int = 0
     contended: bool = False
     needs_sync: bool = False
     check_at: int = 0
+    claim_ttl_ms: int = 0
+    replied_at: int = 0
 
     @classmethod
     def _from_row(cls, r: Mapping[str, Any] | None) -> KeyState:
         if r is None:
             return cls()
-        return cls(int(r["next_request_at"]), bool(r["contended"]), bool(r["needs_sync"]), int(r["check_at"]))
+        return cls(int(r["next_request_at"]), bool(r["contended"]), bool(r["needs_sync"]), int(r["check_at"]),
+                   int(r.get("claim_ttl_ms") or 0), int(r.get("replied_at") or 0))
 
 
 @dataclass(frozen=True)

@@ -376,9 +376,21 @@ def _heartbeats(snap: KeySnapshot) -> list[ClientLease]:
     return [x for x in snap.leases if x.active and (x.in_use > 0 or bool(queued.get(x.group)))]
 
 
+def claim_heartbeat_at(snap: KeySnapshot) -> int | None:
+    """With the holder's ``claim_ttl_ms`` (crash expiry, off by default): while the key holds
+    claimed permits not yet released, the holder must hear from the client at least every
+    ``claim_ttl_ms``; the queue speaks up at half of it after the last reply."""
+    ttl = snap.key.claim_ttl_ms
+    if ttl <= 0 or not any(g.claimed > g.released and g.status != "gone" for g in snap.grants):
+        return None
+    return snap.key.replied_at + ttl // 2
+
+
 def heartbeat_due(snap: KeySnapshot) -> bool:
-    """A lease in use is due for its heartbeat (R31, R37)."""
-    return any(x.heartbeat_at <= snap.now for x in _heartbeats(snap))
+    """A lease in use (R31, R37), or claimed permits under ``claim_ttl_ms``, are due for their
+    heartbeat."""
+    claims = claim_heartbeat_at(snap)
+    return any(x.heartbeat_at <= snap.now for x in _heartbeats(snap)) or (claims is not None and claims <= snap.now)
 
 
 # ============================================================================ messages
@@ -438,6 +450,9 @@ def next_wake(snap: KeySnapshot, opts: QueueOptions, *, backoff_until: int = 0,
     due = report_due(snap, opts) if due is None else due
     if due.at is not None:
         times.append(max(due.at, network_at))
+    claims = claim_heartbeat_at(snap)
+    if claims is not None:
+        times.append(max(claims, network_at))
     beating = {x.lease_id for x in _heartbeats(snap)}
     for x in snap.leases:
         if x.lease_id in beating:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from .ledger import Ledger
 
-__all__ = ["Settlement", "decide_force_settle"]
+__all__ = ["Settlement", "decide_force_settle", "decide_claim_expiry"]
 
 
 @dataclass(frozen=True)
@@ -53,3 +53,21 @@ def decide_force_settle(ledger: Ledger, client_id: str) -> Settlement:
         leases.append((x.lease_id, x.group_name, x.footprint))
         ledger.put_lease(replace(x, drawn=x.released, stopped=True, status="retired"))
     return Settlement(client_id, tuple(grants), tuple(leases))
+
+
+def decide_claim_expiry(ledger: Ledger, stale: frozenset[str]) -> tuple[tuple[str, str, int], ...]:
+    """Crash expiry (``claim_ttl_ms``, off by default): release the claimed permits of the
+    ``stale`` clients (unheard of for ``claim_ttl_ms``) as if they had reported them released:
+    ``released`` is raised to ``claimed`` (a high-water mark, R13, so a later report of that
+    client frees nothing twice, I2); a grant released in full is deleted (R17). Unclaimed permits
+    stay as they are (their deadline reclaims them, R15). Returns ``(grant id, group, permits
+    freed)`` per grant changed."""
+    freed = []
+    for g in sorted((g for g in ledger.grants.values() if g.client_id in stale and g.claimed > g.released),
+                    key=lambda g: g.grant_id):
+        freed.append((g.grant_id, g.group_name, g.claimed - g.released))
+        if g.claimed >= g.permits:
+            ledger.delete_grant(g)
+        else:
+            ledger.put_grant(replace(g, released=g.claimed))
+    return tuple(freed)

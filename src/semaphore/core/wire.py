@@ -556,11 +556,19 @@ class PermitResponse:
     blocked: tuple[Blocked, ...] = ()
     contended: bool = False
     next_request_at: int = 0
+    #: The holder's ``claim_ttl_ms`` (reply key ``claimTtlMs``, only when set): claimed permits
+    #: of a client that sends no request or sync for this long are released by the holder, so
+    #: the client reports at least twice as often while it holds claimed permits.
+    claim_ttl_ms: int | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        """The reply dict: ``{"v", "grants", "leases", "blocked", "contended", "nextRequestAt"}``."""
-        return permit_response([g.to_wire() for g in self.grants], [x.to_wire() for x in self.leases],
-                               [b.to_wire() for b in self.blocked], self.contended, self.next_request_at)
+        """The reply dict: ``{"v", "grants", "leases", "blocked", "contended", "nextRequestAt"}``
+        (and ``"claimTtlMs"`` when set)."""
+        reply = permit_response([g.to_wire() for g in self.grants], [x.to_wire() for x in self.leases],
+                                [b.to_wire() for b in self.blocked], self.contended, self.next_request_at)
+        if self.claim_ttl_ms is not None:
+            reply["claimTtlMs"] = self.claim_ttl_ms
+        return reply
 
     @classmethod
     def from_wire(cls, d: Mapping[str, Any]) -> PermitResponse:
@@ -576,4 +584,5 @@ class PermitResponse:
             tuple(Blocked.from_wire(b) for b in d.get("blocked") or ()),
             bool(d.get("contended", False)),
             int(d.get("nextRequestAt") or 0),
+            int(d["claimTtlMs"]) if d.get("claimTtlMs") else None,
         )

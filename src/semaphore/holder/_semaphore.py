@@ -30,7 +30,7 @@ from ..runtime import Storage, TableWatch, object_id
 from ..scheduler import DurabilityScheduler
 from . import _operations
 from ._observe import OnRound, emit, failed_record, round_record
-from ._steps import lease_scope, run_reclaim, run_round, run_sync
+from ._steps import lease_scope, run_claim_expiry, run_reclaim, run_round, run_sync
 from ._store import GRANTS, SCHEMA_VERSION, SqlStore, drop_schema, ensure_schema, read_meta
 
 __all__ = ["DurabilitySemaphore", "LimitOption", "GroupLimitOption", "CanGrantOption"]
@@ -149,6 +149,14 @@ class DurabilitySemaphore:
         ``contended``, ``failed``/``error``), called after the round's replies are set. The same
         record is logged as one JSON line on the logger ``semaphore.round`` (``INFO``; a failed
         round ``WARNING``). An exception from ``on_round`` is logged and never affects the round.
+    :param claim_ttl_ms: crash expiry of claimed permits, ``None`` (the default: off, the seed's
+        contract: claimed permits stay charged until released, R18). With a value, the claimed,
+        unreleased permits of a client that sends no request or sync for this long are released
+        by the holder's alarm, like Redisson's lease time; replies carry ``claimTtlMs`` and the
+        queue then reports at least every ``claim_ttl_ms / 2`` while it holds claimed permits
+        (a heartbeat ``sync``). **Risk:** work that is still running on a client that cannot
+        reach the holder for that long loses its permit (it runs uncharged, so the limit can be
+        exceeded by it); choose a value well above any outage you expect.
 
     Lease ids are verifiable: every lease id is ``<id_factory()>.<epoch>.<permits>.<mac>``, the
     mac the first 32 hex digits of HMAC-SHA256 over the client id, nonce, storage epoch (8 hex
@@ -179,6 +187,7 @@ class DurabilitySemaphore:
         lease_secret: str | bytes | None = None,
         secret_factory: Callable[[], bytes] | None = None,
         on_round: OnRound | None = None,
+        claim_ttl_ms: int | None = None,
     ) -> None:
         _check_sources(scheduler, limit, group_limit, can_grant)
         self.scheduler = scheduler
@@ -194,6 +203,8 @@ class DurabilitySemaphore:
             raise ConfigurationError("on_round: expected None or a callable", field="on_round")
         #: The round hook (see the ``on_round`` option).
         self.on_round = on_round
+        #: Crash expiry of claimed permits (see the ``claim_ttl_ms`` option; ``None``: off).
+        self.claim_ttl_ms = None if claim_ttl_ms is None else option_int(claim_ttl_ms, "claim_ttl_ms", 1)
         self.clock: Callable[[], int] = clock or scheduler.clock  # the scheduler's defaults to system_clock
         self.store = SqlStore(self.storage)
         self._grants_table = TableWatch(self.storage, GRANTS)  # for the reclaim's next_due
@@ -241,9 +252,10 @@ class DurabilitySemaphore:
         except Exception as exc:  # storage unusable: nothing was written
             log.exception("semaphore storage is not usable")
             return RoundFailedError(f"storage error: {exc}").to_wire()
-        if isinstance(parsed, SyncMessage):
-            return await self._sync(parsed)
-        return await self._enqueue(parsed)
+        reply = await (self._sync(parsed) if isinstance(parsed, SyncMessage) else self._enqueue(parsed))
+        if self.claim_ttl_ms is not None and "error" not in reply:
+            reply["claimTtlMs"] = self.claim_ttl_ms  # the client heartbeats its claims (R37 decision)
+        return reply
 
     async def usage(self) -> dict[str, Any]:
         """Current usage (SPEC R38), computed by :func:`semaphore.core.usage.measure`::
@@ -517,7 +529,12 @@ class DurabilitySemaphore:
         """The reclaim participant's ``next_due`` (SPEC R16): the earliest deadline of a grant with
         unclaimed permits, one read; ``None`` when there is no grant table (not created yet, or
         removed by :meth:`migrate` ``(ctx, None)``: nothing to reclaim, and nothing re-created)."""
-        return self._grants_table.read(self.store.next_reclaim_due)
+        due = self._grants_table.read(self.store.next_reclaim_due)
+        if self.claim_ttl_ms is None:
+            return due
+        oldest = self._grants_table.read(self.store.claim_expiry_due)
+        expiry = None if oldest is None else oldest + self.claim_ttl_ms
+        return expiry if due is None else due if expiry is None else min(due, expiry)
 
     def _on_reclaim_timer(self, name: str, due_at: int) -> None:
         """Alarm (the reclaim participant's run, once :meth:`_reclaim_due` has come): reclaim
@@ -533,6 +550,13 @@ class DurabilitySemaphore:
         # The reclaim's next due time follows from the grants written: the scheduler's arm()
         # after the run reads it (_reclaim_due).
         self.storage.transaction(lambda: run_reclaim(self.store, now))
+        if self.claim_ttl_ms is not None:
+            ttl = self.claim_ttl_ms
+            freed = self.storage.transaction(lambda: run_claim_expiry(self.store, now, ttl))
+            for grant_id, group, permits in freed:
+                log.warning("claim_ttl_ms: released %d claimed permits of grant %r (group %r): its client sent"
+                            " nothing for %d ms; work still running under them is no longer charged",
+                            permits, grant_id, group, ttl)
 
     # ================================================================== limits (SPEC R12)
     async def _resolve_limit(self) -> Any:

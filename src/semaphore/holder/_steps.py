@@ -26,10 +26,11 @@ from ..core.rounds import (
     round_reads,
     sync_reads,
 )
-from ..core.settle import Settlement, decide_force_settle
+from ..core.settle import Settlement, decide_claim_expiry, decide_force_settle
 from ..core.wire import SyncMessage
 
-__all__ = ["Store", "LeaseScope", "lease_scope", "run_round", "run_sync", "run_reclaim", "run_force_settle"]
+__all__ = ["Store", "LeaseScope", "lease_scope", "run_round", "run_sync", "run_reclaim", "run_force_settle",
+           "run_claim_expiry"]
 
 
 class Store(Protocol):
@@ -56,6 +57,13 @@ class Store(Protocol):
     def seen(self, holding: Sequence[str], idle: Sequence[str], now: int) -> None:
         """Record that these clients reported at ``now``: ``holding`` hold a grant or a lease
         (their time is kept), ``idle`` hold nothing (their time is forgotten)."""
+
+
+class SqlStoreLike(Store, Protocol):
+    """A store that also knows when clients last reported (crash expiry)."""
+
+    def stale_clients(self, reported_before: int) -> list[str]:
+        """Clients holding claimed, unreleased permits unheard of since ``reported_before``."""
 
 
 class LeaseScope(NamedTuple):
@@ -126,3 +134,16 @@ def run_force_settle(store: Store, client_id: str) -> Settlement:
     settlement = decide_force_settle(ledger, client_id)
     store.persist(ledger.changes())
     return settlement
+
+
+def run_claim_expiry(store: SqlStoreLike, now: int, claim_ttl_ms: int) -> tuple[tuple[str, str, int], ...]:
+    """Crash expiry's transaction body (``claim_ttl_ms``): release the claimed permits of the
+    clients unheard of for ``claim_ttl_ms`` (:func:`~semaphore.core.settle.decide_claim_expiry`);
+    at most 1,000 clients per run (the next alarm takes the rest)."""
+    stale = frozenset(store.stale_clients(now - claim_ttl_ms))
+    if not stale:
+        return ()
+    ledger = Ledger(store.load(Reads(clients=stale), None))
+    freed = decide_claim_expiry(ledger, stale)
+    store.persist(ledger.changes())
+    return freed

@@ -88,6 +88,7 @@ _SCHEMA = (
     " live_leases INTEGER NOT NULL, retired_leases INTEGER NOT NULL)",
     f"CREATE INDEX IF NOT EXISTS {GROUPS}_live ON {GROUPS}(live_leases) WHERE live_leases > 0",
     f"CREATE TABLE IF NOT EXISTS {CLIENTS} (client_id TEXT PRIMARY KEY, last_report_at INTEGER NOT NULL)",
+    f"CREATE INDEX IF NOT EXISTS {CLIENTS}_seen ON {CLIENTS}(last_report_at)",
     f"CREATE TABLE IF NOT EXISTS {AUDIT} ("
     " audit_id INTEGER PRIMARY KEY AUTOINCREMENT, at INTEGER NOT NULL, action TEXT NOT NULL,"
     " client_id TEXT NOT NULL, reason TEXT NOT NULL, actor TEXT, grant_permits INTEGER NOT NULL,"
@@ -220,6 +221,21 @@ class SqlStore:
         leases = self._in(LEASES, "client_id", ids)
         seen = {str(r["client_id"]): int(r["last_report_at"]) for r in self._in(CLIENTS, "client_id", ids)}
         return ids, grants, leases, seen
+
+    _CLAIMING = f"EXISTS (SELECT 1 FROM {GRANTS} g WHERE g.client_id = c.client_id AND g.claimed > g.released)"
+
+    def claim_expiry_due(self) -> int | None:
+        """The oldest last report of a client holding claimed, unreleased permits (crash expiry:
+        walks the clients by last report time and stops at the first such one)."""
+        row = self.storage.one(f"SELECT c.last_report_at AS at FROM {CLIENTS} c WHERE {self._CLAIMING}"
+                               " ORDER BY c.last_report_at LIMIT 1")
+        return None if row is None else int(row["at"])
+
+    def stale_clients(self, reported_before: int) -> list[str]:
+        """Clients holding claimed, unreleased permits unheard of since ``reported_before``."""
+        return [str(r["client_id"]) for r in self.storage.exec(
+            f"SELECT c.client_id FROM {CLIENTS} c WHERE c.last_report_at <= ? AND {self._CLAIMING}"
+            " ORDER BY c.last_report_at LIMIT ?", reported_before, JSON_IDS)]
 
     def write_audit(self, at: int, action: str, client_id: str, reason: str, actor: str | None,
                     grant_permits: int, lease_permits: int, detail: dict[str, Any]) -> int:
