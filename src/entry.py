@@ -964,7 +964,7 @@ def page_problem(cursor: Any, limit: Any, *, int_cursor: bool) -> dict[str, Any]
         return error_value("invalid_request", f"limit must be an integer from 1 to {MAX_PAGE}", "limit")
     if cursor is None:
         return None
-    bad = (isinstance(cursor, bool) or not isinstance(cursor, int) or cursor < 1) if int_cursor \
+    bad = (isinstance(cursor, bool) or not isinstance(cursor, int) or not 1 <= cursor < 2**53) if int_cursor \
         else id_problem(cursor) is not None
     if bad:
         return error_value("invalid_request", "cursor must be the cursor of the previous page", "cursor")

@@ -1149,6 +1149,8 @@ class SemaphoreQueue:
                     " for a fresh admission", r["permit_kind"], str(r["item_id"]))
         def body() -> None:
             self._requeue(str(r["item_id"]))
+            # a fresh admission: the failed calls under the gone permit do not count (work_attempts)
+            self.storage.exec(f"UPDATE {ITEMS} SET attempts = 0 WHERE item_id = ?", str(r["item_id"]))
             self._set_wake(str(r["key"]), self._now(), earlier_only=True)
 
         self.storage.transaction(body)

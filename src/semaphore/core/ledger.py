@@ -94,6 +94,8 @@ class Ledger:
         self._dirty_leases: set[str] = set()
         self._deleted_grants: set[str] = set()
         self._deleted_leases: set[str] = set()
+        #: Clients whose grant or lease this decision deleted (they may hold nothing now).
+        self.deleted_owners: set[str] = set()
         self.deltas: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
         self._meta_sets: dict[str, int] = {}
 
@@ -141,6 +143,7 @@ class Ledger:
         self.grants.pop(g.grant_id, None)
         self._dirty_grants.discard(g.grant_id)
         self._deleted_grants.add(g.grant_id)
+        self.deleted_owners.add(g.client_id)
         self._account_grant(g.grant_id, g.group_name, 0)
 
     def put_lease(self, lease: LeaseRow) -> None:
@@ -153,6 +156,7 @@ class Ledger:
         self.leases.pop(lease.lease_id, None)
         self._dirty_leases.discard(lease.lease_id)
         self._deleted_leases.add(lease.lease_id)
+        self.deleted_owners.add(lease.client_id)
         self._account_lease(lease.lease_id, lease.group_name, 0, "")
 
     # ------------------------------------------------------------------ aggregates and meta

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..core.config import option_int
 from ..core.rows import GrantRow, LeaseRow
-from ..core.wire import id_problem
+from ..core.wire import MAX_INT, id_problem
 from ..errors import ConfigurationError
 from ..runtime import Storage
 from ._steps import run_force_settle
@@ -24,6 +24,9 @@ __all__ = ["MAX_PAGE", "holders_page", "audit_page", "force_settle"]
 MAX_PAGE = 1000
 #: Longest ``reason`` (and ``actor``) a force-settle accepts, in characters.
 MAX_REASON = 1000
+#: Grants (and leases) an audit record lists by id; beyond, it keeps exact totals and counts
+#: (a row must stay under the storage's 2 MB: a client may hold thousands of grants).
+MAX_AUDIT_ENTRIES = 100
 
 
 def _page_limit(limit: Any) -> int:
@@ -71,12 +74,15 @@ def _audit_view(r: dict[str, Any]) -> dict[str, Any]:
             "clientId": str(r["client_id"]), "reason": str(r["reason"]),
             "actor": None if r["actor"] is None else str(r["actor"]),
             "grantPermits": int(r["grant_permits"]), "leasePermits": int(r["lease_permits"]),
-            "grants": detail.get("grants", []), "leases": detail.get("leases", [])}
+            "grants": detail.get("grants", []), "leases": detail.get("leases", []),
+            "grantCount": int(detail.get("grantCount", len(detail.get("grants", [])))),
+            "leaseCount": int(detail.get("leaseCount", len(detail.get("leases", []))))}
 
 
 def audit_page(store: SqlStore, cursor: Any, limit: Any) -> dict[str, Any]:
     """One page of audit records, newest first (see :meth:`DurabilitySemaphore.audit`)."""
-    if cursor is not None and (isinstance(cursor, bool) or not isinstance(cursor, int) or cursor < 1):
+    if cursor is not None and (isinstance(cursor, bool) or not isinstance(cursor, int)
+                               or not 1 <= cursor <= MAX_INT):
         raise ConfigurationError("cursor: must be None or the cursor of the previous page", field="cursor")
     size = _page_limit(limit)
     records = [_audit_view(r) for r in store.audit_page(cursor, size)]
@@ -105,8 +111,9 @@ def force_settle(storage: Storage, store: SqlStore, now: int, client_id: Any, re
 
     def body() -> int:
         s = run_force_settle(store, client_id)
-        detail = {"grants": [{"grantId": i, "group": g, "permits": n} for i, g, n in s.grants],
-                  "leases": [{"leaseId": i, "group": g, "permits": n} for i, g, n in s.leases]}
+        detail = {"grants": [{"grantId": i, "group": g, "permits": n} for i, g, n in s.grants[:MAX_AUDIT_ENTRIES]],
+                  "leases": [{"leaseId": i, "group": g, "permits": n} for i, g, n in s.leases[:MAX_AUDIT_ENTRIES]],
+                  "grantCount": len(s.grants), "leaseCount": len(s.leases)}
         return store.write_audit(now, "force_settle", client_id, why, who, s.grant_permits, s.lease_permits, detail)
 
     audit_id = storage.transaction(body)

@@ -54,6 +54,9 @@ class Store(Protocol):
     def groups_with_live_leases(self) -> set[str]:
         """Groups whose aggregate row counts a live lease."""
 
+    def forget_idle(self, client_ids: Sequence[str]) -> None:
+        """Forget the last report time of these clients if they hold no grant and no lease."""
+
     def seen(self, holding: Sequence[str], idle: Sequence[str], now: int) -> None:
         """Record that these clients reported at ``now``: ``holding`` hold a grant or a lease
         (their time is kept), ``idle`` hold nothing (their time is forgotten)."""
@@ -118,6 +121,7 @@ def run_reclaim(store: Store, now: int) -> None:
     ledger = Ledger(store.load(reclaim_reads(now), None))
     decide_reclaim(ledger, now)
     store.persist(ledger.changes())
+    _forget(store, ledger)
 
 
 def _seen(store: Store, ledger: Ledger, client_ids: Sequence[str], now: int) -> None:
@@ -125,6 +129,16 @@ def _seen(store: Store, ledger: Ledger, client_ids: Sequence[str], now: int) -> 
     something after it (a made-up client id leaves no row behind)."""
     owners = {g.client_id for g in ledger.grants.values()} | {x.client_id for x in ledger.leases.values()}
     store.seen([c for c in client_ids if c in owners], [c for c in client_ids if c not in owners], now)
+    _forget(store, ledger, exclude=set(client_ids))
+
+
+def _forget(store: Store, ledger: Ledger, exclude: Iterable[str] = ()) -> None:
+    """Forget the last report time of other clients whose rows this decision deleted (a reclaim
+    of a grant never claimed, a settle) once they hold nothing at all (one statement, only when
+    something was deleted)."""
+    others = sorted(ledger.deleted_owners - set(exclude))
+    if others:
+        store.forget_idle(others)
 
 
 def run_force_settle(store: Store, client_id: str) -> Settlement:

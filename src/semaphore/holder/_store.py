@@ -206,6 +206,15 @@ class SqlStore:
             self.storage.exec(f"DELETE FROM {CLIENTS} WHERE client_id IN (SELECT value FROM json_each(?))",
                               json_list(sorted(set(idle))))
 
+    def forget_idle(self, client_ids: Sequence[str]) -> None:
+        """Forget the last report time of these clients if they hold no grant and no lease
+        (one statement; both owner indexes answer the checks)."""
+        self.storage.exec(
+            f"DELETE FROM {CLIENTS} WHERE client_id IN (SELECT value FROM json_each(?))"
+            f" AND NOT EXISTS (SELECT 1 FROM {GRANTS} g WHERE g.client_id = {CLIENTS}.client_id)"
+            f" AND NOT EXISTS (SELECT 1 FROM {LEASES} x WHERE x.client_id = {CLIENTS}.client_id)",
+            json_list(sorted(set(client_ids))))
+
     def holder_page(self, after: str | None, limit: int) -> tuple[list[str], list[dict[str, Any]],
                                                                   list[dict[str, Any]], dict[str, int]]:
         """Up to ``limit`` clients holding a grant or a lease, in id order after ``after``, with

@@ -42,6 +42,8 @@ __all__ = [
 T0 = 1_700_000_000_000
 
 _MAX_INT = MAX_INT + 1  # 2**53: the first integer a JavaScript number cannot hold exactly
+#: The largest string or blob value (and row) Durable Object SQLite storage accepts: 2 MB.
+_MAX_VALUE_BYTES = 2_000_000
 _FORBIDDEN = re.compile(r"^\s*(BEGIN|COMMIT|END|SAVEPOINT|ROLLBACK|RELEASE)\b", re.IGNORECASE)
 _LEADING_COMMENTS = re.compile(r"^(\s*(--[^\n]*\n|/\*.*?\*/))*", re.DOTALL)
 
@@ -264,6 +266,11 @@ class LocalSql:
                 raise DurableObjectRuleError(
                     f"binding {i}: integer {value} does not fit in a JavaScript number"
                 )
+            size = len(value.encode("utf-8", "surrogatepass")) if isinstance(value, str) else \
+                len(value) if isinstance(value, bytes) else 0
+            if size > _MAX_VALUE_BYTES:
+                raise DurableObjectRuleError(
+                    f"binding {i}: a value of {size} bytes is over the 2 MB a row or value may hold")
         storage.statements += 1
         conn = storage.connection
         before = conn.total_changes

@@ -116,6 +116,13 @@ class MemoryStore:
         """Groups whose aggregate row counts a live lease."""
         return {g for g, row in self.groups.items() if row["live_leases"] > 0}
 
+    def forget_idle(self, client_ids: Sequence[str]) -> None:
+        """Forget the last report time of these clients if they hold no grant and no lease."""
+        holding = {g.client_id for g in self.grants.values()} | {x.client_id for x in self.leases.values()}
+        for client_id in client_ids:
+            if client_id not in holding:
+                self.last_report_at.pop(client_id, None)
+
     def seen(self, holding: Sequence[str], idle: Sequence[str], now: int) -> None:
         """Record that these clients reported at ``now`` (``idle`` ones hold nothing: forgotten)."""
         for client_id in holding:
