@@ -99,3 +99,18 @@ def _metrics(app: Front) -> None:
             "leasesRetired", "blocked", "sqlStatements", "charged", "limit", "contended", "failed",
             "error"} == set(sample)
     assert sample["sqlStatements"] > 0 and sample["failed"] is False
+
+    # Who holds what, an audited force-settle, and the record read back (issue 11's operations).
+    page = app.ok("GET", "/accounts/m-a/holders?limit=10")
+    assert len(page["holders"]) == 1 and page["cursor"] is None, page
+    (holder,) = page["holders"]
+    assert holder["charged"] == app.usage("m-a")["charged"] == 2, page
+    print(f"--- GET /accounts/m-a/holders ---\n{json.dumps(page)}")
+    (other,) = app.ok("GET", "/accounts/m-b/holders")["holders"]
+    record = app.ok("POST", f"/accounts/m-b/holders/{other['clientId']}/settle",
+                    {"reason": "tier-3 sample: its queue was deleted"})
+    assert record["grantPermits"] == 1 and record["clientId"] == other["clientId"], record
+    audit = app.ok("GET", "/accounts/m-b/audit")
+    assert audit["records"] == [record], audit
+    assert app.usage("m-b")["charged"] == 0
+    print(f"--- POST .../settle, then GET /accounts/m-b/audit ---\n{json.dumps(audit)}")
