@@ -12,67 +12,16 @@ shows ``semaphore_up 0``, and the cap on listed accounts.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
-import sys
 import types
 from urllib.parse import quote
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from semaphore.testing import LocalContext
+import test_reference_worker as reference
+from test_reference_worker import AUTH, TOKEN, _Namespace, _Request
 
-TOKEN = "s3cret"
-AUTH = {"authorization": f"Bearer {TOKEN}"}
-
-
-class _Response:
-    def __init__(self, body: str, status: int = 200, headers: dict | None = None) -> None:
-        self.body, self.status, self.headers = body, status, dict(headers or {})
-
-
-class _Base:
-    def __init__(self, ctx, env) -> None:
-        self.ctx, self.env = ctx, env
-
-
-@pytest.fixture
-def entry(monkeypatch):
-    fake = types.ModuleType("workers")
-    fake.DurableObject = type("DurableObject", (_Base,), {})
-    fake.WorkerEntrypoint = type("WorkerEntrypoint", (_Base,), {})
-    fake.Response = _Response
-    monkeypatch.setitem(sys.modules, "workers", fake)
-    monkeypatch.delitem(sys.modules, "entry", raising=False)
-    module = importlib.import_module("entry")
-    yield module
-    sys.modules.pop("entry", None)
-
-
-class _Namespace:
-    def __init__(self, env, cls) -> None:
-        self.env, self.cls, self.objects, self.contexts = env, cls, {}, {}
-
-    def getByName(self, name: str):
-        if name not in self.objects:
-            self.contexts[name] = LocalContext(name=name)
-            self.objects[name] = self.cls(self.contexts[name], self.env)
-        return self.objects[name]
-
-    def tables(self, name: str) -> list[str]:
-        ctx = self.contexts.get(name)
-        if ctx is None:
-            return []
-        return [r[0] for r in ctx.storage.connection.execute("SELECT name FROM sqlite_master").fetchall()]
-
-
-class _Request:
-    def __init__(self, url: str, method: str = "GET", headers: dict | None = None, body: str = "") -> None:
-        self.url, self.method, self.headers, self._body = url, method, dict(headers or {}), body
-
-    async def text(self) -> str:
-        return self._body
+entry = reference.entry  # the reference Worker's module, with a stand-in ``workers`` (fixture)
 
 
 class World:
