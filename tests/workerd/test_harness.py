@@ -251,8 +251,10 @@ def test_project_modules_leave_build_output_out(tmp_path):
     (project / "src" / "semaphore" / "__pycache__" / "wire.cpython-314.pyc").write_bytes(b"\0")
     library = sorted(p.relative_to(project / "src").as_posix()
                      for p in (project / "src" / "semaphore").rglob("*.py") if "__pycache__" not in p.parts)
+    worker = sorted(p.name for p in (project / "src").glob("*.py"))  # entry.py and the modules it imports
+    assert "entry.py" in worker
     assert src_modules(project / "wrangler.toml") == sorted(
-        [("entry.py", "pythonModule")] + [(name, "pythonModule") for name in library])
+        [(name, "pythonModule") for name in worker] + [(name, "pythonModule") for name in library])
 
 
 def test_renamed_sqlite_class_keeps_sql():

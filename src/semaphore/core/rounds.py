@@ -58,6 +58,8 @@ class Policy:
     round_period_ms: int = 2000
     #: The holder's MAC key under ``lease_secret`` (``None``: the per-storage secret).
     app_secret: bytes | None = None
+    #: Crash expiry of claimed permits (``None``: off; see ``DurabilitySemaphore``).
+    claim_ttl_ms: int | None = None
 
     @property
     def ttl_ms(self) -> int:

@@ -203,7 +203,6 @@ class DurabilitySemaphore:
             raise ConfigurationError("on_round: expected None or a callable", field="on_round")
         #: The round hook (see the ``on_round`` option).
         self.on_round = on_round
-        #: Crash expiry of claimed permits (see the ``claim_ttl_ms`` option; ``None``: off).
         self.claim_ttl_ms = None if claim_ttl_ms is None else option_int(claim_ttl_ms, "claim_ttl_ms", 1)
         self.clock: Callable[[], int] = clock or scheduler.clock  # the scheduler's defaults to system_clock
         self.store = SqlStore(self.storage)
@@ -216,6 +215,7 @@ class DurabilitySemaphore:
             new_id=id_factory or (lambda: secrets.token_hex(12)),
             app_secret=_holder_key(configured_secret(lease_secret), scheduler.ctx),
             new_secret=secret_factory or (lambda: secrets.token_bytes(4 * LEASE_KEY_WORDS)),
+            claim_ttl_ms=self.claim_ttl_ms,
         )
         self._pending: dict[str, _Waiting] = {}
         self._arrivals = itertools.count()
@@ -532,8 +532,7 @@ class DurabilitySemaphore:
         due = self._grants_table.read(self.store.next_reclaim_due)
         if self.claim_ttl_ms is None:
             return due
-        oldest = self._grants_table.read(self.store.claim_expiry_due)
-        expiry = None if oldest is None else oldest + self.claim_ttl_ms
+        expiry = self._grants_table.read(self.store.claim_expiry_due)
         return expiry if due is None else due if expiry is None else min(due, expiry)
 
     def _on_reclaim_timer(self, name: str, due_at: int) -> None:
@@ -551,12 +550,11 @@ class DurabilitySemaphore:
         # after the run reads it (_reclaim_due).
         self.storage.transaction(lambda: run_reclaim(self.store, now))
         if self.claim_ttl_ms is not None:
-            ttl = self.claim_ttl_ms
-            freed = self.storage.transaction(lambda: run_claim_expiry(self.store, now, ttl))
-            for grant_id, group, permits in freed:
-                log.warning("claim_ttl_ms: released %d claimed permits of grant %r (group %r): its client sent"
-                            " nothing for %d ms; work still running under them is no longer charged",
-                            permits, grant_id, group, ttl)
+            freed = self.storage.transaction(lambda: run_claim_expiry(self.store, now))
+            if freed:
+                log.warning("claim_ttl_ms: released %d claimed permits of %d grants (first: %r): their clients"
+                            " sent nothing for %d ms; work still running under them is no longer charged",
+                            sum(n for _, _, n in freed), len(freed), freed[0][0], self.claim_ttl_ms)
 
     # ================================================================== limits (SPEC R12)
     async def _resolve_limit(self) -> Any:

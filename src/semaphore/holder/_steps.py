@@ -57,16 +57,21 @@ class Store(Protocol):
     def forget_idle(self, client_ids: Sequence[str]) -> None:
         """Forget the last report time of these clients if they hold no grant and no lease."""
 
-    def seen(self, holding: Sequence[str], idle: Sequence[str], now: int) -> None:
+    def seen(self, holding: Sequence[str], idle: Sequence[str], now: int,
+             claiming: frozenset[str] = frozenset(), claim_ttl_ms: int | None = None) -> None:
         """Record that these clients reported at ``now``: ``holding`` hold a grant or a lease
-        (their time is kept), ``idle`` hold nothing (their time is forgotten)."""
+        (their time is kept, with whether they are ``claiming``, i.e. hold claimed, unreleased
+        permits, and, with crash expiry, ``claim_ttl_ms``), ``idle`` hold nothing (forgotten)."""
 
 
 class SqlStoreLike(Store, Protocol):
     """A store that also knows when clients last reported (crash expiry)."""
 
-    def stale_clients(self, reported_before: int) -> list[str]:
-        """Clients holding claimed, unreleased permits unheard of since ``reported_before``."""
+    def stale_clients(self, now: int) -> list[str]:
+        """Clients whose claims crash expiry may release at ``now``."""
+
+    def claims_released(self, client_ids: Sequence[str]) -> None:
+        """These clients hold no claimed, unreleased permit any more."""
 
 
 class LeaseScope(NamedTuple):
@@ -102,7 +107,7 @@ def run_round(store: Store, now: int, clients: Sequence[Pending], limits: Limits
     ledger = Ledger(store.load(round_reads(meta, now, clients, limits, policy), meta))
     outcome = decide_round(ledger, now, clients, limits, policy)
     store.persist(ledger.changes())
-    _seen(store, ledger, [p.client_id for p in clients], now)
+    _seen(store, ledger, [p.client_id for p in clients], now, policy.claim_ttl_ms)
     return outcome
 
 
@@ -112,7 +117,7 @@ def run_sync(store: Store, now: int, message: SyncMessage, policy: Policy, conte
     ledger = Ledger(store.load(sync_reads(now, message), None))
     reply = decide_sync(ledger, now, message, policy, contended, next_request_at)
     store.persist(ledger.changes())
-    _seen(store, ledger, [message.client_id], now)
+    _seen(store, ledger, [message.client_id], now, policy.claim_ttl_ms)
     return reply
 
 
@@ -124,11 +129,14 @@ def run_reclaim(store: Store, now: int) -> None:
     _forget(store, ledger)
 
 
-def _seen(store: Store, ledger: Ledger, client_ids: Sequence[str], now: int) -> None:
+def _seen(store: Store, ledger: Ledger, client_ids: Sequence[str], now: int, claim_ttl_ms: int | None) -> None:
     """The last report time of the clients of a round or sync, kept only for clients that hold
-    something after it (a made-up client id leaves no row behind)."""
+    something after it (a made-up client id leaves no row behind), with whether they hold
+    claimed, unreleased permits (crash expiry; the ledger has every row of these clients)."""
     owners = {g.client_id for g in ledger.grants.values()} | {x.client_id for x in ledger.leases.values()}
-    store.seen([c for c in client_ids if c in owners], [c for c in client_ids if c not in owners], now)
+    claiming = frozenset(g.client_id for g in ledger.grants.values() if g.claimed > g.released)
+    store.seen([c for c in client_ids if c in owners], [c for c in client_ids if c not in owners], now,
+               claiming, claim_ttl_ms)
     _forget(store, ledger, exclude=set(client_ids))
 
 
@@ -150,14 +158,17 @@ def run_force_settle(store: Store, client_id: str) -> Settlement:
     return settlement
 
 
-def run_claim_expiry(store: SqlStoreLike, now: int, claim_ttl_ms: int) -> tuple[tuple[str, str, int], ...]:
+def run_claim_expiry(store: SqlStoreLike, now: int) -> tuple[tuple[str, str, int], ...]:
     """Crash expiry's transaction body (``claim_ttl_ms``): release the claimed permits of the
-    clients unheard of for ``claim_ttl_ms`` (:func:`~semaphore.core.settle.decide_claim_expiry`);
-    at most 1,000 clients per run (the next alarm takes the rest)."""
-    stale = frozenset(store.stale_clients(now - claim_ttl_ms))
+    clients unheard of since their reply told them the TTL, for that long
+    (:func:`~semaphore.core.settle.decide_claim_expiry`); at most 1,000 clients per run (the
+    next alarm takes the rest)."""
+    stale = frozenset(store.stale_clients(now))
     if not stale:
         return ()
     ledger = Ledger(store.load(Reads(clients=stale), None))
     freed = decide_claim_expiry(ledger, stale)
     store.persist(ledger.changes())
+    store.claims_released(sorted(stale))
+    _forget(store, ledger)
     return freed

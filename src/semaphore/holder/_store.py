@@ -87,8 +87,11 @@ _SCHEMA = (
     " group_name TEXT PRIMARY KEY, outstanding INTEGER NOT NULL, lease_footprint INTEGER NOT NULL,"
     " live_leases INTEGER NOT NULL, retired_leases INTEGER NOT NULL)",
     f"CREATE INDEX IF NOT EXISTS {GROUPS}_live ON {GROUPS}(live_leases) WHERE live_leases > 0",
-    f"CREATE TABLE IF NOT EXISTS {CLIENTS} (client_id TEXT PRIMARY KEY, last_report_at INTEGER NOT NULL)",
-    f"CREATE INDEX IF NOT EXISTS {CLIENTS}_seen ON {CLIENTS}(last_report_at)",
+    # claims: the client holds claimed, unreleased permits; expires_at: when crash expiry may
+    # release them (its last report plus the claim_ttl_ms its reply told it; NULL: never told)
+    f"CREATE TABLE IF NOT EXISTS {CLIENTS} (client_id TEXT PRIMARY KEY, last_report_at INTEGER NOT NULL,"
+    " claims INTEGER NOT NULL DEFAULT 0, expires_at INTEGER)",
+    f"CREATE INDEX IF NOT EXISTS {CLIENTS}_expiry ON {CLIENTS}(expires_at) WHERE claims = 1",
     f"CREATE TABLE IF NOT EXISTS {AUDIT} ("
     " audit_id INTEGER PRIMARY KEY AUTOINCREMENT, at INTEGER NOT NULL, action TEXT NOT NULL,"
     " client_id TEXT NOT NULL, reason TEXT NOT NULL, actor TEXT, grant_permits INTEGER NOT NULL,"
@@ -193,15 +196,22 @@ class SqlStore:
         return Snapshot(list(grants.values()), list(leases.values()), meta, groups)
 
     # ------------------------------------------------------------------ operations (issue 11)
-    def seen(self, holding: Sequence[str], idle: Sequence[str], now: int) -> None:
+    def seen(self, holding: Sequence[str], idle: Sequence[str], now: int,
+             claiming: frozenset[str] = frozenset(), claim_ttl_ms: int | None = None) -> None:
         """Record that these clients reported at ``now``: one statement for those ``holding``
-        a grant or lease, one to forget those ``idle`` (holding nothing: no row is kept for
-        them, so made-up client ids leave nothing behind)."""
+        a grant or lease (with whether they hold claimed, unreleased permits, and, with crash
+        expiry, when those may expire: ``now + claim_ttl_ms``, the value their reply tells
+        them), one to forget those ``idle`` (holding nothing: no row is kept for them, so
+        made-up client ids leave nothing behind)."""
         if holding:
+            rows = [[c, int(c in claiming)] for c in sorted(set(holding))]
+            expires = None if claim_ttl_ms is None else now + claim_ttl_ms
             self.storage.exec(
-                f"INSERT INTO {CLIENTS}(client_id, last_report_at) SELECT value, ? FROM json_each(?) WHERE true"
-                " ON CONFLICT(client_id) DO UPDATE SET last_report_at = excluded.last_report_at",
-                now, json_list(sorted(set(holding))))
+                f"INSERT INTO {CLIENTS}(client_id, last_report_at, claims, expires_at)"
+                " SELECT json_extract(value, '$[0]'), ?, json_extract(value, '$[1]'), ? FROM json_each(?) WHERE true"
+                " ON CONFLICT(client_id) DO UPDATE SET last_report_at = excluded.last_report_at,"
+                " claims = excluded.claims, expires_at = excluded.expires_at",
+                now, expires, json.dumps(rows, separators=(",", ":"), ensure_ascii=False))
         if idle:
             self.storage.exec(f"DELETE FROM {CLIENTS} WHERE client_id IN (SELECT value FROM json_each(?))",
                               json_list(sorted(set(idle))))
@@ -231,20 +241,22 @@ class SqlStore:
         seen = {str(r["client_id"]): int(r["last_report_at"]) for r in self._in(CLIENTS, "client_id", ids)}
         return ids, grants, leases, seen
 
-    _CLAIMING = f"EXISTS (SELECT 1 FROM {GRANTS} g WHERE g.client_id = c.client_id AND g.claimed > g.released)"
-
     def claim_expiry_due(self) -> int | None:
-        """The oldest last report of a client holding claimed, unreleased permits (crash expiry:
-        walks the clients by last report time and stops at the first such one)."""
-        row = self.storage.one(f"SELECT c.last_report_at AS at FROM {CLIENTS} c WHERE {self._CLAIMING}"
-                               " ORDER BY c.last_report_at LIMIT 1")
-        return None if row is None else int(row["at"])
+        """When crash expiry next may release claims: the earliest ``expires_at`` of a client
+        holding claimed, unreleased permits (one partial-index lookup)."""
+        row = self.storage.one(f"SELECT MIN(expires_at) AS at FROM {CLIENTS} WHERE claims = 1")
+        return None if row is None or row["at"] is None else int(row["at"])
 
-    def stale_clients(self, reported_before: int) -> list[str]:
-        """Clients holding claimed, unreleased permits unheard of since ``reported_before``."""
+    def stale_clients(self, now: int) -> list[str]:
+        """Clients whose claims may be released at ``now`` (at most 1,000, earliest first)."""
         return [str(r["client_id"]) for r in self.storage.exec(
-            f"SELECT c.client_id FROM {CLIENTS} c WHERE c.last_report_at <= ? AND {self._CLAIMING}"
-            " ORDER BY c.last_report_at LIMIT ?", reported_before, JSON_IDS)]
+            f"SELECT client_id FROM {CLIENTS} WHERE claims = 1 AND expires_at <= ? ORDER BY expires_at LIMIT ?",
+            now, JSON_IDS)]
+
+    def claims_released(self, client_ids: Sequence[str]) -> None:
+        """These clients hold no claimed, unreleased permit any more (crash expiry ran)."""
+        self.storage.exec(f"UPDATE {CLIENTS} SET claims = 0 WHERE client_id IN (SELECT value FROM json_each(?))",
+                          json_list(sorted(set(client_ids))))
 
     def write_audit(self, at: int, action: str, client_id: str, reason: str, actor: str | None,
                     grant_permits: int, lease_permits: int, detail: dict[str, Any]) -> int:

@@ -123,7 +123,8 @@ class MemoryStore:
             if client_id not in holding:
                 self.last_report_at.pop(client_id, None)
 
-    def seen(self, holding: Sequence[str], idle: Sequence[str], now: int) -> None:
+    def seen(self, holding: Sequence[str], idle: Sequence[str], now: int,
+             claiming: frozenset[str] = frozenset(), claim_ttl_ms: int | None = None) -> None:
         """Record that these clients reported at ``now`` (``idle`` ones hold nothing: forgotten)."""
         for client_id in holding:
             self.last_report_at[client_id] = now
