@@ -151,10 +151,11 @@ class DurabilitySemaphore:
         round ``WARNING``). An exception from ``on_round`` is logged and never affects the round.
     :param claim_ttl_ms: crash expiry of claimed permits, ``None`` (the default: off, the seed's
         contract: claimed permits stay charged until released, R18). With a value, the claimed,
-        unreleased permits of a client that sends no request or sync for this long are released
-        by the holder's alarm, like Redisson's lease time; replies carry ``claimTtlMs`` and the
-        queue then reports at least every ``claim_ttl_ms / 2`` while it holds claimed permits
-        (a heartbeat ``sync``). **Risk:** work that is still running on a client that cannot
+        unreleased permits of a client that sends no request or sync for this long after a reply
+        told it the TTL are released by the holder's alarm, like Redisson's lease time (a client
+        never told one, e.g. just after the option was turned on, never expires); replies carry
+        ``claimTtlMs`` and the queue then reports at least every ``claim_ttl_ms / 2`` while it
+        holds claimed permits (a heartbeat ``sync``). **Risk:** work that is still running on a client that cannot
         reach the holder for that long loses its permit (it runs uncharged, so the limit can be
         exceeded by it); choose a value well above any outage you expect.
 
@@ -254,7 +255,7 @@ class DurabilitySemaphore:
             return RoundFailedError(f"storage error: {exc}").to_wire()
         reply = await (self._sync(parsed) if isinstance(parsed, SyncMessage) else self._enqueue(parsed))
         if self.claim_ttl_ms is not None and "error" not in reply:
-            reply["claimTtlMs"] = self.claim_ttl_ms  # the client heartbeats its claims (R37 decision)
+            reply["claimTtlMs"] = self.claim_ttl_ms  # the client heartbeats its claims (R18 decision)
         return reply
 
     async def usage(self) -> dict[str, Any]:
