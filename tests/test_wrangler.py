@@ -227,12 +227,14 @@ def test_the_uploaded_test_kit_is_never_imported_by_the_worker():
     """Decision (README, "What the Worker uploads"): wrangler uploads every ``**/*.py`` under
     ``src/`` for a Python Worker and has no way to leave one out, so ``semaphore/testing/``
     (the library's test kit, part of the package users install) is uploaded. It must never be
-    loaded there: neither the entry nor any other library module imports it."""
+    loaded there: neither the entry nor any other library module imports it. The same holds for
+    ``semaphore/simulate/`` (the what-if simulator, a command-line tool built on the test kit):
+    only the kit and the simulator may import the kit, and nothing else imports either."""
     import ast
 
     offenders = []
     for path in [SRC / "entry.py", *sorted((SRC / "semaphore").rglob("*.py"))]:
-        if (SRC / TEST_KIT) in path.parents:
+        if (SRC / TEST_KIT) in path.parents or (SRC / "semaphore" / "simulate") in path.parents:
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names: list[str] = []
@@ -241,7 +243,7 @@ def test_the_uploaded_test_kit_is_never_imported_by_the_worker():
             elif isinstance(node, ast.ImportFrom):
                 base = ("." * node.level) + (node.module or "")
                 names = [base] + [f"{base}.{a.name}" for a in node.names]
-            if any(n.split(".")[-1] == "testing" and ("semaphore" in n or n.startswith("."))
+            if any(n.split(".")[-1] in ("testing", "simulate") and ("semaphore" in n or n.startswith("."))
                    for n in names):
                 offenders.append(path.relative_to(SRC).as_posix())
     assert not offenders, offenders

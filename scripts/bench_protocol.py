@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""The protocol benchmark, side by side in one run (issue 12): the same workload and seed through
+
+  (a) ``naive``  - a naive semaphore object: one durable counter in SQLite; each item calls
+                   ``acquire()`` (succeeds while the counter is below the limit, else retried after
+                   a backoff: 250 ms doubling to 2 s, jittered +-50%) and ``release()`` when its
+                   job ends; no queue, no fairness: a newcomer may win a freed permit;
+  (b) ``rounds`` - this library without leases (batched rounds, confirmed claims);
+  (c) ``strict`` / ``under`` / ``over`` - this library with leases in each provisioning mode,
+
+for two workloads: a standing backlog (20 client objects keeping 50 items queued each, limit 100:
+demand always above the limit) and a bursty one (the simulator's bursts). Per mode it prints
+utilization (running / limit over the whole run, and while items waited), admission latency
+(enqueue to start) and freed-to-start latency percentiles, holder calls per admitted item and the
+worst overshoot, and each as a ratio against (a). Modes (b) and (c) run the REAL holder, client and
+queue code through :mod:`semaphore.simulate`; (a) runs on the same virtual clock with the same
+arrivals and job durations (:func:`~semaphore.simulate.plan_arrivals`,
+:func:`~semaphore.simulate.job_duration`).
+
+    scripts/bench_protocol.py                      # both workloads, all modes (a few minutes)
+    scripts/bench_protocol.py --run-s 120          # shorter runs
+    scripts/bench_protocol.py --workloads bursty --modes naive,rounds
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+
+from semaphore.simulate import Scenario, job_duration, percentiles, plan_arrivals, run_scenario  # noqa: E402
+from semaphore.testing import T0, LocalStorage, SimClock  # noqa: E402
+
+WORKLOADS: dict[str, dict[str, Any]] = {
+    # issue 13's standing backlog: demand always above the limit
+    "backlog": dict(limit=100, clients=20, arrivals=["backlog"], backlog=50, backlog_clients=0,
+                    job_duration="exponential", job_ms=5000.0),
+    # the simulator's bursts: 8 client objects, 8 items per burst every 60 s each, limit 20
+    "bursty": dict(limit=20, clients=8, arrivals=["bursty"], burst_size=8, burst_every_s=60.0,
+                   job_duration="exponential", job_ms=8000.0),
+}
+MODES = ("naive", "rounds", "strict", "under", "over")
+
+
+@dataclass
+class Row:
+    """One mode's figures."""
+
+    mode: str
+    utilization: float | None
+    utilization_backlog: float | None
+    latency: dict[str, float]
+    free_to_start: dict[str, float]
+    calls_per_item: float | None
+    overshoot: int
+    admitted: int
+    wall_s: float
+
+
+# ------------------------------------------------------------------------------ (a) the naive one
+class NaiveSemaphore:
+    """One durable counter in its own SQLite storage (a Durable Object with ``acquire`` and
+    ``release`` RPC methods); every call is one holder call."""
+
+    def __init__(self, limit: int) -> None:
+        self.storage = LocalStorage()
+        self.limit = limit
+        self.calls = 0
+        self.storage.sql.exec("CREATE TABLE counter (id INTEGER PRIMARY KEY, in_use INTEGER NOT NULL)")
+        self.storage.sql.exec("INSERT INTO counter VALUES (1, 0)")
+
+    async def acquire(self) -> bool:
+        self.calls += 1
+        cur = self.storage.sql.exec("UPDATE counter SET in_use = in_use + 1 WHERE id = 1 AND in_use < ?", self.limit)
+        return cur.rowsWritten > 0
+
+    async def release(self) -> None:
+        self.calls += 1
+        self.storage.sql.exec("UPDATE counter SET in_use = in_use - 1 WHERE id = 1 AND in_use > 0")
+
+
+class NaiveRun:
+    """The naive semaphore under the scenario's workload, on a virtual clock."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.s = scenario
+        self.clock = SimClock(T0)
+        self.sem = NaiveSemaphore(scenario.limit)
+        self.running = 0
+        self.queued = 0
+        self.max_running = 0
+        self.waits: list[int] = []
+        self.free_to_start: list[int] = []
+        self.freed: list[int] = []  # times a permit freed while items waited (FIFO of pending frees)
+        self.samples: list[tuple[int, int]] = []  # (running, queued)
+        self.admitted = 0
+        self.counters: dict[int, int] = {}
+        self.rng = random.Random(f"{scenario.seed}:naive")
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def spawn(self, client: int, duration: int | None = None, *, backlog: bool = False) -> None:
+        """Queue one item of client object ``client``, named as the simulator names it
+        (``c<client>-<n>``, so the n-th item of a client has the same job duration in every mode)."""
+        n = self.counters.get(client, 0)
+        self.counters[client] = n + 1
+        self.queued += 1  # queued now (the task's first step may come after the clock moved on)
+        task = asyncio.ensure_future(self.item(client, f"c{client}-{n}", duration, backlog, self.clock.now))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def item(self, client: int, item_id: str, duration: int | None, backlog: bool, enqueued: int) -> None:
+        backoff = 250
+        while not await self.sem.acquire():
+            await self.clock.sleep(int(backoff * self.rng.uniform(0.5, 1.5)))  # jittered, seeded
+            backoff = min(2000, backoff * 2)
+        self.queued -= 1
+        self.running += 1
+        self.admitted += 1
+        self.max_running = max(self.max_running, self.running)
+        self.waits.append(self.clock.now - enqueued)
+        if self.freed:
+            self.free_to_start.append(self.clock.now - self.freed.pop(0))
+        if self.queued == 0:
+            self.freed.clear()
+        if backlog and self.clock.now - T0 < self.s.run_s * 1000:
+            self.spawn(client, backlog=True)  # a backlog client keeps its items queued
+        await self.clock.sleep(duration if duration is not None else job_duration(self.s, item_id))
+        self.running -= 1
+        await self.sem.release()
+        if self.queued > 0:
+            self.freed.append(self.clock.now)
+
+    async def run(self) -> Row:
+        started = time.monotonic()
+        run_ms = int(self.s.run_s * 1000)
+        if "backlog" in self.s.arrivals:
+            backlog_clients = self.s.backlog_clients or self.s.clients
+            for client in range(backlog_clients):
+                for _ in range(self.s.backlog):
+                    self.spawn(client, backlog=True)
+        arrivals = plan_arrivals(self.s)
+        t = 0
+        for a in arrivals:
+            await self.clock.advance_to(T0 + a.at_ms)
+            self._sample_until(a.at_ms)
+            self.spawn(a.client, a.duration_ms)
+        while t < run_ms:
+            step = min(self.s.sample_ms, run_ms - t)
+            await self.clock.advance(step)
+            t += step
+            self._sample_until(t)
+        for task in list(self.tasks):
+            task.cancel()
+        return self._row(time.monotonic() - started)
+
+    def _sample_until(self, t_ms: int) -> None:
+        while len(self.samples) * self.s.sample_ms <= t_ms:
+            self.samples.append((self.running, self.queued))
+
+    def _row(self, wall_s: float) -> Row:
+        limit = self.s.limit
+        util = sum(r for r, _ in self.samples) / (len(self.samples) * limit) if self.samples else None
+        waiting = [r for r, q in self.samples if q > 0]
+        return Row("naive", util, sum(waiting) / (len(waiting) * limit) if waiting else None,
+                   percentiles(self.waits), percentiles(self.free_to_start),
+                   self.sem.calls / self.admitted if self.admitted else None, self.max_running - limit,
+                   self.admitted, wall_s)
+
+
+# ------------------------------------------------------------------------------ (b), (c): the library
+def library_row(mode: str, scenario: Scenario) -> Row:
+    leases = {"rounds": "off"}.get(mode, mode)
+    s = replace(scenario, leases=leases, reserve=max(1, scenario.limit // 5))
+    r = run_scenario(s)
+    over = max(r.max_running_over, r.max_charged_over) if mode in ("rounds", "strict", "under") \
+        else r.max_running_over
+    return Row(mode, r.utilization, r.utilization_backlog, r.latency_ms, r.free_to_start_ms,
+               r.per_item(r.calls), over, r.admitted, r.wall_s)
+
+
+# ------------------------------------------------------------------------------ the table
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _ms(d: dict[str, float], key: str) -> str:
+    return "-" if key not in d else f"{d[key] / 1000:.2f} s"
+
+
+def _ratio(x: float | None, base: float | None) -> str:
+    return "-" if x is None or not base else f"{x / base:.2f}x"
+
+
+def table(workload: str, rows: list[Row]) -> str:
+    base = next((r for r in rows if r.mode == "naive"), None)
+    head = ("| mode | utilization | ... while waiting | wait p50 / p95 / p99 | freed-to-start p50 / p95"
+            " | holder calls / item | overshoot | admitted | vs naive: util / calls / wait p50 |")
+    lines = [f"workload: {workload}", head, "|" + " --- |" * 9]
+    for r in rows:
+        vs = "-" if base is None or r is base else " / ".join((
+            _ratio(r.utilization, base.utilization), _ratio(r.calls_per_item, base.calls_per_item),
+            _ratio(r.latency.get("p50"), base.latency.get("p50"))))
+        lines.append(
+            f"| {r.mode} | {_pct(r.utilization)} | {_pct(r.utilization_backlog)} | "
+            f"{_ms(r.latency, 'p50')} / {_ms(r.latency, 'p95')} / {_ms(r.latency, 'p99')} | "
+            f"{_ms(r.free_to_start, 'p50')} / {_ms(r.free_to_start, 'p95')} | "
+            f"{'-' if r.calls_per_item is None else f'{r.calls_per_item:.3f}'} | {max(0, r.overshoot)} | "
+            f"{r.admitted} | {vs} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run-s", type=float, default=300.0, help="virtual seconds per run (default 300)")
+    parser.add_argument("--seed", type=int, default=1, help="the seed of every run (default 1)")
+    parser.add_argument("--workloads", default="backlog,bursty", help="comma-separated: backlog, bursty")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated: {', '.join(MODES)}")
+    args = parser.parse_args(argv)
+    runners: dict[str, Callable[[Scenario], Row]] = {
+        "naive": lambda s: asyncio.run(NaiveRun(s).run()),
+        **{m: (lambda s, m=m: library_row(m, s)) for m in MODES if m != "naive"}}
+    for workload in args.workloads.split(","):
+        scenario = Scenario(run_s=args.run_s, seed=args.seed, **WORKLOADS[workload])
+        rows = []
+        for mode in args.modes.split(","):
+            print(f"  {workload}: {mode} ...", file=sys.stderr, flush=True)
+            rows.append(runners[mode](scenario))
+        print(table(workload, rows))
+        print(f"(virtual {args.run_s:.0f} s per run, seed {args.seed}; wall s per mode: "
+              + ", ".join(f"{r.mode} {r.wall_s:.1f}" for r in rows) + ")\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,97 @@
+"""``python -m semaphore.simulate [options] [--scenario FILE.toml|.json] [--out DIR]``: run a
+what-if scenario, print its summary, write ``simulation.csv`` and ``simulation.png`` into
+``--out`` (default: the current folder). See :mod:`semaphore.simulate`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+
+from .engine import ProgressHook, run_scenario
+from .report import figures, summary, write_csv
+from .scenario import Scenario, ScenarioError, add_options, load_scenario, save_scenario, scenario_from_args
+
+__all__ = ["main", "parser", "progress_line"]
+
+#: Wall seconds after which a progress line is shown (``--progress`` shows it at once).
+PROGRESS_AFTER_S = 5.0
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line: the run's own flags, then one flag per scenario option."""
+    ap = argparse.ArgumentParser(
+        prog="python -m semaphore.simulate",
+        description="What-if simulator: the real holder, client and queue code of durability-semaphore "
+                    "on a virtual clock, each object on its own SQLite. Prints utilization, admission "
+                    "latency, overshoot, holder calls per item and blocked time; writes the time series "
+                    "(simulation.csv) and its plot (simulation.png). Every option below is also a key of "
+                    "a scenario file (TOML or JSON); flags given override the file.")
+    ap.add_argument("--scenario", metavar="FILE", help="a scenario file (.toml, else JSON) of option keys")
+    ap.add_argument("--out", metavar="DIR", default=".", help="folder for simulation.csv and simulation.png "
+                                                                "(default: the current one)")
+    ap.add_argument("--no-plot", action="store_true", help="do not draw simulation.png (no matplotlib needed)")
+    ap.add_argument("--save-scenario", metavar="FILE", help="also write the effective scenario to FILE "
+                                                            "(.toml, else JSON)")
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON instead of the table")
+    ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                    help=f"progress line on stderr (default: after {PROGRESS_AFTER_S:g} s of wall time)")
+    add_options(ap)
+    return ap
+
+
+def progress_line(stream: TextIO = sys.stderr, *, after_s: float = PROGRESS_AFTER_S) -> ProgressHook:
+    """A progress hook writing ``simulating: 40% (120/300 s virtual), 6.1 s wall`` on one line
+    of ``stream`` once ``after_s`` wall seconds have passed, at most twice a second."""
+    last = [-1.0]
+
+    def show(fraction: float, wall_s: float) -> None:
+        if wall_s < after_s or (wall_s - last[0] < 0.5 and fraction < 1.0):
+            return
+        last[0] = wall_s
+        stream.write(f"\rsimulating: {fraction:4.0%}, {wall_s:.1f} s wall" + ("\n" if fraction >= 1.0 else ""))
+        stream.flush()
+
+    return show
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (2: an invalid scenario or option)."""
+    ap = parser()
+    args = ap.parse_args(argv)
+    try:
+        base = load_scenario(args.scenario) if args.scenario else Scenario()
+        scenario = scenario_from_args(args, base)
+    except (ScenarioError, OSError) as exc:
+        ap.error(str(exc))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.save_scenario:
+        save_scenario(scenario, args.save_scenario)
+    hook = None if args.progress is False else progress_line(after_s=0.0 if args.progress else PROGRESS_AFTER_S)
+    started = time.perf_counter()
+    try:
+        result = run_scenario(scenario, progress=hook)
+    except ScenarioError as exc:
+        ap.error(str(exc))
+    csv_path = write_csv(result, out / "simulation.csv")
+    written = [str(csv_path)]
+    if not args.no_plot:
+        from .plot import PlotUnavailable, plot
+
+        try:
+            written.append(str(plot(result, out / "simulation.png")))
+        except PlotUnavailable as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    print(json.dumps(figures(result), indent=2) if args.json else summary(result))
+    print(f"wrote {', '.join(written)} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    return 1 if result.problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,323 @@
+"""What-if scenarios: :class:`Scenario` (every option of a simulation), its scenario files
+(TOML or JSON, the same keys as the command line's flags) and the command-line options.
+
+Every field of :class:`Scenario` is one option: the key ``round_wait_ms`` in a scenario file is
+the flag ``--round-wait-ms``. Each field's metadata names its group (for ``--help``), its kind
+(how a value is parsed) and its help text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Scenario", "ScenarioError", "ARRIVAL_PATTERNS", "JOB_DURATIONS", "LEASE_MODES", "GROUPS",
+           "load_scenario", "save_scenario", "add_options", "scenario_from_args"]
+
+#: Arrival patterns (``arrivals`` is a list of them; they add up).
+ARRIVAL_PATTERNS = ("steady", "bursty", "diurnal", "backlog", "csv")
+#: Job duration distributions (``job_duration``).
+JOB_DURATIONS = ("fixed", "exponential", "lognormal")
+#: Lease modes (``leases``; or a JSON object of the holder's ``leases=`` options).
+LEASE_MODES = ("off", "strict", "under", "over")
+#: Option groups, in ``--help`` order: (name, title).
+GROUPS = (
+    ("run", "run"),
+    ("holder", "holder (DurabilitySemaphore)"),
+    ("leases", "leases (the holder's leases= options)"),
+    ("queue", "queue (SemaphoreQueue options of every client object)"),
+    ("clients", "client objects and groups"),
+    ("arrivals", "arrivals"),
+    ("jobs", "job durations"),
+    ("faults", "faults"),
+)
+
+
+class ScenarioError(ValueError):
+    """An invalid scenario: an unknown key, a value of the wrong type or out of range
+    (the message names the key)."""
+
+
+def _opt(default: Any, group: str, kind: str, help: str) -> Any:
+    metadata = {"group": group, "kind": kind, "help": help}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def _dict_opt(group: str, kind: str, help: str) -> Any:
+    return field(default_factory=dict, metadata={"group": group, "kind": kind, "help": help})
+
+
+@dataclass
+class Scenario:
+    """One what-if setup: the holder's limits and rounds, leases, queue options, client
+    objects, traffic, job durations, run length, seed and faults. Defaults are the simulator's
+    default scenario. Build one directly, from a mapping (:meth:`from_mapping`), a file
+    (:func:`load_scenario`) or command-line arguments (:func:`scenario_from_args`)."""
+
+    # run
+    seed: int = _opt(1, "run", "int", "random seed: the same seed gives the same run, number for number")
+    run_s: float = _opt(600.0, "run", "float", "virtual seconds simulated (arrivals stop at the end)")
+    sample_ms: int = _opt(1000, "run", "int", "interval of the time series (CSV rows, plot points), virtual ms")
+    # holder
+    limit: int = _opt(20, "holder", "int", "the shared limit (permits running at once across all client objects)")
+    group_limits: dict[str, int] = _dict_opt(
+        "holder", "groups", "per-group ceilings, e.g. g0=3,g1=5 (file: a table {g0 = 3}); groups absent have none")
+    round_wait_ms: int = _opt(1000, "holder", "int", "a round runs this long after its first waiting request")
+    round_period_ms: int = _opt(2000, "holder", "int", "...but never sooner than this after the previous round")
+    grant_timeout_ms: int = _opt(10_000, "holder", "int", "unclaimed grant permits are reclaimed after this")
+    # leases
+    leases: Any = _opt("off", "leases", "leases",
+                       "off, strict, under or over (with the options below), or a JSON object of the holder's "
+                       "leases= options (file: a table) used as it is")
+    permits_per_lease: int = _opt(64, "leases", "int", "most permits one lease carries (permitsPerLease)")
+    lease_ttl_ms: int = _opt(1_800_000, "leases", "int", "a lease unreported this long is retired (ttlMs)")
+    reserve: int = _opt(0, "leases", "int", "under: permits of the limit kept for leases")
+    extra_ratio: float = _opt(0.25, "leases", "float", "over: leases may go floor(limit * ratio) above the limit")
+    extra_count: int | None = _opt(None, "leases", "optint", "over: a fixed count above the limit instead of the ratio")
+    limited_groups: str = _opt("exclude", "leases", "str", "exclude or withinGroupLimit (limitedGroups)")
+    # queue
+    report_releases_within_ms: int = _opt(10_000, "queue", "int",
+                                          "a sync is sent for releases once the oldest waited this long")
+    prefer_leases: bool = _opt(True, "queue", "bool", "draw from live leases before claiming grants")
+    admit_concurrency: int | None = _opt(1000, "queue", "optint",
+                                         "items of a key admitted at once per client object (none: no bound)")
+    retry_ms: int = _opt(1000, "queue", "int", "wait before contacting the holder again after a failure")
+    claim_margin_ms: int = _opt(500, "queue", "int", "do not claim from a grant this close to its claimBy")
+    lease_margin_ms: int = _opt(1000, "queue", "int", "do not draw from a lease this close to its expiry")
+    # clients and groups
+    clients: int = _opt(8, "clients", "int",
+                        "client objects (each a SemaphoreClient + scheduler + SemaphoreQueue on its own SQLite)")
+    groups: int = _opt(2, "clients", "int", "distinct groups g0, g1, ... shared by the client objects")
+    groups_per_client: int = _opt(1, "clients", "int",
+                                  "groups each client object uses: client i uses g(i), g(i+1), ... (mod groups)")
+    # arrivals
+    arrivals: list[str] = _opt(["bursty", "backlog"], "arrivals", "list",
+                               "patterns, comma-separated, adding up: steady, bursty, diurnal, backlog, csv")
+    rate_per_s: float = _opt(0.5, "arrivals", "float",
+                             "steady and diurnal: mean arrivals per second per client object (Poisson)")
+    burst_size: int = _opt(8, "arrivals", "int", "bursty: items per burst")
+    burst_every_s: float = _opt(60.0, "arrivals", "float",
+                                "bursty: a burst every this many seconds per client object (random phase)")
+    burst_span_ms: int = _opt(2000, "arrivals", "int", "bursty: a burst's items arrive spread over this span")
+    diurnal_period_s: float = _opt(240.0, "arrivals", "float", "diurnal: period of the sinusoid")
+    diurnal_amplitude: float = _opt(0.9, "arrivals", "float",
+                                    "diurnal: rate(t) = rate * (1 + amplitude * sin(2 pi t / period)), 0..1")
+    backlog: int = _opt(3, "arrivals", "int",
+                        "backlog: items each backlog client keeps queued (a new one as one starts)")
+    backlog_clients: int = _opt(2, "arrivals", "int",
+                                "backlog: how many client objects (the first ones) keep a backlog; 0: all")
+    arrivals_csv: str = _opt("", "arrivals", "str",
+                             "csv: a file of arrivals with header at_ms,client,group,duration_ms (client: index or "
+                             "name c0..; duration_ms may be empty: drawn from the job duration options)")
+    # jobs
+    job_duration: str = _opt("exponential", "jobs", "str", "fixed, exponential or lognormal (a CSV's duration_ms wins)")
+    job_ms: float = _opt(8000.0, "jobs", "float", "fixed: the duration; exponential: the mean (ms)")
+    job_mu: float = _opt(8.5, "jobs", "float", "lognormal: mu of ln(duration in ms)")
+    job_sigma: float = _opt(0.6, "jobs", "float", "lognormal: sigma of ln(duration in ms)")
+    # faults
+    lose_request: float = _opt(0.0, "faults", "float",
+                               "probability a message is lost (half of them delivered late instead)")
+    lose_reply: float = _opt(0.0, "faults", "float", "probability a reply is lost (the message was delivered)")
+    duplicate: float = _opt(0.0, "faults", "float", "probability a message is delivered twice")
+    delay: float = _opt(0.0, "faults", "float", "probability a message or a reply is delayed (1..max_delay_ms)")
+    max_delay_ms: int = _opt(3000, "faults", "int", "longest delay of a late or delayed message")
+    evict_client_p: float = _opt(0.0, "faults", "float",
+                                 "probability, every fault interval, that a random client object is evicted")
+    evict_holder_p: float = _opt(0.0, "faults", "float",
+                                 "probability, every fault interval, that the holder object is evicted")
+    fault_interval_ms: int = _opt(1000, "faults", "int", "how often eviction is rolled")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], base: Scenario | None = None) -> Scenario:
+        """A scenario from a mapping of option keys (a parsed scenario file), on top of
+        ``base`` (default: the default scenario). Raises :class:`ScenarioError`."""
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise ScenarioError(f"unknown scenario keys: {', '.join(unknown)}")
+        values = {name: _coerce(name, known[name].metadata["kind"], v) for name, v in data.items()}
+        scenario = dataclasses.replace(base or cls(), **values)
+        scenario.validate()
+        return scenario
+
+    def to_mapping(self) -> dict[str, Any]:
+        """Every option as plain data (``None`` as ``"none"``, TOML having no null): what a
+        scenario file holds."""
+        return {k: "none" if v is None else v for k, v in dataclasses.asdict(self).items()}
+
+    def lease_options(self) -> dict[str, Any] | None:
+        """The holder's ``leases=`` options this scenario gives (``None``: leases off)."""
+        if isinstance(self.leases, dict):
+            return dict(self.leases)
+        if self.leases == "off":
+            return None
+        provisioning: dict[str, Any] = {"mode": self.leases}
+        if self.leases == "under":
+            provisioning["reserve"] = self.reserve
+        elif self.leases == "over":
+            provisioning["extra"] = ({"count": self.extra_count} if self.extra_count is not None
+                                     else {"ratio": self.extra_ratio})
+        return {"provisioning": provisioning, "permitsPerLease": self.permits_per_lease,
+                "ttlMs": self.lease_ttl_ms, "limitedGroups": self.limited_groups}
+
+    def client_groups(self, index: int) -> list[str]:
+        """The groups client object ``index`` uses."""
+        return [f"g{(index + j) % self.groups}" for j in range(min(self.groups_per_client, self.groups))]
+
+    def validate(self) -> None:
+        """Raise :class:`ScenarioError` naming the first invalid option."""
+        checks = [
+            ("limit", self.limit >= 0), ("clients", self.clients >= 1), ("groups", self.groups >= 1),
+            ("groups_per_client", self.groups_per_client >= 1), ("run_s", self.run_s > 0),
+            ("sample_ms", self.sample_ms >= 1), ("fault_interval_ms", self.fault_interval_ms >= 1),
+            ("arrivals", bool(self.arrivals) and all(a in ARRIVAL_PATTERNS for a in self.arrivals)),
+            ("job_duration", self.job_duration in JOB_DURATIONS), ("job_ms", self.job_ms > 0),
+            ("leases", isinstance(self.leases, dict) or self.leases in LEASE_MODES),
+            ("arrivals_csv", "csv" not in self.arrivals or bool(self.arrivals_csv)),
+            ("burst_every_s", self.burst_every_s > 0), ("diurnal_period_s", self.diurnal_period_s > 0),
+            ("diurnal_amplitude", 0 <= self.diurnal_amplitude <= 1), ("backlog", self.backlog >= 0),
+            ("rate_per_s", self.rate_per_s >= 0), ("burst_size", self.burst_size >= 0),
+        ]
+        checks += [(name, 0 <= getattr(self, name) <= 1) for name in (
+            "lose_request", "lose_reply", "duplicate", "delay", "evict_client_p", "evict_holder_p")]
+        for name, ok in checks:
+            if not ok:
+                raise ScenarioError(f"invalid {name}: {getattr(self, name)!r}")
+
+
+def _coerce(name: str, kind: str, value: Any) -> Any:
+    """``value`` (from a file or a flag) as the option's type; raises :class:`ScenarioError`."""
+    try:
+        if kind == "int":
+            return _int(value)
+        if kind == "optint":
+            return None if value is None or str(value).lower() in ("none", "") else _int(value)
+        if kind == "float":
+            if isinstance(value, bool):
+                raise TypeError
+            return float(value)
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            return {"true": True, "false": False, "1": True, "0": False}[str(value).lower()]
+        if kind == "str":
+            return str(value)
+        if kind == "list":
+            items = value.split(",") if isinstance(value, str) else list(value)
+            return [str(x).strip() for x in items if str(x).strip()]
+        if kind == "groups":
+            return _groups(value)
+        return _leases(value)
+    except (TypeError, ValueError, KeyError, json.JSONDecodeError) as exc:
+        raise ScenarioError(f"invalid {name}: {value!r}") from exc
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise TypeError
+    return int(value)
+
+
+def _groups(value: Any) -> dict[str, int]:
+    if isinstance(value, str):
+        pairs = [p.split("=", 1) for p in value.split(",") if p.strip()]
+        return {k.strip(): _int(v) for k, v in pairs}
+    if not isinstance(value, Mapping):
+        raise TypeError
+    return {str(k): _int(v) for k, v in value.items()}
+
+
+def _leases(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return dict(value)
+    text = str(value).strip()
+    if text.startswith("{"):
+        parsed = json.loads(text)
+        if not isinstance(parsed, dict):
+            raise TypeError
+        return parsed
+    if text not in LEASE_MODES:
+        raise ValueError
+    return text
+
+
+# ---------------------------------------------------------------------------------- files
+def load_scenario(path: str | Path, base: Scenario | None = None) -> Scenario:
+    """Read a scenario file: TOML (``.toml``, via :mod:`tomllib`) or JSON (any other suffix),
+    a flat table of option keys; options it leaves out keep ``base``'s (default: the default
+    scenario's)."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = tomllib.loads(text) if path.suffix.lower() == ".toml" else json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise ScenarioError(f"{path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{path}: a scenario file holds one table of options")
+    return Scenario.from_mapping(data, base)
+
+
+def save_scenario(scenario: Scenario, path: str | Path) -> None:
+    """Write ``scenario`` as a scenario file: TOML for ``.toml``, else JSON. Reading it back
+    with :func:`load_scenario` gives an equal scenario."""
+    path = Path(path)
+    data = scenario.to_mapping()
+    if path.suffix.lower() == ".toml":
+        text = "".join(f"{_toml_key(k)} = {_toml_value(v)}\n" for k, v in data.items())
+    else:
+        text = json.dumps(data, indent=2) + "\n"
+    path.write_text(text, encoding="utf-8")
+
+
+def _toml_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{_toml_key(str(k))} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    raise ScenarioError(f"cannot write {value!r} to TOML")
+
+
+# ---------------------------------------------------------------------------------- command line
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """Add one flag per :class:`Scenario` option to ``parser``, grouped as :data:`GROUPS`.
+    Flags default to "not given" (so a scenario file's values stay unless overridden)."""
+    sections = {name: parser.add_argument_group(title) for name, title in GROUPS}
+    defaults = Scenario()
+    for f in dataclasses.fields(Scenario):
+        flag = "--" + f.name.replace("_", "-")
+        kind, default = f.metadata["kind"], getattr(defaults, f.name)
+        shown = ",".join(default) if isinstance(default, list) else default
+        text = f"{f.metadata['help']} (key {f.name}; default: {shown if shown not in ({}, '') else 'none'})"
+        section = sections[f.metadata["group"]]
+        if kind == "bool":
+            section.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
+                                 default=argparse.SUPPRESS, help=text)
+        else:
+            section.add_argument(flag, dest=f.name, default=argparse.SUPPRESS, metavar=kind.upper(),
+                                 help=text.replace("%", "%%"))
+
+
+def scenario_from_args(args: argparse.Namespace, base: Scenario | None = None) -> Scenario:
+    """The scenario of parsed arguments: ``base`` with every option flag given applied."""
+    names = {f.name for f in dataclasses.fields(Scenario)}
+    given = {k: v for k, v in vars(args).items() if k in names}
+    return Scenario.from_mapping(given, base)

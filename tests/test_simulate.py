@@ -1,0 +1,192 @@
+"""The what-if simulator (issue 12): ``python -m semaphore.simulate`` runs the real holder,
+client and queue code on a virtual clock and measures utilization, latency, overshoot, holder
+calls and blocked time. Checked here: the command line (default scenario, shortened) writes its
+CSV and PNG; scenario files round-trip; runs are deterministic per seed; the figures are right
+on a scenario computed by hand; CSV arrivals; faults never push strict or lease-less runs over
+the limit."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from semaphore.simulate import (
+    Message,
+    Scenario,
+    ScenarioError,
+    load_scenario,
+    plan_arrivals,
+    run_scenario,
+    save_scenario,
+)
+from semaphore.simulate.__main__ import main, parser
+from semaphore.simulate.report import CSV_COLUMNS, figures, summary
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def numbers(result) -> dict:
+    data = figures(result)
+    data.pop("wall_s")
+    data["samples"] = [dataclasses.astuple(s) for s in result.samples]
+    return data
+
+
+def test_the_cli_runs_the_default_scenario_and_writes_the_csv_and_the_plot(tmp_path, capsys):
+    assert main(["--run-s", "60", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "utilization (running / limit, whole run)" in out and "holder calls per admitted item" in out
+    assert "limit 20, 8 client objects" in out
+    rows = list(csv.reader((tmp_path / "simulation.csv").open()))
+    assert tuple(rows[0]) == CSV_COLUMNS
+    assert len(rows) == 1 + 61 + 1  # one sample a second from 0 to 60 s, plus the final one
+    assert {r[3] for r in rows[1:]} == {"20"}
+    png = (tmp_path / "simulation.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+
+
+def test_python_m_runs_and_help_documents_every_option(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "semaphore.simulate", "--help"], capture_output=True, text=True,
+                          cwd=tmp_path, check=True, env={**os.environ, "COLUMNS": "200"})
+    text = " ".join(proc.stdout.split())
+    for f in dataclasses.fields(Scenario):
+        assert f"--{f.name.replace('_', '-')}" in text, f.name
+        assert f"key {f.name};" in text, f.name
+    for flag in ("--scenario", "--out", "--no-plot", "--progress"):
+        assert flag in proc.stdout
+
+
+@pytest.mark.parametrize("suffix", [".toml", ".json"])
+def test_a_scenario_file_round_trips(tmp_path, suffix):
+    scenario = Scenario(limit=7, group_limits={"g0": 2, "g 1": 3}, leases={"provisioning": {"mode": "strict"},
+                        "permitsPerLease": 4}, arrivals=["steady", "diurnal"], admit_concurrency=None,
+                        prefer_leases=False, run_s=12.5, job_duration="lognormal", lose_reply=0.1)
+    path = tmp_path / f"s{suffix}"
+    save_scenario(scenario, path)
+    assert load_scenario(path) == scenario
+    # a partial file keeps the defaults; flags given override the file
+    partial = tmp_path / f"p{suffix}"
+    partial.write_text('limit = 3\narrivals = ["steady"]\n' if suffix == ".toml" else '{"limit": 3, "arrivals": "steady"}')
+    assert load_scenario(partial) == dataclasses.replace(Scenario(), limit=3, arrivals=["steady"])
+    args = parser().parse_args(["--scenario", str(partial), "--limit", "4", "--no-prefer-leases"])
+    from semaphore.simulate.scenario import scenario_from_args
+    assert scenario_from_args(args, load_scenario(partial)) == dataclasses.replace(
+        Scenario(), limit=4, arrivals=["steady"], prefer_leases=False)
+
+
+def test_a_bad_scenario_names_the_key(tmp_path):
+    with pytest.raises(ScenarioError, match="unknown scenario keys: limt"):
+        Scenario.from_mapping({"limt": 3})
+    with pytest.raises(ScenarioError, match="invalid arrivals"):
+        Scenario.from_mapping({"arrivals": "sometimes"})
+    with pytest.raises(ScenarioError, match="invalid limit"):
+        Scenario.from_mapping({"limit": "many"})
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"leases": "sideways"}')
+    with pytest.raises(SystemExit):
+        main(["--scenario", str(bad), "--out", str(tmp_path)])
+
+
+SMALL = Scenario(run_s=90, clients=4, limit=6, burst_size=6, burst_every_s=30, backlog=2, backlog_clients=1)
+
+
+def test_the_same_seed_gives_the_same_numbers():
+    first, again, other = run_scenario(SMALL), run_scenario(SMALL), run_scenario(dataclasses.replace(SMALL, seed=2))
+    assert numbers(first) == numbers(again)
+    assert numbers(first) != numbers(other)
+    assert first.admitted > 20 and not first.problems
+
+
+def test_hand_computed_standing_backlog_of_fixed_jobs():
+    # limit 2, one client keeping 2 items queued, fixed 10 s jobs: both permits are busy but for
+    # the gap between a job's end and the next start (release sync, next round, claim sync).
+    s = Scenario(limit=2, clients=1, groups=1, arrivals=["backlog"], backlog=2, backlog_clients=0,
+                 job_duration="fixed", job_ms=10_000, run_s=300)
+    r = run_scenario(s)
+    assert r.max_running == 2 and r.max_running_over == 0 and r.max_charged_over == 0 and not r.problems
+    area = r.utilization * s.limit * r.run_ms
+    running_at_end = r.samples[-1].running
+    assert 10_000 * r.completed <= area <= 10_000 * (r.completed + running_at_end)
+    assert r.utilization_backlog == pytest.approx(r.utilization)  # a standing backlog: always queued
+    gap = r.free_to_start_ms["mean"]
+    assert 0 < gap < 5000
+    # every permit cycles through a 10 s job and a gap: utilization ~ 10 / (10 + gap), less the start
+    assert r.utilization == pytest.approx(10_000 / (10_000 + gap), abs=0.03)
+    assert r.latency_ms["p50"] >= 10_000  # a backlog item waits for a job to end first
+    assert r.requests > 0 and r.sync_reasons.get("claim", 0) > 0
+    assert set(r.blocked_ms) <= {"limit", "none"} and r.blocked_ms.get("limit", 0) > 0
+
+
+def test_csv_arrivals_with_their_durations(tmp_path):
+    arrivals = tmp_path / "arrivals.csv"
+    arrivals.write_text("at_ms,client,group,duration_ms\n0,0,a,5000\n100,c1,b,5000\n200,1,,\n")
+    s = Scenario(limit=1, clients=2, arrivals=["csv"], arrivals_csv=str(arrivals), job_duration="fixed",
+                 job_ms=3000, run_s=60)
+    assert [(a.at_ms, a.client, a.group, a.duration_ms) for a in plan_arrivals(s)] == [
+        (0, 0, "a", 5000), (100, 1, "b", 5000), (200, 1, "g1", None)]
+    r = run_scenario(s)
+    assert (r.enqueued, r.admitted, r.completed) == (3, 3, 3)
+    assert r.max_running == 1 and r.max_charged_over == 0
+    # one at a time: the second waits for the first's 5 s, the third for both (5 s + 5 s)
+    assert r.latency_ms["max"] >= 10_000
+    arrivals.write_text("at_ms,client,group,duration_ms\n0,7,a,1\n")
+    with pytest.raises(ScenarioError, match="arrivals.csv:2"):
+        plan_arrivals(s)
+
+
+def test_arrival_patterns_plan_what_they_say():
+    bursty = Scenario(arrivals=["bursty"], clients=3, burst_size=5, burst_every_s=10, run_s=100, burst_span_ms=0)
+    plan = plan_arrivals(bursty)
+    assert 3 * 5 * 9 <= len(plan) <= 3 * 5 * 10 and plan == sorted(plan, key=lambda a: (a.at_ms, a.client))
+    steady = plan_arrivals(Scenario(arrivals=["steady"], clients=2, rate_per_s=1, run_s=1000))
+    assert 1800 < len(steady) < 2200
+    diurnal = plan_arrivals(Scenario(arrivals=["diurnal"], clients=1, rate_per_s=2, diurnal_amplitude=1,
+                                     diurnal_period_s=1000, run_s=1000))
+    first, second = (sum(1 for a in diurnal if lo <= a.at_ms < hi) for lo, hi in ((0, 500_000), (500_000, 10**9)))
+    assert first > 3 * second  # the sinusoid's high half (818 / 1000 of the mean), then its low half (182)
+    assert plan_arrivals(Scenario(arrivals=["backlog"])) == []  # closed loop: made while it runs
+
+
+@pytest.mark.parametrize("leases", ["off", "strict"])
+def test_faults_never_push_the_run_over_the_limit(leases):
+    s = Scenario(leases=leases, limit=5, clients=4, run_s=120, burst_size=6, burst_every_s=20, backlog=2,
+                 lose_request=0.05, lose_reply=0.05, duplicate=0.05, delay=0.1, evict_client_p=0.03,
+                 evict_holder_p=0.03, grant_timeout_ms=4000, permits_per_lease=3, seed=5)
+    r = run_scenario(s)
+    assert r.net["lost_request"] and r.net["lost_reply"] and r.net["duplicated"]
+    assert r.client_evictions and r.holder_evictions
+    assert r.max_running_over <= 0 and r.max_charged_over <= 0, summary(r)
+    assert not r.problems, r.problems
+    assert r.admitted > 20
+    if leases == "strict":
+        assert r.by_lease > 0
+
+
+def test_the_message_hook_sees_every_holder_call():
+    seen: list[Message] = []
+    r = run_scenario(dataclasses.replace(SMALL, run_s=40), on_message=seen.append)
+    assert len(seen) == r.calls and sum(m.kind == "request" for m in seen) == r.requests
+    assert {m.reason for m in seen if m.kind == "sync"} == set(r.sync_reasons)
+    assert all(m.message["clientId"] == m.client for m in seen)
+
+
+def test_over_mode_reports_its_ceiling_and_the_json_figures(tmp_path, capsys):
+    assert main(["--run-s", "30", "--leases", "over", "--extra-count", "4", "--no-plot", "--json",
+                 "--out", str(tmp_path)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["ceiling"] == 24 and data["max_charged"] <= 24
+    assert not (tmp_path / "simulation.png").exists()
+
+
+def test_a_missing_matplotlib_is_a_clear_error(tmp_path, monkeypatch):
+    from semaphore.simulate.plot import PlotUnavailable, plot
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(PlotUnavailable, match="durability-semaphore\\[simulate\\]"):
+        plot(run_scenario(dataclasses.replace(SMALL, run_s=5)), tmp_path / "x.png")
