@@ -8,7 +8,11 @@ Storage and time (:mod:`._local`):
 * :class:`LocalStorage`, :class:`LocalContext` - ``ctx.storage`` and ``ctx`` on real SQLite,
   enforcing the Durable Object rules (:class:`DurableObjectRuleError` where the runtime rejects).
 * :class:`VirtualClock` - deterministic time; :class:`AlarmDriver` fires an object's alarm when
-  the virtual clock reaches it. :data:`T0` is the clock's default start.
+  the virtual clock reaches it (an :class:`AlarmSource`). :data:`T0` is the clock's default start.
+* Fault injection (all off by default): :class:`SkewedClock` (one object's clock offset from the
+  shared virtual clock), ``LocalStorage.fail_transaction`` (a ``transactionSync`` that raises
+  :class:`StorageFault` midway, rolled back), ``AlarmDriver.delay_ms``/``duplicate``/
+  ``spurious_retry`` (late, duplicated and retried alarm deliveries).
 
 Objects (:mod:`._bed`, :mod:`._harness`):
 
@@ -52,7 +56,17 @@ from ._inspect import (
     tables,
     timers,
 )
-from ._local import T0, AlarmDriver, DurableObjectRuleError, LocalContext, LocalStorage, VirtualClock
+from ._local import (
+    T0,
+    AlarmDriver,
+    AlarmSource,
+    DurableObjectRuleError,
+    LocalContext,
+    LocalStorage,
+    SkewedClock,
+    StorageFault,
+    VirtualClock,
+)
 from ._memory_store import MemoryStore, Store, StoreState, resolve_limits, run_reclaim, run_round, run_sync
 from ._messages import blocked, by_id, request, sync
 from ._namespace import Namespace
@@ -62,6 +76,8 @@ from ._tasks import ObjectTasks
 __all__ = [
     # storage and time
     "T0", "VirtualClock", "LocalStorage", "LocalContext", "AlarmDriver", "DurableObjectRuleError",
+    # fault injection
+    "SkewedClock", "StorageFault", "AlarmSource",
     # objects
     "Bed", "HolderSide", "ClientSide", "TaskAlarmDriver", "Net", "Holder", "SimClock", "ObjectTasks", "Namespace",
     # messages

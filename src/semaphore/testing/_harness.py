@@ -11,7 +11,8 @@ in-memory network, all on one virtual clock.
   :class:`~semaphore.HolderUnavailableError`.
 * :class:`TaskAlarmDriver` - fires a client object's alarm as a task, so virtual time can pass
   while the handler waits for a holder round (the runtime runs alarms concurrently with time);
-  alarms never overlap; a handler that raises or is cancelled by eviction is retried with backoff.
+  alarms never overlap; a handler that raises or is cancelled by eviction is retried with backoff
+  (and the :class:`~semaphore.testing.AlarmDriver` fault injection hooks apply).
 * :class:`ClientSide` - a client object: SemaphoreClient + DurabilityScheduler + SemaphoreQueue
   over its own storage, with :meth:`ClientSide.evict`.
 
@@ -196,6 +197,7 @@ class TaskAlarmDriver(AlarmDriver):
             await self._failed(exc)
             return
         self._retry_count = 0
+        await self._after_success(info)
 
     def kill(self) -> None:
         """Cancel the running handler (the object was evicted)."""

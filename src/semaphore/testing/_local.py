@@ -25,7 +25,7 @@ import itertools
 import re
 import sqlite3
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from ..core.wire import MAX_INT
 
@@ -35,7 +35,10 @@ __all__ = [
     "LocalStorage",
     "LocalContext",
     "AlarmDriver",
+    "AlarmSource",
+    "SkewedClock",
     "DurableObjectRuleError",
+    "StorageFault",
 ]
 
 #: The default start of a :class:`VirtualClock` (epoch milliseconds, November 2023).
@@ -50,6 +53,21 @@ _LEADING_COMMENTS = re.compile(r"^(\s*(--[^\n]*\n|/\*.*?\*/))*", re.DOTALL)
 
 class DurableObjectRuleError(Exception):
     """Raised where the real runtime would reject a storage call."""
+
+
+class StorageFault(Exception):
+    """An injected storage failure (see :attr:`LocalStorage.fail_transaction`)."""
+
+
+@runtime_checkable
+class AlarmSource(Protocol):
+    """What a :class:`VirtualClock` fires as time passes (an :class:`AlarmDriver`)."""
+
+    def due(self) -> int | None:
+        """When the next delivery is due (clock time), if any."""
+
+    async def fire(self) -> None:
+        """Deliver it now."""
 
 
 # ---------------------------------------------------------------------------------- clock
@@ -67,7 +85,7 @@ class VirtualClock:
         self._now = int(start_ms)
         self._sleepers: list[tuple[int, int, asyncio.Future[None]]] = []
         self._seq = itertools.count()
-        self._sources: list[AlarmDriver] = []
+        self._sources: list[AlarmSource] = []
 
     def __call__(self) -> int:
         """The current virtual time (epoch milliseconds): the clock is a ``clock`` callable."""
@@ -99,11 +117,11 @@ class VirtualClock:
         """Suspend for ``ms`` virtual milliseconds."""
         await self.sleep_until(self._now + int(ms))
 
-    def add_source(self, driver: AlarmDriver) -> None:
+    def add_source(self, driver: AlarmSource) -> None:
         """Fire ``driver``'s alarm as time advances (an :class:`AlarmDriver` registers itself)."""
         self._sources.append(driver)
 
-    def remove_source(self, driver: AlarmDriver) -> None:
+    def remove_source(self, driver: AlarmSource) -> None:
         """Stop firing ``driver``'s alarm (see :meth:`AlarmDriver.close`)."""
         if driver in self._sources:
             self._sources.remove(driver)
@@ -158,6 +176,92 @@ class VirtualClock:
             if t is None or t > end:
                 return
             await self.advance_to(t)
+
+
+class _ShiftedSource:
+    """An object's alarm source seen on the shared clock: due ``offset_ms`` earlier."""
+
+    def __init__(self, source: AlarmSource, offset_ms: int) -> None:
+        self.source = source
+        self.offset_ms = offset_ms
+
+    def due(self) -> int | None:
+        """The source's due time on the shared clock."""
+        due = self.source.due()
+        return None if due is None else due - self.offset_ms
+
+    async def fire(self) -> None:
+        """Deliver the source's alarm."""
+        await self.source.fire()
+
+
+class SkewedClock(VirtualClock):
+    """One object's view of a shared :class:`VirtualClock`, ``offset_ms`` ahead of it (behind
+    when negative): clock skew between objects (fault injection; off unless used).
+
+    Reading it gives ``base.now + offset_ms``; sleeping until ``t`` wakes when the shared clock
+    reaches ``t - offset_ms``; an alarm driver registered on it fires when the object's own
+    clock reaches the alarm (an object's alarm runs on its own machine's clock). Time is driven
+    on the shared clock (``advance``/``advance_to`` here take this object's times)."""
+
+    def __init__(self, base: VirtualClock, offset_ms: int = 0) -> None:  # noqa: D107
+        self.base = base
+        self.offset_ms = int(offset_ms)
+        self._shifted: dict[int, _ShiftedSource] = {}
+
+    def __call__(self) -> int:
+        """This object's current time (epoch milliseconds)."""
+        return self.base.now + self.offset_ms
+
+    @property
+    def now(self) -> int:
+        """This object's current time (epoch milliseconds)."""
+        return self.base.now + self.offset_ms
+
+    def set(self, at_ms: int) -> None:
+        """Put the shared clock where this object reads ``at_ms`` (see :meth:`VirtualClock.set`)."""
+        self.base.set(int(at_ms) - self.offset_ms)
+
+    async def sleep_until(self, at_ms: int) -> None:
+        """Suspend until this object's clock reaches ``at_ms``."""
+        await self.base.sleep_until(int(at_ms) - self.offset_ms)
+
+    async def sleep(self, ms: int) -> None:
+        """Suspend for ``ms`` virtual milliseconds."""
+        await self.base.sleep(ms)
+
+    def add_source(self, driver: AlarmSource) -> None:
+        """Fire ``driver``'s alarm when this object's clock reaches it."""
+        shifted = _ShiftedSource(driver, self.offset_ms)
+        self._shifted[id(driver)] = shifted
+        self.base.add_source(shifted)
+
+    def remove_source(self, driver: AlarmSource) -> None:
+        """Stop firing ``driver``'s alarm."""
+        shifted = self._shifted.pop(id(driver), None)
+        if shifted is not None:
+            self.base.remove_source(shifted)
+
+    def next_event(self) -> int | None:
+        """The shared clock's next event, in this object's time."""
+        t = self.base.next_event()
+        return None if t is None else t + self.offset_ms
+
+    async def settle(self, rounds: int = 50) -> None:  # type: ignore[override]
+        """The shared clock's ``settle``."""
+        await self.base.settle(rounds)
+
+    async def advance(self, ms: int) -> None:
+        """Let ``ms`` milliseconds pass on the shared clock."""
+        await self.base.advance(ms)
+
+    async def advance_to(self, target_ms: int) -> None:
+        """Advance the shared clock until this object's clock reads ``target_ms``."""
+        await self.base.advance_to(int(target_ms) - self.offset_ms)
+
+    async def run_until_idle(self, limit_ms: int = 24 * 3600 * 1000) -> None:
+        """The shared clock's :meth:`VirtualClock.run_until_idle`."""
+        await self.base.run_until_idle(limit_ms)
 
 
 # ---------------------------------------------------------------------------------- storage
@@ -243,6 +347,7 @@ class LocalSql:
         if storage.fail_next_exec is not None:
             exc, storage.fail_next_exec = storage.fail_next_exec, None
             raise exc
+        storage._count_down()
         body = _LEADING_COMMENTS.sub("", query)
         if _FORBIDDEN.match(body):
             raise DurableObjectRuleError(
@@ -313,15 +418,38 @@ class LocalStorage:
         self.statements = 0
         #: Set to an exception to make the next ``sql.exec`` raise it (fault injection).
         self.fail_next_exec: Exception | None = None
+        #: Fault injection (off by default): called as each outermost ``transactionSync`` opens;
+        #: returning ``n`` (an int) makes that transaction raise :class:`StorageFault` after ``n``
+        #: of its statements ran (at its ``n + 1``-th ``sql.exec``, or when ``fn`` returns if it
+        #: runs fewer), so the rollback undoes what it wrote; ``None``: no fault.
+        self.fail_transaction: Callable[[], int | None] | None = None
+        #: Transactions :attr:`fail_transaction` made raise.
+        self.transactions_failed = 0
+        self._fail_in: int | None = None
+
+    def _count_down(self) -> None:
+        """Raise the :attr:`fail_transaction` fault when its statement comes."""
+        if self._fail_in is None or self._depth == 0:
+            return
+        if self._fail_in <= 0:
+            self._fail_in = None
+            self.transactions_failed += 1
+            raise StorageFault("injected storage failure inside a transaction")
+        self._fail_in -= 1
 
     def transactionSync(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn()`` in a transaction (nested: a savepoint); roll back if it raises."""
         name = f"tx{next(self._savepoints)}"
         conn = self.connection
+        if self._depth == 0 and self.fail_transaction is not None:
+            self._fail_in = self.fail_transaction()
         conn.execute(f"SAVEPOINT {name}")
         self._depth += 1
         try:
             result = fn()
+            if self._depth == 1 and self._fail_in is not None:
+                self._fail_in = 0
+                self._count_down()  # fewer statements than asked for: fail before the commit
         except BaseException:
             conn.execute(f"ROLLBACK TO {name}")
             conn.execute(f"RELEASE {name}")
@@ -331,6 +459,8 @@ class LocalStorage:
             return result
         finally:
             self._depth -= 1
+            if self._depth == 0:
+                self._fail_in = None
 
     async def getAlarm(self) -> int | None:
         """The alarm's time, or ``None``."""
@@ -389,7 +519,18 @@ class AlarmDriver:
 
     Like the runtime: the alarm is cleared before the handler runs; a handler that raises is
     retried with exponential backoff (2 s, 4 s, ... up to ``max_retries``) unless it set a new
-    alarm. ``delay_ms`` (an int or a callable returning one) models late alarm delivery."""
+    alarm. ``delay_ms`` (an int or a callable returning one) models late alarm delivery.
+
+    Fault injection (off by default): :attr:`duplicate` and :attr:`spurious_retry`, callables
+    asked after each successful delivery. ``duplicate()`` true: the handler runs again at once
+    with the same ``alarmInfo`` (a duplicated delivery; counted in :attr:`duplicated`).
+    ``spurious_retry()`` true: the runtime takes the delivery for failed and retries it like a
+    raising handler (backoff, ``isRetry``; counted in :attr:`spurious_retries`)."""
+
+    #: Asked after each successful delivery: deliver it again at once (fault injection).
+    duplicate: Callable[[], bool] | None = None
+    #: Asked after each successful delivery: retry it as if it had failed (fault injection).
+    spurious_retry: Callable[[], bool] | None = None
 
     def __init__(
         self,
@@ -406,6 +547,9 @@ class AlarmDriver:
         self.delay_ms = delay_ms
         self.max_retries = max_retries
         self.fired = 0
+        #: Deliveries duplicated and retried by the fault injection hooks.
+        self.duplicated = 0
+        self.spurious_retries = 0
         self.failures: list[BaseException] = []
         self._retry_count = 0
         self._delayed_for: tuple[int, int] | None = None
@@ -436,6 +580,23 @@ class AlarmDriver:
             await self._failed(exc)
             return
         self._retry_count = 0
+        await self._after_success(info)
+
+    async def _after_success(self, info: dict[str, Any]) -> None:
+        """The fault injection hooks after a delivery succeeded (see the class documentation)."""
+        if self.duplicate is not None and self.duplicate():
+            self.duplicated += 1
+            try:
+                await self.handler(info)
+            except Exception as exc:  # noqa: BLE001 - as for the first delivery
+                await self._failed(exc)
+                return
+        if self.spurious_retry is not None and self.spurious_retry():
+            self.spurious_retries += 1
+            if self.storage.alarm is None:
+                await self._retry()
+            else:  # the object set a new alarm: that delivery comes as the retry
+                self._retry_count += 1
 
     #: Longest retry backoff in milliseconds (``None``: doubling without a cap).
     max_backoff_ms: int | None = None
@@ -453,6 +614,10 @@ class AlarmDriver:
     async def _failed(self, exc: BaseException) -> None:
         """Record a failed delivery and, unless the handler set a new alarm, schedule a retry."""
         self.failures.append(exc)
+        await self._retry()
+
+    async def _retry(self) -> None:
+        """Schedule a retry with backoff, unless the handler set a new alarm."""
         if self.storage.alarm is None and self._retry_count < self.max_retries:
             self._retry_count += 1
             backoff = 2000 * 2 ** (self._retry_count - 1)
