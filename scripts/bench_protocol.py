@@ -103,6 +103,9 @@ class NaiveRun:
         self.samples: list[tuple[int, int]] = []  # (running, queued)
         self.admitted = 0
         self.counters: dict[int, int] = {}
+        # running-item time integrals, exactly as the simulator keeps them (its utilization)
+        self.area = self.area_backlog = self.backlog_ms = 0
+        self.last_t = self.clock.now
         self.rng = random.Random(f"{scenario.seed}:naive")
         self.tasks: set[asyncio.Task[None]] = set()
 
@@ -111,6 +114,7 @@ class NaiveRun:
         (``c<client>-<n>``, so the n-th item of a client has the same job duration in every mode)."""
         n = self.counters.get(client, 0)
         self.counters[client] = n + 1
+        self._account()
         self.queued += 1  # queued now (the task's first step may come after the clock moved on)
         task = asyncio.ensure_future(self.item(client, f"c{client}-{n}", duration, backlog, self.clock.now))
         self.tasks.add(task)
@@ -121,6 +125,7 @@ class NaiveRun:
         while not await self.sem.acquire():
             await self.clock.sleep(int(backoff * self.rng.uniform(0.5, 1.5)))  # jittered, seeded
             backoff = min(2000, backoff * 2)
+        self._account()
         self.queued -= 1
         self.running += 1
         self.admitted += 1
@@ -133,6 +138,7 @@ class NaiveRun:
         if backlog and self.clock.now - T0 < self.s.run_s * 1000:
             self.spawn(client, backlog=True)  # a backlog client keeps its items queued
         await self.clock.sleep(duration if duration is not None else job_duration(self.s, item_id))
+        self._account()
         self.running -= 1
         await self.sem.release()
         if self.queued > 0:
@@ -146,30 +152,37 @@ class NaiveRun:
             for client in range(backlog_clients):
                 for _ in range(self.s.backlog):
                     self.spawn(client, backlog=True)
-        arrivals = plan_arrivals(self.s)
-        t = 0
-        for a in arrivals:
+        sampler = asyncio.ensure_future(self._sample(run_ms))
+        for a in plan_arrivals(self.s):
             await self.clock.advance_to(T0 + a.at_ms)
-            self._sample_until(a.at_ms)
             self.spawn(a.client, a.duration_ms)
-        while t < run_ms:
-            step = min(self.s.sample_ms, run_ms - t)
-            await self.clock.advance(step)
-            t += step
-            self._sample_until(t)
-        for task in list(self.tasks):
+        await self.clock.advance_to(T0 + run_ms)
+        self._account()
+        for task in [*self.tasks, sampler]:
             task.cancel()
         return self._row(time.monotonic() - started)
 
-    def _sample_until(self, t_ms: int) -> None:
-        while len(self.samples) * self.s.sample_ms <= t_ms:
+    def _account(self) -> None:
+        """Integrate running items over time up to now (overall and while items wait)."""
+        now = self.clock.now
+        dt = now - self.last_t
+        if dt > 0:
+            self.area += self.running * dt
+            if self.queued > 0:
+                self.area_backlog += self.running * dt
+                self.backlog_ms += dt
+        self.last_t = now
+
+    async def _sample(self, run_ms: int) -> None:
+        """One sample every ``sample_ms`` of virtual time, as the simulator samples."""
+        while len(self.samples) * self.s.sample_ms < run_ms:
             self.samples.append((self.running, self.queued))
+            await self.clock.sleep(self.s.sample_ms)
 
     def _row(self, wall_s: float) -> Row:
-        limit = self.s.limit
-        util = sum(r for r, _ in self.samples) / (len(self.samples) * limit) if self.samples else None
-        waiting = [r for r, q in self.samples if q > 0]
-        return Row("naive", util, sum(waiting) / (len(waiting) * limit) if waiting else None,
+        limit, run_ms = self.s.limit, int(self.s.run_s * 1000)
+        util = self.area / (run_ms * limit) if run_ms else None
+        return Row("naive", util, self.area_backlog / (self.backlog_ms * limit) if self.backlog_ms else None,
                    percentiles(self.waits), percentiles(self.free_to_start),
                    self.sem.calls / self.admitted if self.admitted else None, self.max_running - limit,
                    self.admitted, wall_s)
@@ -202,12 +215,14 @@ def _ratio(x: float | None, base: float | None) -> str:
 def table(workload: str, rows: list[Row]) -> str:
     base = next((r for r in rows if r.mode == "naive"), None)
     head = ("| mode | utilization | ... while waiting | wait p50 / p95 / p99 | freed-to-start p50 / p95"
-            " | holder calls / item | overshoot | admitted | vs naive: util / calls / wait p50 |")
+            " | holder calls / item | overshoot | admitted | vs naive: util / util waiting / calls / wait p95"
+            " / freed-to-start p50 |")
     lines = [f"workload: {workload}", head, "|" + " --- |" * 9]
     for r in rows:
         vs = "-" if base is None or r is base else " / ".join((
-            _ratio(r.utilization, base.utilization), _ratio(r.calls_per_item, base.calls_per_item),
-            _ratio(r.latency.get("p50"), base.latency.get("p50"))))
+            _ratio(r.utilization, base.utilization), _ratio(r.utilization_backlog, base.utilization_backlog),
+            _ratio(r.calls_per_item, base.calls_per_item), _ratio(r.latency.get("p95"), base.latency.get("p95")),
+            _ratio(r.free_to_start.get("p50"), base.free_to_start.get("p50"))))
         lines.append(
             f"| {r.mode} | {_pct(r.utilization)} | {_pct(r.utilization_backlog)} | "
             f"{_ms(r.latency, 'p50')} / {_ms(r.latency, 'p95')} / {_ms(r.latency, 'p99')} | "

@@ -46,7 +46,7 @@ def test_the_cli_runs_the_default_scenario_and_writes_the_csv_and_the_plot(tmp_p
     assert "limit 20, 8 client objects" in out
     rows = list(csv.reader((tmp_path / "simulation.csv").open()))
     assert tuple(rows[0]) == CSV_COLUMNS
-    assert len(rows) == 1 + 61 + 1  # one sample a second from 0 to 60 s, plus the final one
+    assert len(rows) == 1 + 61  # one sample a second from 0 to 60 s, the last at the end
     assert {r[3] for r in rows[1:]} == {"20"}
     png = (tmp_path / "simulation.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000

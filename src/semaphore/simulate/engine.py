@@ -314,6 +314,10 @@ class Simulation:
         self.requests = self.syncs = 0
         self.sync_reasons: dict[str, int] = {}
         self.blocked_ms: dict[str, int] = {}
+        #: queued items per blocked reason at the last sample, and its time (blocked time is
+        #: counted for the interval that follows a sample, up to the next one or the end)
+        self._blocked_now: dict[str, int] = {}
+        self._last_sample: int | None = None
         self.samples: list[Sample] = []
         self.problems: list[str] = []
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -451,14 +455,19 @@ class Simulation:
                 self.enqueue(i, rng.choice(self.s.client_groups(i)), backlog=True)
 
     async def _sampler(self) -> None:
-        while True:
+        while self.now < self.run_ms:
             self.sample()
             await self.clock.sleep(self.s.sample_ms)
 
-    def sample(self) -> None:
-        """Append one :class:`Sample` and add the sampling interval to the blocked time of every
-        queued item, by the reason the holder last gave for its group (``none``: not said)."""
-        self._account()
+    def _count_blocked(self) -> None:
+        """Add the time since the last sample to the blocked time of the items queued then, by
+        the reason the holder had given for their group (``none``: not said)."""
+        if self._last_sample is not None:
+            dt = self.now - self._last_sample
+            for reason, n in self._blocked_now.items():
+                self.blocked_ms[reason] = self.blocked_ms.get(reason, 0) + n * dt
+        self._last_sample = self.now
+        self._blocked_now = {}
         for side in self.sides:
             waiting = {g: n for (name, g), n in self.queued_by.items() if name == side.name and n > 0}
             if not waiting:
@@ -467,7 +476,12 @@ class Simulation:
             for group, n in waiting.items():
                 blocked = reasons.get(group)
                 reason = blocked.reason.value if blocked is not None else "none"
-                self.blocked_ms[reason] = self.blocked_ms.get(reason, 0) + n * self.s.sample_ms
+                self._blocked_now[reason] = self._blocked_now.get(reason, 0) + n
+
+    def sample(self) -> None:
+        """Append one :class:`Sample` (and count the blocked time since the previous one)."""
+        self._account()
+        self._count_blocked()
         self.samples.append(Sample(self.now, self.running, self._sample_charged(), self.s.limit, self.ceiling,
                                    self.queued, *self.interval))
         self.interval = [0, 0]
@@ -505,8 +519,10 @@ class Simulation:
         self._start_backlog()
         await self.clock.advance_to(self.t0 + self.run_ms)
         self._account()
-        self.samples.append(Sample(self.now, self.running, self._sample_charged(), self.s.limit, self.ceiling,
-                                   self.queued, *self.interval))
+        if self.samples and self.samples[-1].t_ms == self.now:
+            self._count_blocked()  # the last interval's blocked time; its row is there already
+        else:
+            self.sample()
         for task in drivers + list(self.tasks) + list(self.net.tasks):
             task.cancel()
         for side in self.sides:

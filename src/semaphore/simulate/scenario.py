@@ -186,6 +186,10 @@ class Scenario:
             ("burst_every_s", self.burst_every_s > 0), ("diurnal_period_s", self.diurnal_period_s > 0),
             ("diurnal_amplitude", 0 <= self.diurnal_amplitude <= 1), ("backlog", self.backlog >= 0),
             ("rate_per_s", self.rate_per_s >= 0), ("burst_size", self.burst_size >= 0),
+            ("max_delay_ms", self.max_delay_ms >= 1), ("burst_span_ms", self.burst_span_ms >= 0),
+            ("retry_ms", self.retry_ms >= 1), ("claim_margin_ms", self.claim_margin_ms >= 0),
+            ("lease_margin_ms", self.lease_margin_ms >= 0),
+            ("arrivals_csv", "csv" not in self.arrivals or Path(self.arrivals_csv).is_file()),
         ]
         checks += [(name, 0 <= getattr(self, name) <= 1) for name in (
             "lose_request", "lose_reply", "duplicate", "delay", "evict_client_p", "evict_holder_p")]
