@@ -100,7 +100,7 @@ class Faults:
 
     def tx(self) -> int | None:
         if self.on and self.rng.random() < self.cfg.p_tx_fail:
-            return self.rng.randint(0, 4)
+            return self.rng.randint(0, 32)  # across a whole transaction: reads, then writes (up to ~16)
         return None
 
     def alarm_delay(self) -> int:

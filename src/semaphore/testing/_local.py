@@ -588,8 +588,8 @@ class AlarmDriver:
             self.duplicated += 1
             try:
                 await self.handler(info)
-            except Exception as exc:  # noqa: BLE001 - as for the first delivery
-                await self._failed(exc)
+            except BaseException as exc:  # noqa: BLE001 - as for the first delivery (an eviction's
+                await self._failed(exc)    # cancellation too: the delivery is retried, at least once)
                 return
         if self.spurious_retry is not None and self.spurious_retry():
             self.spurious_retries += 1
