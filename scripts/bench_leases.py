@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from semaphore import LeaseConfig, PermitKind, QueueItem  # noqa: E402
+from semaphore.simulate import sync_reason  # noqa: E402
 from semaphore.testing import T0, ClientSide, HolderSide, SimClock  # noqa: E402
 
 KEY = "acct"
@@ -138,21 +139,8 @@ class Bench:
         return reply
 
     def sync_reason(self, key: str, message: dict) -> str:
-        """Why the queue sent this sync, read from its client's state (first match): a claim to
-        confirm (R15a), a stop returning undrawn lease permits (R29), releases (and stops of
-        used-up leases) whose bound ran out, the post-request re-check, else a heartbeat (R37)."""
-        client = self.side_of[message["clientId"]].client
-        grants, leases = client.grants(key), client.leases(key)
-        if any(g.claimed > g.sent_claimed and not g.final for g in grants):
-            return "claim"
-        if any(x.stopped and not x.sent_stopped and x.undrawn > 0 for x in leases):
-            return "stop-return"
-        if any(g.dirty for g in grants) or any(
-                x.released > x.sent_released or (x.stopped and not x.sent_stopped) for x in leases):
-            return "release"
-        if client.check_at(key) is not None:
-            return "recheck"
-        return "heartbeat"
+        """Why the queue sent this sync (:func:`semaphore.simulate.sync_reason`)."""
+        return sync_reason(self.side_of[message["clientId"]], key)
 
     def sample_charged(self) -> None:
         charged, _ = self.holder.charged()
