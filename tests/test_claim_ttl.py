@@ -70,9 +70,9 @@ async def test_replies_carry_claim_ttl_ms_only_when_set_and_it_is_validated():
         assert err.value.field == "claim_ttl_ms"
 
 
-def _client(clock: SimClock, holder: HolderSide, started: list[str]) -> tuple[Net, ClientSide]:
+def _client(clock: SimClock, holder: HolderSide, started: list[str], name: str = "c1") -> tuple[Net, ClientSide]:
     net = Net(holder, clock)
-    side = ClientSide("c1", clock, net, on_admit=lambda s, item: started.append(item.item_id),
+    side = ClientSide(name, clock, net, on_admit=lambda s, item: started.append(item.item_id),
                       report_releases_within_ms=60_000)
     return net, side
 

@@ -8,25 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from semaphore.holder._store import CLIENTS
-from semaphore.testing import T0, Bed, ClientSide, HolderSide, Net, SimClock, async_test, query, request, sync
+from semaphore.holder import CLIENTS
+from semaphore.testing import T0, Bed, HolderSide, SimClock, async_test, query, request, sync
+from test_claim_ttl import TTL, _client, claimed
 
 pytestmark = pytest.mark.usefixtures("quiet_logs")
-TTL = 5_000
-
-
-async def claimed(bed: Bed, client: str = "c", permits: int = 3, claim: int = 2) -> str:
-    (reply,) = await bed.round(request(client, {"g": permits}))
-    (grant,) = reply["grants"]
-    await bed.sem.handle(sync(client, [(grant["grantId"], claim, 0)]))
-    return grant["grantId"]
-
-
-def _client(clock: SimClock, holder: HolderSide, started: list[str], name: str = "c1") -> tuple[Net, ClientSide]:
-    net = Net(holder, clock)
-    side = ClientSide(name, clock, net, on_admit=lambda s, item: started.append(item.item_id),
-                      report_releases_within_ms=60_000)
-    return net, side
 
 
 def _steps(bed: Bed, fn) -> int:
