@@ -105,7 +105,7 @@ def render(table: dict[str, dict[str, int]], modes: list[str]) -> str:
     widths = [max(len(c), *(len(f"{row.get(c, sum(row.values())):,}") for row in table.values())) for c in cols]
     lines = [f"{'':<{label_w}}  " + "  ".join(f"{c:>{w}}" for c, w in zip(cols, widths, strict=True))]
     for label, row in table.items():
-        total = max(row.values()) if label.startswith("fault: max") else sum(row.values())
+        total = max(row.values()) if label.startswith(("fault: max", "max ")) else sum(row.values())
         values = [*(row[m] for m in modes), total]
         lines.append(f"{label:<{label_w}}  " + "  ".join(f"{v:>{w},}" for v, w in zip(values, widths, strict=True)))
     return "\n".join(lines)

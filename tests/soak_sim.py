@@ -21,8 +21,10 @@ Faults, all drawn from the run's seed on the virtual clock:
 
 Checked after every step: I1 (running items <= ceiling and <= charged at the holder, per group
 too; the holder's charged capacity <= the ceiling), I2 (the holder's aggregates equal a recount of
-its rows, rows consistent: ``0 <= released <= claimed <= permits``, ``released <= drawn``), I4
-(no item runs on capacity the holder has freed: running <= charged), I5 (above), no item admitted
+its rows, rows consistent: ``0 <= released <= claimed <= permits``, ``released <= drawn``; and
+per row: no more permits released than items finished under it), I4 (no item runs on capacity the
+holder has freed: running <= charged in total and per grant or lease; unclaimed grant permits
+charged no longer than ``reclaim_slack_ms`` past their ``claimBy``), I5 (above), no item admitted
 under two permits nor a permit used by two items. At the end: I3 (outstanding and lease
 footprint 0, no client holds a grant or lease), every item completed exactly once.
 """
@@ -30,13 +32,14 @@ footprint 0, no client holds a grant or lease), every item completed exactly onc
 from __future__ import annotations
 
 import asyncio
+import collections
 import copy
 import random
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from semaphore import ItemState
-from semaphore.testing import T0, ClientSide, HolderSide, Net, SimClock, SkewedClock, StorageFault, dump
+from semaphore.testing import T0, AlarmDriver, ClientSide, HolderSide, Net, SimClock, SkewedClock, StorageFault, dump
 from sim import KEY, Config, Sim, Stats
 
 MODES: dict[str, dict[str, Any]] = {
@@ -68,6 +71,9 @@ class SoakConfig(Config):
     max_steps: int = 200_000
     p_net: float = 0.08  # each network fault's probability
     offsets: tuple[int, ...] | None = None  # fixed clock offsets (holder, c0, c1, ...) instead of drawn
+    # I4's deadline half: how long past claimBy unclaimed grant permits may stay charged (the
+    # alarm's delivery delay, a retry's backoff after a failed or evicted handler, a step)
+    reclaim_slack_ms: int = 12_000
 
     @classmethod
     def for_mode(cls, seed: int, mode: str, **overrides: Any) -> SoakConfig:
@@ -89,6 +95,7 @@ class SoakStats(Stats):
     skewed_objects: int = 0
     max_skew_ms: int = 0
     invalid_sent: int = 0
+    max_unclaimed_late_ms: int = 0  # longest an unclaimed grant permit stayed charged past claimBy
     violations: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
 
 
@@ -105,7 +112,6 @@ class Faults:
 
     def alarm_delay(self) -> int:
         if self.on and self.rng.random() < self.cfg.p_alarm_delay:
-            self.stats.alarm_delays += 1
             return self.rng.randint(1, self.cfg.max_alarm_delay_ms)
         return 0
 
@@ -122,10 +128,12 @@ class SoakHolder(HolderSide):
     def __init__(self, clock: Any, faults: Faults, **options: Any) -> None:
         self.faults = faults
         self.handled = 0
+        self.drivers: list[AlarmDriver] = []  # every instance's, so no eviction drops its counts
         super().__init__(clock, **options)
 
     def _start(self) -> None:
         super()._start()
+        self.drivers.append(self.driver)
         self.driver.delay_ms = self.faults.alarm_delay
         self.driver.duplicate = self.faults.alarm_duplicate
         self.driver.spurious_retry = self.faults.alarm_retry
@@ -133,6 +141,13 @@ class SoakHolder(HolderSide):
     async def handle(self, message: Any) -> dict[str, Any]:
         self.handled += 1
         return await super().handle(message)
+
+
+def _charge(kind: str, row: dict[str, Any]) -> int:
+    """What a grant or lease row charges at the holder (SPEC R30 for a lease's footprint)."""
+    if kind == "lease" and row["status"] == "retired" and row["stopped"]:
+        return int(row["drawn"]) - int(row["released"])
+    return int(row["permits"]) - int(row["released"])
 
 
 def _mutations(message: dict[str, Any], rng: random.Random) -> Any:
@@ -191,6 +206,7 @@ class SoakSim(Sim):
         self.violations: list[str] = []
         self._seen = 0
         self.found: list[tuple[str, str]] = []  # (kind, detail)
+        self._flagged: set[tuple[str, Any]] = set()  # per-row violations already noted
 
     def _skewed(self) -> SkewedClock:
         offset = self.rng.randint(-self.cfg.skew_ms, self.cfg.skew_ms) if self.cfg.skew_ms else 0
@@ -236,6 +252,40 @@ class SoakSim(Sim):
             self.holder.check()
         except AssertionError as exc:
             self.note("I2", str(exc))
+        self.check_permits()
+
+    def check_permits(self) -> None:
+        """The per-permit halves of I2 and I4, over the holder's rows:
+
+        * I4: every running item's grant or lease still charges it (running items on a row <= what
+          the row charges), and unclaimed grant permits are charged no longer than
+          ``reclaim_slack_ms`` past their ``claimBy``;
+        * I2: a row never counts more permits released than items finished under it (a repeated
+          or reordered report freeing again shows here even when the totals still add up)."""
+        grants, leases = self.holder.grants(), self.holder.leases()
+        now = self.holder.clock.now
+        for gid, g in grants.items():
+            if g["claimed"] < g["permits"] and now > g["claim_by"]:
+                late = now - g["claim_by"]
+                self.stats.max_unclaimed_late_ms = max(self.stats.max_unclaimed_late_ms, late)
+                if late > self.cfg.reclaim_slack_ms and ("late", gid) not in self._flagged:
+                    self._flagged.add(("late", gid))
+                    self.note("I4", f"grant {gid}: {g['permits'] - g['claimed']} unclaimed permits charged "
+                                    f"{late} ms past claimBy")
+        rows = {("grant", k): v for k, v in grants.items()} | {("lease", k): v for k, v in leases.items()}
+        running = collections.Counter(self.started.get(i, ("unknown", i, 0))[:2] for i in self.running)
+        finished = collections.Counter(self.started[i][:2] for i in self.finished if i in self.started)
+        for permit, n in running.items():
+            row = rows.get(permit)
+            charge = 0 if row is None else _charge(permit[0], row)
+            if n > charge and ("run", permit) not in self._flagged:
+                self._flagged.add(("run", permit))
+                self.note("I4", f"{n} items run under {permit[0]} {permit[1]}, which charges {charge}")
+        for permit, row in rows.items():
+            if row["released"] > finished[permit] and ("rel", permit) not in self._flagged:
+                self._flagged.add(("rel", permit))
+                self.note("I2", f"{permit[0]} {permit[1]} counts {row['released']} released, "
+                                f"{finished[permit]} items finished under it")
 
     def invalid_message(self) -> None:
         """I5: an invalid message is answered ``invalid_message`` and changes nothing. Driven
@@ -328,7 +378,8 @@ class SoakSim(Sim):
         s.net = dict(self.net.stats)
         s.holder_tx_failed = self.holder.storage.transactions_failed
         s.client_tx_failed = sum(side.storage.transactions_failed for side in self.sides)
-        drivers = [side.driver for side in self.sides] + [self.holder.driver]
+        drivers = [side.driver for side in self.sides] + self.holder.drivers
+        s.alarm_delays = sum(d.delayed for d in drivers)
         s.alarm_duplicates = sum(d.duplicated for d in drivers)
         s.alarm_retries = sum(d.spurious_retries for d in drivers)
         s.alarm_failures = sum(len(d.failures) for d in drivers)
@@ -415,8 +466,10 @@ def summarize(results: list[RunResult], modes: list[str]) -> dict[str, dict[str,
         add("grant runs", r.mode, s.grant_runs)
         for label, read in FAULTS:
             add(f"fault: {label}", r.mode, int(read(s)))
-        max_skew = table.setdefault("fault: max clock skew (ms)", dict.fromkeys(modes, 0))
-        max_skew[r.mode] = max(max_skew[r.mode], s.max_skew_ms)
+        for label, value in (("fault: max clock skew (ms)", s.max_skew_ms),
+                             ("max unclaimed permits charged past claimBy (ms)", s.max_unclaimed_late_ms)):
+            row = table.setdefault(label, dict.fromkeys(modes, 0))
+            row[r.mode] = max(row[r.mode], value)
         for kind in KINDS:
             add(f"violations: {kind}", r.mode, s.violations[kind])
     return table

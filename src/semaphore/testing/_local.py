@@ -519,7 +519,8 @@ class AlarmDriver:
 
     Like the runtime: the alarm is cleared before the handler runs; a handler that raises is
     retried with exponential backoff (2 s, 4 s, ... up to ``max_retries``) unless it set a new
-    alarm. ``delay_ms`` (an int or a callable returning one) models late alarm delivery.
+    alarm. ``delay_ms`` (an int or a callable returning one) models late alarm delivery
+    (deliveries made late are counted in :attr:`delayed`).
 
     Fault injection (off by default): :attr:`duplicate` and :attr:`spurious_retry`, callables
     asked after each successful delivery. ``duplicate()`` true: the handler runs again at once
@@ -550,6 +551,8 @@ class AlarmDriver:
         #: Deliveries duplicated and retried by the fault injection hooks.
         self.duplicated = 0
         self.spurious_retries = 0
+        #: Deliveries made later than their alarm time because of ``delay_ms``.
+        self.delayed = 0
         self.failures: list[BaseException] = []
         self._retry_count = 0
         self._delayed_for: tuple[int, int] | None = None
@@ -604,8 +607,11 @@ class AlarmDriver:
     async def _deliver(self) -> dict[str, Any] | None:
         """Clear the alarm as the runtime does before delivering it; the ``alarmInfo`` to pass,
         or ``None`` when no alarm is set."""
-        if self.storage.alarm is None:
+        alarm = self.storage.alarm
+        if alarm is None:
             return None
+        if self._delayed_for is not None and self._delayed_for[0] == alarm and self._delayed_for[1] > alarm:
+            self.delayed += 1
         await self.storage.deleteAlarm()
         self._delayed_for = None
         self.fired += 1
