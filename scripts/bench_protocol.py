@@ -208,8 +208,14 @@ def _ms(d: dict[str, float], key: str) -> str:
     return "-" if key not in d else f"{d[key] / 1000:.2f} s"
 
 
-def _ratio(x: float | None, base: float | None) -> str:
-    return "-" if x is None or not base else f"{x / base:.2f}x"
+def _ratio(x: float | None, base: float | None, *, floor: float = 0.0) -> str:
+    """``x / base``, or ``-`` when either is missing or ``base`` is at or below ``floor`` (a
+    ratio against about nothing, e.g. a latency of 1 ms, says nothing)."""
+    return "-" if x is None or not base or base <= floor else f"{x / base:.2f}x"
+
+
+#: Latency ratios need a base above this (ms): the naive object's freed-to-start median is ~1 ms.
+MEANINGFUL_MS = 10.0
 
 
 def table(workload: str, rows: list[Row]) -> str:
@@ -221,8 +227,9 @@ def table(workload: str, rows: list[Row]) -> str:
     for r in rows:
         vs = "-" if base is None or r is base else " / ".join((
             _ratio(r.utilization, base.utilization), _ratio(r.utilization_backlog, base.utilization_backlog),
-            _ratio(r.calls_per_item, base.calls_per_item), _ratio(r.latency.get("p95"), base.latency.get("p95")),
-            _ratio(r.free_to_start.get("p50"), base.free_to_start.get("p50"))))
+            _ratio(r.calls_per_item, base.calls_per_item), _ratio(r.latency.get("p95"), base.latency.get("p95"), floor=MEANINGFUL_MS),
+            _ratio(r.free_to_start.get("p50"), base.free_to_start.get("p50"),
+                   floor=MEANINGFUL_MS)))
         lines.append(
             f"| {r.mode} | {_pct(r.utilization)} | {_pct(r.utilization_backlog)} | "
             f"{_ms(r.latency, 'p50')} / {_ms(r.latency, 'p95')} / {_ms(r.latency, 'p99')} | "

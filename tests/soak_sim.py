@@ -24,7 +24,7 @@ too; the holder's charged capacity <= the ceiling), I2 (the holder's aggregates 
 its rows, rows consistent: ``0 <= released <= claimed <= permits``, ``released <= drawn``; and
 per row: no more permits released than items finished under it), I4 (no item runs on capacity the
 holder has freed: running <= charged in total and per grant or lease; unclaimed grant permits
-charged no longer than ``reclaim_slack_ms`` past their ``claimBy``), I5 (above), no item admitted
+charged no longer past their ``claimBy`` than :meth:`SoakSim.reclaim_allowance`), I5 (above), no item admitted
 under two permits nor a permit used by two items. At the end: I3 (outstanding and lease
 footprint 0, no client holds a grant or lease), every item completed exactly once.
 """
@@ -71,9 +71,11 @@ class SoakConfig(Config):
     max_steps: int = 200_000
     p_net: float = 0.08  # each network fault's probability
     offsets: tuple[int, ...] | None = None  # fixed clock offsets (holder, c0, c1, ...) instead of drawn
-    # I4's deadline half: how long past claimBy unclaimed grant permits may stay charged (the
-    # alarm's delivery delay, a retry's backoff after a failed or evicted handler, a step)
-    reclaim_slack_ms: int = 12_000
+    # I4's deadline half: unclaimed grant permits may stay charged past their claimBy for the
+    # alarm's delivery delay (max_alarm_delay_ms) plus this margin, plus, for each holder
+    # transaction that failed since (a reclaim that failed is backed off by the scheduler, 1 s
+    # doubling, and its alarm delayed again), that backoff and another delivery delay
+    reclaim_margin_ms: int = 1000
 
     @classmethod
     def for_mode(cls, seed: int, mode: str, **overrides: Any) -> SoakConfig:
@@ -207,6 +209,7 @@ class SoakSim(Sim):
         self._seen = 0
         self.found: list[tuple[str, str]] = []  # (kind, detail)
         self._flagged: set[tuple[str, Any]] = set()  # per-row violations already noted
+        self._tx_marks: list[tuple[int, int]] = []  # (holder time, holder transactions failed so far)
 
     def _skewed(self) -> SkewedClock:
         offset = self.rng.randint(-self.cfg.skew_ms, self.cfg.skew_ms) if self.cfg.skew_ms else 0
@@ -252,23 +255,44 @@ class SoakSim(Sim):
             self.holder.check()
         except AssertionError as exc:
             self.note("I2", str(exc))
+
+    def reclaim_allowance(self, claim_by: int) -> int:
+        """How long past ``claim_by`` (holder time) unclaimed permits may stay charged: see
+        :attr:`SoakConfig.reclaim_margin_ms`. Counts every holder transaction that failed since
+        (rounds and syncs too: conservative)."""
+        before = 0
+        for at, failed in self._tx_marks:
+            if at > claim_by:
+                break
+            before = failed
+        delay = self.cfg.max_alarm_delay_ms
+        k = min(8, self.holder.storage.transactions_failed - before)
+        return delay + self.cfg.reclaim_margin_ms + sum(1000 * 2 ** i + delay for i in range(k))
+
+    def check_capacity(self) -> None:
+        """tests/sim.py's check (after each step and at each admission), and the per-permit
+        checks with it."""
+        super().check_capacity()
         self.check_permits()
 
     def check_permits(self) -> None:
         """The per-permit halves of I2 and I4, over the holder's rows:
 
         * I4: every running item's grant or lease still charges it (running items on a row <= what
-          the row charges), and unclaimed grant permits are charged no longer than
-          ``reclaim_slack_ms`` past their ``claimBy``;
+          the row charges), and unclaimed grant permits are charged no longer past their
+          ``claimBy`` than :meth:`reclaim_allowance`;
         * I2: a row never counts more permits released than items finished under it (a repeated
           or reordered report freeing again shows here even when the totals still add up)."""
         grants, leases = self.holder.grants(), self.holder.leases()
         now = self.holder.clock.now
+        failed = self.holder.storage.transactions_failed
+        if not self._tx_marks or self._tx_marks[-1][1] != failed:
+            self._tx_marks.append((now, failed))
         for gid, g in grants.items():
             if g["claimed"] < g["permits"] and now > g["claim_by"]:
                 late = now - g["claim_by"]
                 self.stats.max_unclaimed_late_ms = max(self.stats.max_unclaimed_late_ms, late)
-                if late > self.cfg.reclaim_slack_ms and ("late", gid) not in self._flagged:
+                if late > self.reclaim_allowance(g["claim_by"]) and ("late", gid) not in self._flagged:
                     self._flagged.add(("late", gid))
                     self.note("I4", f"grant {gid}: {g['permits'] - g['claimed']} unclaimed permits charged "
                                     f"{late} ms past claimBy")
