@@ -227,9 +227,9 @@ def table(workload: str, rows: list[Row]) -> str:
     for r in rows:
         vs = "-" if base is None or r is base else " / ".join((
             _ratio(r.utilization, base.utilization), _ratio(r.utilization_backlog, base.utilization_backlog),
-            _ratio(r.calls_per_item, base.calls_per_item), _ratio(r.latency.get("p95"), base.latency.get("p95"), floor=MEANINGFUL_MS),
-            _ratio(r.free_to_start.get("p50"), base.free_to_start.get("p50"),
-                   floor=MEANINGFUL_MS)))
+            _ratio(r.calls_per_item, base.calls_per_item),
+            _ratio(r.latency.get("p95"), base.latency.get("p95"), floor=MEANINGFUL_MS),
+            _ratio(r.free_to_start.get("p50"), base.free_to_start.get("p50"), floor=MEANINGFUL_MS)))
         lines.append(
             f"| {r.mode} | {_pct(r.utilization)} | {_pct(r.utilization_backlog)} | "
             f"{_ms(r.latency, 'p50')} / {_ms(r.latency, 'p95')} / {_ms(r.latency, 'p99')} | "
