@@ -72,15 +72,19 @@ async def test_reports_are_cumulative():
 
 @async_test
 async def test_next_request_at_is_respected():
-    # R11, R35: the client does not ask before nextRequestAt unless forced
+    # R11, R35: the client does not ask before the reply's joinAt (round_wait_ms before
+    # nextRequestAt: a request sent then joins the round at nextRequestAt) unless forced
     s = Setup()
     first = await s.ask()
-    not_before = first.response.next_request_at
-    assert not_before > s.clock.now and s.client.not_before("k") == not_before
+    next_round = first.response.next_request_at
+    not_before = first.response.join_at
+    assert not_before == next_round - 1000 and not_before > s.clock.now
+    assert s.client.not_before("k") == not_before
     sent_at: list[int] = []
     s.net.intercept = lambda key, msg: sent_at.append(s.clock.now)  # type: ignore[func-returns-value]
     await s.ask()
     assert sent_at[0] >= not_before
+    assert s.clock.now >= next_round  # its round ran no sooner than the first reply said (R9)
     # force=True sends at once
     before = s.clock.now
     await s.ask(force=True)

@@ -202,8 +202,6 @@ async def test_f4_after_eight_exchanges_a_due_release_is_held_back_for_retry_ms(
     assert sent_release - left < 100, (f"release sent {sent_release - left} ms after A left", f"burst of {burst}")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13: a release made while the key's request waits for its round is"
-                   " sent after that round (the pump's lock), so the waiter pays a round period")
 @async_test
 async def test_f5_a_release_made_while_the_keys_request_waits_for_its_round_misses_that_round():
     # Leftover (2), default holder settings: the pump lock holds A's release behind B's request,

@@ -197,9 +197,11 @@ def test_report_releases_within_ms_is_validated(bad):
 
 
 @async_test
-async def test_releases_are_reported_at_once_when_the_last_reply_was_contended():
-    # R29: a contended reply means other work waits for capacity; holding a release back then
-    # only idles permits, so it is reported at once whatever the bound
+async def test_releases_are_reported_by_the_next_round_when_the_last_reply_was_contended():
+    # R29, R37 decision: a contended reply means other work waits for capacity; holding a
+    # release back past the next round only idles permits, so whatever the bound it is reported
+    # by the reply's joinAt (a request sent then joins that round), here on b's own request:
+    # one message, no sync of its own
     s = Setup(limit=1, queue={"report_releases_within_ms": 60_000})
     await s.queue.enqueue(KEY, "g", "a")
     await s.queue.enqueue(KEY, "g", "b")  # limit 1: b waits, the round is contended
@@ -207,10 +209,32 @@ async def test_releases_are_reported_at_once_when_the_last_reply_was_contended()
     assert [i.item_id for i in s.admitted] == ["a"] and s.side.client.contended(KEY)
     sent = len(s.net.sent)
     await s.queue.complete("a")
-    await s.clock.advance(1)
-    assert released_in(s.messages(sent)) == 1 and s.outstanding() == 0
-    await s.clock.advance(3000)
-    assert [i.item_id for i in s.admitted] == ["a", "b"]
+    join_at = s.side.client.not_before(KEY)
+    assert s.clock.now < join_at
+    await s.clock.advance(join_at - s.clock.now)
+    assert released_in(s.messages(sent)) == 1
+    assert [m["type"] for m in s.messages(sent)] == ["request"]  # the release rode on b's request
+    await s.clock.advance(1000)  # b's round applies the release first, then grants it to b
+    assert s.outstanding() == 1 and [i.item_id for i in s.admitted] == ["a", "b"]
+
+
+@async_test
+async def test_a_contended_release_while_the_keys_request_waits_for_its_round_goes_in_a_sync_of_its_own():
+    # R37 decision: the key's request holds the pump while it waits for its round; a release
+    # due then (contended) does not wait behind it: a sync carries it, so that round counts it
+    s = Setup(limit=2, queue={"report_releases_within_ms": 60_000})
+    for item in ("a", "b", "c"):
+        await s.queue.enqueue(KEY, "g", item)
+    await s.clock.advance(1500)
+    assert [i.item_id for i in s.admitted] == ["a", "b"] and s.side.client.contended(KEY)
+    join_at = s.side.client.not_before(KEY)
+    await s.clock.advance(join_at - s.clock.now + 100)  # c's request went and waits for its round
+    assert s.net.sent[-1]["type"] == "request"
+    sent = len(s.net.sent)
+    await s.queue.complete("a")
+    assert [m["type"] for m in s.messages(sent)] == ["sync"] and s.outstanding() == 1
+    await s.clock.advance(1000)  # that round: c is granted a's permit at once
+    assert [i.item_id for i in s.admitted] == ["a", "b", "c"]
 
 
 @async_test

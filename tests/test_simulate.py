@@ -116,7 +116,7 @@ def test_hand_computed_standing_backlog_of_fixed_jobs():
     assert 10_000 * r.completed <= area <= 10_000 * (r.completed + running_at_end)
     assert r.utilization_backlog == pytest.approx(r.utilization)  # a standing backlog: always queued
     gap = r.free_to_start_ms["mean"]
-    assert 0 < gap < 5000
+    assert 0 <= gap < 5000  # 0 here: the releases reach the round their request waits for (R37)
     # every permit cycles through a 10 s job and a gap: utilization ~ 10 / (10 + gap), less the start
     assert r.utilization == pytest.approx(10_000 / (10_000 + gap), abs=0.03)
     assert r.latency_ms["p50"] >= 10_000  # a backlog item waits for a job to end first

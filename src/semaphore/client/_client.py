@@ -230,6 +230,8 @@ class SemaphoreClient:
         self.clock: Callable[[], int] = clock or system_clock
         self.client_id = client_id if client_id is not None else _default_client_id(ctx)
         self.tombstone_ms = tombstone_ms
+        #: per key: requests sent and not yet answered (a sync reply then keeps needs_sync)
+        self._requests_in_flight: dict[str, int] = {}
         self.recheck_ms = recheck_ms
         self._ready = False
         self._last_report_stamp = 0
@@ -460,7 +462,13 @@ class SemaphoreClient:
         # A request may create a lease: until some reply arrives, we must contact the holder.
         self.storage.transaction(lambda: self._touch_key(key, now, needs_sync=1,
                                                          check_at=now + self.recheck_ms if self.recheck_ms else 0))
-        return await self._send(key, message, on_reply, more)
+        self._requests_in_flight[key] = self._requests_in_flight.get(key, 0) + 1
+        try:
+            return await self._send(key, message, on_reply, more)
+        finally:
+            left = self._requests_in_flight.pop(key) - 1
+            if left:
+                self._requests_in_flight[key] = left
 
     async def sync(self, key: str, *, leases: bool = True, on_reply: ReplyHook | None = None) -> AppliedReply:
         """Send a ``sync`` (reports only; answered at once, SPEC R6) and apply the reply. It
@@ -567,10 +575,15 @@ class SemaphoreClient:
         # A successful reply listed every grant and lease the holder has for us (SPEC R8).
         row = self._key_row(key)
         check_at = 0 if row is None else int(row["check_at"])
-        if isinstance(message, SyncMessage) and 0 < check_at <= now:
+        needs_sync = 0
+        if isinstance(message, SyncMessage) and self._requests_in_flight.get(key):
+            # A sync answered while a request of the key waits for its round cannot show what
+            # that round creates: the request's own reply (or a later message) must still come.
+            needs_sync = 0 if row is None else int(row["needs_sync"])
+        elif isinstance(message, SyncMessage) and 0 < check_at <= now:
             check_at = 0
-        self._touch_key(key, now, next_request_at=response.next_request_at,
-                        contended=int(response.contended), needs_sync=0, check_at=check_at,
+        self._touch_key(key, now, next_request_at=response.ask_at,
+                        contended=int(response.contended), needs_sync=needs_sync, check_at=check_at,
                         claim_ttl_ms=response.claim_ttl_ms or 0, replied_at=now)
         self._prune(key, now)
         if on_reply is not None:

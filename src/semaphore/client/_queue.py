@@ -420,6 +420,9 @@ class SemaphoreQueue:
         #: is one per object: one per scheduler) and is released.
         self._token = secrets.token_hex(12)
         self._permits: set[str] = set()
+        #: keys whose request waits for its round now, and keys with a side sync in flight
+        self._requesting: set[str] = set()
+        self._side_syncs: set[str] = set()
         #: Callback tasks in flight, per item id (strong references; never two for one item).
         self._inflight: dict[str, asyncio.Task[None]] = {}
         #: permit() callers waiting for their item's admission, per item id.
@@ -649,7 +652,33 @@ class SemaphoreQueue:
         finally:
             if done:
                 await self.scheduler.arm()
+        if done and self._requesting:
+            item = self._item(item_id)
+            if item is not None:
+                await self._side_sync(item.key)
         return done
+
+    async def _side_sync(self, key: str) -> None:
+        """SPEC R37 decision: while the key's request waits for its round (the pump holds the
+        key's lock meanwhile), reports due now (releases when the last reply was contended, R29)
+        go in a ``sync`` of their own instead of waiting behind the request, so the round that
+        request waits for already counts the capacity they free. At most one at a time per key;
+        a failure only leaves them to the pump (logged)."""
+        if key not in self._requesting or key in self._side_syncs or self._dead:
+            return
+        now = self._now()
+        if self._backoff.get(key, 0) > now:
+            return
+        due = self.storage.transaction(lambda: self._report_due(key, self._snapshot(key, now)))
+        if due.at is None or due.at > now:
+            return
+        self._side_syncs.add(key)
+        try:
+            await self.client.sync(key, leases=self.leases, on_reply=self._on_reply)
+        except SemaphoreError as exc:
+            log.warning("holder %r: %s; the reports go after the waiting request", key, exc)
+        finally:
+            self._side_syncs.discard(key)
 
     def item(self, item_id: str) -> QueueItem | None:
         """One item, or ``None``."""
@@ -1008,8 +1037,12 @@ class SemaphoreQueue:
                 if exchange is Exchange.SYNC:
                     await self.client.sync(key, leases=self.leases, on_reply=self._on_reply)
                 elif exchange is Exchange.REQUEST:
-                    await self.client.request(key, demand, leases=self.leases, force=True,
-                                              on_reply=self._on_request_reply)
+                    self._requesting.add(key)
+                    try:
+                        await self.client.request(key, demand, leases=self.leases, force=True,
+                                                  on_reply=self._on_request_reply)
+                    finally:
+                        self._requesting.discard(key)
                 else:
                     return
             except SemaphoreError as exc:

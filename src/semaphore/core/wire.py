@@ -560,15 +560,27 @@ class PermitResponse:
     #: of a client that sends no request or sync for this long are released by the holder, so
     #: the client reports at least twice as often while it holds claimed permits.
     claim_ttl_ms: int | None = None
+    #: The earliest time a request joins the round at ``next_request_at`` (reply key ``joinAt``,
+    #: SPEC R11 decision): ``round_wait_ms`` before it, or now while a round waits. ``None`` from
+    #: a holder that does not send it (the client then waits for ``next_request_at``).
+    join_at: int | None = None
 
     def to_wire(self) -> dict[str, Any]:
         """The reply dict: ``{"v", "grants", "leases", "blocked", "contended", "nextRequestAt"}``
-        (and ``"claimTtlMs"`` when set)."""
+        (and ``"claimTtlMs"``, ``"joinAt"`` when set)."""
         reply = permit_response([g.to_wire() for g in self.grants], [x.to_wire() for x in self.leases],
                                 [b.to_wire() for b in self.blocked], self.contended, self.next_request_at)
         if self.claim_ttl_ms is not None:
             reply["claimTtlMs"] = self.claim_ttl_ms
+        if self.join_at is not None:
+            reply["joinAt"] = self.join_at
         return reply
+
+    @property
+    def ask_at(self) -> int:
+        """When the client may send its next request: ``join_at`` if the holder sent it, else
+        ``next_request_at`` (R11)."""
+        return self.next_request_at if self.join_at is None else min(self.join_at, self.next_request_at)
 
     @classmethod
     def from_wire(cls, d: Mapping[str, Any]) -> PermitResponse:
@@ -585,4 +597,5 @@ class PermitResponse:
             bool(d.get("contended", False)),
             int(d.get("nextRequestAt") or 0),
             int(d["claimTtlMs"]) if d.get("claimTtlMs") else None,
+            int(d["joinAt"]) if d.get("joinAt") is not None else None,
         )

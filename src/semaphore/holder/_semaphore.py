@@ -254,9 +254,22 @@ class DurabilitySemaphore:
             log.exception("semaphore storage is not usable")
             return RoundFailedError(f"storage error: {exc}").to_wire()
         reply = await (self._sync(parsed) if isinstance(parsed, SyncMessage) else self._enqueue(parsed))
-        if self.claim_ttl_ms is not None and "error" not in reply:
-            reply["claimTtlMs"] = self.claim_ttl_ms  # the client heartbeats its claims (R18 decision)
+        if "error" not in reply:
+            reply = dict(reply)  # a round's reply dict may be shared by several calls (R10)
+            reply["joinAt"] = self._join_at(int(reply["nextRequestAt"]))
+            if self.claim_ttl_ms is not None:
+                reply["claimTtlMs"] = self.claim_ttl_ms  # the client heartbeats its claims (R18 decision)
         return reply
+
+    def _join_at(self, next_request_at: int) -> int:
+        """SPEC R11 decision: the earliest time a request joins the round that runs at
+        ``next_request_at``: now while a round is waiting, else ``round_wait_ms`` before it (a
+        request starts the round timer at ``max(arrival + round_wait_ms, last round +
+        round_period_ms)``, R9), never before now."""
+        now = int(self.clock())
+        if self._round_at is not None:
+            return now
+        return max(now, next_request_at - self.round_wait_ms)
 
     async def usage(self) -> dict[str, Any]:
         """Current usage (SPEC R38), computed by :func:`semaphore.core.usage.measure`::
