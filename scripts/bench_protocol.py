@@ -7,6 +7,9 @@
                    job ends; no queue, no fairness: a newcomer may win a freed permit;
   (b) ``rounds`` - this library without leases (batched rounds, confirmed claims);
   (c) ``strict`` / ``under`` / ``over`` - this library with leases in each provisioning mode,
+  (d) ``held`` / ``held-over`` - named settings: waiting requests (the holder's
+                   ``hold_blocked_ms`` and the queues' ``request_wait_ms``, 10 s) with rounds of
+                   250/500 ms, without leases and with ``over`` leases,
 
 for two workloads: a standing backlog (20 client objects keeping 50 items queued each, limit 100:
 demand always above the limit) and a bursty one (the simulator's bursts). Per mode it prints
@@ -47,7 +50,11 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "bursty": dict(limit=20, clients=8, arrivals=["bursty"], burst_size=8, burst_every_s=60.0,
                    job_duration="exponential", job_ms=8000.0),
 }
-MODES = ("naive", "rounds", "strict", "under", "over")
+MODES = ("naive", "rounds", "strict", "under", "over", "held", "held-over")
+#: The named settings of the waiting-request modes (issue 13): blocked requests held open at the
+#: holder (hold_blocked_ms, the queues' request_wait_ms) with short rounds, which then cost no
+#: extra holder calls; ``held`` without leases, ``held-over`` with over-provisioned leases.
+HELD = dict(hold_blocked_ms=10_000, request_wait_ms=10_000, round_wait_ms=250, round_period_ms=500)
 
 
 @dataclass
@@ -190,10 +197,12 @@ class NaiveRun:
 
 # ------------------------------------------------------------------------------ (b), (c): the library
 def library_row(mode: str, scenario: Scenario) -> Row:
-    leases = {"rounds": "off"}.get(mode, mode)
+    leases = {"rounds": "off", "held": "off", "held-over": "over"}.get(mode, mode)
     s = replace(scenario, leases=leases, reserve=max(1, scenario.limit // 5))
+    if mode.startswith("held"):
+        s = replace(s, **HELD)
     r = run_scenario(s)
-    over = max(r.max_running_over, r.max_charged_over) if mode in ("rounds", "strict", "under") \
+    over = max(r.max_running_over, r.max_charged_over) if leases in ("off", "strict", "under") \
         else r.max_running_over
     return Row(mode, r.utilization, r.utilization_backlog, r.latency_ms, r.free_to_start_ms,
                r.per_item(r.calls), over, r.admitted, r.wall_s)

@@ -49,6 +49,10 @@ MODES: dict[str, dict[str, Any]] = {
                                      "ttlMs": 10_000}},
     "over": {"limit": 2, "extra": 3, "leases": {"provisioning": {"mode": "over", "extra": {"count": 3}},
                                                 "permitsPerLease": 2, "ttlMs": 10_000}},
+    # waiting requests (issue 13): blocked requests held open, short rounds, strict leases too
+    "held": {"limit": 3, "group_limits": {"a": 1}, "p_enqueue": 0.4, "hold_blocked_ms": 4000,
+             "request_wait_ms": 4000, "round_wait_ms": 200, "round_period_ms": 500,
+             "leases": {"provisioning": {"mode": "strict"}, "permitsPerLease": 2, "ttlMs": 10_000}},
 }
 
 #: Violation kinds, in the summary's order.
@@ -76,6 +80,10 @@ class SoakConfig(Config):
     # transaction that failed since (a reclaim that failed is backed off by the scheduler, 1 s
     # doubling, and its alarm delayed again), that backoff and another delivery delay
     reclaim_margin_ms: int = 1000
+    hold_blocked_ms: int = 0  # the holder's (waiting requests) and the queues' request_wait_ms
+    request_wait_ms: int = 0
+    round_wait_ms: int = 1000
+    round_period_ms: int = 2000
 
     @classmethod
     def for_mode(cls, seed: int, mode: str, **overrides: Any) -> SoakConfig:
@@ -189,7 +197,9 @@ class SoakSim(Sim):
         self.faults = Faults(cfg, random.Random(f"faults:{cfg.seed}:{cfg.mode}"), self.stats)
         self.clock = SimClock(T0)
         self._objects = 0
-        opts: dict[str, Any] = {"limit": cfg.limit, "grant_timeout_ms": cfg.grant_timeout_ms}
+        opts: dict[str, Any] = {"limit": cfg.limit, "grant_timeout_ms": cfg.grant_timeout_ms,
+                                "hold_blocked_ms": cfg.hold_blocked_ms, "round_wait_ms": cfg.round_wait_ms,
+                                "round_period_ms": cfg.round_period_ms}
         if cfg.leases is not None:
             opts["leases"] = cfg.leases
         if cfg.group_limits is not None:
@@ -224,7 +234,7 @@ class SoakSim(Sim):
     def _side(self, i: int) -> ClientSide:
         side = ClientSide(f"c{i}", self._skewed(), self.net, on_admit=self.on_admit,
                           check_running=self.check_running, reconcile_after_ms=15_000, retry_ms=1000,
-                          recheck_ms=10_000)
+                          recheck_ms=10_000, request_wait_ms=self.cfg.request_wait_ms)
         side.storage.fail_transaction = self.faults.tx
         side.driver.delay_ms = self.faults.alarm_delay
         side.driver.duplicate = self.faults.alarm_duplicate

@@ -32,7 +32,7 @@ from semaphore.testing import (
     timers,
 )
 
-ROUND_KEYS = {"v", "grants", "leases", "blocked", "contended", "nextRequestAt", "joinAt"}  # R8, R11 decision
+ROUND_KEYS = {"v", "grants", "leases", "blocked", "contended", "nextRequestAt", "joinInMs"}  # R8, R11 decision
 GRANT_KEYS = {"grantId", "group", "permits", "claimed", "released", "claimBy", "status"}
 
 

@@ -212,7 +212,7 @@ async def test_retired_lease_stops_drawing_at_once():
     await s.clock.advance(3000)
     assert s.side.client.lease(KEY, lease.lease_id).stopped
     await s.queue.enqueue(KEY, "g", "c")
-    pump = asyncio.ensure_future(s.queue.pump(KEY))  # may wait for a request's round (joinAt)
+    pump = asyncio.ensure_future(s.queue.pump(KEY))  # may wait for a request's round (joinInMs)
     await s.clock.advance(3000)
     await pump
     assert s.queue.item("c").permit is None or s.queue.item("c").permit.id != lease.lease_id

@@ -202,6 +202,9 @@ async def test_f4_after_eight_exchanges_a_due_release_is_held_back_for_retry_ms(
     assert sent_release - left < 100, (f"release sent {sent_release - left} ms after A left", f"burst of {burst}")
 
 
+@pytest.mark.xfail(strict=True, reason="issue 13, known limit: a release made while the key's request waits for"
+                   " its round goes at once only when the key's last reply was contended (R37 decision); the"
+                   " first contention is learned from that very round, so its waiter pays one round period")
 @async_test
 async def test_f5_a_release_made_while_the_keys_request_waits_for_its_round_misses_that_round():
     # Leftover (2), default holder settings: the pump lock holds A's release behind B's request,

@@ -200,7 +200,7 @@ def test_report_releases_within_ms_is_validated(bad):
 async def test_releases_are_reported_by_the_next_round_when_the_last_reply_was_contended():
     # R29, R37 decision: a contended reply means other work waits for capacity; holding a
     # release back past the next round only idles permits, so whatever the bound it is reported
-    # by the reply's joinAt (a request sent then joins that round), here on b's own request:
+    # by the reply's joinInMs (a request sent then joins that round), here on b's own request:
     # one message, no sync of its own
     s = Setup(limit=1, queue={"report_releases_within_ms": 60_000})
     await s.queue.enqueue(KEY, "g", "a")
@@ -231,7 +231,9 @@ async def test_a_contended_release_while_the_keys_request_waits_for_its_round_go
     await s.clock.advance(join_at - s.clock.now + 100)  # c's request went and waits for its round
     assert s.net.sent[-1]["type"] == "request"
     sent = len(s.net.sent)
-    await s.queue.complete("a")
+    await s.queue.complete("a")  # returns at once: the sync goes in the background
+    assert s.messages(sent) == []
+    await s.clock.advance(1)
     assert [m["type"] for m in s.messages(sent)] == ["sync"] and s.outstanding() == 1
     await s.clock.advance(1000)  # that round: c is granted a's permit at once
     assert [i.item_id for i in s.admitted] == ["a", "b", "c"]

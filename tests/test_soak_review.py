@@ -131,15 +131,19 @@ def test_f2_spec_i4_unclaimed_permits_back_by_their_deadline_is_checked(monkeypa
     after each step, flag a grant with claimed < permits still held well past claim_by (its
     deadline + max alarm delay + retry backoff)."""
     _reclaim_late(monkeypatch)
-    worst: list[int] = []
+    showed = 0
+    for seed in range(6):  # whether a grant's permits go unclaimed at all depends on the run
+        worst: list[int] = [0]
 
-    def per_step(sim: SoakSim) -> None:
-        now = sim.holder.clock.now
-        worst.extend(now - r["claim_by"] for r in sim.holder.grants().values() if r["claimed"] < r["permits"])
+        def per_step(sim: SoakSim, worst: list[int] = worst) -> None:
+            now = sim.holder.clock.now
+            worst.extend(now - r["claim_by"] for r in sim.holder.grants().values() if r["claimed"] < r["permits"])
 
-    sim = _run(SoakConfig.for_mode(0, "none", ops=150), per_step=per_step)
-    assert max(worst) > 30_000  # the bug showed: permits charged half a minute past their deadline
-    assert sim.stats.violations["I4"] > 0, _violations(sim)
+        sim = _run(SoakConfig.for_mode(seed, "none", ops=150), per_step=per_step)
+        if max(worst) > 30_000:  # the bug showed: permits charged half a minute past their deadline
+            showed += 1
+            assert sim.stats.violations["I4"] > 0, (seed, _violations(sim))
+    assert showed > 0
 
 
 # ------------------------------------------------------------------------------------------ 3

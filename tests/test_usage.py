@@ -372,7 +372,7 @@ async def test_r38_r37_a_release_shows_in_usage_only_once_reported():
 @async_test
 async def test_r38_r29_a_release_is_reported_by_the_next_round_when_contended():
     # R29/R37: after a contended reply a release is not held back past the time a request
-    # joins the next round (joinAt), whatever report_releases_within_ms says.
+    # joins the next round (joinInMs), whatever report_releases_within_ms says.
     s = Queued(1, report_releases_within_ms=60_000)
     await s.side.queue.enqueue("acct", "g", "a")
     await s.side.queue.enqueue("acct", "g", "b")  # limit 1: b waits, the round is contended

@@ -442,8 +442,11 @@ class SemaphoreClient:
         leases: bool = True,
         force: bool = False,
         on_reply: ReplyHook | None = None,
+        wait_ms: int = 0,
     ) -> AppliedReply:
         """Send a ``request`` with ``demand`` plus cumulative reports and apply the reply.
+        ``wait_ms`` > 0 tells the holder how long the caller waits for an answer its round
+        cannot give at once (``waitMs``: a holder with ``hold_blocked_ms`` holds it open).
 
         Waits until :meth:`not_before` first unless ``force`` (SPEC R35). ``leases=True``
         announces lease support (SPEC R5). ``on_reply`` runs inside the storage transaction
@@ -458,7 +461,7 @@ class SemaphoreClient:
                       for d in demand)
         now = self._now()
         grants, lease_reports, more = self._window(key, now, leases=leases)
-        message = PermitRequest(self.client_id, items, grants, lease_reports if leases else None)
+        message = PermitRequest(self.client_id, items, grants, lease_reports if leases else None, int(wait_ms))
         # A request may create a lease: until some reply arrives, we must contact the holder.
         self.storage.transaction(lambda: self._touch_key(key, now, needs_sync=1,
                                                          check_at=now + self.recheck_ms if self.recheck_ms else 0))
@@ -477,7 +480,10 @@ class SemaphoreClient:
         self.ensure_schema()
         grants, lease_reports, more = self._window(key, self._now(), leases=leases)
         message = SyncMessage(self.client_id, grants, lease_reports if leases else None)
-        return await self._send(key, message, on_reply, more)
+        # Sent while a request of the key waits for its round: its reply cannot show what that
+        # round creates, even if the request has failed by the time it is applied.
+        during_request = bool(self._requests_in_flight.get(key))
+        return await self._send(key, message, on_reply, more, during_request=during_request)
 
     async def flush(self, key: str, *, leases: bool = True, on_reply: ReplyHook | None = None) -> list[AppliedReply]:
         """Send ``sync`` messages until every grant and lease of ``key`` with something to report
@@ -502,7 +508,7 @@ class SemaphoreClient:
         return replies
 
     async def _send(self, key: str, message: PermitRequest | SyncMessage, on_reply: ReplyHook | None,
-                    more: bool = False) -> AppliedReply:
+                    more: bool = False, *, during_request: bool = False) -> AppliedReply:
         wire = message.to_wire()
         try:
             raw = await self.transport(key, wire)
@@ -521,7 +527,9 @@ class SemaphoreClient:
         except (KeyError, ValueError, TypeError) as exc:
             raise SemaphoreError(f"malformed reply from holder {key!r}: {exc}") from exc
         now = self._now()
-        return self.storage.transaction(lambda: self._apply(key, message, response, now, on_reply, more))
+        return self.storage.transaction(
+            lambda: self._apply(key, message, response, now, on_reply, more, during_request or bool(
+                self._requests_in_flight.get(key))))
 
     # ================================================================== applying replies
     def _touch_key(self, key: str, now: int, **values: int) -> None:
@@ -549,6 +557,7 @@ class SemaphoreClient:
         now: int,
         on_reply: ReplyHook | None,
         more: bool = False,
+        during_request: bool = False,
     ) -> AppliedReply:
         applied = AppliedReply(key, response, now, more=more)
         # The holder applied every report of the message: mark them delivered, and move them
@@ -576,13 +585,13 @@ class SemaphoreClient:
         row = self._key_row(key)
         check_at = 0 if row is None else int(row["check_at"])
         needs_sync = 0
-        if isinstance(message, SyncMessage) and self._requests_in_flight.get(key):
-            # A sync answered while a request of the key waits for its round cannot show what
-            # that round creates: the request's own reply (or a later message) must still come.
+        if isinstance(message, SyncMessage) and during_request:
+            # A sync sent or answered while a request of the key waits for its round cannot show
+            # what that round creates: the request's own reply (or a later message) must come.
             needs_sync = 0 if row is None else int(row["needs_sync"])
         elif isinstance(message, SyncMessage) and 0 < check_at <= now:
             check_at = 0
-        self._touch_key(key, now, next_request_at=response.ask_at,
+        self._touch_key(key, now, next_request_at=response.ask_at(now),
                         contended=int(response.contended), needs_sync=needs_sync, check_at=check_at,
                         claim_ttl_ms=response.claim_ttl_ms or 0, replied_at=now)
         self._prune(key, now)

@@ -84,7 +84,7 @@ import json
 import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from ..core import queue_plan as plan
@@ -286,7 +286,7 @@ def _check_options(o: dict[str, Any]) -> None:
         raise ConfigurationError("report_releases_within_ms: must be a non-negative integer",
                                  field="report_releases_within_ms")
     for name, minimum in (("retry_ms", 1), ("admit_retry_ms", 1), ("claim_margin_ms", 0),
-                          ("lease_margin_ms", 0), ("retention_ms", 0)):
+                          ("lease_margin_ms", 0), ("retention_ms", 0), ("request_wait_ms", 0)):
         option_int(o[name], name, minimum)  # a retry of 0 ms would keep the wake-up due
     if reconcile_after_ms is not None:
         option_int(reconcile_after_ms, "reconcile_after_ms", 1)
@@ -338,6 +338,13 @@ class SemaphoreQueue:
         the holder for no more than it may admit, so no permit waits idle for a callback slot;
         when a callback returns, the key is pumped again. Items of :meth:`permit` are not
         bounded by it (each has its caller waiting).
+    :param request_wait_ms: waiting requests (issue 13), ``0`` (default: off). Above 0, each
+        request says the queue will wait this long for its answer (``waitMs``): a holder with
+        ``hold_blocked_ms`` keeps a request its round cannot serve open until a later round
+        serves it (at most the smaller of the two), so the queue does not ask again every
+        round. Releases made meanwhile still go at once (a sync of their own), but the key's
+        other messages (lease heartbeats, new demand) wait for that answer: keep it well below
+        half the lease ``ttlMs`` and ``claim_ttl_ms``, and below any timeout of the transport.
     :param orphan_check_ms: how often the queue checks, while it lives, for work whose owner may
         be gone with an earlier instance (the object was evicted): a live :meth:`permit` item
         whose caller is gone is completed (its permit released), and an ``on_admit`` / ``work``
@@ -377,6 +384,7 @@ class SemaphoreQueue:
         retention_ms: int = 86_400_000,
         report_releases_within_ms: int = 10_000,
         prefer_leases: bool = True,
+        request_wait_ms: int = 0,
     ) -> None:
         _check_options(locals())
         self.client = client
@@ -401,6 +409,7 @@ class SemaphoreQueue:
         self.retention_ms = retention_ms
         self.report_releases_within_ms = report_releases_within_ms
         self.prefer_leases = prefer_leases
+        self.request_wait_ms = request_wait_ms
         self._init_memory()
         self._ready = False
         self._wakeups = TableWatch(self.storage, WAKEUPS)  # for the wake-up's next_due
@@ -420,9 +429,10 @@ class SemaphoreQueue:
         #: is one per object: one per scheduler) and is released.
         self._token = secrets.token_hex(12)
         self._permits: set[str] = set()
-        #: keys whose request waits for its round now, and keys with a side sync in flight
+        #: keys whose request waits for its round now, and per key the background side syncs
+        #: (:meth:`_side_syncs_of`)
         self._requesting: set[str] = set()
-        self._side_syncs: set[str] = set()
+        self._side_syncs: dict[str, asyncio.Task[None]] = {}
         #: Callback tasks in flight, per item id (strong references; never two for one item).
         self._inflight: dict[str, asyncio.Task[None]] = {}
         #: permit() callers waiting for their item's admission, per item id.
@@ -607,7 +617,8 @@ class SemaphoreQueue:
         """Wait until every callback task (``on_admit`` / ``work``) and background pump this
         instance started has finished (e.g. before a test looks at the result, or at shutdown)."""
         while True:
-            tasks = [t for t in (*self._inflight.values(), *self._kicks.values()) if not t.done()]
+            tasks = [t for t in (*self._inflight.values(), *self._kicks.values(), *self._side_syncs.values())
+                     if not t.done()]
             if not tasks:
                 return
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -617,12 +628,13 @@ class SemaphoreQueue:
         callers without writing anything, as the death of the object would (the test kit's
         eviction uses it). The durable state is left for the next instance."""
         self._dead = True
-        for task in (*self._inflight.values(), *self._kicks.values()):
+        for task in (*self._inflight.values(), *self._kicks.values(), *self._side_syncs.values()):
             task.cancel()
         for fut in self._waiters.values():
             fut.cancel()
         self._inflight.clear()
         self._kicks.clear()
+        self._side_syncs.clear()
         self._waiters.clear()
 
     async def complete(self, item_id: str) -> bool:
@@ -654,31 +666,50 @@ class SemaphoreQueue:
                 await self.scheduler.arm()
         if done and self._requesting:
             item = self._item(item_id)
-            if item is not None:
-                await self._side_sync(item.key)
+            if item is not None and item.key in self._requesting:
+                self._start_side_sync(item.key)
         return done
 
-    async def _side_sync(self, key: str) -> None:
-        """SPEC R37 decision: while the key's request waits for its round (the pump holds the
-        key's lock meanwhile), reports due now (releases when the last reply was contended, R29)
-        go in a ``sync`` of their own instead of waiting behind the request, so the round that
-        request waits for already counts the capacity they free. At most one at a time per key;
-        a failure only leaves them to the pump (logged)."""
-        if key not in self._requesting or key in self._side_syncs or self._dead:
+    def _start_side_sync(self, key: str) -> None:
+        """Start :meth:`_side_syncs_of` for ``key`` in the background (the caller, e.g.
+        :meth:`complete`, never waits for the holder) unless one runs (it looks again after its
+        sync)."""
+        if self._dead:
             return
+        task = self._side_syncs.get(key)
+        if task is None or task.done():  # a running one looks again after its sync
+            self._side_syncs[key] = asyncio.ensure_future(self._side_syncs_of(key))
+
+    def _side_release_due(self, key: str) -> bool:
+        """Releases of a contended key due now (R29, R37), judged without the request's own
+        "contact the holder" mark (it is in flight: that is the request itself)."""
         now = self._now()
         if self._backoff.get(key, 0) > now:
-            return
-        due = self.storage.transaction(lambda: self._report_due(key, self._snapshot(key, now)))
-        if due.at is None or due.at > now:
-            return
-        self._side_syncs.add(key)
+            return False
+        snap = self._snapshot(key, now)
+        if not snap.key.contended:
+            return False
+        snap = replace(snap, key=replace(snap.key, needs_sync=False))
+        due = self.storage.transaction(lambda: self._report_due(key, snap))
+        return due.at is not None and due.at <= now
+
+    async def _side_syncs_of(self, key: str) -> None:
+        """SPEC R37 decision: while the key's request waits for its round (the pump holds the
+        key's lock meanwhile), releases due then (the last reply was contended) go in a
+        ``sync`` of their own instead of waiting behind the request, so the round that request
+        waits for already counts the capacity they free; again while more came due during the
+        previous one (one in flight per key). A failure leaves them to the pump (logged)."""
         try:
-            await self.client.sync(key, leases=self.leases, on_reply=self._on_reply)
-        except SemaphoreError as exc:
-            log.warning("holder %r: %s; the reports go after the waiting request", key, exc)
+            while key in self._requesting and not self._dead and self._side_release_due(key):
+                try:
+                    await self.client.sync(key, leases=self.leases, on_reply=self._on_reply)
+                except SemaphoreError as exc:
+                    log.warning("holder %r: %s; the releases go after the waiting request", key, exc)
+                    return
+        except Exception:  # noqa: BLE001 - the pump sends them later; never an unretrieved error
+            log.exception("side sync for key %r failed", key)
         finally:
-            self._side_syncs.discard(key)
+            self._side_syncs.pop(key, None)
 
     def item(self, item_id: str) -> QueueItem | None:
         """One item, or ``None``."""
@@ -1040,7 +1071,7 @@ class SemaphoreQueue:
                     self._requesting.add(key)
                     try:
                         await self.client.request(key, demand, leases=self.leases, force=True,
-                                                  on_reply=self._on_request_reply)
+                                                  on_reply=self._on_request_reply, wait_ms=self.request_wait_ms)
                     finally:
                         self._requesting.discard(key)
                 else:

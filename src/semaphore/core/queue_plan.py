@@ -355,7 +355,8 @@ def report_due(snap: KeySnapshot, opts: QueueOptions) -> ReportDue:
     At once for :func:`_urgent` reports. Releases alone (grant or lease permits, the stop of a
     lease with nothing left to draw) wait up to ``report_releases_within_ms`` for another
     message to carry them; when the last reply was contended (R29: others wait for that
-    capacity) no later than its ``joinAt`` (kept as the key's ``next_request_at``), so the next
+    capacity) no later than the time a request joins the next round (its ``joinInMs``, kept as
+    the key's ``next_request_at``), so the next
     round counts them, and at once after it. So does the client's post-request re-check (any
     reply lists what it looks for, R8)."""
     now, within = snap.now, opts.report_releases_within_ms
@@ -365,7 +366,7 @@ def report_due(snap: KeySnapshot, opts: QueueOptions) -> ReportDue:
     due = ((snap.pending_since if snap.pending_since is not None else now) + within) if releases else None
     if due is not None and snap.key.contended:
         # R29: others wait for this capacity, and the next round counts it if it arrives by the
-        # time a request joins that round (joinAt): releases until then go in one message (the
+        # time a request joins that round (joinInMs): releases until then go in one message (the
         # key's coming request when it has demand), the ones after it at once.
         due = max(now, min(due, snap.key.next_request_at))
         if due == now:

@@ -132,6 +132,9 @@ class RoundOutcome:
     #: the round ran under (``None`` when not resolved, R12).
     charged: int = 0
     limit: int | None = None
+    #: Clients the round gave a new grant or lease (a waiting request of anyone else may stay
+    #: open, R9 decision).
+    served: frozenset[str] = frozenset()
 
 
 def next_round_at(now: int, last_round_at: int | None, round_period_ms: int) -> int:
@@ -430,6 +433,7 @@ def _outcome(ledger: Ledger, replies: dict[str, dict[str, Any]], result: Allocat
         leases_retired=retired, blocked=blocked,
         charged=totals["outstanding"] + totals["lease_footprint"],
         limit=limits.limit if type(limits.limit) is int else None,
+        served=frozenset(c for c, _ in result.grants) | frozenset(c for c, _ in result.leases),
     )
 
 

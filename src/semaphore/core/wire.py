@@ -313,11 +313,16 @@ class PermitRequest:
     demand: tuple[Demand, ...] = ()
     grants: tuple[GrantReport, ...] = ()
     leases: tuple[LeaseReport, ...] | None = None
+    #: How long the client will wait for the answer when its round serves it nothing (wire key
+    #: ``waitMs``, only when above 0): a holder with ``hold_blocked_ms`` keeps such a request
+    #: open until a later round serves it, up to the smaller of the two (SPEC R9 decision).
+    wait_ms: int = 0
 
     type = "request"
 
     def to_wire(self) -> dict[str, Any]:
-        """The wire message (``type: "request"``, ``v: 1``); ``leases`` only when not ``None``."""
+        """The wire message (``type: "request"``, ``v: 1``); ``leases`` only when not ``None``,
+        ``waitMs`` only when above 0."""
         message: dict[str, Any] = {
             "type": "request",
             "v": WIRE_VERSION,
@@ -327,6 +332,8 @@ class PermitRequest:
         }
         if self.leases is not None:
             message["leases"] = [lease.to_wire() for lease in self.leases]
+        if self.wait_ms > 0:
+            message["waitMs"] = self.wait_ms
         return message
 
 
@@ -425,7 +432,9 @@ def parse_message(message: Any) -> PermitRequest | SyncMessage:
     client_id = check_id(_get(message, "clientId", "clientId"), "clientId")
     if kind == "request":
         demand = _parse_demand(message)
-        return PermitRequest(client_id, demand, _parse_grants(message), _parse_leases(message))
+        wait = _local(message["waitMs"], "waitMs") if "waitMs" in message else None
+        wait_ms = 0 if wait is None else _count(wait, "waitMs")
+        return PermitRequest(client_id, demand, _parse_grants(message), _parse_leases(message), wait_ms)
     return SyncMessage(client_id, _parse_grants(message), _parse_leases(message))
 
 
@@ -560,27 +569,27 @@ class PermitResponse:
     #: of a client that sends no request or sync for this long are released by the holder, so
     #: the client reports at least twice as often while it holds claimed permits.
     claim_ttl_ms: int | None = None
-    #: The earliest time a request joins the round at ``next_request_at`` (reply key ``joinAt``,
-    #: SPEC R11 decision): ``round_wait_ms`` before it, or now while a round waits. ``None`` from
-    #: a holder that does not send it (the client then waits for ``next_request_at``).
-    join_at: int | None = None
+    #: In how many ms from the reply a request joins the round at ``next_request_at`` (reply key
+    #: ``joinInMs``, SPEC R11 decision): ``round_wait_ms`` before it, or 0 while a round waits.
+    #: ``None`` from a holder that does not send it (the client then waits for
+    #: ``next_request_at``).
+    join_in_ms: int | None = None
 
     def to_wire(self) -> dict[str, Any]:
         """The reply dict: ``{"v", "grants", "leases", "blocked", "contended", "nextRequestAt"}``
-        (and ``"claimTtlMs"``, ``"joinAt"`` when set)."""
+        (and ``"claimTtlMs"``, ``"joinInMs"`` when set)."""
         reply = permit_response([g.to_wire() for g in self.grants], [x.to_wire() for x in self.leases],
                                 [b.to_wire() for b in self.blocked], self.contended, self.next_request_at)
         if self.claim_ttl_ms is not None:
             reply["claimTtlMs"] = self.claim_ttl_ms
-        if self.join_at is not None:
-            reply["joinAt"] = self.join_at
+        if self.join_in_ms is not None:
+            reply["joinInMs"] = self.join_in_ms
         return reply
 
-    @property
-    def ask_at(self) -> int:
-        """When the client may send its next request: ``join_at`` if the holder sent it, else
-        ``next_request_at`` (R11)."""
-        return self.next_request_at if self.join_at is None else min(self.join_at, self.next_request_at)
+    def ask_at(self, now: int) -> int:
+        """When the client may send its next request, on its own clock reading ``now`` at the
+        reply: ``now + join_in_ms`` if the holder sent it, else ``next_request_at`` (R11)."""
+        return self.next_request_at if self.join_in_ms is None else now + self.join_in_ms
 
     @classmethod
     def from_wire(cls, d: Mapping[str, Any]) -> PermitResponse:
@@ -597,5 +606,5 @@ class PermitResponse:
             bool(d.get("contended", False)),
             int(d.get("nextRequestAt") or 0),
             int(d["claimTtlMs"]) if d.get("claimTtlMs") else None,
-            int(d["joinAt"]) if d.get("joinAt") is not None else None,
+            int(d["joinInMs"]) if d.get("joinInMs") is not None else None,
         )

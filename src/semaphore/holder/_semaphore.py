@@ -59,9 +59,15 @@ def _holder_key(secret: bytes | None, ctx: Any) -> bytes | None:
 
 @dataclass
 class _Waiting(Pending):
-    """A client's requests waiting for the next round, with the calls waiting for its answer."""
+    """A client's requests waiting for the next round, with the calls waiting for its answer;
+    ``since``: when its latest request arrived (a held request's deadline counts from it)."""
 
     futures: list[asyncio.Future[dict[str, Any]]] = field(default_factory=list)
+    since: int = 0
+
+    def hold_until(self, hold_ms: int) -> int:
+        """Until when the request may stay open unserved: ``hold_ms`` capped by its ``waitMs``."""
+        return self.since + min(hold_ms, self.latest.wait_ms)
 
 
 
@@ -149,6 +155,17 @@ class DurabilitySemaphore:
         ``contended``, ``failed``/``error``), called after the round's replies are set. The same
         record is logged as one JSON line on the logger ``semaphore.round`` (``INFO``; a failed
         round ``WARNING``). An exception from ``on_round`` is logged and never affects the round.
+    :param hold_blocked_ms: waiting requests (issue 13), ``0`` (default: off, the seed's
+        contract: every request is answered by its round). Above 0: a request carrying
+        ``waitMs`` whose round serves it nothing is held open instead of answered ``blocked``,
+        for at most the smaller of the two, and every later round takes it again; a report that
+        frees capacity (a sync releasing permits or stopping a lease, a reclaim) starts the next
+        round as soon as ``round_period_ms`` allows. So blocked clients need not ask again each
+        round: freed capacity reaches them with no client message, and a short
+        ``round_period_ms`` costs no extra holder calls. The reply comes from the round that
+        serves the client, or the first round at or after its deadline (``blocked``). Held
+        requests live in memory: an eviction fails them like any waiting request
+        (``round_failed``, the client asks again).
     :param claim_ttl_ms: crash expiry of claimed permits, ``None`` (the default: off, the seed's
         contract: claimed permits stay charged until released, R18). With a value, the claimed,
         unreleased permits of a client that sends no request or sync for this long after a reply
@@ -189,6 +206,7 @@ class DurabilitySemaphore:
         secret_factory: Callable[[], bytes] | None = None,
         on_round: OnRound | None = None,
         claim_ttl_ms: int | None = None,
+        hold_blocked_ms: int = 0,
     ) -> None:
         _check_sources(scheduler, limit, group_limit, can_grant)
         self.scheduler = scheduler
@@ -205,6 +223,7 @@ class DurabilitySemaphore:
         #: The round hook (see the ``on_round`` option).
         self.on_round = on_round
         self.claim_ttl_ms = None if claim_ttl_ms is None else option_int(claim_ttl_ms, "claim_ttl_ms", 1)
+        self.hold_blocked_ms = option_int(hold_blocked_ms, "hold_blocked_ms", 0)
         self.clock: Callable[[], int] = clock or scheduler.clock  # the scheduler's defaults to system_clock
         self.store = SqlStore(self.storage)
         self._grants_table = TableWatch(self.storage, GRANTS)  # for the reclaim's next_due
@@ -218,7 +237,16 @@ class DurabilitySemaphore:
             new_secret=secret_factory or (lambda: secrets.token_bytes(4 * LEASE_KEY_WORDS)),
             claim_ttl_ms=self.claim_ttl_ms,
         )
+        self._init_memory()
+        scheduler.participate(RECLAIM_TIMER, self._reclaim_due, self._on_reclaim_timer)
+
+    def _init_memory(self) -> None:
+        """The instance's in-memory state (lost with the object: rounds, held requests)."""
         self._pending: dict[str, _Waiting] = {}
+        #: Requests held open unserved (``hold_blocked_ms``): every later round takes them again.
+        self._held: dict[str, _Waiting] = {}
+        #: Wakes at the earliest held request's deadline (its round answers it).
+        self._hold_task: asyncio.Task[None] | None = None
         self._arrivals = itertools.count()
         #: The round timer waiting to run the next round (``None`` once it took its batch).
         self._round_task: asyncio.Task[None] | None = None
@@ -231,7 +259,6 @@ class DurabilitySemaphore:
         #: :meth:`_ensure_ready`, updated only after a round's commit). Syncs answer it.
         self._last_contended = False
         self._ready = False
-        scheduler.participate(RECLAIM_TIMER, self._reclaim_due, self._on_reclaim_timer)
 
     # ================================================================== public API
     async def handle(self, message: Any) -> dict[str, Any]:
@@ -256,20 +283,20 @@ class DurabilitySemaphore:
         reply = await (self._sync(parsed) if isinstance(parsed, SyncMessage) else self._enqueue(parsed))
         if "error" not in reply:
             reply = dict(reply)  # a round's reply dict may be shared by several calls (R10)
-            reply["joinAt"] = self._join_at(int(reply["nextRequestAt"]))
+            reply["joinInMs"] = self._join_in_ms(int(reply["nextRequestAt"]))
             if self.claim_ttl_ms is not None:
                 reply["claimTtlMs"] = self.claim_ttl_ms  # the client heartbeats its claims (R18 decision)
         return reply
 
-    def _join_at(self, next_request_at: int) -> int:
-        """SPEC R11 decision: the earliest time a request joins the round that runs at
-        ``next_request_at``: now while a round is waiting, else ``round_wait_ms`` before it (a
+    def _join_in_ms(self, next_request_at: int) -> int:
+        """SPEC R11 decision: in how many ms from now a request joins the round that runs at
+        ``next_request_at``: 0 while a round is waiting, else ``round_wait_ms`` before it (a
         request starts the round timer at ``max(arrival + round_wait_ms, last round +
-        round_period_ms)``, R9), never before now."""
-        now = int(self.clock())
+        round_period_ms)``, R9), never negative. Relative, so the client's clock need not agree
+        with the holder's."""
         if self._round_at is not None:
-            return now
-        return max(now, next_request_at - self.round_wait_ms)
+            return 0
+        return max(0, next_request_at - self.round_wait_ms - int(self.clock()))
 
     async def usage(self) -> dict[str, Any]:
         """Current usage (SPEC R38), computed by :func:`semaphore.core.usage.measure`::
@@ -410,9 +437,11 @@ class DurabilitySemaphore:
             self._round_ended(stale)
         pending = self._pending.get(request.client_id)
         if pending is None:
-            pending = _Waiting(request.client_id, next(self._arrivals))
+            # R10: a held client's new request joins it (its calls get the same answer)
+            pending = self._held.pop(request.client_id, None) or _Waiting(request.client_id, next(self._arrivals))
             self._pending[request.client_id] = pending
         pending.messages.append(request)
+        pending.since = int(self.clock())
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         pending.futures.append(future)
         if self._round_task is None:
@@ -437,7 +466,7 @@ class DurabilitySemaphore:
             return
         self._round_task = None
         self._round_at = None
-        batch, self._pending = self._pending, {}
+        batch, self._pending = self._take_batch()
         if task.cancelled():
             reason = "the round timer was cancelled; ask again"
         else:
@@ -457,7 +486,7 @@ class DurabilitySemaphore:
         batch: dict[str, _Waiting] = {}
         try:
             await sleep_until(self.clock, at)
-            batch, self._pending = self._pending, {}
+            batch, self._pending = self._take_batch()
             self._round_task = None
             self._round_at = None
             await self._run_round(batch)
@@ -465,7 +494,7 @@ class DurabilitySemaphore:
             log.exception("round failed")
             if not batch and self._round_task is asyncio.current_task():
                 # failed while waiting: the waiting calls were this round's
-                batch, self._pending = self._pending, {}
+                batch, self._pending = self._take_batch()
                 self._round_task = None
                 self._round_at = None
             self._fail(batch, str(exc) or type(exc).__name__)
@@ -486,6 +515,7 @@ class DurabilitySemaphore:
                  self.on_round)
             raise
         statements = self.storage.statements
+        served: frozenset[str] | None = None  # a failed round holds nobody: it answers everyone
         try:  # load -> decide -> persist, in one transaction (R2)
             outcome = self.storage.transaction(lambda: run_round(self.store, now, clients, limits, self.policy))
         except Exception as exc:
@@ -497,17 +527,84 @@ class DurabilitySemaphore:
         else:
             record = round_record(now, (time.perf_counter() - started) * 1000,
                                   self.storage.statements - statements, outcome)
-            replies = outcome.replies
+            replies, served = outcome.replies, outcome.served
             self._last_contended = outcome.contended  # R29: only a committed round changes the flag
             try:
                 await self.scheduler.arm()
             except Exception:  # the commit stands; the next instance start re-arms
                 log.exception("could not arm the alarm after a round")
+        self._answer(clients, replies, served, now)
+        emit(record, self.on_round)
+
+    def _answer(self, clients: list[_Waiting], replies: dict[str, dict[str, Any]],
+                served: frozenset[str] | None, now: int) -> None:
+        """Set each client's calls to its reply, unless its request is held open (``served``
+        is ``None`` after a failed round: everyone is answered)."""
         for p in clients:
+            if served is not None and self._hold(p, replies[p.client_id], served, now):
+                continue
             for f in p.futures:
                 if not f.done():
                     f.set_result(replies[p.client_id])
-        emit(record, self.on_round)
+        self._arm_hold()
+
+    # ================================================================== held requests
+    def _take_batch(self) -> tuple[dict[str, _Waiting], dict[str, _Waiting]]:
+        """The next round's clients: the held requests and the pending ones (both emptied);
+        returns ``(batch, new pending)``."""
+        batch = {**self._held, **self._pending}
+        self._held = {}
+        return batch, {}
+
+    def _hold(self, p: _Waiting, reply: dict[str, Any], served: frozenset[str], now: int) -> bool:
+        """Hold ``p`` open instead of answering it (``hold_blocked_ms``): the round served it
+        nothing, it is blocked, and its deadline has not come. Its reports are applied: the next
+        round re-reads only its latest request."""
+        if (self.hold_blocked_ms <= 0 or p.client_id in served or not reply.get("blocked")
+                or now >= p.hold_until(self.hold_blocked_ms) or all(f.done() for f in p.futures)):
+            return False
+        del p.messages[:-1]
+        self._held[p.client_id] = p
+        return True
+
+    def _arm_hold(self) -> None:
+        """Keep one task waiting for the earliest held deadline (its round answers it); a
+        cancelled one (eviction) fails the held calls like a round timer's (R4)."""
+        task = self._hold_task
+        if task is not None and not task.done():
+            task.cancel()
+        self._hold_task = None
+        if not self._held:
+            return
+        at = min(p.hold_until(self.hold_blocked_ms) for p in self._held.values())
+        self._hold_task = asyncio.get_running_loop().create_task(self._hold_until(at))
+        self._hold_task.add_done_callback(self._hold_ended)
+
+    async def _hold_until(self, at: int) -> None:
+        await sleep_until(self.clock, at)
+        self._hold_task = None
+        self.start_round()
+
+    def _hold_ended(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() and self._hold_task is task:  # not replaced: the instance stopped
+            self._hold_task = None
+            if self._round_task is None and self._held:  # nothing will run their round
+                held, self._held = self._held, {}
+                self._fail(held, "the instance stopped while the request was held; ask again")
+
+    def start_round(self) -> None:
+        """Start the round timer for the held requests, if none is waiting: at once, but no
+        sooner than ``round_period_ms`` after the previous round (R9). Called when capacity
+        frees (a releasing sync, a reclaim) and at a held request's deadline; does nothing
+        while nothing is held."""
+        if not self._held or self._round_task is not None:
+            return
+        at = next_round_at(int(self.clock()), self._last_round_at, self.round_period_ms)
+        self._round_at = at
+        task = asyncio.get_running_loop().create_task(self._round_after(at))
+        self._round_task = task
+        self._round_tasks.add(task)
+        task.add_done_callback(self._round_ended)
 
     async def _resolve(self, clients: list[_Waiting]) -> Limits:
         """The round's limits (R12): the limit, every demanded group's limit and every group
@@ -536,6 +633,9 @@ class DurabilitySemaphore:
         except Exception as exc:
             log.exception("sync transaction failed; nothing was written")
             return RoundFailedError(f"sync failed, nothing was written: {exc}").to_wire()
+        if self._held and (any(g.released > 0 for g in message.grants)
+                           or any(x.released > 0 or x.stopped for x in message.leases or ())):
+            self.start_round()  # it may have freed capacity a held request waits for
         await self.scheduler.arm()
         return reply
 
@@ -563,6 +663,7 @@ class DurabilitySemaphore:
         # The reclaim's next due time follows from the grants written: the scheduler's arm()
         # after the run reads it (_reclaim_due).
         self.storage.transaction(lambda: run_reclaim(self.store, now))
+        self.start_round()  # reclaimed permits may serve a held request
         if self.claim_ttl_ms is not None:
             freed = self.storage.transaction(lambda: run_claim_expiry(self.store, now))
             if freed:

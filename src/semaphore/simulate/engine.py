@@ -285,13 +285,14 @@ class Simulation:
         s = self.s
         return {"limit": s.limit, "group_limit": dict(s.group_limits) or None, "leases": leases,
                 "round_wait_ms": s.round_wait_ms, "round_period_ms": s.round_period_ms,
-                "grant_timeout_ms": s.grant_timeout_ms}
+                "grant_timeout_ms": s.grant_timeout_ms, "hold_blocked_ms": s.hold_blocked_ms}
 
     def _queue_options(self) -> dict[str, Any]:
         s = self.s
         return {"report_releases_within_ms": s.report_releases_within_ms, "prefer_leases": s.prefer_leases,
                 "admit_concurrency": s.admit_concurrency, "retry_ms": s.retry_ms,
-                "claim_margin_ms": s.claim_margin_ms, "lease_margin_ms": s.lease_margin_ms}
+                "claim_margin_ms": s.claim_margin_ms, "lease_margin_ms": s.lease_margin_ms,
+                "request_wait_ms": s.request_wait_ms}
 
     def _init_accounting(self) -> None:
         self.rng = random.Random(f"{self.s.seed}:faults")

@@ -74,6 +74,9 @@ class Scenario:
     round_wait_ms: int = _opt(1000, "holder", "int", "a round runs this long after its first waiting request")
     round_period_ms: int = _opt(2000, "holder", "int", "...but never sooner than this after the previous round")
     grant_timeout_ms: int = _opt(10_000, "holder", "int", "unclaimed grant permits are reclaimed after this")
+    hold_blocked_ms: int = _opt(0, "holder", "int",
+                                "hold a request its round cannot serve open this long (0: off; the queue's "
+                                "request_wait_ms too)")
     # leases
     leases: Any = _opt("off", "leases", "leases",
                        "off, strict, under or over (with the options below), or a JSON object of the holder's "
@@ -88,6 +91,7 @@ class Scenario:
     report_releases_within_ms: int = _opt(10_000, "queue", "int",
                                           "a sync is sent for releases once the oldest waited this long")
     prefer_leases: bool = _opt(True, "queue", "bool", "draw from live leases before claiming grants")
+    request_wait_ms: int = _opt(0, "queue", "int", "how long a request waits for an answer (waitMs; 0: off)")
     admit_concurrency: int | None = _opt(1000, "queue", "optint",
                                          "items of a key admitted at once per client object (none: no bound)")
     retry_ms: int = _opt(1000, "queue", "int", "wait before contacting the holder again after a failure")
