@@ -111,15 +111,16 @@ def test_holder_transaction_faults_strike_after_a_write_was_made(monkeypatch: py
 LATE_MS = 60_000
 
 
-def _reclaim_late(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A holder bug: unclaimed grant permits come back a minute after their deadline."""
+def _reclaim_late(monkeypatch: pytest.MonkeyPatch, late_ms: int = LATE_MS) -> None:
+    """A holder bug: unclaimed grant permits come back ``late_ms`` (a minute) after their
+    deadline (the alarm and the due list both shifted)."""
     monkeypatch.setattr(Ledger, "due_grants", lambda self, now: [
-        g for g in self.grants.values() if g.claim_by + LATE_MS <= now and g.claimed < g.permits])
+        g for g in self.grants.values() if g.claim_by + late_ms <= now and g.claimed < g.permits])
     orig = SqlStore.next_reclaim_due
 
     def due(self: SqlStore) -> int | None:
         d = orig(self)
-        return None if d is None else d + LATE_MS
+        return None if d is None else d + late_ms
 
     monkeypatch.setattr(SqlStore, "next_reclaim_due", due)
 

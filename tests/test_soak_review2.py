@@ -9,27 +9,17 @@ from typing import Any
 
 import pytest
 
-from semaphore.core.ledger import Ledger
 from semaphore.holder._store import SqlStore
 from soak_sim import SoakConfig, run_one
+from test_soak_review import _reclaim_late
 
 pytestmark = pytest.mark.usefixtures("quiet_logs")  # failures are injected on purpose
 
-LATE_MS = 5000
+LATE_MS = 5000  # more than the soak's grant_timeout_ms (4 s) late
 
 
-def _reclaim_late(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Holder bug: unclaimed grant permits come back LATE_MS after their claimBy (alarm and
-    due list both shifted), i.e. more than the soak's grant_timeout_ms (4 s) late."""
-    monkeypatch.setattr(Ledger, "due_grants", lambda self, now: [
-        g for g in self.grants.values() if g.claim_by + LATE_MS <= now and g.claimed < g.permits])
-    orig = SqlStore.next_reclaim_due
-
-    def due(self: SqlStore) -> int | None:
-        d = orig(self)
-        return None if d is None else d + LATE_MS
-
-    monkeypatch.setattr(SqlStore, "next_reclaim_due", due)
+def _reclaim_5s_late(monkeypatch: pytest.MonkeyPatch) -> None:
+    _reclaim_late(monkeypatch, LATE_MS)
 
 
 def _no_reclaim_alarm(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -38,7 +28,7 @@ def _no_reclaim_alarm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(SqlStore, "next_reclaim_due", lambda self: None)
 
 
-BUGS: dict[str, Any] = {"reclaim_5s_late": _reclaim_late, "no_reclaim_alarm": _no_reclaim_alarm}
+BUGS: dict[str, Any] = {"reclaim_5s_late": _reclaim_5s_late, "no_reclaim_alarm": _no_reclaim_alarm}
 
 
 @pytest.mark.parametrize(("bug", "mode"), [

@@ -40,7 +40,10 @@ def describe(result: Result) -> str:
             + (f" (group limits {s.group_limits})" if s.group_limits else "")
             + f", {s.clients} client objects, {s.groups} groups ({s.groups_per_client} per client), arrivals "
             + "+".join(s.arrivals) + f", jobs {s.job_duration} ({_job(s)}), leases {leases}, rounds "
-            + f"{s.round_wait_ms}/{s.round_period_ms} ms, faults " + (", ".join(faults) or "off"))
+            + f"{s.round_wait_ms}/{s.round_period_ms} ms"
+            + (f", requests held {min(s.hold_blocked_ms, s.request_wait_ms)} ms"
+               if s.hold_blocked_ms and s.request_wait_ms else "")
+            + ", faults " + (", ".join(faults) or "off"))
 
 
 def _job(s: Any) -> str:
