@@ -341,10 +341,12 @@ class SemaphoreQueue:
     :param request_wait_ms: waiting requests (issue 13), ``0`` (default: off). Above 0, each
         request says the queue will wait this long for its answer (``waitMs``): a holder with
         ``hold_blocked_ms`` keeps a request its round cannot serve open until a later round
-        serves it (at most the smaller of the two), so the queue does not ask again every
-        round. Releases made meanwhile still go at once (a sync of their own), but the key's
-        other messages (lease heartbeats, new demand) wait for that answer: keep it well below
-        half the lease ``ttlMs`` and ``claim_ttl_ms``, and below any timeout of the transport.
+        serves it (at most the smaller of the two, then the next round the period allows), so
+        the queue does not ask again every round. Meanwhile releases go at once (a sync of their
+        own) and new demand in a request of its own, which the holder joins to the held one
+        (R10); the key's other messages (lease heartbeats, idle lease stops) wait for the
+        answer: keep it well below half the lease ``ttlMs`` and ``claim_ttl_ms``, and the
+        transport's timeout above ``request_wait_ms + round_period_ms``.
     :param orphan_check_ms: how often the queue checks, while it lives, for work whose owner may
         be gone with an earlier instance (the object was evicted): a live :meth:`permit` item
         whose caller is gone is completed (its permit released), and an ``on_admit`` / ``work``
@@ -433,6 +435,10 @@ class SemaphoreQueue:
         #: (:meth:`_side_syncs_of`)
         self._requesting: set[str] = set()
         self._side_syncs: dict[str, asyncio.Task[None]] = {}
+        #: per key: the demand of the request in flight, and a background request sent while it
+        #: may be held (:meth:`_start_side_request`)
+        self._sent_demand: dict[str, list[Demand]] = {}
+        self._side_requests: dict[str, asyncio.Task[None]] = {}
         #: Callback tasks in flight, per item id (strong references; never two for one item).
         self._inflight: dict[str, asyncio.Task[None]] = {}
         #: permit() callers waiting for their item's admission, per item id.
@@ -617,8 +623,8 @@ class SemaphoreQueue:
         """Wait until every callback task (``on_admit`` / ``work``) and background pump this
         instance started has finished (e.g. before a test looks at the result, or at shutdown)."""
         while True:
-            tasks = [t for t in (*self._inflight.values(), *self._kicks.values(), *self._side_syncs.values())
-                     if not t.done()]
+            tasks = [t for t in (*self._inflight.values(), *self._kicks.values(), *self._side_syncs.values(),
+                                 *self._side_requests.values()) if not t.done()]
             if not tasks:
                 return
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -628,13 +634,15 @@ class SemaphoreQueue:
         callers without writing anything, as the death of the object would (the test kit's
         eviction uses it). The durable state is left for the next instance."""
         self._dead = True
-        for task in (*self._inflight.values(), *self._kicks.values(), *self._side_syncs.values()):
+        for task in (*self._inflight.values(), *self._kicks.values(), *self._side_syncs.values(),
+                     *self._side_requests.values()):
             task.cancel()
         for fut in self._waiters.values():
             fut.cancel()
         self._inflight.clear()
         self._kicks.clear()
         self._side_syncs.clear()
+        self._side_requests.clear()
         self._waiters.clear()
 
     async def complete(self, item_id: str) -> bool:
@@ -680,6 +688,35 @@ class SemaphoreQueue:
         if task is None or task.done():  # a running one looks again after its sync
             self._side_syncs[key] = asyncio.ensure_future(self._side_syncs_of(key))
 
+    def _start_side_request(self, key: str) -> None:
+        """While the key's request may be held at the holder (``request_wait_ms``), demand that
+        changed since it was sent (a new item, e.g. a :meth:`permit` of another group) goes in
+        a request of its own in the background: the holder joins it to the held one (R10:
+        both calls get the next round's answer), so it does not wait out the hold."""
+        if self._dead or key not in self._requesting:
+            return
+        task = self._side_requests.get(key)
+        if task is not None and not task.done():
+            return
+        snap = self._snapshot(key, self._now())
+        demand = self._demand(snap.queued, snap.admit_room)
+        if not demand or demand == self._sent_demand.get(key):
+            return
+        self._sent_demand[key] = demand
+        self._side_requests[key] = asyncio.ensure_future(self._side_request(key, demand))
+
+    async def _side_request(self, key: str, demand: list[Demand]) -> None:
+        try:
+            await self.client.request(key, demand, leases=self.leases, force=True,
+                                      on_reply=self._on_request_reply, wait_ms=self.request_wait_ms)
+        except SemaphoreError as exc:
+            log.warning("holder %r: %s; the demand goes with the next request", key, exc)
+        except Exception:  # noqa: BLE001 - the pump asks again; never an unretrieved error
+            log.exception("side request for key %r failed", key)
+        finally:
+            self._side_requests.pop(key, None)
+        self._kick(key)  # admit what the answer brought
+
     def _side_release_due(self, key: str) -> bool:
         """Releases of a contended key due now (R29, R37), judged without the request's own
         "contact the holder" mark (it is in flight: that is the request itself)."""
@@ -687,9 +724,10 @@ class SemaphoreQueue:
         if self._backoff.get(key, 0) > now:
             return False
         snap = self._snapshot(key, now)
-        if not snap.key.contended:
+        if not snap.key.contended and self.request_wait_ms <= 0:
             return False
-        snap = replace(snap, key=replace(snap.key, needs_sync=False))
+        # A request that may be held waits because the key is blocked: treat it as contended.
+        snap = replace(snap, key=replace(snap.key, needs_sync=False, contended=True))
         due = self.storage.transaction(lambda: self._report_due(key, snap))
         return due.at is not None and due.at <= now
 
@@ -771,6 +809,8 @@ class SemaphoreQueue:
         alarm); may be called directly."""
         self.ensure_schema()
         lock = self._locks.setdefault(key, asyncio.Lock())
+        if lock.locked() and key in self._requesting and self.request_wait_ms > 0:
+            self._start_side_request(key)  # new demand must not wait out a held request
         async with lock:
             try:
                 await self._pump(key)
@@ -1068,6 +1108,7 @@ class SemaphoreQueue:
                 if exchange is Exchange.SYNC:
                     await self.client.sync(key, leases=self.leases, on_reply=self._on_reply)
                 elif exchange is Exchange.REQUEST:
+                    self._sent_demand[key] = demand
                     self._requesting.add(key)
                     try:
                         await self.client.request(key, demand, leases=self.leases, force=True,

@@ -31,7 +31,7 @@ from ..scheduler import DurabilityScheduler
 from . import _operations
 from ._observe import OnRound, emit, failed_record, round_record
 from ._steps import lease_scope, run_claim_expiry, run_reclaim, run_round, run_sync
-from ._store import GRANTS, SCHEMA_VERSION, SqlStore, drop_schema, ensure_schema, read_meta
+from ._store import GRANTS, META, SCHEMA_VERSION, SqlStore, drop_schema, ensure_schema, read_meta
 
 __all__ = ["DurabilitySemaphore", "LimitOption", "GroupLimitOption", "CanGrantOption"]
 
@@ -57,6 +57,14 @@ def _holder_key(secret: bytes | None, ctx: Any) -> bytes | None:
     return holder_key(secret, ident)
 
 
+def _news(reply: Mapping[str, Any]) -> bool:
+    """A reply the client must hear at once even if the round served it nothing: a lease no
+    longer live (retired, R33: it stops drawing at once; settled) or a grant no longer plain
+    active (expired, not found)."""
+    return any(x.get("status") != "live" for x in reply.get("leases") or ()) or any(
+        g.get("status") != "active" for g in reply.get("grants") or ())
+
+
 @dataclass
 class _Waiting(Pending):
     """A client's requests waiting for the next round, with the calls waiting for its answer;
@@ -68,6 +76,13 @@ class _Waiting(Pending):
     def hold_until(self, hold_ms: int) -> int:
         """Until when the request may stay open unserved: ``hold_ms`` capped by its ``waitMs``."""
         return self.since + min(hold_ms, self.latest.wait_ms)
+
+
+def _merged(older: _Waiting, newer: _Waiting) -> _Waiting:
+    """One client's held and new requests as one (R10): the older arrival position, every call,
+    the messages in order (the latest demand wins), the newer ``since``."""
+    return _Waiting(older.client_id, min(older.arrival, newer.arrival), [*older.messages, *newer.messages],
+                    [*older.futures, *newer.futures], max(older.since, newer.since))
 
 
 
@@ -157,10 +172,12 @@ class DurabilitySemaphore:
         round ``WARNING``). An exception from ``on_round`` is logged and never affects the round.
     :param hold_blocked_ms: waiting requests (issue 13), ``0`` (default: off, the seed's
         contract: every request is answered by its round). Above 0: a request carrying
-        ``waitMs`` whose round serves it nothing is held open instead of answered ``blocked``,
-        for at most the smaller of the two, and every later round takes it again; a report that
-        frees capacity (a sync releasing permits or stopping a lease, a reclaim) starts the next
-        round as soon as ``round_period_ms`` allows. So blocked clients need not ask again each
+        ``waitMs`` whose round serves it nothing is held open instead of answered ``blocked``
+        (unless its reply carries a lease no longer live or a grant no longer active), for at
+        most the smaller of the two (then the next round the period allows answers it), and
+        every later round takes it again; a report that frees capacity (a sync that lowers the
+        charged capacity, a reclaim) starts the next round as soon as ``round_period_ms``
+        allows. So blocked clients need not ask again each
         round: freed capacity reaches them with no client message, and a short
         ``round_period_ms`` costs no extra holder calls. The reply comes from the round that
         serves the client, or the first round at or after its deadline (``blocked``). Held
@@ -552,7 +569,10 @@ class DurabilitySemaphore:
     def _take_batch(self) -> tuple[dict[str, _Waiting], dict[str, _Waiting]]:
         """The next round's clients: the held requests and the pending ones (both emptied);
         returns ``(batch, new pending)``."""
-        batch = {**self._held, **self._pending}
+        batch = dict(self._held)
+        for client_id, p in self._pending.items():
+            held = batch.get(client_id)
+            batch[client_id] = p if held is None else _merged(held, p)
         self._held = {}
         return batch, {}
 
@@ -561,9 +581,14 @@ class DurabilitySemaphore:
         nothing, it is blocked, and its deadline has not come. Its reports are applied: the next
         round re-reads only its latest request."""
         if (self.hold_blocked_ms <= 0 or p.client_id in served or not reply.get("blocked")
-                or now >= p.hold_until(self.hold_blocked_ms) or all(f.done() for f in p.futures)):
+                or now >= p.hold_until(self.hold_blocked_ms) or all(f.done() for f in p.futures)
+                or _news(reply)):
             return False
         del p.messages[:-1]
+        newer = self._pending.get(p.client_id)
+        if newer is not None:  # a new request of the client came while this round ran: join it (R10)
+            self._pending[p.client_id] = _merged(p, newer)
+            return True
         self._held[p.client_id] = p
         return True
 
@@ -591,6 +616,12 @@ class DurabilitySemaphore:
             if self._round_task is None and self._held:  # nothing will run their round
                 held, self._held = self._held, {}
                 self._fail(held, "the instance stopped while the request was held; ask again")
+
+    def _charged(self) -> int:
+        """Charged capacity now (``outstanding + lease_footprint``, R19), one read."""
+        row = self.storage.one(f"SELECT COALESCE(SUM(value), 0) AS n FROM {META}"
+                               " WHERE key IN ('outstanding', 'lease_footprint')")
+        return 0 if row is None else int(row["n"])
 
     def start_round(self) -> None:
         """Start the round timer for the held requests, if none is waiting: at once, but no
@@ -627,15 +658,15 @@ class DurabilitySemaphore:
         now = int(self.clock())
 
         contended, next_at = self._last_contended, self.next_request_at()
+        charged_before = self._charged() if self._held else None
         try:
             reply = self.storage.transaction(
                 lambda: run_sync(self.store, now, message, self.policy, contended, next_at))
         except Exception as exc:
             log.exception("sync transaction failed; nothing was written")
             return RoundFailedError(f"sync failed, nothing was written: {exc}").to_wire()
-        if self._held and (any(g.released > 0 for g in message.grants)
-                           or any(x.released > 0 or x.stopped for x in message.leases or ())):
-            self.start_round()  # it may have freed capacity a held request waits for
+        if charged_before is not None and self._held and self._charged() < charged_before:
+            self.start_round()  # it freed capacity a held request may wait for
         await self.scheduler.arm()
         return reply
 
