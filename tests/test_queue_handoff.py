@@ -189,8 +189,6 @@ async def _handoff(**holder_options: Any) -> tuple[list[tuple[int, str, Any]], i
     return log, left, got_b.get("at")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13: after 8 exchanges in one pump (round_period_ms=0) the pause also"
-                   " holds back due release reports for up to retry_ms")
 @async_test
 async def test_f4_after_eight_exchanges_a_due_release_is_held_back_for_retry_ms():
     # Leftover (1), non-default round_period_ms=0: a contended pump sends 8 identical requests

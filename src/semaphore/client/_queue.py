@@ -426,6 +426,8 @@ class SemaphoreQueue:
         #: per key: the pump's lock, and until when the holder is not asked again after a failure.
         self._locks: dict[str, asyncio.Lock] = {}
         self._backoff: dict[str, int] = {}
+        #: per key: until when no request is sent (a pump that made 8 exchanges pauses them)
+        self._paused: dict[str, int] = {}
         #: The owner of this instance's permit() items, and those whose caller waits or holds the
         #: permit; an item of another owner belongs to a dead instance of the object (the queue
         #: is one per object: one per scheduler) and is released.
@@ -1094,6 +1096,7 @@ class SemaphoreQueue:
 
     async def _pump(self, key: str) -> None:
         self._release_orphans(key, self._now())
+        requested = False
         for _ in range(8):
             now = await self._admit_and_call(key)
             await self._reconcile(key, now)
@@ -1102,8 +1105,10 @@ class SemaphoreQueue:
                 return
             snap = self._snapshot(key, now)
             demand = self._demand(snap.queued, snap.admit_room)
-            exchange = plan.plan_exchange(snap, self._options(), demand=bool(demand),
+            paused = self._paused.get(key, 0) > now  # requests only: due reports still go
+            exchange = plan.plan_exchange(snap, self._options(), demand=bool(demand) and not paused,
                                           due=self._report_due(key, snap))
+            requested = requested or exchange is Exchange.REQUEST
             try:
                 if exchange is Exchange.SYNC:
                     await self.client.sync(key, leases=self.leases, on_reply=self._on_reply)
@@ -1124,10 +1129,14 @@ class SemaphoreQueue:
             self._backoff.pop(key, None)
         # Still work left after 8 exchanges: pause instead of spinning. What the last reply
         # confirmed is still handed over and started now (a permit caller would otherwise wait
-        # for an unrelated wake-up).
+        # for an unrelated wake-up). Requests among them: pause only requests, so a report due
+        # meanwhile (a contended release) still goes at once; syncs alone: pause everything.
         await self._admit_and_call(key)
         self._run_done_hooks(key)  # items the last reply finished
-        self._backoff[key] = self._now() + self.retry_ms
+        if requested:
+            self._paused[key] = self._now() + self.retry_ms
+        else:
+            self._backoff[key] = self._now() + self.retry_ms
 
     async def _admit_and_call(self, key: str) -> int:
         """Admit locally (resolve claims, claim, draw) and start the due callbacks and hand-overs;
@@ -1355,4 +1364,5 @@ class SemaphoreQueue:
                 "MAX(started_at, checked_at)", "state = 'running' AND admitted = 1 AND owner = ''", key),
             permit_check_at=None if checked is None else checked + self.orphan_check_ms)
         return plan.next_wake(snap, self._options(), backoff_until=self._backoff.get(key, 0), items=times,
+                              requests_from=self._paused.get(key, 0),
                               due=self._report_due(key, snap))

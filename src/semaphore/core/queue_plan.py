@@ -442,16 +442,16 @@ class ItemTimes:
 
 
 def next_wake(snap: KeySnapshot, opts: QueueOptions, *, backoff_until: int = 0,
-              items: ItemTimes = ItemTimes(), due: ReportDue | None = None) -> int | None:
+              items: ItemTimes = ItemTimes(), due: ReportDue | None = None, requests_from: int = 0) -> int | None:
     """When the queue next wants to work on the key (``None``: nothing to do): request again at
     ``nextRequestAt``, confirm claims, send due reports and heartbeats (not before
-    ``backoff_until`` after a failure), stop idle leases before expiry, retry ``on_admit`` and
-    ``on_done``, reconcile."""
+    ``backoff_until`` after a failure; requests not before ``requests_from``, a pause after a
+    busy pump), stop idle leases before expiry, retry ``on_admit`` and ``on_done``, reconcile."""
     now = snap.now
     network_at = max(now, backoff_until)
     times: list[int] = []
     if admissible(snap):  # items beyond admit_room wait for a callback to return (it pumps the key)
-        times.append(max(snap.key.next_request_at, network_at))
+        times.append(max(snap.key.next_request_at, network_at, requests_from))
     if snap.claiming:
         times.append(network_at)
     due = report_due(snap, opts) if due is None else due
