@@ -674,10 +674,14 @@ class SemaphoreQueue:
         finally:
             if done:
                 await self.scheduler.arm()
-        if done and self._requesting:
+        if done and (self._requesting or self._paused):
             item = self._item(item_id)
-            if item is not None and item.key in self._requesting:
-                self._start_side_sync(item.key)
+            if item is not None:
+                # A release ends the key's request pause: the next request is no longer one of
+                # the identical ones the pause stops, and a waiter may take the freed permit.
+                self._paused.pop(item.key, None)
+                if item.key in self._requesting:
+                    self._start_side_sync(item.key)
         return done
 
     def _start_side_sync(self, key: str) -> None:
