@@ -40,6 +40,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from semaphore.simulate import Scenario, job_duration, percentiles, plan_arrivals, run_scenario  # noqa: E402
+from semaphore.simulate.engine import RunningTime  # noqa: E402
 from semaphore.testing import T0, LocalStorage, SimClock  # noqa: E402
 
 WORKLOADS: dict[str, dict[str, Any]] = {
@@ -94,7 +95,7 @@ class NaiveSemaphore:
         self.storage.sql.exec("UPDATE counter SET in_use = in_use - 1 WHERE id = 1 AND in_use > 0")
 
 
-class NaiveRun:
+class NaiveRun(RunningTime):
     """The naive semaphore under the scenario's workload, on a virtual clock."""
 
     def __init__(self, scenario: Scenario) -> None:
@@ -110,8 +111,9 @@ class NaiveRun:
         self.samples: list[tuple[int, int]] = []  # (running, queued)
         self.admitted = 0
         self.counters: dict[int, int] = {}
-        # running-item time integrals, exactly as the simulator keeps them (its utilization)
-        self.area = self.area_backlog = self.backlog_ms = 0
+        # running-item time integrals, kept by the simulator's own RunningTime (its utilization)
+        self.area = self.area_backlog = 0.0
+        self.backlog_ms = 0
         self.last_t = self.clock.now
         self.rng = random.Random(f"{scenario.seed}:naive")
         self.tasks: set[asyncio.Task[None]] = set()
@@ -168,17 +170,6 @@ class NaiveRun:
         for task in [*self.tasks, sampler]:
             task.cancel()
         return self._row(time.monotonic() - started)
-
-    def _account(self) -> None:
-        """Integrate running items over time up to now (overall and while items wait)."""
-        now = self.clock.now
-        dt = now - self.last_t
-        if dt > 0:
-            self.area += self.running * dt
-            if self.queued > 0:
-                self.area_backlog += self.running * dt
-                self.backlog_ms += dt
-        self.last_t = now
 
     async def _sample(self, run_ms: int) -> None:
         """One sample every ``sample_ms`` of virtual time, as the simulator samples."""

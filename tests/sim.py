@@ -124,6 +124,15 @@ class Sim:
     async def _complete(self, side: ClientSide, item_id: str) -> None:
         await side.queue.complete(item_id)
 
+    def evict_one(self) -> None:
+        """Evict the holder (40%) or a client object, counted in the stats."""
+        if self.rng.random() < 0.4:
+            self.holder.evict()
+            self.stats.holder_evictions += 1
+        else:
+            self.rng.choice(self.sides).evict()
+            self.stats.client_evictions += 1
+
     def check_running(self, side: ClientSide, item: QueueItem) -> bool:
         return item.item_id in self.running
 
@@ -183,12 +192,7 @@ class Sim:
                 self.net.enabled = False
                 self.cfg.faults = False
             if cfg.faults and self.rng.random() < cfg.p_evict:
-                if self.rng.random() < 0.4:
-                    self.holder.evict()
-                    self.stats.holder_evictions += 1
-                else:
-                    self.rng.choice(self.sides).evict()
-                    self.stats.client_evictions += 1
+                self.evict_one()
             await self.clock.advance(self.rng.randint(100, 1500))
             self.check_capacity()
             if not plan and self.clock.now >= end_faults and self.done():

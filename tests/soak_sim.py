@@ -369,12 +369,7 @@ class SoakSim(Sim):
         if self.rng.random() < self.cfg.p_invalid:
             self.invalid_message()
         if self.rng.random() < self.cfg.p_evict:
-            if self.rng.random() < 0.4:
-                self.holder.evict()
-                self.stats.holder_evictions += 1
-            else:
-                self.rng.choice(self.sides).evict()
-                self.stats.client_evictions += 1
+            self.evict_one()
 
     def heal(self) -> None:
         self.net.enabled = False

@@ -254,7 +254,33 @@ def sync_reason(side: ClientSide, key: str = KEY) -> str:
 
 
 # ---------------------------------------------------------------------------------- the run
-class Simulation:
+class RunningTime:
+    """Integrates running items over virtual time (utilization, overall and while items wait),
+    the one definition the simulator and ``scripts/bench_protocol.py``'s naive baseline share.
+    The subclass keeps ``clock``, ``running`` and ``queued`` current; call :meth:`_account`
+    before each change of them."""
+
+    clock: SimClock
+    running: int
+    queued: int
+    area: float = 0.0
+    area_backlog: float = 0.0
+    backlog_ms: int = 0
+    last_t: int = 0
+
+    def _account(self) -> None:
+        """Integrate running items over time up to now (overall and while items wait)."""
+        now = self.clock.now
+        dt = now - self.last_t
+        if dt > 0:
+            self.area += self.running * dt
+            if self.queued > 0:
+                self.area_backlog += self.running * dt
+                self.backlog_ms += dt
+        self.last_t = now
+
+
+class Simulation(RunningTime):
     """One run of a scenario (create it inside the event loop that runs it; then ``await
     run()``). ``on_message`` hooks see every message the client objects send; ``progress`` is
     called about every virtual ``sample_ms``."""
@@ -354,16 +380,6 @@ class Simulation:
         return charged
 
     # ------------------------------------------------------------------ accounting
-    def _account(self) -> None:
-        now = self.clock.now
-        dt = now - self.last_t
-        if dt > 0:
-            self.area += self.running * dt
-            if self.queued > 0:
-                self.area_backlog += self.running * dt
-                self.backlog_ms += dt
-        self.last_t = now
-
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)
         self.tasks.add(task)
