@@ -51,11 +51,17 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "bursty": dict(limit=20, clients=8, arrivals=["bursty"], burst_size=8, burst_every_s=60.0,
                    job_duration="exponential", job_ms=8000.0),
 }
-MODES = ("naive", "rounds", "strict", "under", "over", "held", "held-over")
+MODES = ("naive", "rounds", "strict", "under", "over", "held", "held-over", "reuse", "reuse-held")
 #: The named settings of the waiting-request modes (issue 13): blocked requests held open at the
 #: holder (hold_blocked_ms, the queues' request_wait_ms) with short rounds, which then cost no
 #: extra holder calls; ``held`` without leases, ``held-over`` with over-provisioned leases.
 HELD = dict(hold_blocked_ms=10_000, request_wait_ms=10_000, round_wait_ms=250, round_period_ms=500)
+#: The named setting ``reuse`` (issue 13): strict leases whose slots are reused while they live
+#: (SPEC R34a), sized before grants (R28a), with a 60 s lifetime (R31a: a lease is not extended
+#: while a request waits unserved, so it bounds how long a newcomer waits behind leases).
+REUSE = dict(leases="strict", reusable=True, lease_first=True, lease_ttl_ms=60_000)
+#: ``reuse-held``: ``reuse`` with waiting requests held 30 s, rounds of 250/500 ms.
+REUSE_HELD = dict(hold_blocked_ms=30_000, request_wait_ms=30_000, round_wait_ms=250, round_period_ms=500)
 
 
 @dataclass
@@ -188,10 +194,15 @@ class NaiveRun(RunningTime):
 
 # ------------------------------------------------------------------------------ (b), (c): the library
 def library_row(mode: str, scenario: Scenario) -> Row:
-    leases = {"rounds": "off", "held": "off", "held-over": "over"}.get(mode, mode)
+    leases = {"rounds": "off", "held": "off", "held-over": "over", "reuse": "strict",
+              "reuse-held": "strict"}.get(mode, mode)
     s = replace(scenario, leases=leases, reserve=max(1, scenario.limit // 5))
     if mode.startswith("held"):
         s = replace(s, **HELD)
+    if mode.startswith("reuse"):
+        s = replace(s, **REUSE)
+    if mode == "reuse-held":
+        s = replace(s, **REUSE_HELD)
     r = run_scenario(s)
     over = max(r.max_running_over, r.max_charged_over) if leases in ("off", "strict", "under") \
         else r.max_running_over

@@ -48,11 +48,13 @@ class Client:
         self.running[key] = self.running.get(key, 0) + n
 
     def draw(self) -> None:
-        """R34: draw queued items from live leases, one permit each, no round trip."""
+        """R34: draw queued items from live leases, one permit each, no round trip; a reusable
+        lease's slots may be drawn again once released (R34a): at most ``permits`` run at once."""
         for lid, x in sorted(self.leases.items()):
             if x["stopped"]:
                 continue
-            k = min(x["permits"] - x["drawn"], self.queued(x["group"]))
+            left = x["permits"] - (self.running.get(("lease", lid), 0) if x["reusable"] else x["drawn"])
+            k = min(left, self.queued(x["group"]))
             if k > 0:
                 x["drawn"] += k
                 self.run("lease", lid, x["group"], k)
@@ -95,7 +97,8 @@ class Client:
             if s["group"] is not None and s["drawn"] == 0:
                 # a lease we never heard of (its reply was lost): live, or already retired
                 self.leases[lid] = {"group": s["group"], "permits": s["permits"], "drawn": 0,
-                                    "released": 0, "stopped": s["status"] != "live"}
+                                    "released": 0, "stopped": s["status"] != "live",
+                                    "reusable": bool(s.get("reusable"))}
             return
         if s["status"] == "retired":
             mine["stopped"] = True  # R33: a retired lease stops drawing at once

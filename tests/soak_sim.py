@@ -53,6 +53,14 @@ MODES: dict[str, dict[str, Any]] = {
     "held": {"limit": 3, "group_limits": {"a": 1}, "p_enqueue": 0.4, "hold_blocked_ms": 4000,
              "request_wait_ms": 4000, "round_wait_ms": 200, "round_period_ms": 500,
              "leases": {"provisioning": {"mode": "strict"}, "permitsPerLease": 2, "ttlMs": 10_000}},
+    # reusable leases sized before grants (issue 13, SPEC R28a, R30a, R31a, R34a); then with
+    # waiting requests too (slots reused beside a held request)
+    "reuse": {"limit": 4, "leases": {"provisioning": {"mode": "strict"}, "permitsPerLease": 2, "ttlMs": 10_000,
+                                     "reusable": True, "leaseFirst": True}},
+    "reuse-held": {"limit": 3, "group_limits": {"a": 1}, "p_enqueue": 0.4, "hold_blocked_ms": 4000,
+                   "request_wait_ms": 4000, "round_wait_ms": 200, "round_period_ms": 500,
+                   "leases": {"provisioning": {"mode": "strict"}, "permitsPerLease": 2, "ttlMs": 10_000,
+                              "reusable": True, "leaseFirst": True, "limitedGroups": "withinGroupLimit"}},
 }
 
 #: Violation kinds, in the summary's order.
@@ -154,9 +162,12 @@ class SoakHolder(HolderSide):
 
 
 def _charge(kind: str, row: dict[str, Any]) -> int:
-    """What a grant or lease row charges at the holder (SPEC R30 for a lease's footprint)."""
+    """What a grant or lease row charges at the holder (SPEC R30, R30a for a lease's footprint:
+    a reusable lease charges every slot until its final count)."""
     if kind == "lease" and row["status"] == "retired" and row["stopped"]:
-        return int(row["drawn"]) - int(row["released"])
+        return min(int(row["permits"]), int(row["drawn"]) - int(row["released"]))
+    if kind == "lease" and row.get("reusable"):
+        return int(row["permits"])
     return int(row["permits"]) - int(row["released"])
 
 

@@ -132,6 +132,16 @@ def normal_reply(reply: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def lease_charge(x: LeaseRow) -> int:
+    """What SPEC R30/R30a say a lease charges, spelt out here (not the row's own ``footprint``):
+    its final ``drawn - released`` once stopped and retired; before that ``permits - released``,
+    or every slot (``permits``) of a reusable lease (R34a: ``released`` says nothing of what
+    runs now)."""
+    if x.status == "retired" and x.stopped:
+        return min(x.permits, x.drawn - x.released)
+    return x.permits if x.reusable else x.permits - x.released
+
+
 def charged(store: MemoryStore, group: str | None = None) -> int:
     """SPEC R19: grants' ``permits - released`` plus lease footprint (R30), of one group or all."""
     return (sum(g.charge for g in store.grants.values() if group is None or g.group_name == group)
@@ -392,7 +402,8 @@ class Model:
 
     def over_report(self, client: str, by: int) -> None:
         # R13, R30: counts reported past what was issued are clamped (claimed to the grant's
-        # permits; drawn to the lease's permits, or to its final drawn once stopped). Inflated
+        # permits; drawn to the lease's permits, or to its final drawn once stopped; a live
+        # reusable lease's drawn has no cap, R34a, so it is not inflated here). Inflated
         # where the client has nothing left to claim or draw, a sync changes exactly what the
         # honest one would (the same leases heartbeat, R31).
         c = self.clients[client]
@@ -400,8 +411,9 @@ class Model:
         rows = self.store.leases
         inflated: Reports = (
             tuple((gid, cl + by if cl >= c.grants[gid]["permits"] else cl, rl) for gid, cl, rl in grants),
-            tuple((lid, d + by if (d >= c.leases[lid]["permits"] or (lid in rows and rows[lid].stopped)) else d, rl, st_)
-                  for lid, d, rl, st_ in leases))
+            tuple((lid, d + by if ((d >= c.leases[lid]["permits"] and not c.leases[lid]["reusable"])
+                                   or (lid in rows and rows[lid].stopped)) else d, rl, st_)
+                  for lid, d, rl, st_ in leases))  # a live reusable lease's drawn is not capped (R34a)
         if inflated == (grants, leases):
             return
         reference = self.store.clone()
@@ -549,7 +561,7 @@ class Model:
                 if n > 0:
                     row = (self.store.grants if kind == "grant" else self.store.leases).get(ident)
                     assert row is not None, f"I2: {kind} {ident} gone while {n} items run"
-                    assert (row.charge if isinstance(row, GrantRow) else row.footprint) >= n, f"I2: {kind} {ident}"
+                    assert (row.charge if isinstance(row, GrantRow) else lease_charge(row)) >= n, f"I2: {kind} {ident}"
 
     def aggregates_equal_a_recount(self) -> None:
         # R19, R38 (what I3 is measured by): group rows and meta totals equal a recount; rows
@@ -563,7 +575,8 @@ class Model:
             # R17: a fully released grant is deleted; R15: so is one reclaimed with nothing claimed
             assert g.released < g.permits, f"R15/R17: settled grant kept {g}"
         for x in self.store.leases.values():
-            assert 0 <= x.released <= x.drawn <= x.permits and x.status in ("live", "retired"), x
+            assert 0 <= x.released <= x.drawn and (x.reusable or x.drawn <= x.permits), x  # R30, R34a
+            assert x.status in ("live", "retired"), x
             assert not (x.stopped and x.released >= x.drawn), f"R30: settled lease kept {x}"
             assert not (x.stopped and x.status == "live"), f"R30: stopped lease still live {x}"
 
@@ -813,6 +826,11 @@ OVER_COUNT = {"provisioning": {"mode": "over", "extra": {"count": 3}}, "permitsP
 STRICT_WITHIN = {"provisioning": {"mode": "strict"}, "permitsPerLease": 4, "ttlMs": TTL,
                  "limitedGroups": "withinGroupLimit"}
 ON_OFF = {"provisioning": {"mode": "strict"}, "permitsPerLease": 2, "ttlMs": TTL}  # toggled
+# SPEC R28a, R30a, R31a, R34a: reusable slots, sized before grants
+REUSABLE = {"provisioning": {"mode": "strict"}, "permitsPerLease": 3, "ttlMs": TTL, "reusable": True,
+            "leaseFirst": True}
+REUSABLE_OVER = {"provisioning": {"mode": "over", "extra": {"count": 3}}, "permitsPerLease": 2, "ttlMs": TTL,
+                 "limitedGroups": "withinGroupLimit", "reusable": True}
 
 
 @SETTINGS
@@ -855,3 +873,15 @@ def test_strict_within(steps: list[Any]) -> None:
 @given(steps=programs())
 def test_leases_on_off(steps: list[Any]) -> None:
     run_program(ON_OFF, steps, toggle=True)
+
+
+@SETTINGS
+@given(steps=programs())
+def test_strict_reusable_lease_first(steps: list[Any]) -> None:
+    run_program(REUSABLE, steps)
+
+
+@SETTINGS
+@given(steps=programs())
+def test_over_reusable_within_group_limits(steps: list[Any]) -> None:
+    run_program(REUSABLE_OVER, steps)

@@ -48,9 +48,10 @@ SETTINGS = settings(
 
 
 def footprint(row: dict[str, Any]) -> int:
+    """SPEC R30, R30a, spelt out: a reusable lease charges every slot until its final count."""
     if row["status"] == "retired" and row["stopped"]:
-        return row["drawn"] - row["released"]
-    return row["permits"] - row["released"]
+        return min(row["permits"], row["drawn"] - row["released"])
+    return row["permits"] if row["reusable"] else row["permits"] - row["released"]
 
 
 class LeaseMachine(RuleBasedStateMachine):
@@ -288,12 +289,24 @@ class StrictWithin(LeaseMachine):
               "limitedGroups": "withinGroupLimit"}
 
 
+class StrictReusable(LeaseMachine):  # SPEC R28a, R30a, R31a, R34a
+    LEASES = {"provisioning": {"mode": "strict"}, "permitsPerLease": 3, "ttlMs": TTL, "reusable": True,
+              "leaseFirst": True}
+
+
+class UnderReusable(LeaseMachine):
+    LEASES = {"provisioning": {"mode": "under", "reserve": 4}, "permitsPerLease": 3, "ttlMs": TTL,
+              "reusable": True}
+
+
 TestNoLeases = NoLeases.TestCase
+TestStrictReusable = StrictReusable.TestCase
+TestUnderReusable = UnderReusable.TestCase
 TestStrict = Strict.TestCase
 TestUnder = Under.TestCase
 TestOverRatio = OverRatio.TestCase
 TestOverCount = OverCount.TestCase
 TestStrictWithin = StrictWithin.TestCase
-for _machine in (NoLeases, Strict, Under, OverRatio, OverCount, StrictWithin):
+for _machine in (NoLeases, Strict, Under, OverRatio, OverCount, StrictWithin, StrictReusable, UnderReusable):
     _machine.TestCase.settings = SETTINGS
 del _machine

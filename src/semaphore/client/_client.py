@@ -115,7 +115,7 @@ _SCHEMA = (
     " stopped INTEGER NOT NULL, status TEXT NOT NULL, expires_at INTEGER NOT NULL,"
     " heartbeat_at INTEGER NOT NULL, sent_drawn INTEGER NOT NULL, sent_released INTEGER NOT NULL,"
     " sent_stopped INTEGER NOT NULL, updated_at INTEGER NOT NULL,"
-    " report_at INTEGER NOT NULL DEFAULT 0,"
+    " report_at INTEGER NOT NULL DEFAULT 0, reusable INTEGER NOT NULL DEFAULT 0,"
     " PRIMARY KEY (key, lease_id))",
     f"CREATE TABLE IF NOT EXISTS {KEYS} ("
     " key TEXT PRIMARY KEY, next_request_at INTEGER NOT NULL, contended INTEGER NOT NULL,"
@@ -130,6 +130,8 @@ _ADDED_COLUMNS = (
     # the holder's claimTtlMs and when its last reply was applied (claim heartbeats)
     (KEYS, "claim_ttl_ms", "INTEGER NOT NULL DEFAULT 0"),
     (KEYS, "replied_at", "INTEGER NOT NULL DEFAULT 0"),
+    # the lease's slots are reusable (SPEC R34a)
+    (LEASES, "reusable", "INTEGER NOT NULL DEFAULT 0"),
 )
 
 # Partial indexes: live rows (what every read wants, in the order it wants them) apart from
@@ -372,12 +374,14 @@ class SemaphoreClient:
     def draw(self, key: str, lease_id: str, *, margin_ms: int = 0) -> int | None:
         """Draw one permit from a live lease (no round trip, SPEC R30). Returns the drawn
         slot (1-based), or ``None`` if the lease cannot be drawn from (stopped, retired, used up,
-        or within ``margin_ms`` of its expiry). A drawn permit is one-shot (SPEC R34)."""
+        or within ``margin_ms`` of its expiry). A drawn permit is one-shot (SPEC R34), unless the
+        lease is reusable: then a slot released may be drawn again while the lease lives (R34a)."""
         return self.storage.transaction(lambda: self.unit(key).draw(lease_id, margin_ms=margin_ms))
 
     def release_lease(self, key: str, lease_id: str, count: int = 1) -> int:
         """Release ``count`` drawn permits of a lease (returns footprint; the permits never become
-        drawable again, SPEC R34). Returns how many were released."""
+        drawable again, SPEC R34, except the slots of a reusable lease, R34a). Returns how many
+        were released."""
         return self.storage.transaction(lambda: self.unit(key).release_lease(lease_id, count))
 
     def stop_lease(self, key: str, lease_id: str) -> bool:
@@ -623,15 +627,17 @@ class SemaphoreClient:
     def _write_lease(self, x: ClientLease, now: int) -> None:
         self.storage.exec(
             f"INSERT INTO {LEASES}(key, lease_id, group_name, permits, drawn, released, stopped, status,"
-            " expires_at, heartbeat_at, sent_drawn, sent_released, sent_stopped, updated_at, report_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(key, lease_id) DO UPDATE SET"
+            " expires_at, heartbeat_at, sent_drawn, sent_released, sent_stopped, updated_at, report_at,"
+            " reusable)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(key, lease_id) DO UPDATE SET"
             " group_name = excluded.group_name, permits = excluded.permits, drawn = excluded.drawn,"
             " released = excluded.released, stopped = excluded.stopped, status = excluded.status,"
             " expires_at = excluded.expires_at, heartbeat_at = excluded.heartbeat_at,"
             " sent_drawn = excluded.sent_drawn, sent_released = excluded.sent_released,"
             " sent_stopped = excluded.sent_stopped, updated_at = excluded.updated_at",
             x.key, x.lease_id, x.group, x.permits, x.drawn, x.released, int(x.stopped), x.status,
-            x.expires_at, x.heartbeat_at, x.sent_drawn, x.sent_released, int(x.sent_stopped), now, now)
+            x.expires_at, x.heartbeat_at, x.sent_drawn, x.sent_released, int(x.sent_stopped), now, now,
+            int(x.reusable))
 
     def _apply_lease(self, key: str, s: LeaseState, now: int, applied: AppliedReply) -> None:
         merge = merge_lease(key, self.lease(key, s.lease_id), s, now)  # R8, R13, R31, R33

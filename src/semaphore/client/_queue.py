@@ -682,6 +682,7 @@ class SemaphoreQueue:
                 self._paused.pop(item.key, None)
                 if item.key in self._requesting:
                     self._start_side_sync(item.key)
+                    await self._draw_beside_request(item.key)  # a freed slot of a reusable lease (R34a)
         return done
 
     def _start_side_sync(self, key: str) -> None:
@@ -815,8 +816,18 @@ class SemaphoreQueue:
         alarm); may be called directly."""
         self.ensure_schema()
         lock = self._locks.setdefault(key, asyncio.Lock())
-        if lock.locked() and key in self._requesting and self.request_wait_ms > 0:
-            self._start_side_request(key)  # new demand must not wait out a held request
+        if lock.locked() and key in self._requesting:
+            # The key's pump waits for its request's round (or holds it, request_wait_ms): do
+            # beside it what needs no holder and leave the rest to that pump, which schedules
+            # the key's next wake-up once answered; waiting for it here would hold up the
+            # wake-up run, and so every other key of this object, for as long.
+            if self.request_wait_ms > 0:
+                self._start_side_request(key)  # new demand must not wait out a held request
+            await self._draw_beside_request(key)
+            at = self._now() + self.retry_ms  # looks again then, should that pump die with its instance
+            self.storage.transaction(lambda: self._set_wake(key, at))
+            await self.scheduler.arm()
+            return
         async with lock:
             try:
                 await self._pump(key)
@@ -993,7 +1004,7 @@ class SemaphoreQueue:
             claim_margin_ms=self.claim_margin_ms, lease_margin_ms=self.lease_margin_ms,
             report_releases_within_ms=self.report_releases_within_ms, prefer_leases=self.prefer_leases,
             retention_ms=self.retention_ms, reconcile_after_ms=self.reconcile_after_ms,
-            done_hook=self.on_done is not None)
+            done_hook=self.on_done is not None, held_requests=self.request_wait_ms > 0)
 
     def _snapshot(self, key: str, now: int) -> KeySnapshot:
         """What the planner decides over for ``key`` at ``now`` (live rows only)."""
@@ -1058,10 +1069,10 @@ class SemaphoreQueue:
                 " FROM json_each(?)", applied.key, applied.now, json.dumps(entries))
         self._on_reply(applied)
 
-    def _admit_locally(self, key: str, now: int) -> None:
-        """Resolve claims, claim from grants (pending confirmation), draw from leases, stop
-        leases (:func:`~semaphore.core.queue_plan.plan_admission`)."""
-        step = plan.plan_admission(self._snapshot(key, now), self._options())
+    def _admit_locally(self, key: str, now: int, *, claims: bool = True) -> None:
+        """Resolve claims, claim from grants (pending confirmation; not if ``claims`` is false),
+        draw from leases, stop leases (:func:`~semaphore.core.queue_plan.plan_admission`)."""
+        step = plan.plan_admission(self._snapshot(key, now), self._options(), with_claims=claims)
         unit = self.client.unit(key)
         self._resolve(unit, step.resolutions, step.wake_now, now)
         for claim in step.claims:
@@ -1141,6 +1152,15 @@ class SemaphoreQueue:
             self._paused[key] = self._now() + self.retry_ms
         else:
             self._backoff[key] = self._now() + self.retry_ms
+
+    async def _draw_beside_request(self, key: str) -> None:
+        """While the key's request waits for its round (or is held, ``request_wait_ms``), draw
+        queued items from its live leases and start them: a draw needs no holder (R30), so
+        it does not wait behind the request (a released slot of a reusable lease, R34a, is
+        reused at once). Claims wait for the pump: a claim needs a confirming sync (R15a)."""
+        now = self._now()
+        self.storage.transaction(lambda: self._admit_locally(key, now, claims=False))
+        await self._run_callbacks(key, now)
 
     async def _admit_and_call(self, key: str) -> int:
         """Admit locally (resolve claims, claim, draw) and start the due callbacks and hand-overs;

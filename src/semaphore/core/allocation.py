@@ -8,7 +8,7 @@ writes what it returns, all inside the round's transaction.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
 from .config import LeaseConfig, LimitedGroups, Provisioning
@@ -163,6 +163,17 @@ def allocate(
     result = Allocation()
     ordered = sorted(entries, key=_ORDER)
     group_charged = dict(usage.groups)
+    if leases is not None and leases.lease_first and not isinstance(limit, _LimitError):
+        # SPEC R28a: leases first, each at most its need; grants serve what the leases leave.
+        _issue_leases(ordered, limit, 0, usage, leases, group_limits, group_charged, result, cap_need=True)
+        leased = sum(result.leases.values())
+        usage = replace(usage, leases=usage.leases + leased)
+        ordered = [replace(e, need=e.need - result.leases.get(e.key, 0)) if e.key in result.leases else e
+                   for e in ordered]
+        room = max(0, _grant_room(limit, usage, leases))
+        left, reasons, _ = _serve_grants(ordered, room, False, group_limits, group_charged, result)
+        _report_blocked(ordered, left, reasons, result)
+        return result
     room = 0 if isinstance(limit, _LimitError) else max(0, _grant_room(limit, usage, leases))
     left, reasons, granted_total = _serve_grants(
         ordered, room, isinstance(limit, _LimitError), group_limits, group_charged, result)
@@ -246,7 +257,11 @@ def _issue_leases(
     group_limits: Mapping[str, int | None | _LimitError],
     group_charged: dict[str, int],
     result: Allocation,
+    cap_need: bool = False,
 ) -> None:
+    """SPEC R26-R28: the round's new leases in ``result.leases`` from the budget the mode leaves
+    (``cap_need``, R28a: none larger than its entry's need, and an entry without need gets
+    none)."""
     def eligible(e: Entry) -> bool:  # R26 (the candidate flag), R22, R27
         if not (e.lease_candidate and e.permitted):
             return False
@@ -255,7 +270,7 @@ def _issue_leases(
             return False
         return gl is None or config.limited_groups is LimitedGroups.WITHIN_GROUP_LIMIT
 
-    candidates = [e for e in ordered if eligible(e)]
+    candidates = [e for e in ordered if eligible(e) and (e.need > 0 or not cap_need)]
     budget = max(0, _lease_room(limit, granted_total, usage, config))
     if not candidates or budget <= 0:
         return
@@ -268,6 +283,8 @@ def _issue_leases(
         gl = group_limits.get(e.group)
         if isinstance(gl, int):  # withinGroupLimit: footprint counts against the group (R27)
             permits = min(permits, max(0, gl - group_charged.get(e.group, 0)))
+        if cap_need:
+            permits = min(permits, e.need)
         if permits <= 0:
             continue
         result.leases[e.key] = permits

@@ -107,11 +107,21 @@ class ClientLease:
     sent_drawn: int
     sent_released: int
     sent_stopped: bool
+    #: Its slots are reusable while it lives (SPEC R34a).
+    reusable: bool = False
 
     @property
     def undrawn(self) -> int:
-        """Permits of the lease not drawn yet."""
+        """Permits that may still be drawn: of a one-shot lease, those not drawn yet (R34); of a
+        reusable one, its slots not running now (R34a)."""
+        if self.reusable:
+            return max(0, self.permits - self.in_use)
         return max(0, self.permits - self.drawn)
+
+    @property
+    def used_up(self) -> bool:
+        """Nothing left to draw, ever: a one-shot lease drawn in full (a reusable one never is)."""
+        return not self.reusable and self.drawn >= self.permits
 
     @property
     def in_use(self) -> int:
@@ -141,7 +151,10 @@ class ClientLease:
 
     @property
     def returns_capacity(self) -> bool:
-        """Its unreported changes free capacity at the holder: a release or a stop (R19, R30)."""
+        """Its unreported changes free capacity at the holder: a release or a stop (R19, R30). A
+        release of a live reusable lease frees nothing (its footprint is every slot, R30a)."""
+        if self.reusable and not self.stopped and self.status == _LIVE:
+            return False
         return self.released > self.sent_released or self.unsent_stop
 
     def report(self) -> LeaseReport:
@@ -153,7 +166,7 @@ class ClientLease:
         return cls(str(r["key"]), str(r["lease_id"]), str(r["group_name"]), int(r["permits"]),
                    int(r["drawn"]), int(r["released"]), bool(r["stopped"]), str(r["status"]),
                    int(r["expires_at"]), int(r["heartbeat_at"]), int(r["sent_drawn"]),
-                   int(r["sent_released"]), bool(r["sent_stopped"]))
+                   int(r["sent_released"]), bool(r["sent_stopped"]), bool(r["reusable"]))
 
 
 @dataclass(frozen=True)
@@ -261,10 +274,12 @@ def merge_lease(key: str, local: ClientLease | None, s: LeaseState, now: int) ->
             return LeaseMerge(None)
         retired = s.status is LeaseStatus.RETIRED
         return LeaseMerge(ClientLease(key, s.lease_id, s.group, s.permits, s.drawn, s.released, retired,
-                                      s.status.value, expires_at, heartbeat_at, s.drawn, s.released, False),
+                                      s.status.value, expires_at, heartbeat_at, s.drawn, s.released, False,
+                                      s.reusable),
                           adopted=True, retired=retired)
     retired = local.status == _RETIRED or s.status is LeaseStatus.RETIRED
-    drawn, released = raise_counts(local.drawn, local.released, s.drawn, s.released, local.permits)
+    drawn, released = raise_counts(local.drawn, local.released, s.drawn, s.released,
+                                   MAX_INT if local.reusable else local.permits)
     if retired or s.expires_at is None or s.expires_at <= local.expires_at:
         expires_at, heartbeat_at = local.expires_at, local.heartbeat_at
     x = replace(local, drawn=drawn, released=released,

@@ -7,6 +7,8 @@ Both the reference's camelCase spelling and Pythonic snake_case are accepted::
     {"provisioning": {"mode": "under", "reserve": 20}, "permits_per_lease": 16}
     {"provisioning": {"mode": "over", "extra": {"ratio": 0.5}}, "ttl_ms": 600_000,
      "limited_groups": "withinGroupLimit"}
+    {"provisioning": {"mode": "strict"}, "permitsPerLease": 8, "ttlMs": 60_000,
+     "reusable": True, "leaseFirst": True}
 
 or a :class:`LeaseConfig` built directly.
 """
@@ -50,6 +52,14 @@ class LeaseConfig:
     :ivar permits_per_lease: most permits one lease carries (>= 1).
     :ivar ttl_ms: a lease unreported for this long is retired (>= 1).
     :ivar limited_groups: ``exclude`` or ``withinGroupLimit``.
+    :ivar reusable: the leases issued hold reusable slots (SPEC R34a): while a lease is live, a
+        released item's slot may be drawn again, so a lease of N permits runs up to N items at a
+        time for as long as it lives, and its footprint stays N until the client stops it (R30a).
+        A report extends such a lease only while no request waits unserved (R31a). Off by
+        default: a drawn permit is one-shot (R34).
+    :ivar lease_first: in a round, lease candidates are sized (R28, each at most its need) before
+        grants are served, so a lease-capable client takes its share as a lease rather than as
+        a grant (R28a). Off by default: grants first (R25).
     """
 
     mode: Provisioning = Provisioning.STRICT
@@ -59,6 +69,8 @@ class LeaseConfig:
     permits_per_lease: int = 64
     ttl_ms: int = 1_800_000
     limited_groups: LimitedGroups = LimitedGroups.EXCLUDE
+    reusable: bool = False
+    lease_first: bool = False
 
     def __post_init__(self) -> None:
         # Built directly with plain strings ("over", "withinGroupLimit"), the enums must still be
@@ -79,6 +91,9 @@ class LeaseConfig:
                 field="leases.limitedGroups",
             ) from None
         option_int(self.permits_per_lease, "leases.permitsPerLease", 1)
+        for name, flag in (("leases.reusable", self.reusable), ("leases.leaseFirst", self.lease_first)):
+            if not isinstance(flag, bool):
+                raise ConfigurationError(f"{name}: must be true or false, got {flag!r}", field=name)
         option_int(self.ttl_ms, "leases.ttlMs", 1)
         option_int(self.reserve, "leases.provisioning.reserve", 0)
         if self.mode is Provisioning.OVER:
@@ -129,7 +144,12 @@ class LeaseConfig:
         if unknown:
             raise ConfigurationError(f"leases: unknown option(s) {unknown}", field="leases")
         kwargs = _parse_provisioning(value.get("provisioning", {"mode": "strict"}))
-        for camel, snake in (("permitsPerLease", "permits_per_lease"), ("ttlMs", "ttl_ms")):
+        for camel, snake in (("permitsPerLease", "permits_per_lease"), ("ttlMs", "ttl_ms"),
+                             ("reusable", "reusable"), ("leaseFirst", "lease_first")):
+            if camel == snake:
+                if camel in value:
+                    kwargs[snake] = value[camel]
+                continue
             if camel in value and snake in value:
                 raise ConfigurationError(f"leases: give {camel} or {snake}, not both", field=f"leases.{camel}")
             if camel in value or snake in value:
@@ -140,7 +160,7 @@ class LeaseConfig:
 
 #: Every option of the ``leases=`` mapping, in both spellings.
 _OPTIONS = {"provisioning", "permitsPerLease", "permits_per_lease", "ttlMs", "ttl_ms",
-            "limitedGroups", "limited_groups"}
+            "limitedGroups", "limited_groups", "reusable", "leaseFirst", "lease_first"}
 
 
 def _parse_provisioning(prov: Any) -> dict[str, Any]:

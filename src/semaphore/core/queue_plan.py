@@ -29,7 +29,7 @@ __all__ = [
     "Resolution", "Resolve", "Claim", "Draw", "AdmissionPlan", "ReplyPlan",
     "PendingReleases", "ReportDue", "Exchange", "ItemTimes",
     "resolve_claims", "admissible", "demand_of", "leases_to_stop", "plan_admission", "plan_reply", "report_due",
-    "heartbeat_due", "plan_exchange", "next_wake",
+    "heartbeat_due", "plan_exchange", "next_wake", "covered_groups", "wants_round",
 ]
 
 
@@ -44,6 +44,8 @@ class QueueOptions:
     retention_ms: int = 86_400_000
     reconcile_after_ms: int | None = None
     done_hook: bool = False
+    #: Requests carry ``waitMs`` (``request_wait_ms``): the holder may hold them open.
+    held_requests: bool = False
 
 
 @dataclass(frozen=True)
@@ -167,11 +169,40 @@ def leases_to_stop(snap: KeySnapshot, opts: QueueOptions, *, contended: bool) ->
     for lease in snap.leases:
         if not lease.active:
             continue
+        expiring = snap.now >= lease.expires_at - opts.lease_margin_ms
+        # R29 (for a reusable lease also after the reply: its idle slots are charged whole, R30a)
         idle = not queued.get(lease.group) and (
-            contended or snap.now >= lease.expires_at - opts.lease_margin_ms)
-        if lease.undrawn == 0 or idle:
+            contended or expiring or (lease.reusable and (snap.key.contended or lease.in_use == 0)))
+        # R31a: a reusable lease the holder did not extend is stopped before it expires (its
+        # free slots go back at once; its demand goes to a round again).
+        if lease.used_up or idle or (lease.reusable and expiring):
             out.append(lease.lease_id)
     return tuple(out)
+
+
+def covered_groups(snap: KeySnapshot, opts: QueueOptions) -> set[str]:
+    """SPEC R34a: groups served by an active reusable lease (busy or not, not within
+    ``lease_margin_ms`` of its expiry) while the key's last reply was
+    ``contended`` (R29: there is no room to grow it): their demand is not asked for again before
+    the lease's heartbeat, which then goes as a request carrying it (a round can still grow
+    the key's share when room frees). Without contention every demand is asked for, and so it
+    is when requests may be held at the holder (``request_wait_ms``): a held request costs one
+    call per hold and is answered by the first round that frees room."""
+    if not snap.key.contended or opts.held_requests:
+        return set()
+    return {x.group for x in snap.leases
+            if x.reusable and x.active and snap.now < x.expires_at - opts.lease_margin_ms}
+
+
+def wants_round(snap: KeySnapshot, opts: QueueOptions) -> bool:
+    """Some admissible item's group is not :func:`covered_groups`: its demand needs a round."""
+    admit = admissible(snap)
+    return bool(admit) and not _all_covered(admit, snap, opts)
+
+
+def _all_covered(admit: Mapping[str, object], snap: KeySnapshot, opts: QueueOptions) -> bool:
+    covered = covered_groups(snap, opts)
+    return bool(covered) and all(group in covered for group in admit)
 
 
 # ============================================================================ admission
@@ -291,13 +322,14 @@ def _after_admission(snap: KeySnapshot, claims: tuple[Claim, ...], draws: tuple[
     return replace(snap, queued=tuple(i for i in snap.queued if i.item_id not in taken), leases=leases)
 
 
-def plan_admission(snap: KeySnapshot, opts: QueueOptions) -> AdmissionPlan:
-    """Resolve claims, claim from grants (pending confirmation, R15a), draw from leases (R34),
-    stop leases with nothing left to draw or idle before expiry (R37)."""
+def plan_admission(snap: KeySnapshot, opts: QueueOptions, *, with_claims: bool = True) -> AdmissionPlan:
+    """Resolve claims, claim from grants (pending confirmation, R15a; none if ``with_claims`` is
+    false), draw from leases (R34, R34a), stop leases with nothing left to draw or idle before
+    expiry (R37)."""
     resolutions = resolve_claims(snap)
     snap = _after_resolutions(snap, resolutions)
     queued = admissible(snap)
-    claims = _claims(snap, opts, queued)
+    claims = _claims(snap, opts, queued) if with_claims else ()
     draws = _draws(snap, opts, queued)
     stops = leases_to_stop(_after_admission(snap, claims, draws), opts, contended=False)
     finished = any(r.action in (Resolve.RELEASE, Resolve.FINISH) for r in resolutions)
@@ -416,9 +448,12 @@ def plan_exchange(snap: KeySnapshot, opts: QueueOptions, *, demand: bool,
     come (R11: it carries the reports too); else nothing. ``due``: :func:`report_due` of
     ``snap`` if already computed."""
     claiming = bool(snap.claiming)
-    request_due = demand and snap.now >= snap.key.next_request_at
+    beat = heartbeat_due(snap)
+    # R34a: demand covered by reusable leases waits for their heartbeat (then goes with it).
+    request_due = demand and snap.now >= snap.key.next_request_at \
+        and (beat or not _all_covered(admissible(snap), snap, opts))
     due = report_due(snap, opts) if due is None else due
-    must_sync = claiming or (due.at is not None and due.at <= snap.now) or heartbeat_due(snap)
+    must_sync = claiming or (due.at is not None and due.at <= snap.now) or beat
     if must_sync and (claiming or not request_due):
         return Exchange.SYNC
     return Exchange.REQUEST if request_due else Exchange.NONE
@@ -450,7 +485,7 @@ def next_wake(snap: KeySnapshot, opts: QueueOptions, *, backoff_until: int = 0,
     now = snap.now
     network_at = max(now, backoff_until)
     times: list[int] = []
-    if admissible(snap):  # items beyond admit_room wait for a callback to return (it pumps the key)
+    if wants_round(snap, opts):  # items beyond admit_room wait for a callback to return (it pumps the key)
         times.append(max(snap.key.next_request_at, network_at, requests_from))
     if snap.claiming:
         times.append(network_at)

@@ -16,7 +16,7 @@ R31, R32), write meta (R9, R29, R33), answer every client (R8, R11, R23, R29).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .allocation import Allocation, Entry, Usage, allocate, ceiling, lease_candidate
@@ -26,6 +26,7 @@ from .ledger import Ledger, Reads
 from .marks import raise_counts
 from .rows import GrantRow, LeaseRow
 from .wire import (
+    MAX_INT,
     GrantReport,
     GrantStatus,
     LeaseReport,
@@ -135,6 +136,8 @@ class RoundOutcome:
     #: Clients the round gave a new grant or lease (a waiting request of anyone else may stay
     #: open, R9 decision).
     served: frozenset[str] = frozenset()
+    #: Entries the round left unserved that hold no live lease in their group (R31a).
+    starving: int = 0
 
 
 def next_round_at(now: int, last_round_at: int | None, round_period_ms: int) -> int:
@@ -238,22 +241,27 @@ def _retire_ineligible(ledger: Ledger, limits: Limits, policy: Policy) -> None:
             ledger.put_lease(lease)
 
 
-def _open(ledger: Ledger, now: int, messages: Mapping[str, Sequence[Message]], policy: Policy) -> dict[str, View]:
+def _open(ledger: Ledger, now: int, messages: Mapping[str, Sequence[Message]], policy: Policy,
+          starving: int) -> dict[str, View]:
     """The start of every round and sync: reclaim (R15) and retire (R31) what is due, then
-    apply every client's reports in order; returns each client's view."""
+    apply every client's reports in order (``starving``: the last round's count, R31a); returns
+    each client's view."""
     decide_reclaim(ledger, now)
     _retire_expired(ledger, now)
-    return {client_id: _apply_reports(ledger, client_id, ms, now, policy) for client_id, ms in messages.items()}
+    return {client_id: _apply_reports(ledger, client_id, ms, now, policy, not starving)
+            for client_id, ms in messages.items()}
 
 
 def _apply_reports(ledger: Ledger, client_id: str, messages: Sequence[Message], now: int,
-                   policy: Policy) -> View:
+                   policy: Policy, extend_reusable: bool) -> View:
     """Apply every grant and lease report of a client's messages, in order (SPEC R13, R14,
-    R30-R32), and return what the client is told about them."""
+    R30-R32; a report extends a reusable lease only if ``extend_reusable``: no request waited
+    unserved in the last round, R31a), and return what the client is told about them."""
     view = View()
     for message in messages:
         _apply_grant_reports(ledger, client_id, message.grants, view)
-        _apply_lease_reports(ledger, client_id, message.leases or (), view, now, policy.ttl_ms)
+        _apply_lease_reports(ledger, client_id, message.leases or (), view, now, policy.ttl_ms,
+                             extend_reusable)
     return view
 
 
@@ -292,19 +300,20 @@ def _unknown_lease(r: LeaseReport, view: View) -> None:
 
 
 def _apply_lease_reports(ledger: Ledger, client_id: str, reports: Iterable[LeaseReport], view: View,
-                         now: int, ttl_ms: int) -> None:
-    """SPEC R30-R32: a lease report raises ``drawn`` (clamped to ``permits``, final once
-    stopped, R30) and ``released`` (clamped to ``drawn``), heartbeats a live lease (R31) and
-    settles a stopped, fully released one (R30)."""
+                         now: int, ttl_ms: int, extend_reusable: bool = True) -> None:
+    """SPEC R30-R32: a lease report raises ``drawn`` (clamped to ``permits``, or unbounded for a
+    reusable lease, R34a; final once stopped, R30) and ``released`` (clamped to ``drawn``),
+    heartbeats a live lease (R31; a reusable one only if ``extend_reusable``, R31a) and settles
+    a stopped, fully released one (R30)."""
     for r in reports:
         lease = ledger.leases.get(r.lease_id)
         if lease is None or lease.client_id != client_id:  # SPEC R32
             _unknown_lease(r, view)
             continue
         # R30: after the stop, drawn is final (the cap is what the holder already has).
-        cap = lease.drawn if lease.stopped else lease.permits
+        cap = lease.drawn if lease.stopped else (MAX_INT if lease.reusable else lease.permits)
         lease.drawn, lease.released = raise_counts(lease.drawn, lease.released, r.drawn, r.released, cap)
-        if lease.status == "live":
+        if lease.status == "live" and (extend_reusable or not lease.reusable):
             lease.expires_at = now + ttl_ms
         if r.stopped:
             lease.stopped = True
@@ -382,19 +391,30 @@ def _issue(ledger: Ledger, views: dict[str, View], result: Allocation, now: int,
         ledger.set_meta(k, v)
     for (client_id, group), permits in result.leases.items():
         lease_id = new_lease_id(policy.new_id(), (secret, epoch), client_id, permits)
-        lease = LeaseRow(lease_id, client_id, group, permits, 0, 0, False, "live", now, now + policy.leases.ttl_ms)
+        lease = LeaseRow(lease_id, client_id, group, permits, 0, 0, False, "live", now, now + policy.leases.ttl_ms,
+                         policy.leases.reusable)
         ledger.put_lease(lease)
         views[client_id].leases = {lease.lease_id: _lease_wire(lease), **views[client_id].leases}
 
 
-def _write_meta(ledger: Ledger, limit: Any, now: int, contended: bool) -> None:
-    """Meta ``last_limit`` (R33), ``last_round_at`` (R9) and ``contended`` (R29, only when it
-    changes), in the round's one meta upsert."""
+def _starving(ledger: Ledger, result: Allocation) -> int:
+    """SPEC R31a: the round's entries left with need that it served nothing and that hold no
+    live lease in their group (a client drawing from a lease is served, if not in full)."""
+    leased = {(x.client_id, x.group_name) for x in ledger.leases.values() if x.status == "live"}
+    served = set(result.grants) | set(result.leases)
+    return sum(1 for c, g, _r, _w in result.blocked if (c, g) not in served and (c, g) not in leased)
+
+
+def _write_meta(ledger: Ledger, limit: Any, now: int, contended: bool, starving: int = 0) -> None:
+    """Meta ``last_limit`` (R33), ``last_round_at`` (R9), ``contended`` (R29) and ``starving``
+    (R31a; both only when they change), in the round's one meta upsert."""
     if isinstance(limit, int):
         ledger.set_meta("last_limit", limit)
     ledger.set_meta("last_round_at", now)
     if contended != bool(ledger.meta().get("contended", 0)):
         ledger.set_meta("contended", int(contended))
+    if starving != ledger.meta().get("starving", 0):
+        ledger.set_meta("starving", starving)
 
 
 def decide_round(ledger: Ledger, now: int, clients: Sequence[Pending], limits: Limits,
@@ -403,17 +423,19 @@ def decide_round(ledger: Ledger, now: int, clients: Sequence[Pending], limits: L
     goes into ``ledger``; returns each client's reply, the round's ``contended`` flag and what
     the round did (:class:`RoundOutcome`)."""
     live_before = [lid for lid, x in ledger.leases.items() if x.status == "live"]
-    views = _open(ledger, now, {p.client_id: p.messages for p in clients}, policy)
+    views = _open(ledger, now, {p.client_id: p.messages for p in clients}, policy,
+                  ledger.meta().get("starving", 0))
     _retire_ineligible(ledger, limits, policy)
     usage = _usage(ledger, views, limits, policy, {d.group for p in clients for d in p.latest.demand})
     entries = _entries(ledger, clients, limits.permitted)
     result = allocate(entries, limit=limits.limit, group_limits=limits.group_limits, usage=usage,
                       leases=policy.leases)
     _issue(ledger, views, result, now, policy)
-    _write_meta(ledger, limits.limit, now, result.contended)
+    starving = _starving(ledger, result)
+    _write_meta(ledger, limits.limit, now, result.contended, starving)
     next_at = next_round_at(now, now, policy.round_period_ms)  # R11: this round just began
-    return _outcome(ledger, _round_replies(ledger, clients, views, result, next_at), result, limits,
-                    live_before)
+    return replace(_outcome(ledger, _round_replies(ledger, clients, views, result, next_at), result, limits,
+                            live_before), starving=starving)
 
 
 def _outcome(ledger: Ledger, replies: dict[str, dict[str, Any]], result: Allocation, limits: Limits,
@@ -438,10 +460,11 @@ def _outcome(ledger: Ledger, replies: dict[str, dict[str, Any]], result: Allocat
 
 
 def decide_sync(ledger: Ledger, now: int, message: SyncMessage, policy: Policy, contended: bool,
-                next_request_at: int) -> dict[str, Any]:
+                next_request_at: int, starving: int = 0) -> dict[str, Any]:
     """SPEC R6: apply a sync's reports and answer at once, with the ``contended`` flag of the
-    last committed round (R29) and ``nextRequestAt`` (R11)."""
-    views = _open(ledger, now, {message.client_id: [message]}, policy)
+    last committed round (R29) and ``nextRequestAt`` (R11); ``starving``: the last committed
+    round's count (R31a)."""
+    views = _open(ledger, now, {message.client_id: [message]}, policy, starving)
     return _reply(_held_by_client(ledger), message.client_id, views[message.client_id], [], contended,
                   next_request_at)
 
@@ -456,7 +479,7 @@ def _lease_wire(lease: LeaseRow, status: LeaseStatus | None = None) -> dict[str,
     if status is None:
         status = LeaseStatus.LIVE if lease.status == "live" else LeaseStatus.RETIRED
     return lease_state(lease.lease_id, lease.group_name, lease.permits, lease.drawn, lease.released,
-                       lease.expires_at, status.value)
+                       lease.expires_at, status.value, lease.reusable)
 
 
 def _held_by_client(ledger: Ledger) -> dict[str, tuple[list[GrantRow], list[LeaseRow]]]:

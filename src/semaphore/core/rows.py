@@ -63,28 +63,36 @@ class LeaseRow:
     status: str  # 'live' | 'retired'
     issued_at: int
     expires_at: int
+    #: Slots reusable while the lease lives (SPEC R34a); fixed at issue.
+    reusable: bool = False
 
     @property
     def footprint(self) -> int:
         """SPEC R30: ``permits - released`` until the client confirmed its final draw count,
-        then ``drawn - released``."""
+        then ``drawn - released``. A reusable lease (R30a) charges ``permits`` until then: its
+        ``released`` says nothing of how many of its slots run now."""
         if self.status == "retired" and self.stopped:
-            return self.drawn - self.released
-        return self.permits - self.released
+            return min(self.permits, self.drawn - self.released)
+        return self.permits if self.reusable else self.permits - self.released
 
     @property
     def undrawn(self) -> int:
-        return self.permits - self.drawn if self.status == "live" else 0
+        """Permits a live lease may still have drawn (R20, R26): of a reusable one (R34a), its
+        slots not running as far as the holder knows."""
+        if self.status != "live":
+            return 0
+        return max(0, self.permits - (self.drawn - self.released)) if self.reusable else self.permits - self.drawn
 
     @classmethod
     def from_row(cls, r: Mapping[str, Any]) -> LeaseRow:
         return cls(str(r["lease_id"]), str(r["client_id"]), str(r["group_name"]), int(r["permits"]),
                    int(r["drawn"]), int(r["released"]), bool(r["stopped"]), str(r["status"]),
-                   int(r["issued_at"]), int(r["expires_at"]))
+                   int(r["issued_at"]), int(r["expires_at"]), bool(r["reusable"]))
 
     def values(self) -> tuple[Any, ...]:
         return (self.lease_id, self.client_id, self.group_name, self.permits, self.drawn,
-                self.released, int(self.stopped), self.status, self.issued_at, self.expires_at)
+                self.released, int(self.stopped), self.status, self.issued_at, self.expires_at,
+                int(self.reusable))
 
     def changes(self) -> tuple[Any, ...]:
         """The id and the columns a stored lease may change (:data:`LEASE_MUTABLE`)."""
@@ -93,8 +101,9 @@ class LeaseRow:
 
 GRANT_COLUMNS = [f.name for f in fields(GrantRow)]
 LEASE_COLUMNS = [f.name for f in fields(LeaseRow)]
-#: Columns a stored row may change (reports, reclaim, retirement); owner, group, issue time and
-#: deadline never change once written. Changed stored rows are written as an ``UPDATE`` of these
-#: columns only: fewer values to encode and extract, and the owner index is left alone.
+#: Columns a stored row may change (reports, reclaim, retirement); owner, group, issue time,
+#: deadline and a lease's ``reusable`` never change once written. Changed stored rows are
+#: written as an ``UPDATE`` of these columns only: fewer values to encode and extract, and the
+#: owner index is left alone.
 GRANT_MUTABLE = ["permits", "claimed", "released", "reclaimed"]
 LEASE_MUTABLE = ["drawn", "released", "stopped", "status", "expires_at"]

@@ -452,10 +452,14 @@ def grant_state(grant_id: str, group: str | None, permits: int, claimed: int, re
 
 
 def lease_state(lease_id: str, group: str | None, permits: int, drawn: int, released: int,
-                expires_at: int | None, status: str) -> dict[str, Any]:
-    """Wire form of :class:`LeaseState` (``status`` a :class:`LeaseStatus` value)."""
-    return {"leaseId": lease_id, "group": group, "permits": permits, "drawn": drawn,
-            "released": released, "expiresAt": expires_at, "status": status}
+                expires_at: int | None, status: str, reusable: bool = False) -> dict[str, Any]:
+    """Wire form of :class:`LeaseState` (``status`` a :class:`LeaseStatus` value); ``reusable``
+    (SPEC R34a) is sent only when true, so a reply without it reads as before."""
+    d = {"leaseId": lease_id, "group": group, "permits": permits, "drawn": drawn,
+         "released": released, "expiresAt": expires_at, "status": status}
+    if reusable:
+        d["reusable"] = True
+    return d
 
 
 def blocked_entry(group: str, reason: str, waiting: int) -> dict[str, Any]:
@@ -516,12 +520,14 @@ class LeaseState:
     released: int
     expires_at: int | None
     status: LeaseStatus
+    #: Its slots are reusable while it lives (SPEC R34a; wire ``reusable``, absent when false).
+    reusable: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         """The reply entry: ``{"leaseId", "group", "permits", "drawn", "released", "expiresAt",
-        "status"}``."""
+        "status"}``, plus ``"reusable": true`` for a reusable lease."""
         return lease_state(self.lease_id, self.group, self.permits, self.drawn, self.released,
-                           self.expires_at, self.status.value)
+                           self.expires_at, self.status.value, self.reusable)
 
     @classmethod
     def from_wire(cls, d: Mapping[str, Any]) -> LeaseState:
@@ -534,6 +540,7 @@ class LeaseState:
             int(d.get("released") or 0),
             None if d.get("expiresAt") is None else int(d["expiresAt"]),
             LeaseStatus(d["status"]),
+            bool(d.get("reusable") or False),
         )
 
 

@@ -275,6 +275,8 @@ class DurabilitySemaphore:
         #: R29 flag of the last committed round (durable in meta ``contended``; loaded by
         #: :meth:`_ensure_ready`, updated only after a round's commit). Syncs answer it.
         self._last_contended = False
+        #: R31a count of the last committed round (durable in meta ``starving``, like the flag).
+        self._last_starving = 0
         self._ready = False
 
     # ================================================================== public API
@@ -438,6 +440,7 @@ class DurabilitySemaphore:
             self._last_round_at = last_round_at
         # R29: the last committed round's flag survives eviction (one read per instance).
         self._last_contended = bool(meta.get("contended", 0))
+        self._last_starving = int(meta.get("starving", 0))
         self._ready = True
         # Repairs an alarm lost between a commit and its setAlarm (e.g. an eviction).
         await self.scheduler.arm()
@@ -546,6 +549,7 @@ class DurabilitySemaphore:
                                   self.storage.statements - statements, outcome)
             replies, served = outcome.replies, outcome.served
             self._last_contended = outcome.contended  # R29: only a committed round changes the flag
+            self._last_starving = outcome.starving
             try:
                 await self.scheduler.arm()
             except Exception:  # the commit stands; the next instance start re-arms
@@ -657,11 +661,11 @@ class DurabilitySemaphore:
         ``contended`` flag of the last committed round (R29; durable, so it survives eviction)."""
         now = int(self.clock())
 
-        contended, next_at = self._last_contended, self.next_request_at()
+        contended, next_at, starving = self._last_contended, self.next_request_at(), self._last_starving
         charged_before = self._charged() if self._held else None
         try:
             reply = self.storage.transaction(
-                lambda: run_sync(self.store, now, message, self.policy, contended, next_at))
+                lambda: run_sync(self.store, now, message, self.policy, contended, next_at, starving))
         except Exception as exc:
             log.exception("sync transaction failed; nothing was written")
             return RoundFailedError(f"sync failed, nothing was written: {exc}").to_wire()

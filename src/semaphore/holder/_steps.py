@@ -112,10 +112,10 @@ def run_round(store: Store, now: int, clients: Sequence[Pending], limits: Limits
 
 
 def run_sync(store: Store, now: int, message: SyncMessage, policy: Policy, contended: bool,
-             next_request_at: int) -> dict[str, Any]:
+             next_request_at: int, starving: int = 0) -> dict[str, Any]:
     """One sync's transaction body (SPEC R6); returns the reply. Reads no meta row."""
     ledger = Ledger(store.load(sync_reads(now, message), None))
-    reply = decide_sync(ledger, now, message, policy, contended, next_request_at)
+    reply = decide_sync(ledger, now, message, policy, contended, next_request_at, starving)
     store.persist(ledger.changes())
     _seen(store, ledger, [message.client_id], now, policy.claim_ttl_ms)
     return reply

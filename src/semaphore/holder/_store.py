@@ -8,7 +8,8 @@ Tables (all created on first use, versioned in ``durability_semaphore_meta``):
     ``reclaimed`` (the deadline passed and the unclaimed permits were taken back).
 ``durability_semaphore_leases``
     one row per live or retired lease: ``permits``, ``drawn``/``released`` high-water marks,
-    ``stopped`` (the client confirmed its final ``drawn``), ``status`` and ``expires_at``.
+    ``stopped`` (the client confirmed its final ``drawn``), ``status``, ``expires_at`` and
+    ``reusable`` (its slots are reusable, SPEC R34a).
 ``durability_semaphore_groups``
     per-group aggregates maintained incrementally in the same transaction as every change:
     ``outstanding`` (sum of ``permits - released``), ``lease_footprint``, ``live_leases``,
@@ -41,7 +42,7 @@ from typing import Any
 from ..core.ledger import Changes, Reads, Snapshot
 from ..core.rows import AGGREGATES, GRANT_COLUMNS, GRANT_MUTABLE, LEASE_COLUMNS, LEASE_MUTABLE, GrantRow, LeaseRow
 from ..errors import SemaphoreError
-from ..runtime import Storage
+from ..runtime import Storage, install_schema
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -79,7 +80,7 @@ _SCHEMA = (
     " lease_id TEXT PRIMARY KEY, client_id TEXT NOT NULL, group_name TEXT NOT NULL,"
     " permits INTEGER NOT NULL, drawn INTEGER NOT NULL, released INTEGER NOT NULL,"
     " stopped INTEGER NOT NULL, status TEXT NOT NULL, issued_at INTEGER NOT NULL,"
-    " expires_at INTEGER NOT NULL)",
+    " expires_at INTEGER NOT NULL, reusable INTEGER NOT NULL DEFAULT 0)",
     f"CREATE INDEX IF NOT EXISTS {LEASES}_client ON {LEASES}(client_id)",
     f"CREATE INDEX IF NOT EXISTS {LEASES}_group ON {LEASES}(group_name)",
     f"CREATE INDEX IF NOT EXISTS {LEASES}_expiry ON {LEASES}(expires_at) WHERE status = 'live'",
@@ -99,11 +100,17 @@ _SCHEMA = (
 )
 
 
+#: Columns added after the first release: ``(table, column, declaration)``; tables created by an
+#: older release gain them on first use (``ALTER TABLE ... ADD COLUMN``). ``reusable``: a lease's
+#: slots are reusable (SPEC R34a; 0 for every lease issued before).
+_ADDED_COLUMNS = ((LEASES, "reusable", "INTEGER NOT NULL DEFAULT 0"),)
+
+
 def ensure_schema(storage: Storage) -> None:
-    """Create the schema if missing, versioned in meta ``schema_version`` (SPEC R1); refuse a
-    schema written by a newer release."""
-    for statement in _SCHEMA:
-        storage.exec(statement)
+    """Create the schema if missing (and add the columns of :data:`_ADDED_COLUMNS` to tables of
+    an older release), versioned in meta ``schema_version`` (SPEC R1); refuse a schema written
+    by a newer release."""
+    install_schema(storage, _SCHEMA, _ADDED_COLUMNS, ())
     row = storage.one(f"SELECT value FROM {META} WHERE key = 'schema_version'")
     if row is None:
         storage.exec(f"INSERT INTO {META}(key, value) VALUES ('schema_version', ?)", SCHEMA_VERSION)

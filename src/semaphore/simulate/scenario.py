@@ -87,6 +87,10 @@ class Scenario:
     extra_ratio: float = _opt(0.25, "leases", "float", "over: leases may go floor(limit * ratio) above the limit")
     extra_count: int | None = _opt(None, "leases", "optint", "over: a fixed count above the limit instead of the ratio")
     limited_groups: str = _opt("exclude", "leases", "str", "exclude or withinGroupLimit (limitedGroups)")
+    reusable: bool = _opt(False, "leases", "bool",
+                          "lease slots are reused while the lease lives (reusable, SPEC R34a)")
+    lease_first: bool = _opt(False, "leases", "bool",
+                             "size leases before grants in a round (leaseFirst, SPEC R28a)")
     # queue
     report_releases_within_ms: int = _opt(10_000, "queue", "int",
                                           "a sync is sent for releases once the oldest waited this long")
@@ -170,8 +174,13 @@ class Scenario:
         elif self.leases == "over":
             provisioning["extra"] = ({"count": self.extra_count} if self.extra_count is not None
                                      else {"ratio": self.extra_ratio})
-        return {"provisioning": provisioning, "permitsPerLease": self.permits_per_lease,
-                "ttlMs": self.lease_ttl_ms, "limitedGroups": self.limited_groups}
+        options: dict[str, Any] = {"provisioning": provisioning, "permitsPerLease": self.permits_per_lease,
+                                   "ttlMs": self.lease_ttl_ms, "limitedGroups": self.limited_groups}
+        if self.reusable:
+            options["reusable"] = True
+        if self.lease_first:
+            options["leaseFirst"] = True
+        return options
 
     def client_groups(self, index: int) -> list[str]:
         """The groups client object ``index`` uses."""

@@ -98,13 +98,15 @@ def _recount(storage: Any, names: set[str]) -> dict[str, dict[str, int]]:
             acc(g["group_name"])["outstanding"] += g["permits"] - g["released"]
     if LEASES in names:
         for x in query(storage, f"SELECT * FROM {LEASES}"):
-            assert 0 <= x["released"] <= x["drawn"] <= x["permits"], f"inconsistent lease row {x}"
+            reusable = bool(x.get("reusable"))  # SPEC R34a: drawn may pass permits
+            assert 0 <= x["released"] <= x["drawn"] and (reusable or x["drawn"] <= x["permits"]), \
+                f"inconsistent lease row {x}"
             assert x["status"] in ("live", "retired"), f"unknown lease status {x}"
             a = acc(x["group_name"])
-            if x["status"] == "retired" and x["stopped"]:
-                a["lease_footprint"] += x["drawn"] - x["released"]
-            else:
-                a["lease_footprint"] += x["permits"] - x["released"]
+            if x["status"] == "retired" and x["stopped"]:  # R30
+                a["lease_footprint"] += min(x["permits"], x["drawn"] - x["released"])
+            else:  # R30a: a reusable lease charges all its slots until its final draw count
+                a["lease_footprint"] += x["permits"] if reusable else x["permits"] - x["released"]
             a["live_leases" if x["status"] == "live" else "retired_leases"] += 1
     return groups
 
@@ -115,7 +117,8 @@ def check_aggregates(storage: Any) -> dict[str, Any]:
     (totals).
 
     Also checks every row's own consistency (``0 <= released <= claimed <= permits`` for grants,
-    ``0 <= released <= drawn <= permits`` and a known status for leases). A group row whose
+    ``0 <= released <= drawn <= permits``, of a reusable lease ``0 <= released <= drawn``, and a
+    known status for leases). A group row whose
     aggregates are all zero counts as an absent one. Returns
     ``{"groups": {group: {aggregate: value}}, "total": {aggregate: value}}`` (groups with
     anything charged only)."""
