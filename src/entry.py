@@ -39,10 +39,12 @@ Configuration (``[vars]`` in wrangler.toml, all optional): ``ACCOUNT_CONCURRENCY
 per account, 10), ``GRANT_TIMEOUT_MS``, ``ROUND_WAIT_MS``, ``ROUND_PERIOD_MS``,
 ``JOB_RETENTION_MS`` (how long finished jobs are remembered, default one day), ``LEASES`` (JSON
 text of the holder's ``leases=`` options, as :meth:`semaphore.LeaseConfig.parse` takes them; empty
-or absent: no leases). Integers must be below 2**53. An invalid var never crashes an object's
-constructor: every route (and every RPC method of the objects) answers the error value
-``{"v": 1, "error": {"code": "configuration_error", "field": <the var>, "message"}}``, the
-front with status 500. Secret ``ADMIN_TOKEN`` guards every request that changes state.
+or absent: no leases), ``HOLD_BLOCKED_MS`` and ``REQUEST_WAIT_MS`` (waiting requests: the
+holder's ``hold_blocked_ms`` and each JobQueue's ``request_wait_ms``; ``0``, the default, is off;
+requests are held only when both are above 0). Integers must be below 2**53. An invalid var
+never crashes an object's constructor: every route (and every RPC method of the objects)
+answers the error value ``{"v": 1, "error": {"code": "configuration_error", "field": <the var>,
+"message"}}``, the front with status 500. Secret ``ADMIN_TOKEN`` guards every request that changes state.
 """
 
 from __future__ import annotations
@@ -117,6 +119,8 @@ METRICS_MAX_ACCOUNTS = 100
 METRICS_CONCURRENCY = 10
 #: A holder whose registration failed tries again after this long (ms), not at every write.
 INDEX_RETRY_MS = 60_000
+#: The ``permits`` message types :meth:`AccountLimit.ping` tallies (anything else: ``other``).
+MESSAGE_TYPES = ("request", "sync")
 
 log = logging.getLogger("entry")
 
@@ -155,6 +159,16 @@ def has_tables(storage: Storage, names: tuple[str, ...] | list[str]) -> bool:
     row = storage.one(f"SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ({marks}) LIMIT 1",
                       *names)
     return row is not None
+
+
+def message_type(message: Any) -> str:
+    """A ``permits`` message's ``type`` if it is one of :data:`MESSAGE_TYPES`, else ``"other"``
+    (a dict, or the runtime's proxy of a JavaScript object; nothing is converted)."""
+    try:
+        kind = message.get("type") if isinstance(message, dict) else getattr(message, "type", None)
+    except Exception:  # noqa: BLE001 - a hostile value is the semaphore's to reject
+        kind = None
+    return kind if isinstance(kind, str) and kind in MESSAGE_TYPES else "other"
 
 
 def account_name(ctx: Any) -> str | None:
@@ -237,18 +251,39 @@ class Settings:
     round_period_ms: int
     job_retention_ms: int
     leases: LeaseConfig | None
+    hold_blocked_ms: int = 0
+    request_wait_ms: int = 0
+
+    @property
+    def request_timeout_ms(self) -> int:
+        """The JobQueue's RPC timeout to the holder (every ``permits`` message): ``RPC_TIMEOUT_MS``,
+        plus, with waiting requests (``REQUEST_WAIT_MS`` > 0), ``REQUEST_WAIT_MS`` and the longest a
+        round can take to come (``max(ROUND_WAIT_MS, ROUND_PERIOD_MS)``): a held request is answered
+        at the latest by the first round at or after its deadline, and the transport's timeout
+        must exceed ``request_wait_ms + round_period_ms`` (``SemaphoreQueue``'s docs)."""
+        if self.request_wait_ms <= 0:
+            return RPC_TIMEOUT_MS
+        return RPC_TIMEOUT_MS + self.request_wait_ms + max(self.round_wait_ms, self.round_period_ms)
 
 
 def read_settings(env: Any) -> Settings:
     """Parse the ``[vars]``; the first invalid one raises :class:`VarError`."""
-    return Settings(
+    settings = Settings(
         default_limit=env_int(env, "ACCOUNT_CONCURRENCY", DEFAULT_CONCURRENCY),
         grant_timeout_ms=env_int(env, "GRANT_TIMEOUT_MS", 10_000, 1),
         round_wait_ms=env_int(env, "ROUND_WAIT_MS", 1000),
         round_period_ms=env_int(env, "ROUND_PERIOD_MS", 2000),
         job_retention_ms=env_int(env, "JOB_RETENTION_MS", DEFAULT_JOB_RETENTION_MS, 1),
         leases=env_leases(env),
+        hold_blocked_ms=env_int(env, "HOLD_BLOCKED_MS", 0),
+        request_wait_ms=env_int(env, "REQUEST_WAIT_MS", 0),
     )
+    leases = settings.leases
+    if leases is not None and settings.request_wait_ms * 2 >= leases.ttl_ms:
+        # A held request delays the key's lease heartbeats (SemaphoreQueue's request_wait_ms).
+        raise VarError("REQUEST_WAIT_MS", f"REQUEST_WAIT_MS must be below half the lease ttlMs "
+                                          f"({leases.ttl_ms}), got {settings.request_wait_ms}")
+    return settings
 
 
 class AccountLimit(DurableObject):
@@ -289,7 +324,11 @@ class AccountLimit(DurableObject):
             round_period_ms=settings.round_period_ms,
             leases=settings.leases,
             on_round=self._count_round,
+            hold_blocked_ms=settings.hold_blocked_ms,
         )
+        # ping()'s tally of the permits messages this instance handled (memory only).
+        self._started_at = int(self.scheduler.clock())
+        self._messages = dict.fromkeys((*MESSAGE_TYPES, "other"), 0)
         self._index_env = env
         self._indexed = False  # registered in the AccountIndex (per instance: one add() per instance)
         self._index_retry_at = 0
@@ -316,10 +355,23 @@ class AccountLimit(DurableObject):
         """The semaphore's wire endpoint (requests and syncs from client objects)."""
         if self.config_error is not None:
             return self.config_error
+        kind = message_type(message)
+        self._messages[kind] += 1
         reply = await self.semaphore.handle(message)
         if not (isinstance(reply, dict) and "error" in reply):
             await self._register()
         return reply
+
+    async def ping(self) -> dict[str, Any]:
+        """A benchmark and diagnostics aid (``GET /accounts/{account}/ping``): one RPC that reads
+        and writes no storage (so it creates nothing) and runs no round. Answers ``{"ok": True,
+        "instance": {"startedAt", "messages": {"request", "sync", "other"}}}``: the ``permits``
+        messages this instance handled by type (``other``: not a request or sync, e.g. invalid)
+        since it started (``startedAt``, epoch ms). Memory only: a new instance (an eviction)
+        starts again at 0."""
+        if self.config_error is not None:
+            return self.config_error
+        return {"ok": True, "instance": {"startedAt": self._started_at, "messages": dict(self._messages)}}
 
     async def usage(self) -> dict[str, Any]:
         """The semaphore's ``usage()`` (SPEC R38) plus ``defaultLimit`` and ``limitOverride``.
@@ -349,7 +401,9 @@ class AccountLimit(DurableObject):
         the next round; lowering it never revokes running work (SPEC R24). An invalid limit is
         answered with the error value ``{"v": 1, "error": {"code": "invalid_limit", ...}}`` and
         changes nothing; clearing an override that was never set creates nothing. The stored
-        override is overwritten without being read, so a corrupt one can be repaired."""
+        override is overwritten without being read, so a corrupt one can be repaired. Requests
+        held open (``HOLD_BLOCKED_MS``) get a round at once (as ``round_period_ms`` allows), so a
+        raised limit serves them without waiting for their deadline."""
         if self.config_error is not None:
             return self.config_error
         limit = plain(limit)
@@ -365,6 +419,10 @@ class AccountLimit(DurableObject):
                 f"INSERT INTO {SETTINGS}(key, value) VALUES ('limit', ?)"
                 " ON CONFLICT(key) DO UPDATE SET value = excluded.value", limit)
         self._override, self._override_loaded = limit, True
+        # A raised limit may serve requests held open (HOLD_BLOCKED_MS): their next round would
+        # otherwise come only at their deadline. Does nothing while nothing is held.
+        if self.semaphore is not None:
+            self.semaphore.start_round()
         if limit is not None:
             await self._register()
         return {"limit": self.current_limit(), "override": limit, "defaultLimit": self.default_limit}
@@ -623,9 +681,12 @@ class JobQueue(DurableObject):
     the account's ``AccountLimit`` (rounds, or draws from leases), run while they hold one, and
     release it on completion. Everything is in this object's SQLite storage, so eviction loses
     nothing; the object's alarm drives the queue. Finished jobs are kept ``JOB_RETENTION_MS``
-    (default one day). :meth:`status` is read only: a queue never written to keeps no storage.
-    An invalid ``JOB_RETENTION_MS`` is answered as the error value ``configuration_error`` by
-    every RPC method (the constructor does not fail).
+    (default one day). With ``REQUEST_WAIT_MS`` (waiting requests) each request tells the holder
+    the queue waits that long for its answer, and the RPC timeout to the holder is
+    :attr:`Settings.request_timeout_ms` (above ``REQUEST_WAIT_MS + ROUND_PERIOD_MS``).
+    :meth:`status` is read only: a queue never written to keeps no storage. An invalid ``[vars]``
+    entry is answered as the error value ``configuration_error`` by every RPC method (the
+    constructor does not fail).
 
     The account's job directory (``AccountLimit.register_job`` / ``finish_job``) is written by
     this object only, for its jobs:
@@ -654,19 +715,24 @@ class JobQueue(DurableObject):
         self.env = env
         self.scheduler = DurabilityScheduler(ctx)
         self.storage = self.scheduler.storage
-        self.client = SemaphoreClient(ctx, limits.with_(timeout(RPC_TIMEOUT_MS)).transport(env))
         self.config_error: dict[str, Any] | None = None
         try:
-            retention_ms = env_int(env, "JOB_RETENTION_MS", DEFAULT_JOB_RETENTION_MS, 1)
+            settings = read_settings(env)
+            retention_ms, request_wait_ms = settings.job_retention_ms, settings.request_wait_ms
+            #: The RPC timeout of every permits message to the holder (ms).
+            self.request_timeout_ms = settings.request_timeout_ms
         except VarError as exc:
             log.error("JobQueue: invalid configuration: %s", exc.message)
-            self.config_error, retention_ms = exc.value(), DEFAULT_JOB_RETENTION_MS
+            self.config_error, retention_ms, request_wait_ms = exc.value(), DEFAULT_JOB_RETENTION_MS, 0
+            self.request_timeout_ms = RPC_TIMEOUT_MS
+        self.client = SemaphoreClient(ctx, limits.with_(timeout(self.request_timeout_ms)).transport(env))
         self._outbox_ready = False
         self._queue_name: str | None = None
         self._directory_lock = asyncio.Lock()
         self.scheduler.on(ANNOUNCE_TIMER, self._announce_due)
         self.queue = SemaphoreQueue(client=self.client, scheduler=self.scheduler, on_admit=self.start_job,
-                                    on_done=self._job_done, retention_ms=retention_ms)
+                                    on_done=self._job_done, retention_ms=retention_ms,
+                                    request_wait_ms=request_wait_ms)
 
     def start_job(self, item: QueueItem) -> None:
         """Admission callback. The reference app's work is external: holding the permit while the
@@ -1098,6 +1164,7 @@ ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("GET", re.compile(r"^/metrics$"), "metrics"),
     ("GET", re.compile(r"^/$"), "dashboard"),
     ("GET", re.compile(r"^/accounts/([^/]+)/usage$"), "usage"),
+    ("GET", re.compile(r"^/accounts/([^/]+)/ping$"), "ping"),
     ("PUT", re.compile(r"^/accounts/([^/]+)/limit$"), "set_limit"),
     ("POST", re.compile(r"^/accounts/([^/]+)/queues/([^/]+)/jobs$"), "enqueue"),
     ("GET", re.compile(r"^/accounts/([^/]+)/queues/([^/]+)$"), "queue_status"),
@@ -1184,6 +1251,13 @@ class Default(WorkerEntrypoint):
         if isinstance(error, dict):
             return json_response(result, 404 if error.get("code") == "not_found" else 400)
         return json_response(result)
+
+    async def route_ping(self, request: Any, account: str) -> Response:
+        """Admin, a benchmark and diagnostics aid: one no-op RPC to the account's holder
+        (:meth:`AccountLimit.ping`: no storage read or written, nothing created), answering its
+        instance's tally of ``permits`` messages. ``scripts/bench_runtime.py`` measures against it."""
+        require_admin(request, self.env)
+        return json_response(checked(await holder(self.env, account).ping()))
 
     async def route_usage(self, request: Any, account: str) -> Response:
         """Public: the holder's usage (counts, limits, group names). Creates no storage."""

@@ -8,8 +8,11 @@ real SDK. Checked here: reads never create storage, job payloads need the admin 
 error value carries ``"v": 1``, the job directory forgets finished jobs after the retention (also
 a job completed while ``claiming``, one whose ``finish_job`` failed, retried from the queue's
 outbox, and an id its queue no longer knows; a late notice never marks a new job), the
-``LEASES`` var turns leases on, an invalid var is answered as a ``configuration_error`` value
-(500) on every route, and ``PUT .../limit`` repairs a corrupt stored override.
+``LEASES`` var turns leases on, ``HOLD_BLOCKED_MS``/``REQUEST_WAIT_MS`` turn waiting requests on
+(with the queue's RPC timeout above ``REQUEST_WAIT_MS + ROUND_PERIOD_MS``, and a raised limit
+serving held requests at once), an invalid var is answered as a ``configuration_error`` value
+(500) on every route, ``PUT .../limit`` repairs a corrupt stored override, and the no-op
+``GET .../ping`` creates nothing.
 """
 
 from __future__ import annotations
@@ -288,6 +291,7 @@ ROUTES = [  # (method, path, body), every route of the front
     ("GET", "/accounts/a/queues/q", None),
     ("POST", "/accounts/a/jobs/j1/complete", None),
     ("POST", "/accounts/a/permits", {"type": "sync", "v": 1, "clientId": "c", "grants": []}),
+    ("GET", "/accounts/a/ping", None),
     ("GET", "/healthz", None),  # a health check must not say ok either
 ]
 
@@ -306,6 +310,10 @@ ROUTES = [  # (method, path, body), every route of the front
     ("LEASES", '{"ttlMs": 0}'),
     ("LEASES", '{"provisioning": {"mode": "sideways"}}'),
     ("LEASES", '{"permitsPerLease": 2, "extra": 1}'),
+    ("HOLD_BLOCKED_MS", "-1"),
+    ("HOLD_BLOCKED_MS", "ten"),
+    ("REQUEST_WAIT_MS", str(2**53)),
+    ("REQUEST_WAIT_MS", "1.5"),
 ])
 def test_an_invalid_var_is_a_configuration_error_value_on_every_route(entry, var, value):
     world = World(entry, **{var: value})
@@ -322,20 +330,90 @@ def test_an_invalid_var_is_a_configuration_error_value_on_every_route(entry, var
             assert status == 500, (method, path, status, body)
             check(body, path)
         # The objects themselves: constructing them does not raise, their RPC methods answer
-        # the same error value (a JobQueue only reads JOB_RETENTION_MS).
+        # the same error value (a JobQueue reads the same vars: its timeout depends on them).
         holder = world.env.ACCOUNT_LIMIT.getByName("b")
         for reply in (await holder.usage(), await holder.set_limit(2), await holder.find_job("x"),
+                      await holder.ping(),
                       await holder.permits({"type": "sync", "v": 1, "clientId": "c", "grants": []})):
             check(reply, "AccountLimit")
         jq = queue_object(world, "b", "q")
-        if var == "JOB_RETENTION_MS":
-            check(await jq.status("b"), "JobQueue")
-            check(await jq.enqueue("b", "j", "default"), "JobQueue")
-        else:
-            assert await jq.status("b") == {"jobs": []}
+        check(await jq.status("b"), "JobQueue")
+        check(await jq.enqueue("b", "j", "default"), "JobQueue")
 
     run(scenario())
     assert world.env.ACCOUNT_LIMIT.tables("a") == [] and world.env.ACCOUNT_LIMIT.tables("b") == []
+
+
+def test_waiting_request_vars_reach_the_holder_and_the_queues_with_a_timeout_above_the_wait(entry):
+    # HOLD_BLOCKED_MS -> the holder's hold_blocked_ms, REQUEST_WAIT_MS -> each JobQueue's
+    # request_wait_ms; off ("0" or absent) by default. The queue's RPC timeout must exceed
+    # request_wait_ms + round_period_ms (SemaphoreQueue's docs): 5 s + the wait + the longer of
+    # the round wait and period; without waiting requests it stays 5 s.
+    for off in ({}, {"HOLD_BLOCKED_MS": "0", "REQUEST_WAIT_MS": "0"}, {"HOLD_BLOCKED_MS": " ", "REQUEST_WAIT_MS": ""}):
+        world = World(entry, **off)
+        assert world.env.ACCOUNT_LIMIT.getByName("a").semaphore.hold_blocked_ms == 0, off
+        jq = queue_object(world, "a", "q")
+        assert jq.queue.request_wait_ms == 0 and jq.request_timeout_ms == entry.RPC_TIMEOUT_MS == 5000, off
+    world = World(entry, HOLD_BLOCKED_MS="10000", REQUEST_WAIT_MS="8000", ROUND_WAIT_MS="1000",
+                  ROUND_PERIOD_MS="2000")
+    assert world.env.ACCOUNT_LIMIT.getByName("a").semaphore.hold_blocked_ms == 10_000
+    jq = queue_object(world, "a", "q")
+    assert jq.queue.request_wait_ms == 8000
+    assert jq.request_timeout_ms == 5000 + 8000 + 2000 > 8000 + 2000
+    slow_wait = World(entry, REQUEST_WAIT_MS="8000", ROUND_WAIT_MS="3000", ROUND_PERIOD_MS="500")
+    assert queue_object(slow_wait, "a", "q").request_timeout_ms == 5000 + 8000 + 3000
+    # A held request delays the key's lease heartbeats: with LEASES, the wait must stay below
+    # half the lease TTL.
+    lease_vars = {"LEASES": '{"ttlMs": 4000}', "ROUND_WAIT_MS": "0", "ROUND_PERIOD_MS": "0"}
+    assert queue_object(World(entry, REQUEST_WAIT_MS="1999", **lease_vars), "a", "q").config_error is None
+    bad = World(entry, REQUEST_WAIT_MS="2000", **lease_vars)
+    status, body = run(bad.fetch("GET", "/healthz"))
+    assert status == 500 and body["error"]["field"] == "REQUEST_WAIT_MS" and "ttlMs" in body["error"]["message"]
+
+
+def test_a_raised_limit_serves_held_requests_at_once(entry):
+    # With waiting requests a blocked request is held open; nothing but freed capacity or its
+    # deadline started its next round, so PUT .../limit raising the limit left it waiting out
+    # the hold (HOLD_BLOCKED_MS). set_limit now starts a round for the held requests.
+    world = World(entry, ACCOUNT_CONCURRENCY="0", HOLD_BLOCKED_MS="60000", ROUND_WAIT_MS="0",
+                  ROUND_PERIOD_MS="0")
+    holder = world.env.ACCOUNT_LIMIT.getByName("a")
+    request = {"type": "request", "v": 1, "clientId": "c", "grants": [], "waitMs": 60_000,
+               "demand": [{"group": "g", "count": 1, "oldestAt": 0}]}
+
+    async def scenario():
+        held = asyncio.ensure_future(holder.permits(request))
+        for _ in range(20):
+            await asyncio.sleep(0.005)  # its round ran: limit 0, so it is held, not answered
+        assert not held.done()
+        status, _ = await world.fetch("PUT", "/accounts/a/limit", {"limit": 1}, headers=AUTH)
+        assert status == 200
+        reply = await asyncio.wait_for(held, 2)
+        assert [g["permits"] for g in reply["grants"]] == [1] and not reply["blocked"], reply
+        status, ping = await world.fetch("GET", "/accounts/a/ping", headers=AUTH)
+        assert status == 200 and ping["instance"]["messages"] == {"request": 1, "sync": 0, "other": 0}, ping
+
+    run(scenario())
+
+
+def test_ping_is_a_no_op_for_the_admin_that_creates_nothing(entry):
+    world = World(entry)
+
+    async def scenario():
+        status, body = await world.fetch("GET", "/accounts/ghost/ping")
+        assert status == 401 and body["v"] == 1
+        status, body = await world.fetch("GET", "/accounts/ghost/ping", headers=AUTH)
+        assert status == 200 and body["ok"] is True, body
+        assert body["instance"]["messages"] == {"request": 0, "sync": 0, "other": 0}
+        assert isinstance(body["instance"]["startedAt"], int)
+        assert world.env.ACCOUNT_LIMIT.tables("ghost") == []  # read nothing, wrote nothing
+        holder = world.env.ACCOUNT_LIMIT.getByName("b")
+        await holder.permits({"type": "sync", "v": 1, "clientId": "c", "grants": []})
+        await holder.permits({"type": "nonsense"})
+        assert (await holder.ping())["instance"]["messages"] == {"request": 0, "sync": 1, "other": 1}
+
+    run(scenario())
+    assert world.env.ACCOUNT_LIMIT.contexts["ghost"].storage.alarm is None
 
 
 def test_the_largest_exact_integer_is_a_valid_limit(entry):

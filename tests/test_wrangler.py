@@ -290,5 +290,7 @@ def test_bindings_and_vars_are_reported(dry_run):
         'env.GRANT_TIMEOUT_MS ("10000")',
         'env.ROUND_WAIT_MS ("1000")',
         'env.ROUND_PERIOD_MS ("2000")',
+        'env.HOLD_BLOCKED_MS ("0")',
+        'env.REQUEST_WAIT_MS ("0")',
     ):
         assert line in out, f"{line!r} not in wrangler output:\n{out}"
