@@ -318,3 +318,19 @@ async def test_r34a_lease_tables_of_an_older_release_gain_the_reusable_column_an
     assert "reusable" in columns(side.storage, "durability_semaphore_client_leases")
     assert not lease.reusable and lease.undrawn == 2  # one-shot: 4 - 2 drawn
     side.driver.kill()
+
+
+@async_test
+async def test_r31a_an_entry_can_grant_refuses_does_not_stop_reusable_leases_being_extended():
+    # b is refused by can_grant (R22, not_permitted): no lease's end would serve it, so it does
+    # not count as starving and a's reports keep extending its reusable lease.
+    bed = Bed(3, leases=REUSE_FIRST, can_grant=lambda client, group: client != "b")
+    (r,) = await bed.round(request("a", {"g": 5}, leases=[], oldest_at=1))
+    lid = only(r)["leaseId"]
+    await bed.clock.advance(2000)
+    (rb,) = await bed.round(request("b", {"g": 1}, oldest_at=2))
+    assert blocked(rb) == {"g": ("not_permitted", 1)}
+    await bed.clock.advance(3000)
+    await bed.one(sync("a", leases=[(lid, 4, 1)]))
+    assert bed.leases()[lid]["expires_at"] == bed.now + TTL
+    bed.check()

@@ -824,7 +824,8 @@ class SemaphoreQueue:
             if self.request_wait_ms > 0:
                 self._start_side_request(key)  # new demand must not wait out a held request
             await self._draw_beside_request(key)
-            at = self._now() + self.retry_ms  # looks again then, should that pump die with its instance
+            # Looks again then, should that pump die with its instance (its answer comes by then).
+            at = self._now() + self.request_wait_ms + self.retry_ms
             self.storage.transaction(lambda: self._set_wake(key, at))
             await self.scheduler.arm()
             return

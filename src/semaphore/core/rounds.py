@@ -27,6 +27,7 @@ from .marks import raise_counts
 from .rows import GrantRow, LeaseRow
 from .wire import (
     MAX_INT,
+    BlockedReason,
     GrantReport,
     GrantStatus,
     LeaseReport,
@@ -399,10 +400,17 @@ def _issue(ledger: Ledger, views: dict[str, View], result: Allocation, now: int,
 
 def _starving(ledger: Ledger, result: Allocation) -> int:
     """SPEC R31a: the round's entries left with need that it served nothing and that hold no
-    live lease in their group (a client drawing from a lease is served, if not in full)."""
+    live lease in their group (a client drawing from a lease is served, if not in full), blocked
+    by capacity (``limit``, ``group_limit``: capacity leases hold could serve them; not an entry
+    ``can_grant`` refuses or whose limit failed to resolve, which no lease's end would serve)."""
     leased = {(x.client_id, x.group_name) for x in ledger.leases.values() if x.status == "live"}
     served = set(result.grants) | set(result.leases)
-    return sum(1 for c, g, _r, _w in result.blocked if (c, g) not in served and (c, g) not in leased)
+    return sum(1 for c, g, reason, _w in result.blocked
+               if reason in _CAPACITY and (c, g) not in served and (c, g) not in leased)
+
+
+#: Blocked reasons that capacity held elsewhere explains (R31a).
+_CAPACITY = frozenset({BlockedReason.LIMIT, BlockedReason.GROUP_LIMIT})
 
 
 def _write_meta(ledger: Ledger, limit: Any, now: int, contended: bool, starving: int = 0) -> None:
