@@ -10,12 +10,15 @@
   (d) ``held`` / ``held-over`` - named settings: waiting requests (the holder's
                    ``hold_blocked_ms`` and the queues' ``request_wait_ms``, 10 s) with rounds of
                    250/500 ms, without leases and with ``over`` leases,
+  (e) ``reuse`` / ``reuse-held`` - named settings: strict leases whose slots are reused while
+                   they live (``reusable``), sized before grants (``leaseFirst``), lifetime 60 s;
+                   then with waiting requests held 30 s and rounds of 250/500 ms,
 
 for two workloads: a standing backlog (20 client objects keeping 50 items queued each, limit 100:
 demand always above the limit) and a bursty one (the simulator's bursts). Per mode it prints
 utilization (running / limit over the whole run, and while items waited), admission latency
 (enqueue to start) and freed-to-start latency percentiles, holder calls per admitted item and the
-worst overshoot, and each as a ratio against (a). Modes (b) and (c) run the REAL holder, client and
+worst overshoot, and each as a ratio against (a). Modes (b) to (e) run the REAL holder, client and
 queue code through :mod:`semaphore.simulate`; (a) runs on the same virtual clock with the same
 arrivals and job durations (:func:`~semaphore.simulate.plan_arrivals`,
 :func:`~semaphore.simulate.job_duration`).

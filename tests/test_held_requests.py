@@ -141,3 +141,22 @@ async def test_a_queue_with_request_wait_ms_asks_once_and_is_served_when_capacit
     assert clock.now - freed_at <= 1500
     for side in sides:
         side.driver.kill()
+
+
+@async_test
+async def test_r9_a_client_asking_again_before_its_wait_ms_still_gets_an_answer_by_the_first_deadline():
+    # A transport that gives up before waitMs (or a client that re-sends) joins the held request
+    # (R10); the deadline counts from the first call, so re-sending every 3 s never postpones the
+    # answer forever (it did: each new call restarted the hold).
+    bed = Bed(limit=0, hold_blocked_ms=HOLD)
+    start = bed.now
+    calls = [bed.send(held_request("b", {"g": 1}))]
+    answered_at = None
+    for _ in range(8):
+        await bed.clock.advance(3000)
+        if answered_at is None and calls[0].done():
+            answered_at = bed.now
+        calls.append(bed.send(held_request("b", {"g": 1})))
+    assert answered_at is not None and answered_at - start <= HOLD + 2000 + 3000
+    assert calls[0].result()["blocked"] == [{"group": "g", "reason": "limit", "waiting": 1}]
+    assert all(c.done() for c in calls[:4])  # the calls that joined it got the same answer

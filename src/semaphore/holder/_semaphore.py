@@ -68,7 +68,8 @@ def _news(reply: Mapping[str, Any]) -> bool:
 @dataclass
 class _Waiting(Pending):
     """A client's requests waiting for the next round, with the calls waiting for its answer;
-    ``since``: when its latest request arrived (a held request's deadline counts from it)."""
+    ``since``: when the first of them arrived (a held request's deadline counts from it, so
+    calls joining it never move it later)."""
 
     futures: list[asyncio.Future[dict[str, Any]]] = field(default_factory=list)
     since: int = 0
@@ -80,9 +81,10 @@ class _Waiting(Pending):
 
 def _merged(older: _Waiting, newer: _Waiting) -> _Waiting:
     """One client's held and new requests as one (R10): the older arrival position, every call,
-    the messages in order (the latest demand wins), the newer ``since``."""
+    the messages in order (the latest demand wins), the older ``since`` (the deadline never
+    moves later)."""
     return _Waiting(older.client_id, min(older.arrival, newer.arrival), [*older.messages, *newer.messages],
-                    [*older.futures, *newer.futures], max(older.since, newer.since))
+                    [*older.futures, *newer.futures], min(older.since, newer.since))
 
 
 
@@ -461,7 +463,9 @@ class DurabilitySemaphore:
             pending = self._held.pop(request.client_id, None) or _Waiting(request.client_id, next(self._arrivals))
             self._pending[request.client_id] = pending
         pending.messages.append(request)
-        pending.since = int(self.clock())
+        # A held request's deadline counts from the first of its calls: a client whose transport
+        # gives up before waitMs and asks again must still get an answer by then.
+        pending.since = pending.since or int(self.clock())
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         pending.futures.append(future)
         if self._round_task is None:
@@ -631,7 +635,9 @@ class DurabilitySemaphore:
         """Start the round timer for the held requests, if none is waiting: at once, but no
         sooner than ``round_period_ms`` after the previous round (R9). Called when capacity
         frees (a releasing sync, a reclaim) and at a held request's deadline; does nothing
-        while nothing is held."""
+        while nothing is held. The holder cannot see the application's limits change: call it
+        after raising ``limit`` or a group limit, or after ``can_grant`` starts allowing, so
+        held requests are served at once rather than at their deadline."""
         if not self._held or self._round_task is not None:
             return
         at = next_round_at(int(self.clock()), self._last_round_at, self.round_period_ms)
