@@ -13,21 +13,14 @@ import pytest
 
 from semaphore import ConfigurationError, LeaseConfig
 from semaphore.testing import T0, Bed, ClientSide, HolderSide, Net, SimClock, async_test, blocked, request, sync
+from test_leases import only
+from test_leases import total_charged as charged
 
 TTL = 20_000
 REUSE = {"provisioning": {"mode": "strict"}, "permitsPerLease": 3, "ttlMs": TTL, "reusable": True}
 REUSE_FIRST = {**REUSE, "leaseFirst": True}
 
 
-def only(reply, kind="leases"):
-    items = reply[kind]
-    assert len(items) == 1, items
-    return items[0]
-
-
-async def charged(bed: Bed) -> int:
-    u = await bed.usage()
-    return u["outstanding"] + u["leaseFootprint"]
 
 
 # ====================================================================== options
