@@ -208,6 +208,10 @@ class Model:
             group_limit=lambda g: LIMIT_ERROR if g in self.group_fails else self.group_limits.get(g),
             can_grant=lambda c, g: (c, g) not in self.denied, leases_configured=self.lease_config is not None)
 
+    def starving(self) -> int:
+        """R31a: the last round's count, as the holder keeps it (meta ``starving``)."""
+        return int(self.store.meta().get("starving", 0))
+
     def next_request_at(self) -> int:
         return self.now if self.last_round_at is None else max(self.now, self.last_round_at + PERIOD)
 
@@ -215,7 +219,8 @@ class Model:
         """A sync (R6) of ``c``'s reports, answered with the last round's flag (R29)."""
         message = message or sync_of(c, c.reports())
         contended = bool(self.store.meta().get("contended", 0))
-        reply = run_sync(self.store, self.now, message, self.policy(), contended, self.next_request_at())
+        reply = run_sync(self.store, self.now, message, self.policy(), contended, self.next_request_at(),
+                         self.starving())
         self.check_reply_lists_everything(c.cid, reply)
         c.absorb(reply)
         c.confirm(reply)
@@ -329,7 +334,8 @@ class Model:
         stale = c.history[pick % len(c.history)]
         reference = self.store.clone()
         contended = bool(self.store.meta().get("contended", 0))
-        run_sync(reference, self.now, sync_of(c, ((), ())), self.policy(), contended, self.next_request_at())
+        run_sync(reference, self.now, sync_of(c, ((), ())), self.policy(), contended, self.next_request_at(),
+                 self.starving())
         reply = self.sync(c, sync_of(c, stale))
         heartbeats = {lid for lid, *_ in stale[1]}
         assert strip(self.store.state(), heartbeats) == strip(reference.state(), heartbeats), "I2: a replay changed state"
@@ -386,7 +392,8 @@ class Model:
             reply = self.run_round([Pending(member, 0, [request_of(c, hostile, demand)])]).replies[member]
         else:
             contended = bool(self.store.meta().get("contended", 0))
-            run_sync(reference, self.now, sync_of(c, (grants, leases)), policy, contended, self.next_request_at())
+            run_sync(reference, self.now, sync_of(c, (grants, leases)), policy, contended, self.next_request_at(),
+                     self.starving())
             reply = self.sync(c, sync_of(c, hostile))
         assert self.store.state() == reference.state(), "R14/R32: a foreign or unknown report changed state"
         answers = {s["grantId"]: s for s in reply["grants"]}
@@ -420,7 +427,8 @@ class Model:
         policy = Policy(leases=self.lease_config, grant_timeout_ms=GRANT_TIMEOUT, round_period_ms=PERIOD,
                         new_id=self.ids.copy(), new_secret=self.new_secret)
         contended = bool(self.store.meta().get("contended", 0))
-        run_sync(reference, self.now, sync_of(c, (grants, leases)), policy, contended, self.next_request_at())
+        run_sync(reference, self.now, sync_of(c, (grants, leases)), policy, contended, self.next_request_at(),
+                     self.starving())
         self.sync(c, sync_of(c, inflated))
         assert self.store.state() == reference.state(), "R13/R30: an inflated report was not clamped"
         self.after_reply(c)
@@ -830,7 +838,7 @@ ON_OFF = {"provisioning": {"mode": "strict"}, "permitsPerLease": 2, "ttlMs": TTL
 REUSABLE = {"provisioning": {"mode": "strict"}, "permitsPerLease": 3, "ttlMs": TTL, "reusable": True,
             "leaseFirst": True}
 REUSABLE_OVER = {"provisioning": {"mode": "over", "extra": {"count": 3}}, "permitsPerLease": 2, "ttlMs": TTL,
-                 "limitedGroups": "withinGroupLimit", "reusable": True}
+                 "limitedGroups": "withinGroupLimit", "reusable": True, "leaseFirst": True}
 
 
 @SETTINGS

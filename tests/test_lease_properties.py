@@ -296,7 +296,7 @@ class StrictReusable(LeaseMachine):  # SPEC R28a, R30a, R31a, R34a
 
 class UnderReusable(LeaseMachine):
     LEASES = {"provisioning": {"mode": "under", "reserve": 4}, "permitsPerLease": 3, "ttlMs": TTL,
-              "reusable": True}
+              "reusable": True, "leaseFirst": True}
 
 
 TestNoLeases = NoLeases.TestCase

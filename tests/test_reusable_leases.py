@@ -327,3 +327,24 @@ async def test_r31a_an_entry_can_grant_refuses_does_not_stop_reusable_leases_bei
     await bed.one(sync("a", leases=[(lid, 4, 1)]))
     assert bed.leases()[lid]["expires_at"] == bed.now + TTL
     bed.check()
+
+
+@async_test
+async def test_r34a_the_first_reusable_lease_marks_the_storage_so_an_earlier_release_refuses_it():
+    # R1 with R34a: a release that knows only schema v1 would read a reusable lease as one-shot
+    # (footprint permits - released) and charge too little; the round that stores the first one
+    # writes schema_version 2, which such a release refuses ("newer than this release"), while
+    # this one reads it. A storage that never held one stays at v1 (a rollback still works).
+    from semaphore.holder import SCHEMA_VERSION
+    from semaphore.holder._store import NEWEST_SCHEMA, read_meta
+
+    one_shot = Bed(10, leases={**REUSE, "reusable": False})
+    await one_shot.round(request("a", {"g": 1}, leases=[], oldest_at=1))
+    assert read_meta(one_shot.sem.storage)["schema_version"] == SCHEMA_VERSION == 1
+    bed = Bed(10, leases=REUSE)
+    await bed.round(request("a", {"g": 1}, leases=[], oldest_at=1))
+    assert read_meta(bed.sem.storage)["schema_version"] == 2 > SCHEMA_VERSION
+    assert NEWEST_SCHEMA == 2
+    bed.evict()  # a fresh instance of this release opens it
+    assert (await bed.usage())["leaseFootprint"] == 3
+    bed.check()

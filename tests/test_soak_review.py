@@ -164,11 +164,15 @@ def test_f3_a_repeated_report_that_frees_capacity_twice_is_caught(monkeypatch: p
         return nu, min(max(released, rr), nu)
 
     monkeypatch.setattr(rounds, "raise_counts", raise_counts)
-    freed_in_use: list[int] = []
-    sim = _run(SoakConfig.for_mode(2, "strict", ops=150),
-               per_step=lambda s: freed_in_use.append(_running_on_freed_capacity(s)))
-    assert sum(freed_in_use) > 0  # the bug showed: an item ran on capacity the holder had freed
-    assert sim.stats.violations["I2"] + sim.stats.violations["I4"] > 0, _violations(sim)
+    showed = 0
+    for seed in range(6):  # whether a report repeats while its item runs depends on the run
+        freed_in_use: list[int] = []
+        sim = _run(SoakConfig.for_mode(seed, "strict", ops=150),
+                   per_step=lambda s, out=freed_in_use: out.append(_running_on_freed_capacity(s)))
+        if sum(freed_in_use) > 0:  # the bug showed: an item ran on capacity the holder had freed
+            showed += 1
+            assert sim.stats.violations["I2"] + sim.stats.violations["I4"] > 0, (seed, _violations(sim))
+    assert showed > 0
 
 
 # ------------------------------------------------------------------------------------------ 4

@@ -634,7 +634,8 @@ class SemaphoreClient:
             " released = excluded.released, stopped = excluded.stopped, status = excluded.status,"
             " expires_at = excluded.expires_at, heartbeat_at = excluded.heartbeat_at,"
             " sent_drawn = excluded.sent_drawn, sent_released = excluded.sent_released,"
-            " sent_stopped = excluded.sent_stopped, updated_at = excluded.updated_at",
+            " sent_stopped = excluded.sent_stopped, updated_at = excluded.updated_at,"
+            " reusable = excluded.reusable",
             x.key, x.lease_id, x.group, x.permits, x.drawn, x.released, int(x.stopped), x.status,
             x.expires_at, x.heartbeat_at, x.sent_drawn, x.sent_released, int(x.sent_stopped), now, now,
             int(x.reusable))

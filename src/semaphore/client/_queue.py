@@ -83,7 +83,7 @@ import inspect
 import json
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -682,7 +682,9 @@ class SemaphoreQueue:
                 self._paused.pop(item.key, None)
                 if item.key in self._requesting:
                     self._start_side_sync(item.key)
-                    await self._draw_beside_request(item.key)  # a freed slot of a reusable lease (R34a)
+                    # A freed lease slot is drawn beside the request (R34a), in the background:
+                    # never inline, where a synchronous callback's own complete() would re-enter.
+                    self._kick(item.key)
         return done
 
     def _start_side_sync(self, key: str) -> None:
@@ -1154,6 +1156,14 @@ class SemaphoreQueue:
         else:
             self._backoff[key] = self._now() + self.retry_ms
 
+    def _still_due(self, r: Mapping[str, Any]) -> bool:
+        """The callback row ``r`` (read at the start of a pass) is still as read: running, not
+        admitted, the same attempts. A pass that awaited (a failing callback's hook) may find
+        an item another pass has started or finished meanwhile: it must not call it again."""
+        now = self.storage.one(f"SELECT state, admitted, attempts FROM {ITEMS} WHERE item_id = ?", r["item_id"])
+        return now is not None and str(now["state"]) == "running" and not now["admitted"] \
+            and int(now["attempts"]) == int(r["attempts"])
+
     async def _draw_beside_request(self, key: str) -> None:
         """While the key's request waits for its round (or is held, ``request_wait_ms``), draw
         queued items from its live leases and start them: a draw needs no holder (R30), so
@@ -1192,6 +1202,8 @@ class SemaphoreQueue:
         spawned = freed = False
         for r in rows:
             item_id = str(r["item_id"])
+            if item_id not in self._inflight and not self._still_due(r):
+                continue  # changed since it was read (another pass started or finished it)
             if item_id not in self._inflight and self._requeue_if_gone(r):
                 continue
             if item_id not in self._inflight and int(r["attempts"]) > 0 and int(r["checked_at"]) < int(r["retry_at"]):

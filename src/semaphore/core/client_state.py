@@ -282,7 +282,15 @@ def merge_lease(key: str, local: ClientLease | None, s: LeaseState, now: int) ->
                                    MAX_INT if local.reusable else local.permits)
     if retired or s.expires_at is None or s.expires_at <= local.expires_at:
         expires_at, heartbeat_at = local.expires_at, local.heartbeat_at
+        if not retired and heartbeat_at <= now:
+            # Heard, not extended (R31a: a reusable lease while a request starves): the next
+            # heartbeat at half of what is left (at least 1 s on), never at once again (each
+            # would be a sync).
+            heartbeat_at = now + max(1000, (expires_at - now) // 2)
     x = replace(local, drawn=drawn, released=released,
+                # R34a: reused only while the holder says so (a holder of an earlier release, or
+                # one that does not know the lease, answers without the flag: no slot is reused)
+                reusable=local.reusable and s.reusable,
                 stopped=local.stopped or retired,  # SPEC R33: a retired lease stops drawing at once
                 status=_RETIRED if retired else _LIVE, expires_at=expires_at, heartbeat_at=heartbeat_at,
                 sent_drawn=max(local.sent_drawn, s.drawn), sent_released=max(local.sent_released, s.released))

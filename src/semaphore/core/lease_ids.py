@@ -23,7 +23,7 @@ from .wire import MAX_ID_LENGTH, id_problem
 __all__ = [
     "LeaseIdParts", "LEASE_NONCE_MAX", "LEASE_SECRET_MIN_BYTES", "LEASE_KEY_PREFIX", "LEASE_KEY_WORDS",
     "LEASE_EPOCH_KEY", "holder_key", "lease_id_for", "verified_lease_id", "configured_secret",
-    "stored_secret", "stored_epoch", "issuing_key", "new_lease_id", "unknown_lease_charge",
+    "stored_secret", "stored_epoch", "issuing_key", "new_lease_id", "unknown_lease_charge", "unknown_footprint",
 ]
 
 #: Meta rows holding the holder's per-storage lease-id secret (used when no ``lease_secret`` is
@@ -211,14 +211,14 @@ def new_lease_id(nonce: str, key: tuple[bytes, int], client_id: str, permits: in
     return lease_id
 
 
-def unknown_lease_charge(unknown: Mapping[str, Mapping[str, int]], meta: Mapping[str, int],
+def unknown_lease_charge(unknown: Mapping[str, Mapping[str, tuple[int, int, bool]]], meta: Mapping[str, int],
                          app_secret: bytes | None, leases: LeaseConfig | None, ceiling: int | None) -> int:
     """SPEC R32: a round's transient charge for reports of leases the holder does not know
-    (``unknown``: client id -> {lease id: the report's ``drawn - released``}).
+    (``unknown``: client id -> {lease id: the report's merged ``(drawn, released, stopped)``}).
 
     Charged: a report whose id verifies for the reporting client and carries an epoch other
     than this storage's (a lease issued before a storage reset, under ``lease_secret``; its
-    client may still run its work): ``min(drawn - released, the id's permits)``. Not charged:
+    client may still run its work), :func:`unknown_footprint` of it. Not charged:
     an id of the current epoch (a lease this storage issued and settled: a replay of it would
     withhold capacity forever and protect nothing), a fabricated id, another client's id, or one
     under another secret (the per-storage secret of a reset storage, an earlier format). Bounds
@@ -235,10 +235,25 @@ def unknown_lease_charge(unknown: Mapping[str, Mapping[str, int]], meta: Mapping
     total = 0
     for client_id, reports in unknown.items():
         charge = 0
-        for lease_id, footprint in reports.items():
+        for lease_id, report in reports.items():
             if charge >= cap:  # no more macs to check for this client (at most 1,000 ids)
                 break
-            if footprint > 0:
-                charge += min(footprint, _pre_reset_permits(secret, client_id, lease_id, epoch))
+            drawn, released, stopped = report
+            if not stopped or drawn > released:  # else nothing to charge: no mac to check
+                permits = _pre_reset_permits(secret, client_id, lease_id, epoch)
+                charge += unknown_footprint(report, permits, leases.reusable)
         total += min(charge, cap)
     return total if ceiling is None else min(total, ceiling)
+
+
+def unknown_footprint(report: tuple[int, int, bool], permits: int, reusable: bool) -> int:
+    """SPEC R32: what an unknown lease of ``permits`` may run, from its merged report
+    ``(drawn, released, stopped)``: once stopped, ``drawn - released`` (final, R30); before, its
+    client may draw more until it hears ``retired`` (beside its request, R34a), so the count says
+    nothing of what runs by then: ``permits - released`` (R30: a one-shot lease never runs more),
+    or every permit when the holder issues reusable leases (R30a: ``released`` bounds nothing).
+    Never above ``permits``."""
+    drawn, released, stopped = report
+    if stopped:
+        return max(0, min(drawn - released, permits))
+    return permits if reusable else max(0, permits - released)

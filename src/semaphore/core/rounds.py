@@ -45,6 +45,9 @@ __all__ = ["Policy", "Pending", "Limits", "RoundOutcome", "View", "round_reads",
 
 Message = PermitRequest | SyncMessage
 _DEFAULT_TTL_MS = LeaseConfig().ttl_ms
+#: The storage schema version written with the first reusable lease (SPEC R34a): releases that
+#: know only version 1 refuse the storage from then on (fail closed, never undercharge).
+REUSABLE_SCHEMA = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,10 +106,10 @@ class View:
     #: id -> ``(drawn, released, stopped)``.
     unknown_reports: dict[str, tuple[int, int, bool]] = field(default_factory=dict)
 
-    def unknown_footprints(self) -> dict[str, int]:
-        """What the unknown leases reported may still run: id -> ``drawn - released``, for
-        each not settled by its reports (stopped with ``released == drawn``)."""
-        return {lid: max(0, d - r) for lid, (d, r, stopped) in self.unknown_reports.items()
+    def unknown_footprints(self) -> dict[str, tuple[int, int, bool]]:
+        """The merged reports of the unknown leases not settled by them (stopped with
+        ``released == drawn``): id -> ``(drawn, released, stopped)``, for the R32 charge."""
+        return {lid: (d, r, stopped) for lid, (d, r, stopped) in self.unknown_reports.items()
                 if not (stopped and r == d)}
 
 
@@ -390,6 +393,10 @@ def _issue(ledger: Ledger, views: dict[str, View], result: Allocation, now: int,
     secret, epoch, writes = issuing_key(ledger.meta(), policy.app_secret, policy.new_secret)
     for k, v in writes.items():
         ledger.set_meta(k, v)
+    if policy.leases.reusable and ledger.meta().get("schema_version", 1) < REUSABLE_SCHEMA:
+        # SPEC R34a: a release before reusable leases would read them as one-shot and charge
+        # too little; from the first one stored, it refuses this storage (a newer schema).
+        ledger.set_meta("schema_version", REUSABLE_SCHEMA)
     for (client_id, group), permits in result.leases.items():
         lease_id = new_lease_id(policy.new_id(), (secret, epoch), client_id, permits)
         lease = LeaseRow(lease_id, client_id, group, permits, 0, 0, False, "live", now, now + policy.leases.ttl_ms,
@@ -398,19 +405,19 @@ def _issue(ledger: Ledger, views: dict[str, View], result: Allocation, now: int,
         views[client_id].leases = {lease.lease_id: _lease_wire(lease), **views[client_id].leases}
 
 
-def _starving(ledger: Ledger, result: Allocation) -> int:
+def _starving(ledger: Ledger, result: Allocation, policy: Policy) -> int:
     """SPEC R31a: the round's entries left with need that it served nothing and that hold no
     live lease in their group (a client drawing from a lease is served, if not in full), blocked
-    by capacity (``limit``, ``group_limit``: capacity leases hold could serve them; not an entry
-    ``can_grant`` refuses or whose limit failed to resolve, which no lease's end would serve)."""
+    by capacity leases may hold: ``limit``, or ``group_limit`` where lease footprint counts
+    against group limits (``withinGroupLimit``). Not an entry ``can_grant`` refuses, whose limit
+    failed to resolve, or whose group limit no lease shares: no lease's end would serve it."""
+    capacity = {BlockedReason.LIMIT}
+    if not _exclude_limited(policy):
+        capacity.add(BlockedReason.GROUP_LIMIT)
     leased = {(x.client_id, x.group_name) for x in ledger.leases.values() if x.status == "live"}
     served = set(result.grants) | set(result.leases)
     return sum(1 for c, g, reason, _w in result.blocked
-               if reason in _CAPACITY and (c, g) not in served and (c, g) not in leased)
-
-
-#: Blocked reasons that capacity held elsewhere explains (R31a).
-_CAPACITY = frozenset({BlockedReason.LIMIT, BlockedReason.GROUP_LIMIT})
+               if reason in capacity and (c, g) not in served and (c, g) not in leased)
 
 
 def _write_meta(ledger: Ledger, limit: Any, now: int, contended: bool, starving: int = 0) -> None:
@@ -439,7 +446,7 @@ def decide_round(ledger: Ledger, now: int, clients: Sequence[Pending], limits: L
     result = allocate(entries, limit=limits.limit, group_limits=limits.group_limits, usage=usage,
                       leases=policy.leases)
     _issue(ledger, views, result, now, policy)
-    starving = _starving(ledger, result)
+    starving = _starving(ledger, result, policy)
     _write_meta(ledger, limits.limit, now, result.contended, starving)
     next_at = next_round_at(now, now, policy.round_period_ms)  # R11: this round just began
     return replace(_outcome(ledger, _round_replies(ledger, clients, views, result, next_at), result, limits,

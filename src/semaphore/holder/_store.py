@@ -58,6 +58,9 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
+#: The newest storage schema this release reads: 2 once a reusable lease was stored (SPEC R34a;
+#: written by the round that stores it, ``semaphore.core.rounds.REUSABLE_SCHEMA``).
+NEWEST_SCHEMA = 2
 GRANTS = "durability_semaphore_grants"
 LEASES = "durability_semaphore_leases"
 GROUPS = "durability_semaphore_groups"
@@ -114,10 +117,10 @@ def ensure_schema(storage: Storage) -> None:
     row = storage.one(f"SELECT value FROM {META} WHERE key = 'schema_version'")
     if row is None:
         storage.exec(f"INSERT INTO {META}(key, value) VALUES ('schema_version', ?)", SCHEMA_VERSION)
-    elif int(row["value"]) > SCHEMA_VERSION:
+    elif int(row["value"]) > NEWEST_SCHEMA:
         raise SemaphoreError(
             f"storage holds semaphore schema v{int(row['value'])}, newer than this release "
-            f"(v{SCHEMA_VERSION}); upgrade the library"
+            f"(v{NEWEST_SCHEMA}); upgrade the library"
         )
 
 
