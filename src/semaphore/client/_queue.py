@@ -505,6 +505,10 @@ class SemaphoreQueue:
         now = self._now()
         item = self.storage.transaction(lambda: self._insert(key, group, item_id, text, now, owner=""))
         await self.scheduler.arm()
+        if self._requesting:
+            # A request in flight (maybe held, request_wait_ms) may be the wake-up run's own:
+            # pump this key directly, as permit() does, rather than after that run.
+            self._kick(key)
         return item
 
     def _insert(self, key: str, group: str, item_id: str, payload: str, now: int, *, owner: str) -> QueueItem:
@@ -682,8 +686,11 @@ class SemaphoreQueue:
                 self._paused.pop(item.key, None)
                 if item.key in self._requesting:
                     self._start_side_sync(item.key)
-                    # A freed lease slot is drawn beside the request (R34a), in the background:
-                    # never inline, where a synchronous callback's own complete() would re-enter.
+                # The key is pumped in the background: a freed lease slot is drawn beside its own
+                # request (R34a), another key's admission does not wait for the wake-up run a
+                # request in flight may hold; never inline, where a synchronous callback's own
+                # complete() would re-enter.
+                if self._requesting:
                     self._kick(item.key)
         return done
 

@@ -278,8 +278,10 @@ def merge_lease(key: str, local: ClientLease | None, s: LeaseState, now: int) ->
                                       s.reusable),
                           adopted=True, retired=retired)
     retired = local.status == _RETIRED or s.status is LeaseStatus.RETIRED
+    # Never below what is counted here already: a lease that reused slots keeps its counts when
+    # its flag drops (R34a: a reply without it), or they could read as released == drawn.
     drawn, released = raise_counts(local.drawn, local.released, s.drawn, s.released,
-                                   MAX_INT if local.reusable else local.permits)
+                                   MAX_INT if local.reusable else max(local.permits, local.drawn))
     if retired or s.expires_at is None or s.expires_at <= local.expires_at:
         expires_at, heartbeat_at = local.expires_at, local.heartbeat_at
         if not retired and heartbeat_at <= now:
