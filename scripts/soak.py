@@ -1,11 +1,12 @@
 """The soak (issue 12): many seeds of the fault simulation (tests/soak_sim.py) in every mode.
 
-    scripts/soak [--seeds N] [--ops M] [--seed S] [--modes none,strict,under,over] [--jobs J]
-                 [--skew-ms MS]
+    scripts/soak [--seeds N] [--ops M] [--seed S] [--modes none,strict,under,over,held,reuse,reuse-held]
+                 [--jobs J] [--skew-ms MS]
 
 Runs seeds ``0 .. N-1`` (or only ``--seed S``) in each mode; ``--ops`` is the total budget of
 holder operations (messages the holder handles in the faulty phases), split evenly over the
-runs (seeds x modes), so the default, 100 seeds and 100,000 operations, is 250 per run; each run
+runs (seeds x modes), so the default, 100 seeds in the 7 modes and 100,000 operations, is 142 per
+run; each run
 then heals and settles (those operations are counted too). A progress bar goes to stderr, the
 summary table to stdout: operations, faults injected by kind, violations of I1-I5, items lost
 or run twice. Every failing run is printed with its seed, mode and what was found, and

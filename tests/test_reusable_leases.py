@@ -348,3 +348,26 @@ async def test_r34a_the_first_reusable_lease_marks_the_storage_so_an_earlier_rel
     bed.evict()  # a fresh instance of this release opens it
     assert (await bed.usage())["leaseFootprint"] == 3
     bed.check()
+
+
+@async_test
+async def test_r34a_a_slot_reused_beside_a_held_request_sends_no_request_of_its_own():
+    # While the key's request is held, a completion frees a slot and the next item is drawn
+    # beside it: the demand only went down, so no side request goes (one would cost a holder
+    # call per item under a standing backlog; only new demand must not wait out the hold).
+    clock = SimClock(T0)
+    holder = HolderSide(clock, limit=2, leases=REUSE_FIRST, hold_blocked_ms=10_000)
+    net = Net(holder, clock)
+    started: list[str] = []
+    side = ClientSide("c1", clock, net, on_admit=lambda s, i: started.append(i.item_id), request_wait_ms=10_000)
+    for i in range(6):
+        await side.queue.enqueue("acct", "g", f"i{i}")
+    await clock.advance(3000)
+    assert started == ["i0", "i1"] and side.queue._requesting  # its next request is held
+    requests = len([m for m in net.sent if m["type"] == "request"])
+    for done, nxt in (("i0", "i2"), ("i1", "i3")):
+        await side.queue.complete(done)
+        await clock.advance(1)
+        assert started[-1] == nxt
+    assert len([m for m in net.sent if m["type"] == "request"]) == requests
+    side.driver.kill()

@@ -716,8 +716,9 @@ class SemaphoreQueue:
             return
         snap = self._snapshot(key, self._now())
         demand = self._demand(snap.queued, snap.admit_room)
-        if not demand or demand == self._sent_demand.get(key):
-            return
+        sent = {d.group: d.count for d in self._sent_demand.get(key, ())}
+        if all(d.count <= sent.get(d.group, 0) for d in demand):
+            return  # nothing new: items drawn or finished meanwhile need no request of their own
         self._sent_demand[key] = demand
         self._side_requests[key] = asyncio.ensure_future(self._side_request(key, demand))
 
