@@ -219,7 +219,7 @@ class Model:
         """A sync (R6) of ``c``'s reports, answered with the last round's flag (R29)."""
         message = message or sync_of(c, c.reports())
         contended = bool(self.store.meta().get("contended", 0))
-        reply = run_sync(self.store, self.now, message, self.policy(), contended, self.next_request_at(),
+        reply, _ = run_sync(self.store, self.now, message, self.policy(), contended, self.next_request_at(),
                          self.starving())
         self.check_reply_lists_everything(c.cid, reply)
         c.absorb(reply)

@@ -31,7 +31,7 @@ from ..scheduler import DurabilityScheduler
 from . import _operations
 from ._observe import OnRound, emit, failed_record, round_record
 from ._steps import lease_scope, run_claim_expiry, run_reclaim, run_round, run_sync
-from ._store import GRANTS, META, SCHEMA_VERSION, SqlStore, drop_schema, ensure_schema, read_meta
+from ._store import GRANTS, SCHEMA_VERSION, SqlStore, drop_schema, ensure_schema, read_meta
 
 __all__ = ["DurabilitySemaphore", "LimitOption", "GroupLimitOption", "CanGrantOption"]
 
@@ -625,12 +625,6 @@ class DurabilitySemaphore:
                 held, self._held = self._held, {}
                 self._fail(held, "the instance stopped while the request was held; ask again")
 
-    def _charged(self) -> int:
-        """Charged capacity now (``outstanding + lease_footprint``, R19), one read."""
-        row = self.storage.one(f"SELECT COALESCE(SUM(value), 0) AS n FROM {META}"
-                               " WHERE key IN ('outstanding', 'lease_footprint')")
-        return 0 if row is None else int(row["n"])
-
     def start_round(self) -> None:
         """Start the round timer for the held requests, if none is waiting: at once, but no
         sooner than ``round_period_ms`` after the previous round (R9). Called when capacity
@@ -668,15 +662,14 @@ class DurabilitySemaphore:
         now = int(self.clock())
 
         contended, next_at, starving = self._last_contended, self.next_request_at(), self._last_starving
-        charged_before = self._charged() if self._held else None
         try:
-            reply = self.storage.transaction(
+            reply, charge_change = self.storage.transaction(
                 lambda: run_sync(self.store, now, message, self.policy, contended, next_at, starving))
         except Exception as exc:
             log.exception("sync transaction failed; nothing was written")
             return RoundFailedError(f"sync failed, nothing was written: {exc}").to_wire()
-        if charged_before is not None and self._held and self._charged() < charged_before:
-            self.start_round()  # it freed capacity a held request may wait for
+        if charge_change < 0:
+            self.start_round()  # it freed capacity a held request may wait for (none held: no-op)
         await self.scheduler.arm()
         return reply
 

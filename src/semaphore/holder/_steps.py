@@ -112,13 +112,17 @@ def run_round(store: Store, now: int, clients: Sequence[Pending], limits: Limits
 
 
 def run_sync(store: Store, now: int, message: SyncMessage, policy: Policy, contended: bool,
-             next_request_at: int, starving: int = 0) -> dict[str, Any]:
-    """One sync's transaction body (SPEC R6); returns the reply. Reads no meta row."""
+             next_request_at: int, starving: int = 0) -> tuple[dict[str, Any], int]:
+    """One sync's transaction body (SPEC R6); returns the reply and how much it changed the
+    charged capacity (``outstanding + lease_footprint``, R19: below 0, it freed some). Reads no
+    meta row."""
     ledger = Ledger(store.load(sync_reads(now, message), None))
     reply = decide_sync(ledger, now, message, policy, contended, next_request_at, starving)
-    store.persist(ledger.changes())
+    changes = ledger.changes()
+    store.persist(changes)
     _seen(store, ledger, [message.client_id], now, policy.claim_ttl_ms)
-    return reply
+    totals = changes.totals()
+    return reply, totals.get("outstanding", 0) + totals.get("lease_footprint", 0)
 
 
 def run_reclaim(store: Store, now: int) -> None:
