@@ -284,8 +284,9 @@ class StoreContract(RuleBasedStateMachine):
         replies = []
         for side in (self.sql, self.mem):
             contended = bool(side.store.meta().get("contended", 0))
-            replies.append(side.run(lambda side=side, contended=contended: run_sync(
-                side.store, self.now, message, self.policy(side), contended, self.next_request_at())[0]))
+            starving = int(side.store.meta().get("starving", 0))
+            replies.append(side.run(lambda side=side, contended=contended, starving=starving: run_sync(
+                side.store, self.now, message, self.policy(side), contended, self.next_request_at(), starving)[0]))
         assert normal_reply(replies[0]) == normal_reply(replies[1])
         self.learn(replies[0])
 

@@ -16,7 +16,7 @@ R31, R32), write meta (R9, R29, R33), answer every client (R8, R11, R23, R29).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from .allocation import Allocation, Entry, Usage, allocate, ceiling, lease_candidate
@@ -304,7 +304,7 @@ def _unknown_lease(r: LeaseReport, view: View) -> None:
 
 
 def _apply_lease_reports(ledger: Ledger, client_id: str, reports: Iterable[LeaseReport], view: View,
-                         now: int, ttl_ms: int, extend_reusable: bool = True) -> None:
+                         now: int, ttl_ms: int, extend_reusable: bool) -> None:
     """SPEC R30-R32: a lease report raises ``drawn`` (clamped to ``permits``, or unbounded for a
     reusable lease, R34a; final once stopped, R30) and ``released`` (clamped to ``drawn``),
     heartbeats a live lease (R31; a reusable one only if ``extend_reusable``, R31a) and settles
@@ -420,7 +420,7 @@ def _starving(ledger: Ledger, result: Allocation, policy: Policy) -> int:
                if reason in capacity and (c, g) not in served and (c, g) not in leased)
 
 
-def _write_meta(ledger: Ledger, limit: Any, now: int, contended: bool, starving: int = 0) -> None:
+def _write_meta(ledger: Ledger, limit: Any, now: int, contended: bool, starving: int) -> None:
     """Meta ``last_limit`` (R33), ``last_round_at`` (R9), ``contended`` (R29) and ``starving``
     (R31a; both only when they change), in the round's one meta upsert."""
     if isinstance(limit, int):
@@ -449,12 +449,12 @@ def decide_round(ledger: Ledger, now: int, clients: Sequence[Pending], limits: L
     starving = _starving(ledger, result, policy)
     _write_meta(ledger, limits.limit, now, result.contended, starving)
     next_at = next_round_at(now, now, policy.round_period_ms)  # R11: this round just began
-    return replace(_outcome(ledger, _round_replies(ledger, clients, views, result, next_at), result, limits,
-                            live_before), starving=starving)
+    return _outcome(ledger, _round_replies(ledger, clients, views, result, next_at), result, limits,
+                    live_before, starving)
 
 
 def _outcome(ledger: Ledger, replies: dict[str, dict[str, Any]], result: Allocation, limits: Limits,
-             live_before: Iterable[str]) -> RoundOutcome:
+             live_before: Iterable[str], starving: int) -> RoundOutcome:
     """The round's :class:`RoundOutcome`: its replies and what it did, from the allocation and
     the ledger (the leases live before it that are not any more, the totals after it)."""
     blocked: dict[str, int] = {}
@@ -471,11 +471,12 @@ def _outcome(ledger: Ledger, replies: dict[str, dict[str, Any]], result: Allocat
         charged=totals["outstanding"] + totals["lease_footprint"],
         limit=limits.limit if type(limits.limit) is int else None,
         served=frozenset(c for c, _ in result.grants) | frozenset(c for c, _ in result.leases),
+        starving=starving,
     )
 
 
 def decide_sync(ledger: Ledger, now: int, message: SyncMessage, policy: Policy, contended: bool,
-                next_request_at: int, starving: int = 0) -> dict[str, Any]:
+                next_request_at: int, starving: int) -> dict[str, Any]:
     """SPEC R6: apply a sync's reports and answer at once, with the ``contended`` flag of the
     last committed round (R29) and ``nextRequestAt`` (R11); ``starving``: the last committed
     round's count (R31a)."""

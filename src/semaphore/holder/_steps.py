@@ -112,7 +112,7 @@ def run_round(store: Store, now: int, clients: Sequence[Pending], limits: Limits
 
 
 def run_sync(store: Store, now: int, message: SyncMessage, policy: Policy, contended: bool,
-             next_request_at: int, starving: int = 0) -> tuple[dict[str, Any], int]:
+             next_request_at: int, starving: int) -> tuple[dict[str, Any], int]:
     """One sync's transaction body (SPEC R6); returns the reply and how much it changed the
     charged capacity (``outstanding + lease_footprint``, R19: below 0, it freed some). Reads no
     meta row."""
