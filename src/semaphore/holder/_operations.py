@@ -45,7 +45,7 @@ def _grant_view(g: GrantRow) -> dict[str, Any]:
 def _lease_view(x: LeaseRow) -> dict[str, Any]:
     return {"leaseId": x.lease_id, "group": x.group_name, "permits": x.permits, "drawn": x.drawn,
             "released": x.released, "stopped": x.stopped, "issuedAt": x.issued_at, "expiresAt": x.expires_at,
-            "status": x.status, "charged": x.footprint}
+            "status": x.status, "reusable": x.reusable, "charged": x.footprint}
 
 
 def holders_page(store: SqlStore, cursor: Any, limit: Any) -> dict[str, Any]:

@@ -351,14 +351,16 @@ class DurabilitySemaphore:
                           "grants": [{"grantId", "group", "permits", "claimed", "released",
                                       "issuedAt", "claimBy", "status", "charged"}],
                           "leases": [{"leaseId", "group", "permits", "drawn", "released",
-                                      "stopped", "issuedAt", "expiresAt", "status", "charged"}]}],
+                                      "stopped", "issuedAt", "expiresAt", "status", "reusable",
+                                      "charged"}]}],
              "cursor": str | None}
 
         Pass ``cursor`` back for the next page (``None``: this was the last). ``limit``: 1 to
         1,000 clients per page. ``lastReportAt``: when the client last sent a request or a sync
         (epoch ms; ``None`` if not since this release recorded it). ``charged``: what each row
-        charges (R19, R30). The reads are proportional to the page, not to all state. A bad
-        option raises :class:`ConfigurationError` naming it."""
+        charges (R19, R30; every slot of a live ``reusable`` lease, R30a). The reads are
+        proportional to the page, not to all state. A bad option raises
+        :class:`ConfigurationError` naming it."""
         await self._ensure_ready()
         return _operations.holders_page(self.store, cursor, limit)
 
