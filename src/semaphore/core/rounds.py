@@ -411,6 +411,8 @@ def _starving(ledger: Ledger, result: Allocation, policy: Policy) -> int:
     by capacity leases may hold: ``limit``, or ``group_limit`` where lease footprint counts
     against group limits (``withinGroupLimit``). Not an entry ``can_grant`` refuses, whose limit
     failed to resolve, or whose group limit no lease shares: no lease's end would serve it."""
+    if not result.blocked:  # the common uncontended round: no scan of its leases
+        return 0
     capacity = {BlockedReason.LIMIT}
     if not _exclude_limited(policy):
         capacity.add(BlockedReason.GROUP_LIMIT)
