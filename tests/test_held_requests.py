@@ -6,10 +6,15 @@ Real holder on the SQLite test bed, real queue and client objects on a virtual c
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
 
-from semaphore.errors import ConfigurationError
+from semaphore.errors import ConfigurationError, PermitTimeoutError
 from semaphore.testing import T0, Bed, ClientSide, HolderSide, Net, SimClock, async_test, request, sync
+
+pytestmark = pytest.mark.usefixtures("quiet_logs")
 
 HOLD = 10_000
 
@@ -160,3 +165,202 @@ async def test_r9_a_client_asking_again_before_its_wait_ms_still_gets_an_answer_
     assert answered_at is not None and answered_at - start <= HOLD + 2000 + 3000
     assert calls[0].result()["blocked"] == [{"group": "g", "reason": "limit", "waiting": 1}]
     assert all(c.done() for c in calls[:4])  # the calls that joined it got the same answer
+
+
+# --- Held requests: joins during a round, news not held, what starts a round -------------------
+# Cold review of issue 13's waiting requests (holder ``hold_blocked_ms``, request ``waitMs``,
+# queue ``request_wait_ms``; SPEC R9 decision).
+#
+# Each test failed on the reviewed code because of the defect its docstring describes; all are
+# fixed: a request arriving while a round that holds its client runs joins the held call (it was
+# dropped, never answered); a reply with a retired lease or an expired grant is not held; only a
+# sync that lowered the charged capacity starts a round; new demand of a held key goes in a
+# background request (it joins the held one, R10); releases behind a possibly held request go at
+# once. Real holder and client objects on a virtual clock (``semaphore.testing``), nothing
+# mocked.
+
+
+KEY = "acct"
+LEASES = {"provisioning": {"mode": "strict"}, "permitsPerLease": 4, "ttlMs": 600_000}
+
+pytestmark = pytest.mark.usefixtures("quiet_logs")
+
+
+# ------------------------------------------------------------------------------------------ 1
+@async_test
+async def test_a_request_arriving_while_its_clients_request_is_in_a_running_round_orphans_the_held_call():
+    """Defect (hang, "never leave a caller hanging", R10): a round takes its batch out of
+    ``_pending``/``_held`` before it awaits (the limit callbacks in ``_resolve``, the
+    ``scheduler.arm()`` after the commit). A request of a client whose request is in that
+    running round finds neither (``_pending`` and ``_held`` are empty for it) and gets a new
+    ``_Waiting`` in ``_pending``. The running round then *holds* the old one
+    (``self._held[client] = p``): the client is now in ``_held`` and in ``_pending`` at once,
+    and the next round's ``_take_batch`` (``{**self._held, **self._pending}``) keeps only the
+    new one. The old ``_Waiting`` is referenced nowhere: its call is never answered, not at its
+    deadline, not at an eviction (``_hold_ended`` / ``_round_after`` only fail what is in the
+    dicts). Before the change the old call was simply answered by its own round.
+
+    Here the limit is read by an async callable (100 ms, e.g. another object's RPC); ``b``'s
+    first request is in the round when its second arrives (a client that retried after a
+    transport timeout, or a direct ``SemaphoreClient.request``).
+
+    Fix: when a round holds ``p`` and ``p.client_id`` already has a newer ``_Waiting`` in
+    ``_pending``, merge ``p`` into it (its futures first, its arrival, ``messages`` appended
+    behind) instead of putting it in ``_held``; or make ``_take_batch`` merge a client present
+    in both dicts."""
+    clock = SimClock(T0)
+
+    async def limit() -> int:
+        await clock.sleep(100)  # the round awaits the limit for 100 ms
+        return 0
+
+    bed = Bed(limit=limit, clock=clock, hold_blocked_ms=HOLD)
+    first = bed.send(held_request("b", {"g": 1}))
+    await clock.advance(1050)  # b's round began at +1000 and still resolves its limit
+    second = bed.send(held_request("b", {"g": 2}))
+    await clock.advance(40_000)  # far past every deadline
+    assert second.done() and second.result()["blocked"]
+    assert first.done(), "b's first call was never answered (held and dropped by the next round)"
+
+
+# ------------------------------------------------------------------------------------------ 2
+@async_test
+async def test_a_held_request_whose_round_retires_its_lease_is_not_told_so():
+    """Defect (R33 "a retired lease stops drawing at once on the client", R24): ``_hold`` holds a
+    request whenever its round created no grant or lease for the client and left it blocked,
+    whatever else the reply says. When that round retires one of the client's live leases (the
+    limit was lowered, ``can_grant`` turned false, the group gained a limit), the reply saying
+    ``retired`` is withheld for up to ``hold_blocked_ms``: the client keeps drawing new items
+    from the retired lease locally (R34 needs no round trip) for that long, although the
+    operator just lowered the limit to stop new work. Before the change the round's reply told
+    it at once.
+
+    Here ``b`` holds a live lease in group ``a`` and waits for group ``c`` (group limit 0); the
+    limit is lowered; the next round retires ``b``'s lease, yet ``b``'s request stays open.
+
+    Fix: in ``_hold``, answer (do not hold) when the reply changes something the client acts on:
+    a lease whose status is not ``live`` (retired/settled) or a grant whose status is not
+    ``active`` (expired/not_found), e.g. compare with what the request reported."""
+    value = {"limit": 8}
+    bed = Bed(limit=lambda: value["limit"], leases=LEASES, group_limit={"c": 0}, hold_blocked_ms=HOLD)
+    [first] = await bed.round(request("b", {"a": 4}, leases=[]))
+    (lease,) = [x for x in first["leases"] if x["status"] == "live"]
+    b = bed.send(held_request("b", {"c": 1}, leases=[(lease["leaseId"], 1, 0)]))
+    await bed.clock.advance(3000)  # b's round: blocked (group_limit), held
+    assert not b.done()
+    value["limit"] = 2  # lowered: the next round retires every live lease (R33)
+    await bed.round(request("x", {"a": 1}))
+    assert bed.leases()[lease["leaseId"]]["status"] == "retired"  # that round retired b's lease
+    await bed.clock.advance(1)
+    assert b.done(), "b's lease was retired by that round, but b's held request was not answered"
+    (reported,) = [x for x in b.result()["leases"] if x["leaseId"] == lease["leaseId"]]
+    assert reported["status"] == "retired"
+
+
+# ------------------------------------------------------------------------------------------ 3
+@async_test
+async def test_a_heartbeat_sync_that_frees_nothing_starts_a_round_for_the_held_requests():
+    """Defect (cost, "rounds triggered too often"): ``_sync`` starts a round for the held
+    requests when any report carries ``released > 0`` or a lease ``stopped``: but reports are
+    cumulative high-water marks, so every heartbeat of a partly released grant (the
+    ``claim_ttl_ms`` heartbeat at half the TTL) or of a lease that ever released a permit, and
+    every repeated report, "carries a release" although it frees nothing. Each such sync starts
+    a round (spaced only by ``round_period_ms``; with ``round_period_ms=0`` one per sync) that
+    re-reads, re-resolves (``can_grant`` per pair) and re-answers nothing for every held
+    client: the busy holder runs a round per heartbeat.
+
+    Fix: start the round only when the sync's transaction actually freed capacity, e.g. compare
+    the meta ``outstanding + lease_footprint`` before and after ``run_sync`` (or have
+    ``run_sync`` return the permits it freed)."""
+    rounds: list[Any] = []
+    bed = Bed(limit=4, group_limit={"h": 0}, hold_blocked_ms=HOLD, on_round=rounds.append)
+    [ra] = await bed.round(request("a", {"g": 2}))
+    (ga,) = ra["grants"]
+    await bed.one(sync("a", grants=[(ga["grantId"], 2, 1)]))  # claims 2, releases 1: holds 1
+    b = bed.send(held_request("b", {"h": 1}))
+    await bed.clock.advance(3000)  # b's round: blocked (group_limit), held until +10 s
+    assert not b.done()
+    before = len(rounds)
+    for _ in range(3):  # the same cumulative report again (a heartbeat): frees nothing
+        await bed.clock.advance(2100)
+        await bed.one(sync("a", grants=[(ga["grantId"], 2, 1)]))
+        await bed.clock.advance(10)
+    assert not b.done()
+    assert len(rounds) == before, f"{len(rounds) - before} rounds started by syncs that freed nothing"
+
+
+# ------------------------------------------------------------------------------------------ 4
+@async_test
+async def test_a_permit_of_another_group_times_out_behind_a_held_request_though_capacity_is_free():
+    """Defect (liveness/latency, R37 permits, R10 unused): while a key's request is held
+    (``request_wait_ms``), the pump holds the key's lock, and new demand of the key can only go
+    in the next request, after that answer. A request blocked in one group (here a group limit
+    of 0: it may stay blocked for good, likewise ``not_permitted``) thus delays every new item
+    of every other group of that key by up to ``request_wait_ms`` (+ a round period), even
+    though the holder has free capacity for them; a ``permit(timeout_ms=3000)`` of a free
+    group raises :class:`PermitTimeoutError`. Without held requests it is admitted by the next
+    round (about 2 s). The queue docstring mentions "new demand waits", but not that it waits
+    with capacity free, and the holder's design already offers the cure (R10: a held client's
+    new request joins it).
+
+    Fix: when new demand arrives for a key whose request is held (``key in _requesting``), send
+    the key's updated request in the background (it joins the held one at the holder, R10: both
+    calls get the next round's answer; the pump applies it), or do not hold a request whose
+    client has demand the round could not see; at least document it in SPEC R9/R37."""
+    clock = SimClock(T0)
+    holder = HolderSide(clock, limit=10, group_limit={"b": 0}, hold_blocked_ms=HOLD)
+    net = Net(holder, clock)
+    side = ClientSide("c1", clock, net, on_admit=lambda s, i: None, recheck_ms=0, request_wait_ms=HOLD)
+    await side.queue.enqueue(KEY, "b", "stuck")
+    await clock.advance(1500)  # its request is held: group b's limit is 0
+    assert net.sent[-1]["type"] == "request" and "waitMs" in net.sent[-1]
+    got: dict[str, Any] = {}
+
+    async def caller() -> None:
+        try:
+            async with side.queue.permit(KEY, "a", timeout_ms=3000):
+                got["at"] = clock.now
+        except PermitTimeoutError as exc:
+            got["error"] = exc
+
+    task = asyncio.ensure_future(caller())
+    await clock.advance(20_000)
+    assert task.done()
+    assert "error" not in got, f"permit of a free group timed out: {got.get('error')}"
+
+
+# ------------------------------------------------------------------------------------------ 5
+@async_test
+async def test_a_release_behind_a_held_request_of_an_uncontended_key_waits_out_the_hold():
+    """Defect (throughput, R37 decision's side syncs vs R9 holds): a release made while the
+    key's request waits goes in a side sync only if the key's *last reply* was contended
+    (``_side_release_due``); otherwise it waits behind the request. With waiting requests the
+    request that would tell the client "contended" is exactly the one being held, so the client
+    never learns it while it waits: its own releases, the very capacity the held request (its
+    own, or another client's) waits for, stay unsent until the hold ends. The item then waits
+    ``request_wait_ms`` (+ a round) instead of one round: ten seconds here instead of ~2 s
+    without waiting requests (the f5 limit, "pays one round period", becomes "pays the whole
+    hold"). Several clients in this state hold each other up the same way.
+
+    Here limit 1: ``a`` runs (its reply was not contended), ``b``'s request is held, ``a``
+    ends 1 s later.
+
+    Fix: while a request carrying ``waitMs`` is in flight, treat the key as contended for the
+    side sync (a held request means its round was contended): e.g. in ``_side_release_due``
+    use ``snap.key.contended or (key in self._requesting and self.request_wait_ms > 0)``."""
+    clock = SimClock(T0)
+    holder = HolderSide(clock, limit=1, hold_blocked_ms=HOLD)
+    net = Net(holder, clock)
+    admitted: dict[str, int] = {}
+    side = ClientSide("c1", clock, net, on_admit=lambda s, i: admitted.setdefault(i.item_id, clock.now),
+                      recheck_ms=0, request_wait_ms=HOLD)
+    await side.queue.enqueue(KEY, "g", "a")
+    await clock.advance(1500)
+    assert "a" in admitted and not side.client.contended(KEY)
+    await side.queue.enqueue(KEY, "g", "b")
+    await clock.advance(side.client.not_before(KEY) - clock.now + 1500)  # b's request is held
+    assert "b" not in admitted and net.sent[-1]["type"] == "request"
+    left = clock.now
+    await side.queue.complete("a")
+    await clock.advance(20_000)
+    assert admitted["b"] - left <= 3000, f"b admitted {admitted['b'] - left} ms after a's release"
