@@ -1,4 +1,4 @@
-"""The soak (issue 12): many seeds of the fault simulation (tests/soak_sim.py) in every mode.
+"""The soak: many seeds of the fault simulation (``semaphore.simulate.soak``) in every mode.
 
     scripts/soak [--seeds N] [--ops M] [--seed S] [--modes none,strict,under,over,held,reuse,reuse-held]
                  [--jobs J] [--skew-ms MS]
@@ -25,10 +25,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "src"))
 
-from soak_sim import KINDS, MODES, RunResult, run_one, summarize  # noqa: E402
+from semaphore.simulate.soak import KINDS, MODES, RunResult, run_one, summarize  # noqa: E402
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

@@ -1,5 +1,5 @@
 """Seeded fault simulation: real holder + SemaphoreQueue clients over a faulty in-memory network
-(SPEC R15a, R29-R37, I1-I5). See tests/sim.py for the model.
+(SPEC R15a, R29-R37, I1-I5). See ``semaphore.simulate.faults`` for the model.
 
 Per seed: 2 client objects, 8 items over 2 groups (about a third enqueued twice), an admission
 callback that sometimes crashes after starting the work or is slow, completion notices sometimes
@@ -23,7 +23,7 @@ import asyncio
 
 import pytest
 
-from sim import Config, Sim, simulate
+from semaphore.simulate.faults import Config, Sim, simulate
 
 SEEDS = 60
 

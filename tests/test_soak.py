@@ -1,4 +1,4 @@
-"""The soak (issue 12): a few seeds of tests/soak_sim.py per mode, its replay is deterministic,
+"""The soak: a few seeds of ``semaphore.simulate.soak`` per mode, its replay is deterministic,
 its checks can fail, and the test kit's fault injection hooks (storage transactions that raise
 midway, late/duplicated/retried alarms, per-object clock skew) do what they say.
 
@@ -19,8 +19,8 @@ import semaphore.core.rounds as rounds
 from semaphore.core.ledger import Ledger
 from semaphore.holder import META
 from semaphore.holder._store import SqlStore
+from semaphore.simulate.soak import KINDS, MODES, SoakConfig, SoakHolder, SoakSim, run_one, summarize
 from semaphore.testing import T0, AlarmDriver, LocalStorage, SimClock, SkewedClock, StorageFault, TaskAlarmDriver
-from soak_sim import KINDS, MODES, SoakConfig, SoakHolder, SoakSim, run_one, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 SEEDS = (0, 1)
@@ -206,7 +206,7 @@ def test_skewed_clock_reads_sleeps_and_fires_alarms_on_its_own_time():
 
 
 def _run(cfg: SoakConfig, setup: Any = None, per_step: Any = None) -> SoakSim:
-    """One soak run like soak_sim._soak, with hooks to set up the sim and to look after each step."""
+    """One soak run like semaphore.simulate.soak._soak, with hooks to set up the sim and to look after each step."""
 
     async def go() -> SoakSim:
         sim = SoakSim(cfg)

@@ -1,5 +1,5 @@
-"""The soak's engine (issue 12, ``scripts/soak``, tests/test_soak.py): the seeded fault
-simulation of tests/sim.py run long, with more kinds of fault.
+"""The soak's engine (``scripts/soak``, tests/test_soak.py): the seeded fault
+simulation of ``semaphore.simulate.faults`` run long, with more kinds of fault.
 
 One run = one seed in one mode (``none``: no leases, with a group limit; ``strict``, ``under``,
 ``over``: leases). Three client objects enqueue a steady stream of items (some enqueues retried)
@@ -39,8 +39,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from semaphore import ItemState
+from semaphore.simulate.faults import KEY, Config, Sim, Stats
 from semaphore.testing import T0, AlarmDriver, ClientSide, HolderSide, Net, SimClock, SkewedClock, StorageFault, dump
-from sim import KEY, Config, Sim, Stats
 
 MODES: dict[str, dict[str, Any]] = {
     "none": {"limit": 3, "group_limits": {"a": 1}, "p_enqueue": 0.3},
@@ -198,11 +198,15 @@ def _mutations(message: dict[str, Any], rng: random.Random) -> Any:
 
 
 class SoakSim(Sim):
-    """tests/sim.py's application and checks (:meth:`Sim.on_admit`, :meth:`Sim.check_capacity`)
+    """``semaphore.simulate.faults``' application and checks (:meth:`Sim.on_admit`, :meth:`Sim.check_capacity`)
     over skewed objects with storage and alarm faults; see the module documentation."""
 
+    cfg: SoakConfig
+    stats: SoakStats
+    holder: SoakHolder
+
     def __init__(self, cfg: SoakConfig) -> None:  # noqa: PLR0915 - set-up of one run
-        self.cfg: SoakConfig = cfg
+        self.cfg = cfg
         self.rng = random.Random(f"soak:{cfg.seed}:{cfg.mode}")
         self.stats = SoakStats()
         self.faults = Faults(cfg, random.Random(f"faults:{cfg.seed}:{cfg.mode}"), self.stats)
@@ -260,7 +264,7 @@ class SoakSim(Sim):
 
     def check_step(self) -> None:
         """Every invariant that holds after every step (module documentation)."""
-        self.check_capacity()  # sim.py: running vs ceiling, group limits, charged
+        self.check_capacity()  # faults.py: running vs ceiling, group limits, charged
         for v in self.violations[self._seen:]:  # also what Sim.on_admit found
             kind = "twice" if "permit" in v else "I4" if "charged" in v else "I1"
             self.note(kind, v)
@@ -288,10 +292,10 @@ class SoakSim(Sim):
             before = failed
         delay = self.cfg.max_alarm_delay_ms
         k = min(8, self.holder.storage.transactions_failed - before)
-        return delay + self.cfg.reclaim_margin_ms + sum(1000 * 2 ** i + delay for i in range(k))
+        return int(delay + self.cfg.reclaim_margin_ms + sum(1000 * 2 ** i + delay for i in range(k)))
 
     def check_capacity(self) -> None:
-        """tests/sim.py's check (after each step and at each admission), and the per-permit
+        """``semaphore.simulate.faults``' check (after each step and at each admission), and the per-permit
         checks with it."""
         super().check_capacity()
         self.check_permits()
@@ -387,7 +391,7 @@ class SoakSim(Sim):
         self.cfg.faults = False
         self.faults.on = False
 
-    async def run(self) -> SoakStats:  # type: ignore[override]
+    async def run(self) -> SoakStats:
         plan: list[tuple[int, int, str, str]] = []
         settle_until: int | None = None
         last: tuple[int, int] = (-1, -1)

@@ -1,4 +1,4 @@
-"""Seeded fault simulation of holder + queue clients (used by test_fault_sim.py).
+"""Seeded fault simulation of holder + queue clients (``tests/test_fault_sim.py``, and the soak).
 
 Clients enqueue items (some enqueues retried), an application runs admitted items for a random
 time and reports completion (some completion notices lost: reconciliation finds them), the
@@ -24,11 +24,11 @@ KEY = "acct"
 @dataclass
 class Config:
     seed: int
-    leases: dict | None = None
+    leases: dict[str, Any] | None = None
     limit: int = 3
     extra: int = 0  # "over" budget
     grant_timeout_ms: int = 4000  # short, so late replies and retries meet claim deadlines
-    group_limits: dict | None = None
+    group_limits: dict[str, int] | None = None
     clients: int = 2
     items: int = 8
     groups: tuple[str, ...] = ("a", "b")
@@ -52,7 +52,7 @@ class Stats:
     max_running: int = 0
     lease_runs: int = 0
     grant_runs: int = 0
-    net: dict = field(default_factory=dict)
+    net: dict[str, int] = field(default_factory=dict)
 
 
 class Sim:
@@ -211,7 +211,7 @@ class Sim:
         charged, _ = self.holder.charged()
         return charged == 0
 
-    async def final_checks(self) -> dict:
+    async def final_checks(self) -> dict[str, Any]:
         usage = await self.holder.usage()
         problems = list(self.violations)
         missing = set(self.expected) - self.finished
