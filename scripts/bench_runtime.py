@@ -2,7 +2,7 @@
 """One holder on the real runtime (workerd + Pyodide), driven over HTTP: figures and ratios.
 
 Starts the pinned ``workerd`` on the project's ``wrangler.toml`` (tier 3's setup:
-``tests/workerd/harness.py``, with the development Pyodide bundle built as ``scripts/devbundle.sh``
+``semaphore.testing.workerd``, with the development Pyodide bundle built as ``scripts/devbundle.sh``
 does where ``../shared/devbundle`` exists), drives ONE holder (the ``AccountLimit`` of account
 ``bench``) through the reference Worker's HTTP front from bounded local clients (asyncio, one
 keep-alive HTTP/1.1 connection per client), stops workerd and removes its files. It measures, in
@@ -65,9 +65,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "tests"))
 
-from workerd.harness import (  # noqa: E402
+from semaphore.testing.workerd import (  # noqa: E402
     ENV_COMPAT_FLAGS,
     ENV_PYODIDE_CACHE,
     ENV_WORKERD_SKIP,

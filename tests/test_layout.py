@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
 import sys
 from pathlib import Path
 
@@ -133,3 +134,26 @@ def test_the_checker_sees_nested_and_relative_imports_but_not_type_checking_ones
     found = imports(sample, "semaphore.core")
     assert {"asyncio", "semaphore.holder", "semaphore.holder._store"} <= found
     assert "js" not in found
+
+
+def reaches_into_tests(line: str) -> bool:
+    """A script line that puts tests/ on the import path or imports a module of tests/."""
+    return ("sys.path" in line and "tests" in line) or bool(
+        re.match(r"\s*(from|import)\s+(tests|sim|soak_sim|honest_client|workerd\.harness|test_\w+)\b", line))
+
+
+def test_the_scripts_check_sees_a_path_insert_and_a_test_import():
+    assert reaches_into_tests('sys.path.insert(0, str(ROOT / "tests"))')
+    assert reaches_into_tests("from soak_sim import run_one")
+    assert reaches_into_tests("from workerd.harness import WorkerdProcess")
+    assert not reaches_into_tests('sys.path.insert(0, str(ROOT / "src"))')
+    assert not reaches_into_tests("from semaphore.simulate.soak import run_one")
+
+
+def test_scripts_import_the_package_never_the_tests():
+    # scripts/ measure and run the package: they never put tests/ on sys.path nor import a test
+    # module (the fault simulation, the soak and the workerd harness live in the package).
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    bad = [f"{path.name}:{n}: {line.strip()}" for path in sorted(scripts.iterdir()) if path.is_file()
+           for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1) if reaches_into_tests(line)]
+    assert not bad, "scripts reach into tests/:\n" + "\n".join(bad)

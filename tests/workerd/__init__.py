@@ -1,1 +1,1 @@
-"""Tier 3: the project's worker in the real workerd runtime (see harness.py)."""
+"""Tier 3: the project's worker in the real workerd runtime (see semaphore.testing.workerd)."""

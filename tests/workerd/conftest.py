@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from .harness import (
+from semaphore.testing.workerd import (
     DEFAULT_WRANGLER_TOML,
     ENV_WORKERD,
     ENV_WORKERD_SKIP,

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from .harness import WorkerdProcess, generate_config, validate_config
+from semaphore.testing.workerd import WorkerdProcess, generate_config, validate_config
 
 pytestmark = pytest.mark.workerd
 

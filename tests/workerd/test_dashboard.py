@@ -39,7 +39,8 @@ from urllib.parse import urlparse
 
 import pytest
 
-from .harness import PROJECT_ROOT
+from semaphore.testing.workerd import PROJECT_ROOT
+
 from .test_runtime_wide import TOKEN, Front, front_of
 
 pytestmark = pytest.mark.workerd

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import (
+from semaphore.testing.workerd import (
     BUNDLE_FETCH_FAILED,
     ENV_COMPAT_DATE,
     ENV_COMPAT_FLAGS,
@@ -29,12 +29,12 @@ from .harness import (
     WorkerdError,
     WorkerdProcess,
     WorkerdStartError,
-    _capnp_text,
     classify_startup_failure,
     compat_date,
     generate_config,
     validate_config,
 )
+from semaphore.testing.workerd._harness import _capnp_text
 
 pytestmark = pytest.mark.workerd
 
@@ -190,7 +190,7 @@ fallthrough = false
 
 
 def src_modules(toml: Path) -> list[tuple[str, str]]:
-    from .harness import collect_modules
+    from semaphore.testing.workerd import collect_modules
 
     return sorted((m.name, m.kind) for m in collect_modules(toml.parent, "src/entry.py")
                   if not m.name.startswith("python_modules/"))
@@ -258,7 +258,7 @@ def test_project_modules_leave_build_output_out(tmp_path):
 
 
 def test_renamed_sqlite_class_keeps_sql():
-    from .harness import _sqlite_classes
+    from semaphore.testing.workerd._harness import _sqlite_classes
 
     created, sqlite = _sqlite_classes([
         {"new_sqlite_classes": ["A"], "new_classes": ["B"]},

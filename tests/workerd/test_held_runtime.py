@@ -38,7 +38,8 @@ from typing import Any
 
 import pytest
 
-from .harness import WorkerdProcess
+from semaphore.testing.workerd import WorkerdProcess
+
 from .test_app import APP_SECRETS, App, by_state, now_ms, wait_for
 
 pytestmark = pytest.mark.workerd

@@ -39,12 +39,9 @@ from typing import Any
 
 import pytest
 
-from .harness import (
-    WorkerdError,
-    WorkerdProcess,
-    _capnp_text,
-    generate_config,
-)
+from semaphore.testing.workerd import WorkerdError, WorkerdProcess, generate_config
+from semaphore.testing.workerd._harness import _capnp_text
+
 from .test_app import DEADLINE_S, POLL_S, App, by_state, now_ms, wait_for
 
 pytestmark = pytest.mark.workerd

@@ -26,8 +26,8 @@ import time
 import pytest
 
 from sample_worker import ROOT, built_wheel, create_sample, readme_files, wheel_modules
+from semaphore.testing.workerd import collect_modules, generate_config
 
-from .harness import collect_modules, generate_config
 from .test_runtime_wide import front_of
 
 pytestmark = pytest.mark.workerd

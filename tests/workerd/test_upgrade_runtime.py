@@ -25,7 +25,8 @@ from typing import Any
 
 import pytest
 
-from .harness import WorkerdProcess, generate_config
+from semaphore.testing.workerd import WorkerdProcess, generate_config
+
 from .test_app import APP_SECRETS, App, by_state, wait_for
 
 pytestmark = pytest.mark.workerd

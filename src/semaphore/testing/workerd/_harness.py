@@ -1,4 +1,4 @@
-"""Tier 3 harness: run the project's worker in the real ``workerd`` binary.
+"""Run a project's Worker in the real ``workerd`` binary (tier 3 of the tests, ``scripts/bench_runtime.py``).
 
 ``wrangler.toml`` is the one source of truth. :func:`generate_config` reads it with
 ``tomllib`` and writes a workerd Cap'n Proto text config that declares the worker the way
@@ -71,7 +71,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+def _project_root() -> Path:
+    """The project whose Worker runs: ``SEMAPHORE_PROJECT_ROOT``, else this source checkout
+    (``src/semaphore/testing/workerd/`` four levels below a ``wrangler.toml``), else the first
+    folder from the working directory up that holds a ``wrangler.toml``, else the working
+    directory."""
+    env = os.environ.get("SEMAPHORE_PROJECT_ROOT")
+    if env:
+        return Path(env).resolve()
+    checkout = Path(__file__).resolve().parents[4]
+    if (checkout / "wrangler.toml").is_file():
+        return checkout
+    here = Path.cwd().resolve()
+    for folder in (here, *here.parents):
+        if (folder / "wrangler.toml").is_file():
+            return folder
+    return here
+
+
+#: The project root: see :func:`_project_root`.
+PROJECT_ROOT = _project_root()
 DEFAULT_WRANGLER_TOML = PROJECT_ROOT / "wrangler.toml"
 
 ENV_WORKERD = "SEMAPHORE_WORKERD"
@@ -433,7 +453,7 @@ def generate_config(
         )
 
     text = (
-        "# Generated from " + str(toml_path) + " by tests/workerd/harness.py. Do not edit.\n"
+        "# Generated from " + str(toml_path) + " by semaphore.testing.workerd. Do not edit.\n"
         'using Workerd = import "/workerd/workerd.capnp";\n\n'
         "const config :Workerd.Config = (\n"
         "  services = [\n  " + ",\n  ".join(services) + "\n  ],\n"
@@ -588,7 +608,7 @@ def classify_startup_failure(output: str, *, cache_dir: Path | None = None) -> W
 def free_port(address: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((address, 0))
-        return sock.getsockname()[1]
+        return int(sock.getsockname()[1])
 
 
 class WorkerdProcess:
@@ -883,6 +903,3 @@ def _main(argv: list[str] | None = None) -> int:
         status = proc.stop()
     return 0 if status in (0, None, -signal.SIGTERM) else 1
 
-
-if __name__ == "__main__":
-    raise SystemExit(_main())

@@ -1,0 +1,86 @@
+"""Run a project's Worker in the real ``workerd`` binary, as ``wrangler dev`` would hand it over:
+a Cap'n Proto config generated from ``wrangler.toml`` (:func:`generate_config`), a process on a
+free local port with persistent Durable Object storage (:class:`WorkerdProcess`), and the
+Pyodide bundle's cache folders. The project's tier-3 tests and ``scripts/bench_runtime.py`` use
+it; ``python -m semaphore.testing.workerd serve`` (``scripts/dev --workerd``) serves the Worker.
+
+The module's documentation (environment variables and all) is :mod:`semaphore.testing.workerd._harness`'s.
+"""
+
+from __future__ import annotations
+
+from ._harness import (
+    BUNDLE_FETCH_FAILED,
+    BUNDLE_INTEGRITY_FAILED,
+    DEFAULT_COMPAT_DATE,
+    DEFAULT_WRANGLER_TOML,
+    ENV_COMPAT_DATE,
+    ENV_COMPAT_FLAGS,
+    ENV_PYODIDE_CACHE,
+    ENV_PYODIDE_PACKAGE_CACHE,
+    ENV_WORKERD,
+    ENV_WORKERD_ARGS,
+    ENV_WORKERD_SKIP,
+    EXPERIMENTAL_FLAGS,
+    PROJECT_ROOT,
+    SOCKET_NAME,
+    STORAGE_SERVICE,
+    WORKER_SERVICE,
+    ConfigError,
+    Module,
+    PyodideBundleInvalid,
+    PyodideBundleUnavailable,
+    WorkerdError,
+    WorkerdProcess,
+    WorkerdStartError,
+    classify_startup_failure,
+    collect_modules,
+    compat_date,
+    effective_compat,
+    extra_serve_args,
+    free_port,
+    generate_config,
+    pyodide_bundle_cache_dir,
+    pyodide_package_cache_dir,
+    uses_experimental_flag,
+    validate_config,
+    workerd_binary,
+)
+
+__all__ = [
+    "ConfigError",
+    "Module",
+    "collect_modules",
+    "effective_compat",
+    "compat_date",
+    "extra_serve_args",
+    "uses_experimental_flag",
+    "generate_config",
+    "workerd_binary",
+    "pyodide_bundle_cache_dir",
+    "pyodide_package_cache_dir",
+    "WorkerdError",
+    "PyodideBundleUnavailable",
+    "PyodideBundleInvalid",
+    "WorkerdStartError",
+    "classify_startup_failure",
+    "free_port",
+    "WorkerdProcess",
+    "validate_config",
+    "PROJECT_ROOT",
+    "DEFAULT_WRANGLER_TOML",
+    "ENV_WORKERD",
+    "ENV_PYODIDE_CACHE",
+    "ENV_PYODIDE_PACKAGE_CACHE",
+    "ENV_COMPAT_DATE",
+    "ENV_COMPAT_FLAGS",
+    "ENV_WORKERD_ARGS",
+    "ENV_WORKERD_SKIP",
+    "EXPERIMENTAL_FLAGS",
+    "DEFAULT_COMPAT_DATE",
+    "SOCKET_NAME",
+    "WORKER_SERVICE",
+    "STORAGE_SERVICE",
+    "BUNDLE_FETCH_FAILED",
+    "BUNDLE_INTEGRITY_FAILED",
+]
