@@ -29,7 +29,8 @@ from semaphore.simulate import (
     save_scenario,
 )
 from semaphore.simulate.__main__ import main, parser
-from semaphore.simulate.report import CSV_COLUMNS, figures, summary
+from semaphore.simulate.report import CSV_COLUMNS, describe, figures, overload, summary
+from semaphore.simulate.scenario import NO_VALUE
 from semaphore.testing import T0
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,6 +96,76 @@ def test_a_bad_scenario_names_the_key(tmp_path):
     bad.write_text('{"leases": "sideways"}')
     with pytest.raises(SystemExit):
         main(["--scenario", str(bad), "--out", str(tmp_path)])
+
+
+@pytest.mark.parametrize(("flag", "value", "valid"), [
+    ("--leases", "on", "off, strict, under, over, or a JSON object"),
+    ("--job-duration", "gamma", "fixed, exponential, lognormal"),
+    ("--arrivals", "sometimes", "a comma-separated list of steady, bursty, diurnal, backlog, csv"),
+    ("--limited-groups", "within", "exclude, withinGroupLimit"),
+])
+def test_an_invalid_choice_lists_the_valid_ones_in_two_lines(tmp_path, capsys, flag, value, valid):
+    with pytest.raises(SystemExit) as exit_info:
+        main([flag, value, "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2, err  # the error and where the options are listed; no usage dump
+    shown = [value] if flag == "--arrivals" else value  # arrivals is a list
+    assert f"invalid {flag[2:].replace('-', '_')}: {shown!r} (valid: {valid}" in err[0]
+    assert err[1].endswith("--help lists every option")
+
+
+def test_an_unknown_flag_is_two_lines_too(capsys):
+    with pytest.raises(SystemExit):
+        main(["--limt", "3"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "unrecognized arguments: --limt" in err[0]
+
+
+def test_the_summary_names_reusable_and_lease_first_leases():
+    s = dataclasses.replace(SMALL, run_s=10, leases="strict", reusable=True, lease_first=True)
+    assert "leases strict reusable lease-first," in describe(run_scenario(s))
+    assert "leases strict," in describe(run_scenario(dataclasses.replace(s, reusable=False, lease_first=False)))
+
+
+def test_a_run_whose_demand_outgrows_the_limit_says_so():
+    # 4 objects, a burst of 30 items of 8 s jobs every 10 s each, limit 2: the queue only grows.
+    flooded = run_scenario(dataclasses.replace(SMALL, run_s=60, limit=2, burst_size=30, burst_every_s=10,
+                                               arrivals=["bursty"]))
+    warning = overload(flooded)
+    assert warning is not None and warning.startswith("warning: demand exceeds the limit")
+    assert warning in summary(flooded)
+    kept_up = run_scenario(dataclasses.replace(SMALL, limit=20))  # offered load about 8 permits
+    assert overload(kept_up) is None and "warning" not in summary(kept_up)
+
+
+@pytest.mark.parametrize("suffix", [".toml", ".json"])
+def test_options_without_a_value_are_saved_one_way(tmp_path, suffix):
+    # extra_count, group_limits and arrivals_csv have no value by default, admit_concurrency has
+    # none here (no bound): JSON says null, TOML (which has no null) "none"; both read back equal.
+    scenario = Scenario(admit_concurrency=None)
+    path = tmp_path / f"s{suffix}"
+    save_scenario(scenario, path)
+    text = path.read_text()
+    assert load_scenario(path) == scenario
+    if suffix == ".json":
+        data = json.loads(text)
+        assert all(data[name] is None for name in NO_VALUE)
+        assert '"none"' not in text and "{}" not in text and '""' not in text
+    else:
+        values = dict(line.split(" = ", 1) for line in text.splitlines())
+        assert all(values[name] == '"none"' for name in NO_VALUE)
+        assert "{}" not in text and '""' not in text
+
+
+def test_scripts_demo_writes_into_the_callers_folder(tmp_path):
+    in_clone = ROOT / "simulation.csv"
+    before = in_clone.stat().st_mtime_ns if in_clone.exists() else None
+    proc = subprocess.run([str(ROOT / "scripts" / "demo"), "--run-s", "5", "--no-plot"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "simulation.csv").is_file()
+    assert (in_clone.stat().st_mtime_ns if in_clone.exists() else None) == before  # nothing into the clone
 
 
 SMALL = Scenario(run_s=90, clients=4, limit=6, burst_size=6, burst_every_s=30, backlog=2, backlog_clients=1)

@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import NoReturn, TextIO
 
 from .engine import ProgressHook, run_scenario
 from .report import figures, summary, write_csv
@@ -22,9 +22,17 @@ __all__ = ["main", "parser", "progress_line"]
 PROGRESS_AFTER_S = 5.0
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are two lines (the error, then where the options are
+    listed), not the whole usage of some sixty flags."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n{self.prog} --help lists every option\n")
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line: the run's own flags, then one flag per scenario option."""
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog="python -m semaphore.simulate",
         description="What-if simulator: the real holder, client and queue code of durability-semaphore "
                     "on a virtual clock, each object on its own SQLite. Prints utilization, admission "

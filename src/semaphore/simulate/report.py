@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
 from .engine import Result
 
-__all__ = ["summary", "write_csv", "figures", "CSV_COLUMNS"]
+__all__ = ["summary", "overload", "offered_load", "write_csv", "figures", "CSV_COLUMNS"]
 
 #: Columns of the time-series CSV (one row per sample; ``t_s`` virtual seconds since the start).
 CSV_COLUMNS = ("t_s", "running", "charged", "limit", "ceiling", "queued", "admitted", "completed")
@@ -34,6 +35,8 @@ def describe(result: Result) -> str:
     """One line saying what was simulated."""
     s = result.scenario
     leases = s.leases if isinstance(s.leases, str) else "custom"
+    if s.leases != "off" and isinstance(s.leases, str):
+        leases += "".join(f" {name}" for name, on in (("reusable", s.reusable), ("lease-first", s.lease_first)) if on)
     faults = [f"{k} {getattr(s, k):g}" for k in ("lose_request", "lose_reply", "duplicate", "delay",
                                                  "evict_client_p", "evict_holder_p") if getattr(s, k)]
     return (f"seed {s.seed}: {s.run_s:g} s virtual, limit {s.limit}"
@@ -50,6 +53,31 @@ def _job(s: Any) -> str:
     if s.job_duration == "lognormal":
         return f"mu {s.job_mu:g}, sigma {s.job_sigma:g}"
     return f"{'mean ' if s.job_duration == 'exponential' else ''}{s.job_ms / 1000:g} s"
+
+
+def offered_load(result: Result) -> float:
+    """The permits the run's demand would keep busy: items enqueued per second times the mean
+    job duration of the scenario (a standing backlog adds an item only as one starts, so it
+    never counts above what was admitted)."""
+    s = result.scenario
+    mean_ms = math.exp(s.job_mu + s.job_sigma ** 2 / 2) if s.job_duration == "lognormal" else s.job_ms
+    return result.enqueued * mean_ms / max(1, result.run_ms)
+
+
+def overload(result: Result) -> str | None:
+    """A warning when demand outgrew the limit: the offered load (:func:`offered_load`) is
+    above 1.5 times the limit and more than the limit's worth of items is still queued at the
+    end. Such a run's waits grow with its length, so its figures say more about the run's
+    length than about the protocol; ``None`` otherwise."""
+    s = result.scenario
+    queued = result.samples[-1].queued if result.samples else 0
+    load = offered_load(result)
+    if load <= 1.5 * s.limit or queued <= s.limit:
+        return None
+    return (f"warning: demand exceeds the limit: an offered load of about {load:.0f} permits against a limit "
+            f"of {s.limit}; {queued} items still queued at the end ({result.enqueued} enqueued, {result.admitted} "
+            f"admitted), so waits grow with the run's length. Raise --limit, or lower the arrivals or the job "
+            f"duration.")
 
 
 def summary(result: Result) -> str:
@@ -82,6 +110,9 @@ def summary(result: Result) -> str:
         rows.append(("PROBLEMS", "; ".join(r.problems[:3])))
     width = max(len(k) for k, _ in rows)
     lines = [describe(r), ""] + [f"  {k:<{width}}  {v}" for k, v in rows]
+    warning = overload(r)
+    if warning:
+        lines += ["", warning]
     return "\n".join(lines) + f"\n\n({r.wall_s:.1f} s of wall time)"
 
 

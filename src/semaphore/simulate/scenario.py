@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Scenario", "ScenarioError", "ARRIVAL_PATTERNS", "JOB_DURATIONS", "LEASE_MODES", "GROUPS",
+__all__ = ["Scenario", "ScenarioError", "ARRIVAL_PATTERNS", "JOB_DURATIONS", "LEASE_MODES", "LIMITED_GROUPS",
+           "CHOICES", "NO_VALUE", "GROUPS",
            "load_scenario", "save_scenario", "add_options", "scenario_from_args"]
 
 #: Arrival patterns (``arrivals`` is a list of them; they add up).
@@ -27,6 +28,20 @@ ARRIVAL_PATTERNS = ("steady", "bursty", "diurnal", "backlog", "csv")
 JOB_DURATIONS = ("fixed", "exponential", "lognormal")
 #: Lease modes (``leases``; or a JSON object of the holder's ``leases=`` options).
 LEASE_MODES = ("off", "strict", "under", "over")
+#: ``limited_groups`` values (the holder's ``limitedGroups``).
+LIMITED_GROUPS = ("exclude", "withinGroupLimit")
+#: The valid values of each choice-valued option, named in its error message.
+CHOICES: dict[str, str] = {
+    "leases": "off, strict, under, over, or a JSON object of the holder's leases= options",
+    "job_duration": ", ".join(JOB_DURATIONS),
+    "arrivals": "a comma-separated list of " + ", ".join(ARRIVAL_PATTERNS),
+    "limited_groups": ", ".join(LIMITED_GROUPS),
+    "arrivals_csv": "the path of an existing CSV file (needed with the csv arrival pattern)",
+}
+#: Options whose value may be "no value" (the value standing for it): written as ``null`` to JSON
+#: and ``"none"`` to TOML (which has no null) by :func:`save_scenario`, and read back from either.
+#: ``admit_concurrency``'s no value means no bound.
+NO_VALUE: dict[str, Any] = {"extra_count": None, "admit_concurrency": None, "group_limits": {}, "arrivals_csv": ""}
 #: Option groups, in ``--help`` order: (name, title).
 GROUPS = (
     ("run", "run"),
@@ -158,9 +173,9 @@ class Scenario:
         return scenario
 
     def to_mapping(self) -> dict[str, Any]:
-        """Every option as plain data (``None`` as ``"none"``, TOML having no null): what a
-        scenario file holds."""
-        return {k: "none" if v is None else v for k, v in dataclasses.asdict(self).items()}
+        """Every option as plain data, an option without a value (:data:`NO_VALUE`) as ``None``:
+        what a JSON scenario file holds (``null``)."""
+        return {k: None if k in NO_VALUE and v == NO_VALUE[k] else v for k, v in dataclasses.asdict(self).items()}
 
     def lease_options(self) -> dict[str, Any] | None:
         """The holder's ``leases=`` options this scenario gives (``None``: leases off)."""
@@ -202,17 +217,27 @@ class Scenario:
             ("max_delay_ms", self.max_delay_ms >= 1), ("burst_span_ms", self.burst_span_ms >= 0),
             ("retry_ms", self.retry_ms >= 1), ("claim_margin_ms", self.claim_margin_ms >= 0),
             ("lease_margin_ms", self.lease_margin_ms >= 0),
+            ("limited_groups", self.limited_groups in LIMITED_GROUPS),
             ("arrivals_csv", "csv" not in self.arrivals or Path(self.arrivals_csv).is_file()),
         ]
         checks += [(name, 0 <= getattr(self, name) <= 1) for name in (
             "lose_request", "lose_reply", "duplicate", "delay", "evict_client_p", "evict_holder_p")]
         for name, ok in checks:
             if not ok:
-                raise ScenarioError(f"invalid {name}: {getattr(self, name)!r}")
+                raise ScenarioError(_invalid(name, getattr(self, name)))
+
+
+def _invalid(name: str, value: Any) -> str:
+    """The error message of an invalid option: its name, the value, and the valid choices."""
+    choices = CHOICES.get(name)
+    return f"invalid {name}: {value!r}" + (f" (valid: {choices})" if choices else "")
 
 
 def _coerce(name: str, kind: str, value: Any) -> Any:
-    """``value`` (from a file or a flag) as the option's type; raises :class:`ScenarioError`."""
+    """``value`` (from a file or a flag) as the option's type; raises :class:`ScenarioError`.
+    ``null`` or ``"none"`` of an option that may have no value (:data:`NO_VALUE`) is that."""
+    if name in NO_VALUE and (value is None or (isinstance(value, str) and value.strip().lower() in ("none", ""))):
+        return NO_VALUE[name]
     try:
         if kind == "int":
             return _int(value)
@@ -235,7 +260,7 @@ def _coerce(name: str, kind: str, value: Any) -> Any:
             return _groups(value)
         return _leases(value)
     except (TypeError, ValueError, KeyError, json.JSONDecodeError) as exc:
-        raise ScenarioError(f"invalid {name}: {value!r}") from exc
+        raise ScenarioError(_invalid(name, value)) from exc
 
 
 def _int(value: Any) -> int:
@@ -284,12 +309,13 @@ def load_scenario(path: str | Path, base: Scenario | None = None) -> Scenario:
 
 
 def save_scenario(scenario: Scenario, path: str | Path) -> None:
-    """Write ``scenario`` as a scenario file: TOML for ``.toml``, else JSON. Reading it back
-    with :func:`load_scenario` gives an equal scenario."""
+    """Write ``scenario`` as a scenario file: TOML for ``.toml``, else JSON. An option without a
+    value (:data:`NO_VALUE`) is ``null`` in JSON and ``"none"`` in TOML, which has no null.
+    Reading the file back with :func:`load_scenario` gives an equal scenario."""
     path = Path(path)
     data = scenario.to_mapping()
     if path.suffix.lower() == ".toml":
-        text = "".join(f"{_toml_key(k)} = {_toml_value(v)}\n" for k, v in data.items())
+        text = "".join(f"{_toml_key(k)} = {_toml_value('none' if v is None else v)}\n" for k, v in data.items())
     else:
         text = json.dumps(data, indent=2) + "\n"
     path.write_text(text, encoding="utf-8")
