@@ -128,6 +128,24 @@ async def test_namespace_escape_hatch():
         await DurabilitySemaphore.client(binding="MISSING", invoke="permits").request(env, "a", sync())
 
 
+def test_a_missing_or_wrong_binding_fails_when_the_transport_is_made():
+    # R36: misconfiguration is never retried as if the holder were down: the transport (made when
+    # the client object builds its SemaphoreClient) raises at once, naming the binding.
+    env = Env(VirtualClock(T0))
+    with pytest.raises(ConfigurationError) as missing:
+        DurabilitySemaphore.client(binding="NOPE", invoke="permits").transport(env)
+    assert missing.value.field == "binding"
+    assert "'NOPE'" in str(missing.value) and "[[durable_objects.bindings]]" in str(missing.value)
+    env.GREETING = "hello"  # a [vars] entry, not a Durable Object namespace
+    with pytest.raises(ConfigurationError) as wrong:
+        DurabilitySemaphore.client(binding="GREETING", invoke="permits").transport(env)
+    assert "env.GREETING is a str, not a Durable Object namespace" in str(wrong.value)
+    with pytest.raises(ConfigurationError) as lazy:
+        DurabilitySemaphore.client(namespace=lambda e: e.GREETING, invoke="permits").transport(env)
+    assert lazy.value.field == "namespace"
+    assert env.calls == [] and env.resolved == []  # nothing was sent
+
+
 def test_get_by_name_falls_back_to_id_from_name():
     class Old:
         def idFromName(self, name: str) -> str:

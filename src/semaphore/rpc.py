@@ -83,6 +83,13 @@ def get_by_name(namespace: Any, name: str) -> Any:
         f"{type(namespace).__name__} is not a Durable Object namespace (no getByName)", field="namespace")
 
 
+def _is_namespace(value: Any) -> bool:
+    """Whether ``value`` looks like a Durable Object namespace (duck-typed: the runtime's is a
+    JS object)."""
+    return callable(getattr(value, "getByName", None)) or (
+        callable(getattr(value, "idFromName", None)) and callable(getattr(value, "get", None)))
+
+
 @dataclass(frozen=True)
 class SemaphoreRpc:
     """The client helper returned by :meth:`DurabilitySemaphore.client` (immutable; ``with_``
@@ -102,28 +109,43 @@ class SemaphoreRpc:
         return SemaphoreRpc(self.invoke, self.binding, self.namespace, self.transforms + tuple(transforms))
 
     def resolve_namespace(self, env: Any) -> Any:
-        """The Durable Object namespace of the holder class in ``env``."""
+        """The Durable Object namespace of the holder class in ``env``. Raises
+        :class:`ConfigurationError` naming the binding when ``env`` has none of that name, or
+        when what it has is not a Durable Object namespace (a var, a KV namespace, ...)."""
         ns = self.namespace
         if ns is not None:
-            if hasattr(ns, "getByName") or hasattr(ns, "idFromName"):
-                return ns
-            if callable(ns):
-                return ns(env)
+            if not _is_namespace(ns) and callable(ns):
+                ns = ns(env)
+            if not _is_namespace(ns):
+                raise ConfigurationError(
+                    f"namespace= gave a {type(ns).__name__}, not a Durable Object namespace (no getByName)",
+                    field="namespace")
             return ns
         assert self.binding is not None
         value = getattr(env, self.binding, None)
         if value is None and isinstance(env, dict):
             value = env.get(self.binding)
         if value is None:
-            raise ConfigurationError(f"env has no binding {self.binding!r}", field="binding")
+            raise ConfigurationError(
+                f"env has no binding {self.binding!r}: declare the holder class's Durable Object binding "
+                f"under [[durable_objects.bindings]] in wrangler.toml (name = {self.binding!r})", field="binding")
+        if not _is_namespace(value):
+            raise ConfigurationError(
+                f"env.{self.binding} is a {type(value).__name__}, not a Durable Object namespace: bind it "
+                f"under [[durable_objects.bindings]] in wrangler.toml (name = {self.binding!r}, class_name = "
+                "the holder class)", field="binding")
         return value
 
     def call(self, env: Any) -> Call:
-        """The composed ``async (key, message) -> reply`` for ``env``."""
+        """The composed ``async (key, message) -> reply`` for ``env``. The holder's namespace is
+        resolved here, at once: a missing or wrong binding raises :class:`ConfigurationError`
+        (never retried as if the holder were down) when the transport is made, not at the first
+        permit."""
+        namespace = self.resolve_namespace(env)
 
         async def rpc(key: str, message: dict[str, Any]) -> dict[str, Any]:
             try:
-                stub = get_by_name(self.resolve_namespace(env), key)
+                stub = get_by_name(namespace, key)
                 if isinstance(self.invoke, str):
                     result = getattr(stub, self.invoke)(message)
                 else:
