@@ -9,6 +9,9 @@ client and holder objects on a virtual clock.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+
 import pytest
 
 from semaphore import ConfigurationError, LeaseConfig
@@ -151,21 +154,46 @@ async def test_r31a_the_starving_count_survives_an_eviction():
 # ====================================================================== R28a
 @async_test
 async def test_r28a_lease_first_shares_the_budget_as_leases_before_grants_each_at_most_its_need():
-    # limit 10, three lease-capable clients and one without leases, all waiting.
+    # limit 10, three lease-capable clients and a younger one without leases, all waiting.
     bed = Bed(10, leases={**REUSE_FIRST, "permitsPerLease": 64})
     replies = await bed.round(request("a", {"g": 9}, leases=[], oldest_at=1),
                               request("b", {"g": 2}, leases=[], oldest_at=2),
                               request("c", {"g": 9}, leases=[], oldest_at=3),
-                              request("d", {"g": 5}, oldest_at=0))
+                              request("d", {"g": 5}, oldest_at=4))
     ra, rb, rc, rd = replies
     # R28a: budget 10 over 3 candidates -> share 3; b's lease is capped at its need 2.
     assert [x["permits"] for x in ra["leases"]] == [3]
     assert [x["permits"] for x in rb["leases"]] == [2]
     assert [x["permits"] for x in rc["leases"]] == [3]
-    # Grants serve what is left (10 - 8 = 2), oldest first: d (oldest_at 0) gets both.
-    assert [g["permits"] for g in rd["grants"]] == [2] and ra["grants"] == [] and rc["grants"] == []
+    # Grants serve what is left (10 - 8 = 2), oldest first: a's remaining need (oldest_at 1)
+    # gets both; d, younger than every lease, waits.
+    assert [g["permits"] for g in ra["grants"]] == [2] and rd["grants"] == [] and rc["grants"] == []
     assert await charged(bed) == 10
-    assert blocked(ra) == {"g": ("limit", 6)} and blocked(rd) == {"g": ("limit", 3)}
+    assert blocked(ra) == {"g": ("limit", 4)} and blocked(rd) == {"g": ("limit", 5)}
+    bed.check()
+
+
+@async_test
+async def test_r28a_a_lease_takes_only_what_older_entries_that_cannot_take_one_leave():
+    # R28a with R21: d (no leases, R5) is older than every candidate, so it is served its grant
+    # before their leases are sized; c (no leases) is older than b and is served before b's
+    # lease; e (no leases) is younger than b, the last lease, and waits behind the leases as
+    # before. Limit 12, two candidates (a, b): share min(64, 12 // 2) = 6.
+    bed = Bed(12, leases={**REUSE_FIRST, "permitsPerLease": 64})
+    ra, rb, rc, rd, re = await bed.round(request("a", {"g": 9}, leases=[], oldest_at=1),
+                                         request("b", {"g": 9}, leases=[], oldest_at=3),
+                                         request("c", {"g": 1}, oldest_at=2),
+                                         request("d", {"g": 4}, oldest_at=0),
+                                         request("e", {"g": 4}, oldest_at=4))
+    # d: a grant of 4 (room 12 -> 8); a: a lease of 6 (-> 2); c: a grant of 1 (-> 1);
+    # b: a lease of min(6, 1) = 1; then grants from nothing: a's 3, b's 8 and e's 4 wait.
+    assert [g["permits"] for g in rd["grants"]] == [4] and rd["leases"] == []
+    assert [x["permits"] for x in ra["leases"]] == [6] and ra["grants"] == []
+    assert [g["permits"] for g in rc["grants"]] == [1]
+    assert [x["permits"] for x in rb["leases"]] == [1] and rb["grants"] == []
+    assert re["grants"] == [] and blocked(re) == {"g": ("limit", 4)}
+    assert blocked(ra) == {"g": ("limit", 3)} and blocked(rb) == {"g": ("limit", 8)}
+    assert await charged(bed) == 12
     bed.check()
 
 
@@ -371,3 +399,48 @@ async def test_r34a_a_slot_reused_beside_a_held_request_sends_no_request_of_its_
         assert started[-1] == nxt
     assert len([m for m in net.sent if m["type"] == "request"]) == requests
     side.driver.kill()
+
+
+# ====================================================================== the queue under a standing backlog (R21, R28a, R31a)
+def backlog(limit: int, leases: dict, b_options: dict, **holder_options):
+    """A holder and two clients whose items each run 1 s: ``a`` (leases on) and ``b``
+    (``b_options`` to its queue); ``starts`` records when each item started."""
+    clock = SimClock(T0)
+    holder = HolderSide(clock, limit=limit, leases=leases, **holder_options)
+    net = Net(holder, clock)
+    starts: dict[str, int] = {}
+
+    async def work(item) -> None:
+        starts[item.item_id] = clock.now
+        await clock.sleep(1000)
+
+    a = ClientSide("a", clock, net, work=work)
+    b = ClientSide("b", clock, net, work=work, **b_options)
+    return clock, a, b, starts
+
+
+async def keep_busy(clock: SimClock, queue, group: str) -> None:
+    """Five items at once, then one every 200 ms: more work than the limit runs, for ever."""
+    for n in itertools.count():
+        await queue.enqueue("acct", group, f"a{n}")
+        if n >= 4:
+            await clock.sleep(200)
+
+
+@pytest.mark.parametrize("reusable", [True, False], ids=["reusable", "one_shot"])
+@async_test
+async def test_r28a_r31a_through_the_queue_a_client_without_leases_is_served_within_ttl(reusable: bool):
+    # b's queue has leases=False (its requests carry no `leases`, R5) and one item, which soon
+    # is older than everything a has queued. a's leases never take what b, older, could use
+    # (R28a), and b starves while a reusable lease holds the limit (R31a): b's item starts
+    # within ttlMs. Before, every permit freed went to a's next lease and b got nothing.
+    clock, a, b, starts = backlog(2, {**REUSE_FIRST, "reusable": reusable}, {"leases": False})
+    feeder = asyncio.ensure_future(keep_busy(clock, a.queue, "g"))
+    await clock.advance(3000)
+    asked = clock.now
+    await b.queue.enqueue("acct", "g", "b0")
+    await clock.advance(TTL + 5000)
+    assert "b0" in starts and starts["b0"] - asked <= TTL + 5000, starts.get("b0")
+    assert len([i for i in starts if i.startswith("a")]) > 10  # and a ran all along
+    feeder.cancel()
+    stop_all({"a": a, "b": b})
