@@ -116,6 +116,19 @@ def test_r23_limit_reason_when_group_room_would_have_sufficed():
     assert r.grants == {("a", "g"): 1} and blocked(r) == {("a", "g"): (R.LIMIT, 2)}
 
 
+def test_r23_limit_reason_when_the_account_has_less_room_than_the_group():
+    # R23: the first constraint that stopped the entry is the one that ran out first. The
+    # group has room for 2, the account for 0 (a lease holds it all): the limit stopped it.
+    r = allocate([E("b", "small", 3)], limit=3, group_limits={"small": 2}, usage=Usage(leases=3))
+    assert r.grants == {} and blocked(r) == {("b", "small"): (R.LIMIT, 3)}
+    # Room 1 under the account, 2 under the group: 1 granted, the limit stopped the rest.
+    r = allocate([E("b", "small", 3)], limit=3, group_limits={"small": 2}, usage=Usage(leases=2))
+    assert r.grants == {("b", "small"): 1} and blocked(r) == {("b", "small"): (R.LIMIT, 2)}
+    # Both run out at 2: the group limit comes first in R23's order.
+    r = allocate([E("b", "small", 3)], limit=3, group_limits={"small": 2}, usage=Usage(leases=1))
+    assert r.grants == {("b", "small"): 2} and blocked(r) == {("b", "small"): (R.GROUP_LIMIT, 1)}
+
+
 STRICT_FIRST = LeaseConfig(mode=Provisioning.STRICT, permits_per_lease=4, lease_first=True)
 
 

@@ -15,6 +15,7 @@ import itertools
 import pytest
 
 from semaphore import ConfigurationError, LeaseConfig
+from semaphore.holder._store import read_meta
 from semaphore.testing import T0, Bed, ClientSide, HolderSide, Net, SimClock, async_test, blocked, request, sync
 from test_leases import only
 from test_leases import total_charged as charged
@@ -148,6 +149,37 @@ async def test_r31a_the_starving_count_survives_an_eviction():
     await bed.clock.advance(1000)
     await bed.one(sync("a", leases=[(lid, 1, 0)]))
     assert bed.leases()[lid]["expires_at"] == before  # a fresh instance still knows b starves
+    bed.check()
+
+
+@async_test
+async def test_r31a_r23_a_newcomer_the_limit_blocks_starves_though_its_group_limit_is_below_its_need():
+    # Limit 3, group "small" limited to 2 (no leases there: exclude, R27). a holds a reusable
+    # lease of the whole limit; b asks 3 in "small": the group has room for 2, the account for
+    # 0, so the limit stopped it (R23), and the end of a's lease would serve it: it starves
+    # (R31a) and a's reports no longer extend the lease.
+    bed = Bed(3, group_limit={"small": 2}, leases=REUSE_FIRST)
+    (r,) = await bed.round(request("a", {"big": 5}, leases=[], oldest_at=1))
+    lid = only(r)["leaseId"]
+    assert only(r)["permits"] == 3
+    await bed.clock.advance(2000)
+    (rb,) = await bed.round(request("b", {"small": 3}, leases=[], oldest_at=2))
+    assert rb["grants"] == [] and blocked(rb) == {"small": ("limit", 3)}
+    assert read_meta(bed.sem.storage)["starving"] == 1
+    before = bed.leases()[lid]["expires_at"]
+    await bed.clock.advance(5000)
+    await bed.one(sync("a", leases=[(lid, 4, 1)]))
+    assert bed.leases()[lid]["expires_at"] == before
+    # a stops its lease (its queue does before it expires); b gets what its group allows, and
+    # waits for its group, not the limit: a full group starves nobody under exclude.
+    await bed.clock.advance(before - bed.now - 500)
+    await bed.one(sync("a", leases=[(lid, 6, 6, True)]))
+    (rb,) = await bed.round(request("b", {"small": 3}, leases=[], oldest_at=2))
+    assert [g["permits"] for g in rb["grants"]] == [2] and blocked(rb) == {"small": ("group_limit", 1)}
+    await bed.clock.advance(2000)
+    (rc,) = await bed.round(request("c", {"small": 1}, leases=[], oldest_at=3))
+    assert rc["grants"] == [] and blocked(rc) == {"small": ("group_limit", 1)}  # room 1, group 0
+    assert read_meta(bed.sem.storage)["starving"] == 0
     bed.check()
 
 
@@ -425,6 +457,28 @@ async def keep_busy(clock: SimClock, queue, group: str) -> None:
         await queue.enqueue("acct", group, f"a{n}")
         if n >= 4:
             await clock.sleep(200)
+
+
+@async_test
+async def test_r31a_r23_through_the_queue_a_newcomer_in_a_group_capped_below_its_need_is_served_within_ttl():
+    # a's reusable lease holds the whole limit (3) and a always has more queued than it runs;
+    # b asks 3 in "small" (group limit 2). Blocked by the limit (R23), b starves (R31a), so a's
+    # lease is not extended and ends within ttlMs; by then b's items are older than anything a
+    # has queued and are served first (R21, R28a). Before, b waited for ever (group_limit, not
+    # counted as starving, and each new lease of a sized before b's grant).
+    clock, a, b, starts = backlog(3, REUSE_FIRST, {}, group_limit={"small": 2})
+    feeder = asyncio.ensure_future(keep_busy(clock, a.queue, "big"))
+    await clock.advance(3000)
+    asked = clock.now
+    for i in range(3):
+        await b.queue.enqueue("acct", "small", f"b{i}")
+    await clock.advance(TTL + 5000)
+    assert {"b0", "b1"} <= set(starts), starts
+    assert max(starts["b0"], starts["b1"]) - asked <= TTL + 5000
+    await clock.advance(5000)
+    assert "b2" in starts  # the group's third, once one of its two ends
+    feeder.cancel()
+    stop_all({"a": a, "b": b})
 
 
 @pytest.mark.parametrize("reusable", [True, False], ids=["reusable", "one_shot"])

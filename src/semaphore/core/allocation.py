@@ -213,7 +213,10 @@ def _grant_one(
     """SPEC R21-R23: an entry with need gets ``min(need, room, room under its group limit)`` as
     one grant in ``result.grants`` (``group_charged`` grows by it); returns the permits given.
     Left with need, it goes in ``left`` with the first constraint that stopped it:
-    ``not_permitted`` (R22), ``limit_resolution_error`` (R12), ``group_limit``, ``limit``."""
+    ``not_permitted`` (R22), ``limit_resolution_error`` (R12), then whichever of its group's
+    room and the account's ``room`` ran out first: ``group_limit`` when the group's room is no
+    more than the account's (so a group that is full reports ``group_limit``), else ``limit``
+    (a group with room for 2 under an account with room for 0 was stopped by the limit)."""
     if e.need <= 0:
         return 0
     key = e.key
@@ -231,7 +234,7 @@ def _grant_one(
         group_charged[e.group] = group_charged.get(e.group, 0) + give
     if give < e.need:
         left[key] = e.need - give
-        reasons[key] = BlockedReason.GROUP_LIMIT if g_room is not None and g_room < e.need else BlockedReason.LIMIT
+        reasons[key] = BlockedReason.GROUP_LIMIT if g_room is not None and g_room <= room else BlockedReason.LIMIT
     return give
 
 
