@@ -116,6 +116,59 @@ def test_r23_limit_reason_when_group_room_would_have_sufficed():
     assert r.grants == {("a", "g"): 1} and blocked(r) == {("a", "g"): (R.LIMIT, 2)}
 
 
+def test_r23_limit_reason_when_the_account_has_less_room_than_the_group():
+    # R23: the first constraint that stopped the entry is the one that ran out first. The
+    # group has room for 2, the account for 0 (a lease holds it all): the limit stopped it.
+    r = allocate([E("b", "small", 3)], limit=3, group_limits={"small": 2}, usage=Usage(leases=3))
+    assert r.grants == {} and blocked(r) == {("b", "small"): (R.LIMIT, 3)}
+    # Room 1 under the account, 2 under the group: 1 granted, the limit stopped the rest.
+    r = allocate([E("b", "small", 3)], limit=3, group_limits={"small": 2}, usage=Usage(leases=2))
+    assert r.grants == {("b", "small"): 1} and blocked(r) == {("b", "small"): (R.LIMIT, 2)}
+    # Both run out at 2: the group limit comes first in R23's order.
+    r = allocate([E("b", "small", 3)], limit=3, group_limits={"small": 2}, usage=Usage(leases=1))
+    assert r.grants == {("b", "small"): 2} and blocked(r) == {("b", "small"): (R.GROUP_LIMIT, 1)}
+
+
+STRICT_FIRST = LeaseConfig(mode=Provisioning.STRICT, permits_per_lease=4, lease_first=True)
+
+
+def test_r28a_lease_first_serves_older_entries_that_cannot_take_a_lease_before_the_lease():
+    # R28a with R21: n (no lease support, R5) is older than the candidate a: its grant comes
+    # first, and a's lease takes what it leaves. Before, a's lease took all 4 and n waited.
+    r = allocate([E("a", "g", 9, 1, lease=True), E("n", "g", 3, 0)], limit=4, group_limits={},
+                 usage=Usage(), leases=STRICT_FIRST)
+    assert r.grants == {("n", "g"): 3} and r.leases == {("a", "g"): 1}
+    assert blocked(r) == {("a", "g"): (R.LIMIT, 8)}
+    # The same for an entry whose group admits no lease (R27, exclude) and one that holds a
+    # live lease with free slots (not a candidate, R26); a younger one waits behind the lease.
+    r = allocate([E("a", "g", 9, 2, lease=True), E("s", "small", 1, 0), E("h", "g", 1, 1),
+                  E("y", "g", 1, 3)],
+                 limit=4, group_limits={"small": 2}, usage=Usage(), leases=STRICT_FIRST)
+    assert r.grants == {("s", "small"): 1, ("h", "g"): 1} and r.leases == {("a", "g"): 2}
+    assert blocked(r) == {("a", "g"): (R.LIMIT, 7), ("y", "g"): (R.LIMIT, 1)}
+
+
+def test_r28a_lease_first_without_older_entries_that_cannot_take_a_lease_is_unchanged():
+    # R28a: every entry that cannot take a lease is younger than the last lease: leases first,
+    # then grants oldest first (a's remaining need before the younger n).
+    r = allocate([E("a", "g", 9, 0, lease=True), E("b", "g", 1, 1, lease=True), E("n", "g", 3, 2)],
+                 limit=8, group_limits={}, usage=Usage(), leases=STRICT_FIRST)
+    assert r.leases == {("a", "g"): 4, ("b", "g"): 1} and r.grants == {("a", "g"): 3}
+    assert blocked(r) == {("a", "g"): (R.LIMIT, 2), ("n", "g"): (R.LIMIT, 3)}
+
+
+def test_r28a_lease_first_older_grants_under_each_provisioning_mode():
+    # R25 with R28a: the older entry's grant comes from the grant room of the mode, the lease
+    # from the lease room left after it.
+    older = [E("n", "g", 9, 0), E("a", "g", 9, 1, lease=True)]
+    under = LeaseConfig(mode=Provisioning.UNDER, reserve=3, permits_per_lease=64, lease_first=True)
+    r = allocate(older, limit=10, group_limits={}, usage=Usage(), leases=under)
+    assert r.grants == {("n", "g"): 7} and r.leases == {("a", "g"): 3}  # grants <= 10 - 3
+    over = LeaseConfig(mode=Provisioning.OVER, extra_count=4, permits_per_lease=64, lease_first=True)
+    r = allocate(older, limit=10, group_limits={}, usage=Usage(), leases=over)
+    assert r.grants == {("n", "g"): 9, ("a", "g"): 1} and r.leases == {("a", "g"): 4}  # leases from extra
+
+
 def test_r25_strict_leases_from_what_grants_leave():
     # R25 strict: grants first, then leases from limit - charged.
     r = allocate([E("a", "g", 3, 0, lease=True), E("b", "g", 2, 1, lease=True)],

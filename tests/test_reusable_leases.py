@@ -10,12 +10,14 @@ client and holder objects on a virtual clock.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import Counter
 from typing import Any
 
 import pytest
 
 from semaphore import ConfigurationError, LeaseConfig
+from semaphore.holder._store import read_meta
 from semaphore.testing import T0, Bed, ClientSide, HolderSide, Net, SimClock, async_test, blocked, request, sync
 from test_leases import only
 from test_leases import total_charged as charged
@@ -152,24 +154,80 @@ async def test_r31a_the_starving_count_survives_an_eviction():
     bed.check()
 
 
+@async_test
+async def test_r31a_r23_a_newcomer_the_limit_blocks_starves_though_its_group_limit_is_below_its_need():
+    # Limit 3, group "small" limited to 2 (no leases there: exclude, R27). a holds a reusable
+    # lease of the whole limit; b asks 3 in "small": the group has room for 2, the account for
+    # 0, so the limit stopped it (R23), and the end of a's lease would serve it: it starves
+    # (R31a) and a's reports no longer extend the lease.
+    bed = Bed(3, group_limit={"small": 2}, leases=REUSE_FIRST)
+    (r,) = await bed.round(request("a", {"big": 5}, leases=[], oldest_at=1))
+    lid = only(r)["leaseId"]
+    assert only(r)["permits"] == 3
+    await bed.clock.advance(2000)
+    (rb,) = await bed.round(request("b", {"small": 3}, leases=[], oldest_at=2))
+    assert rb["grants"] == [] and blocked(rb) == {"small": ("limit", 3)}
+    assert read_meta(bed.sem.storage)["starving"] == 1
+    before = bed.leases()[lid]["expires_at"]
+    await bed.clock.advance(5000)
+    await bed.one(sync("a", leases=[(lid, 4, 1)]))
+    assert bed.leases()[lid]["expires_at"] == before
+    # a stops its lease (its queue does before it expires); b gets what its group allows, and
+    # waits for its group, not the limit: a full group starves nobody under exclude.
+    await bed.clock.advance(before - bed.now - 500)
+    await bed.one(sync("a", leases=[(lid, 6, 6, True)]))
+    (rb,) = await bed.round(request("b", {"small": 3}, leases=[], oldest_at=2))
+    assert [g["permits"] for g in rb["grants"]] == [2] and blocked(rb) == {"small": ("group_limit", 1)}
+    await bed.clock.advance(2000)
+    (rc,) = await bed.round(request("c", {"small": 1}, leases=[], oldest_at=3))
+    assert rc["grants"] == [] and blocked(rc) == {"small": ("group_limit", 1)}  # room 1, group 0
+    assert read_meta(bed.sem.storage)["starving"] == 0
+    bed.check()
+
+
 # ====================================================================== R28a
 @async_test
 async def test_r28a_lease_first_shares_the_budget_as_leases_before_grants_each_at_most_its_need():
-    # limit 10, three lease-capable clients and one without leases, all waiting.
+    # limit 10, three lease-capable clients and a younger one without leases, all waiting.
     bed = Bed(10, leases={**REUSE_FIRST, "permitsPerLease": 64})
     replies = await bed.round(request("a", {"g": 9}, leases=[], oldest_at=1),
                               request("b", {"g": 2}, leases=[], oldest_at=2),
                               request("c", {"g": 9}, leases=[], oldest_at=3),
-                              request("d", {"g": 5}, oldest_at=0))
+                              request("d", {"g": 5}, oldest_at=4))
     ra, rb, rc, rd = replies
     # R28a: budget 10 over 3 candidates -> share 3; b's lease is capped at its need 2.
     assert [x["permits"] for x in ra["leases"]] == [3]
     assert [x["permits"] for x in rb["leases"]] == [2]
     assert [x["permits"] for x in rc["leases"]] == [3]
-    # Grants serve what is left (10 - 8 = 2), oldest first: d (oldest_at 0) gets both.
-    assert [g["permits"] for g in rd["grants"]] == [2] and ra["grants"] == [] and rc["grants"] == []
+    # Grants serve what is left (10 - 8 = 2), oldest first: a's remaining need (oldest_at 1)
+    # gets both; d, younger than every lease, waits.
+    assert [g["permits"] for g in ra["grants"]] == [2] and rd["grants"] == [] and rc["grants"] == []
     assert await charged(bed) == 10
-    assert blocked(ra) == {"g": ("limit", 6)} and blocked(rd) == {"g": ("limit", 3)}
+    assert blocked(ra) == {"g": ("limit", 4)} and blocked(rd) == {"g": ("limit", 5)}
+    bed.check()
+
+
+@async_test
+async def test_r28a_a_lease_takes_only_what_older_entries_that_cannot_take_one_leave():
+    # R28a with R21: d (no leases, R5) is older than every candidate, so it is served its grant
+    # before their leases are sized; c (no leases) is older than b and is served before b's
+    # lease; e (no leases) is younger than b, the last lease, and waits behind the leases as
+    # before. Limit 12, two candidates (a, b): share min(64, 12 // 2) = 6.
+    bed = Bed(12, leases={**REUSE_FIRST, "permitsPerLease": 64})
+    ra, rb, rc, rd, re = await bed.round(request("a", {"g": 9}, leases=[], oldest_at=1),
+                                         request("b", {"g": 9}, leases=[], oldest_at=3),
+                                         request("c", {"g": 1}, oldest_at=2),
+                                         request("d", {"g": 4}, oldest_at=0),
+                                         request("e", {"g": 4}, oldest_at=4))
+    # d: a grant of 4 (room 12 -> 8); a: a lease of 6 (-> 2); c: a grant of 1 (-> 1);
+    # b: a lease of min(6, 1) = 1; then grants from nothing: a's 3, b's 8 and e's 4 wait.
+    assert [g["permits"] for g in rd["grants"]] == [4] and rd["leases"] == []
+    assert [x["permits"] for x in ra["leases"]] == [6] and ra["grants"] == []
+    assert [g["permits"] for g in rc["grants"]] == [1]
+    assert [x["permits"] for x in rb["leases"]] == [1] and rb["grants"] == []
+    assert re["grants"] == [] and blocked(re) == {"g": ("limit", 4)}
+    assert blocked(ra) == {"g": ("limit", 3)} and blocked(rb) == {"g": ("limit", 8)}
+    assert await charged(bed) == 12
     bed.check()
 
 
@@ -759,3 +817,70 @@ async def test_a_new_item_of_another_key_is_not_held_up_by_held_requests():
     assert "b0" in started
     assert started["b0"] - t <= 3000, f"b0 of key B started {started['b0'] - t} ms after its enqueue"
     _stop(c)
+
+
+# ====================================================================== the queue under a standing backlog (R21, R28a, R31a)
+def backlog(limit: int, leases: dict, b_options: dict, **holder_options):
+    """A holder and two clients whose items each run 1 s: ``a`` (leases on) and ``b``
+    (``b_options`` to its queue); ``starts`` records when each item started."""
+    clock = SimClock(T0)
+    holder = HolderSide(clock, limit=limit, leases=leases, **holder_options)
+    net = Net(holder, clock)
+    starts: dict[str, int] = {}
+
+    async def work(item) -> None:
+        starts[item.item_id] = clock.now
+        await clock.sleep(1000)
+
+    a = ClientSide("a", clock, net, work=work)
+    b = ClientSide("b", clock, net, work=work, **b_options)
+    return clock, a, b, starts
+
+
+async def keep_busy(clock: SimClock, queue, group: str) -> None:
+    """Five items at once, then one every 200 ms: more work than the limit runs, for ever."""
+    for n in itertools.count():
+        await queue.enqueue("acct", group, f"a{n}")
+        if n >= 4:
+            await clock.sleep(200)
+
+
+@async_test
+async def test_r31a_r23_through_the_queue_a_newcomer_in_a_group_capped_below_its_need_is_served_within_ttl():
+    # a's reusable lease holds the whole limit (3) and a always has more queued than it runs;
+    # b asks 3 in "small" (group limit 2). Blocked by the limit (R23), b starves (R31a), so a's
+    # lease is not extended and ends within ttlMs; by then b's items are older than anything a
+    # has queued and are served first (R21, R28a). Before, b waited for ever (group_limit, not
+    # counted as starving, and each new lease of a sized before b's grant).
+    clock, a, b, starts = backlog(3, REUSE_FIRST, {}, group_limit={"small": 2})
+    feeder = asyncio.ensure_future(keep_busy(clock, a.queue, "big"))
+    await clock.advance(3000)
+    asked = clock.now
+    for i in range(3):
+        await b.queue.enqueue("acct", "small", f"b{i}")
+    await clock.advance(TTL + 5000)
+    assert {"b0", "b1"} <= set(starts), starts
+    assert max(starts["b0"], starts["b1"]) - asked <= TTL + 5000
+    await clock.advance(5000)
+    assert "b2" in starts  # the group's third, once one of its two ends
+    feeder.cancel()
+    stop_all({"a": a, "b": b})
+
+
+@pytest.mark.parametrize("reusable", [True, False], ids=["reusable", "one_shot"])
+@async_test
+async def test_r28a_r31a_through_the_queue_a_client_without_leases_is_served_within_ttl(reusable: bool):
+    # b's queue has leases=False (its requests carry no `leases`, R5) and one item, which soon
+    # is older than everything a has queued. a's leases never take what b, older, could use
+    # (R28a), and b starves while a reusable lease holds the limit (R31a): b's item starts
+    # within ttlMs. Before, every permit freed went to a's next lease and b got nothing.
+    clock, a, b, starts = backlog(2, {**REUSE_FIRST, "reusable": reusable}, {"leases": False})
+    feeder = asyncio.ensure_future(keep_busy(clock, a.queue, "g"))
+    await clock.advance(3000)
+    asked = clock.now
+    await b.queue.enqueue("acct", "g", "b0")
+    await clock.advance(TTL + 5000)
+    assert "b0" in starts and starts["b0"] - asked <= TTL + 5000, starts.get("b0")
+    assert len([i for i in starts if i.startswith("a")]) > 10  # and a ran all along
+    feeder.cancel()
+    stop_all({"a": a, "b": b})

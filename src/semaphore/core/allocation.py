@@ -154,8 +154,9 @@ def allocate(
 
     Entries are served oldest first (``oldest_at``, then arrival, then client id); each gets
     ``min(need, room under limit, room under its group limit)`` as one grant (SPEC R21). Leases
-    are then issued from what the provisioning mode leaves (SPEC R25-R28). Every entry left with
-    need is reported with the first constraint that stopped it (SPEC R23).
+    are then issued from what the provisioning mode leaves (SPEC R25-R28), or first with
+    ``leaseFirst`` (R28a, :func:`_lease_first`). Every entry left with need is reported with the
+    first constraint that stopped it (SPEC R23).
 
     Room is what the round's current limits leave above the charged ``usage`` (I1): confirmed
     claims stay charged until released and nothing here takes back a grant or a lease (R18), so
@@ -164,15 +165,7 @@ def allocate(
     ordered = sorted(entries, key=_ORDER)
     group_charged = dict(usage.groups)
     if leases is not None and leases.lease_first and not isinstance(limit, _LimitError):
-        # SPEC R28a: leases first, each at most its need; grants serve what the leases leave.
-        _issue_leases(ordered, limit, 0, usage, leases, group_limits, group_charged, result, cap_need=True)
-        leased = sum(result.leases.values())
-        usage = replace(usage, leases=usage.leases + leased)
-        ordered = [replace(e, need=e.need - result.leases.get(e.key, 0)) if e.key in result.leases else e
-                   for e in ordered]
-        room = max(0, _grant_room(limit, usage, leases))
-        left, reasons, _ = _serve_grants(ordered, room, False, group_limits, group_charged, result)
-        _report_blocked(ordered, left, reasons, result)
+        _lease_first(ordered, limit, usage, leases, group_limits, group_charged, result)
         return result
     room = 0 if isinstance(limit, _LimitError) else max(0, _grant_room(limit, usage, leases))
     left, reasons, granted_total = _serve_grants(
@@ -194,47 +187,55 @@ def _serve_grants(
     group_charged: dict[str, int],
     result: Allocation,
 ) -> tuple[dict[Key, int], dict[Key, BlockedReason], int]:
-    """SPEC R21-R23: serve ``ordered`` (oldest first) from ``room``: each entry with need gets
-    ``min(need, room, room under its group limit)`` as one grant in ``result.grants``
-    (``group_charged`` grows by it). An entry left with need gets the first constraint that
-    stopped it: ``not_permitted`` (R22), ``limit_resolution_error`` (R12), ``group_limit``,
-    ``limit``. Returns what each such entry still needs, its reason, and the permits granted."""
+    """SPEC R21-R23: serve ``ordered`` (oldest first) from ``room``, each entry by
+    :func:`_grant_one`. Returns what each entry left with need still needs, its reason, and the
+    permits granted."""
     granted_total = 0
     reasons: dict[Key, BlockedReason] = {}
     left: dict[Key, int] = {}
-
-    def group_room(group: str) -> int | None:
-        gl = group_limits.get(group)
-        if gl is None or isinstance(gl, _LimitError):
-            return None
-        return max(0, gl - group_charged.get(group, 0))
-
     for e in ordered:
-        if e.need <= 0:
-            continue
-        key = e.key
-        gl = group_limits.get(e.group)
-        if not e.permitted:
-            reasons[key], left[key] = BlockedReason.NOT_PERMITTED, e.need
-            continue
-        if limit_failed or isinstance(gl, _LimitError):
-            reasons[key], left[key] = BlockedReason.LIMIT_RESOLUTION_ERROR, e.need
-            continue
-        g_room = group_room(e.group)
-        give = min(e.need, room) if g_room is None else min(e.need, room, g_room)
-        if give > 0:
-            result.grants[key] = give
-            room -= give
-            granted_total += give
-            group_charged[e.group] = group_charged.get(e.group, 0) + give
-        if give < e.need:
-            left[key] = e.need - give
-            reasons[key] = (
-                BlockedReason.GROUP_LIMIT
-                if g_room is not None and g_room < e.need
-                else BlockedReason.LIMIT
-            )
+        give = _grant_one(e, room, limit_failed, group_limits, group_charged, result, left, reasons)
+        room -= give
+        granted_total += give
     return left, reasons, granted_total
+
+
+def _grant_one(
+    e: Entry,
+    room: int,
+    limit_failed: bool,
+    group_limits: Mapping[str, int | None | _LimitError],
+    group_charged: dict[str, int],
+    result: Allocation,
+    left: dict[Key, int],
+    reasons: dict[Key, BlockedReason],
+) -> int:
+    """SPEC R21-R23: an entry with need gets ``min(need, room, room under its group limit)`` as
+    one grant in ``result.grants`` (``group_charged`` grows by it); returns the permits given.
+    Left with need, it goes in ``left`` with the first constraint that stopped it:
+    ``not_permitted`` (R22), ``limit_resolution_error`` (R12), then whichever of its group's
+    room and the account's ``room`` ran out first: ``group_limit`` when the group's room is no
+    more than the account's (so a group that is full reports ``group_limit``), else ``limit``
+    (a group with room for 2 under an account with room for 0 was stopped by the limit)."""
+    if e.need <= 0:
+        return 0
+    key = e.key
+    gl = group_limits.get(e.group)
+    if not e.permitted:
+        reasons[key], left[key] = BlockedReason.NOT_PERMITTED, e.need
+        return 0
+    if limit_failed or isinstance(gl, _LimitError):
+        reasons[key], left[key] = BlockedReason.LIMIT_RESOLUTION_ERROR, e.need
+        return 0
+    g_room = None if gl is None else max(0, gl - group_charged.get(e.group, 0))
+    give = min(e.need, room) if g_room is None else min(e.need, room, g_room)
+    if give > 0:
+        result.grants[key] = result.grants.get(key, 0) + give
+        group_charged[e.group] = group_charged.get(e.group, 0) + give
+    if give < e.need:
+        left[key] = e.need - give
+        reasons[key] = BlockedReason.GROUP_LIMIT if g_room is not None and g_room <= room else BlockedReason.LIMIT
+    return give
 
 
 def _report_blocked(
@@ -248,6 +249,43 @@ def _report_blocked(
             result.blocked.append((e.client_id, e.group, reasons[e.key], waiting))
 
 
+def _lease_eligible(e: Entry, config: LeaseConfig, group_limits: Mapping[str, int | None | _LimitError]) -> bool:
+    """Whether an entry may take a lease this round: a candidate (R26) that ``canGrant``
+    permits (R22) in a group whose limit resolved and admits leases (R27)."""
+    if not (e.lease_candidate and e.permitted):
+        return False
+    gl = group_limits.get(e.group)
+    if isinstance(gl, _LimitError):
+        return False
+    return gl is None or config.limited_groups is LimitedGroups.WITHIN_GROUP_LIMIT
+
+
+def _lease_plan(candidates: list[Entry], budget: int, config: LeaseConfig) -> dict[Key, int]:
+    """SPEC R28: each candidate's share of the lease ``budget`` (in ``oldestAt`` order):
+    ``min(permitsPerLease, floor(budget / candidates))``, or one each for the oldest ``budget``
+    candidates when that is zero."""
+    if not candidates or budget <= 0:
+        return {}
+    share = min(config.permits_per_lease, budget // len(candidates))
+    if share == 0:  # fewer permits than candidates: the oldest get one each (SPEC R28)
+        return {e.key: 1 for e in candidates[:budget]}
+    return {e.key: share for e in candidates}
+
+
+def _issue_lease(e: Entry, permits: int, group_limits: Mapping[str, int | None | _LimitError],
+                 group_charged: dict[str, int], result: Allocation) -> int:
+    """Issue ``e`` a lease of ``permits``, at most its group's room where lease footprint counts
+    against the group limit (``withinGroupLimit``, R27); returns the permits issued."""
+    gl = group_limits.get(e.group)
+    if isinstance(gl, int):
+        permits = min(permits, max(0, gl - group_charged.get(e.group, 0)))
+    if permits <= 0:
+        return 0
+    result.leases[e.key] = permits
+    group_charged[e.group] = group_charged.get(e.group, 0) + permits
+    return permits
+
+
 def _issue_leases(
     ordered: list[Entry],
     limit: int,
@@ -257,35 +295,55 @@ def _issue_leases(
     group_limits: Mapping[str, int | None | _LimitError],
     group_charged: dict[str, int],
     result: Allocation,
-    cap_need: bool = False,
 ) -> None:
     """SPEC R26-R28: the round's new leases in ``result.leases`` from the budget the mode leaves
-    (``cap_need``, R28a: none larger than its entry's need, and an entry without need gets
-    none)."""
-    def eligible(e: Entry) -> bool:  # R26 (the candidate flag), R22, R27
-        if not (e.lease_candidate and e.permitted):
-            return False
-        gl = group_limits.get(e.group)
-        if isinstance(gl, _LimitError):
-            return False
-        return gl is None or config.limited_groups is LimitedGroups.WITHIN_GROUP_LIMIT
+    once the round's grants are served."""
+    candidates = [e for e in ordered if _lease_eligible(e, config, group_limits)]
+    plan = _lease_plan(candidates, max(0, _lease_room(limit, granted_total, usage, config)), config)
+    for e in candidates:
+        if e.key in plan:
+            _issue_lease(e, plan[e.key], group_limits, group_charged, result)
 
-    candidates = [e for e in ordered if eligible(e) and (e.need > 0 or not cap_need)]
-    budget = max(0, _lease_room(limit, granted_total, usage, config))
-    if not candidates or budget <= 0:
-        return
-    share = min(config.permits_per_lease, budget // len(candidates))
-    if share == 0:  # fewer permits than candidates: the oldest get one each (SPEC R28)
-        plan = [(e, 1) for e in candidates[:budget]]
-    else:
-        plan = [(e, share) for e in candidates]
-    for e, permits in plan:
-        gl = group_limits.get(e.group)
-        if isinstance(gl, int):  # withinGroupLimit: footprint counts against the group (R27)
-            permits = min(permits, max(0, gl - group_charged.get(e.group, 0)))
-        if cap_need:
-            permits = min(permits, e.need)
-        if permits <= 0:
-            continue
-        result.leases[e.key] = permits
-        group_charged[e.group] = group_charged.get(e.group, 0) + permits
+
+def _lease_first(
+    ordered: list[Entry],
+    limit: int,
+    usage: Usage,
+    config: LeaseConfig,
+    group_limits: Mapping[str, int | None | _LimitError],
+    group_charged: dict[str, int],
+    result: Allocation,
+) -> None:
+    """SPEC R28a: leases sized before grants, each its R28 share of the lease room computed
+    without the round's grants and at most its need, but a lease takes only what older entries
+    leave: walking the entries oldest first up to the last planned lease, an entry with need that
+    cannot take a lease (R5, R22, R26, R27) is served its grant (R21) at its turn, and each
+    planned lease is at most the lease room left at its turn. The entries' remaining need is then
+    served by grants, oldest first, from what is left; every entry left with need is reported
+    (R23)."""
+    candidates = [e for e in ordered if e.need > 0 and _lease_eligible(e, config, group_limits)]
+    plan = _lease_plan(candidates, max(0, _lease_room(limit, 0, usage, config)), config)
+    left: dict[Key, int] = {}
+    reasons: dict[Key, BlockedReason] = {}
+    served_early: set[Key] = set()
+    granted = leased = 0
+    to_plan = len(plan)
+    for e in ordered:
+        if not to_plan:
+            break
+        now = Usage(grants=usage.grants + granted, leases=usage.leases + leased)
+        if e.key in plan:
+            to_plan -= 1
+            room = max(0, _lease_room(limit, 0, now, config))
+            leased += _issue_lease(e, min(plan[e.key], e.need, room), group_limits, group_charged, result)
+        elif e.need > 0 and not _lease_eligible(e, config, group_limits):
+            served_early.add(e.key)
+            room = max(0, _grant_room(limit, now, config))
+            granted += _grant_one(e, room, False, group_limits, group_charged, result, left, reasons)
+    rest = [replace(e, need=e.need - result.leases.get(e.key, 0)) if e.key in result.leases else e
+            for e in ordered if e.key not in served_early]
+    room = max(0, _grant_room(limit, Usage(grants=usage.grants + granted, leases=usage.leases + leased), config))
+    more_left, more_reasons, _ = _serve_grants(rest, room, False, group_limits, group_charged, result)
+    left.update(more_left)
+    reasons.update(more_reasons)
+    _report_blocked(ordered, left, reasons, result)
