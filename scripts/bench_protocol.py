@@ -18,7 +18,9 @@ for two workloads: a standing backlog (20 client objects keeping 50 items queued
 demand always above the limit) and a bursty one (the simulator's bursts). Per mode it prints
 utilization (running / limit over the whole run, and while items waited), admission latency
 (enqueue to start) and freed-to-start latency percentiles, holder calls per admitted item and the
-worst overshoot, and each as a ratio against (a). Modes (b) to (e) run the REAL holder, client and
+worst overshoot, and each as a ratio against (a); then what each costs on Cloudflare (billed
+requests and active object-seconds per item, dollars per million items, from the published prices:
+:mod:`semaphore.simulate.cost`), with its ratio against (a). Modes (b) to (e) run the REAL holder, client and
 queue code through :mod:`semaphore.simulate`; (a) runs on the same virtual clock with the same
 arrivals and job durations (:func:`~semaphore.simulate.plan_arrivals`,
 :func:`~semaphore.simulate.job_duration`).
@@ -43,6 +45,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from semaphore.simulate import Scenario, job_duration, percentiles, plan_arrivals, run_scenario  # noqa: E402
+from semaphore.simulate.cost import PRICES, PRICING_SOURCE, ActiveTime, Cost, Usage, cost  # noqa: E402
 from semaphore.simulate.engine import RunningTime  # noqa: E402
 from semaphore.testing import T0, LocalStorage, SimClock  # noqa: E402
 
@@ -80,6 +83,7 @@ class Row:
     overshoot: int
     admitted: int
     wall_s: float
+    cost: Cost
 
 
 # ------------------------------------------------------------------------------ (a) the naive one
@@ -126,6 +130,9 @@ class NaiveRun(RunningTime):
         self.last_t = self.clock.now
         self.rng = random.Random(f"{scenario.seed}:naive")
         self.tasks: set[asyncio.Task[None]] = set()
+        #: per client object: active while one of its items waits in memory to retry acquire()
+        #: (a pending timer keeps the object from hibernating); the calls themselves take no time
+        self.active: dict[int, ActiveTime] = {}
 
     def spawn(self, client: int, duration: int | None = None, *, backlog: bool = False) -> None:
         """Queue one item of client object ``client``, named as the simulator names it
@@ -140,9 +147,14 @@ class NaiveRun(RunningTime):
 
     async def item(self, client: int, item_id: str, duration: int | None, backlog: bool, enqueued: int) -> None:
         backoff = 250
-        while not await self.sem.acquire():
-            await self.clock.sleep(int(backoff * self.rng.uniform(0.5, 1.5)))  # jittered, seeded
-            backoff = min(2000, backoff * 2)
+        active = self.active.setdefault(client, ActiveTime())
+        active.begin(self.clock.now)
+        try:
+            while not await self.sem.acquire():
+                await self.clock.sleep(int(backoff * self.rng.uniform(0.5, 1.5)))  # jittered, seeded
+                backoff = min(2000, backoff * 2)
+        finally:
+            active.end(self.clock.now)
         self._account()
         self.queued -= 1
         self.running += 1
@@ -192,7 +204,14 @@ class NaiveRun(RunningTime):
         return Row("naive", util, self.area_backlog / (self.backlog_ms * limit) if self.backlog_ms else None,
                    percentiles(self.waits), percentiles(self.free_to_start),
                    self.sem.calls / self.admitted if self.admitted else None, self.max_running - limit,
-                   self.admitted, wall_s)
+                   self.admitted, wall_s, cost(self.usage(), self.admitted))
+
+    def usage(self) -> Usage:
+        """Every call a billed request to the naive object (which answers at once: no active time
+        of its own); the client objects active while items wait to retry."""
+        now = self.clock.now
+        return Usage(holder_calls=self.sem.calls, holder_alarms=0, client_alarms=0, holder_active_s=0.0,
+                     client_active_s=sum(a.total_ms(now) for a in self.active.values()) / 1000)
 
 
 # ------------------------------------------------------------------------------ (b), (c): the library
@@ -209,8 +228,9 @@ def library_row(mode: str, scenario: Scenario) -> Row:
     r = run_scenario(s)
     over = max(r.max_running_over, r.max_charged_over) if leases in ("off", "strict", "under") \
         else r.max_running_over
+    assert r.usage is not None
     return Row(mode, r.utilization, r.utilization_backlog, r.latency_ms, r.free_to_start_ms,
-               r.per_item(r.calls), over, r.admitted, r.wall_s)
+               r.per_item(r.calls), over, r.admitted, r.wall_s, cost(r.usage, r.admitted))
 
 
 # ------------------------------------------------------------------------------ the table
@@ -238,6 +258,14 @@ def table(workload: str, rows: list[Row]) -> str:
             " | holder calls / item | overshoot | admitted | vs naive: util / util waiting / calls / wait p95"
             " / freed-to-start p50 |")
     lines = [f"workload: {workload}", head, "|" + " --- |" * 9]
+    costs = [f"cost, {workload}: | mode | billed requests / item | active object-s / item | USD per million items"
+             " | vs naive |", "|" + " --- |" * 5]
+    for r in rows:
+        c = r.cost
+        vs_naive = "-" if base is None or r is base else _ratio(c.usd_per_million_items,
+                                                                base.cost.usd_per_million_items)
+        costs.append(f"| {r.mode} | {_num(c.requests_per_item)} | {_num(c.active_s_per_item)} | "
+                     f"{_usd(c.usd_per_million_items)} | {vs_naive} |")
     for r in rows:
         vs = "-" if base is None or r is base else " / ".join((
             _ratio(r.utilization, base.utilization), _ratio(r.utilization_backlog, base.utilization_backlog),
@@ -250,7 +278,17 @@ def table(workload: str, rows: list[Row]) -> str:
             f"{_ms(r.free_to_start, 'p50')} / {_ms(r.free_to_start, 'p95')} | "
             f"{'-' if r.calls_per_item is None else f'{r.calls_per_item:.3f}'} | {max(0, r.overshoot)} | "
             f"{r.admitted} | {vs} |")
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n\n" + "\n".join(costs) + (
+        f"\n(prices: ${PRICES.usd_per_million_requests}/M requests, ${PRICES.usd_per_million_gb_s}/M GB-s at "
+        f"{PRICES.gb_per_object * 1000:.0f} MB per object; {PRICING_SOURCE})")
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def _usd(x: float | None) -> str:
+    return "-" if x is None else f"${x:.2f}"
 
 
 def main(argv: list[str] | None = None) -> int:

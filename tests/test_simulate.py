@@ -29,6 +29,7 @@ from semaphore.simulate import (
     save_scenario,
 )
 from semaphore.simulate.__main__ import main, parser
+from semaphore.simulate.cost import ActiveTime, Prices, Usage, cost
 from semaphore.simulate.report import CSV_COLUMNS, describe, figures, overload, summary
 from semaphore.simulate.scenario import NO_VALUE
 from semaphore.testing import T0
@@ -169,6 +170,48 @@ def test_scripts_demo_writes_into_the_callers_folder(tmp_path):
 
 
 SMALL = Scenario(run_s=90, clients=4, limit=6, burst_size=6, burst_every_s=30, backlog=2, backlog_clients=1)
+
+
+def test_active_time_counts_overlapping_activities_once():
+    a = ActiveTime()
+    a.begin(0)
+    a.begin(100)  # a second call while the first is in progress
+    a.end(300)
+    a.end(500)  # busy 0..500
+    a.begin(1000)
+    assert a.total_ms(1200) == 700  # and 1000..1200, still open
+    a.end(1400)
+    assert a.total_ms(9999) == 900
+
+
+def test_cost_prices_requests_and_duration_by_the_published_prices():
+    # 1,000 calls + 150 holder alarms + 850 client alarms = 2,000 requests: 2,000 * 0.15 / 1e6 USD;
+    # 40 s of active objects at 128 MB: 5.12 GB-s * 12.50 / 1e6 USD; per million of 500 items.
+    usage = Usage(holder_calls=1000, holder_alarms=150, client_alarms=850, holder_active_s=10.0, client_active_s=30.0)
+    c = cost(usage, 500)
+    assert usage.requests == 2000 and usage.active_s == 40.0
+    assert c.usd_requests == pytest.approx(2000 * 0.15 / 1e6)
+    assert c.usd_duration == pytest.approx(40 * 0.128 * 12.5 / 1e6)
+    assert c.usd_per_million_items == pytest.approx((0.0003 + 0.000064) * 2000)
+    assert c.requests_per_item == 4.0 and c.active_s_per_item == 0.08
+    assert cost(usage, 0).usd_per_million_items is None
+    assert cost(usage, 500, Prices(usd_per_million_requests=0.0, usd_per_million_gb_s=0.0)).usd == 0.0
+
+
+def test_a_run_counts_every_holder_call_and_alarm_as_billed_requests():
+    r = run_scenario(SMALL)
+    assert r.usage is not None
+    assert r.usage.holder_calls == r.calls  # no network faults: every message sent is delivered
+    assert r.usage.client_alarms > 0  # the queues' wake-ups
+    assert 0 < r.usage.holder_active_s <= SMALL.run_s  # rounds keep requests waiting, not longer than the run
+    assert 0 < r.usage.client_active_s <= SMALL.run_s * SMALL.clients
+    text = summary(r)
+    assert "billed requests per item" in text and "USD per million items" in text
+    data = figures(r)
+    assert data["billed_requests"] == r.usage.requests and data["usd_per_million_items"] > 0
+    json.dumps(data)  # plain data
+
+
 
 
 def test_the_same_seed_gives_the_same_numbers():

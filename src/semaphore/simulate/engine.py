@@ -26,6 +26,7 @@ from typing import Any
 
 from ..core.config import LeaseConfig
 from ..testing import T0, ClientSide, HolderSide, Net, SimClock
+from .cost import ActiveTime, Usage
 from .scenario import Scenario, ScenarioError
 
 __all__ = ["KEY", "Arrival", "Message", "Sample", "Result", "Simulation", "plan_arrivals", "job_duration",
@@ -109,6 +110,8 @@ class Result:
     samples: list[Sample] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     wall_s: float = 0.0
+    #: What the run used as Cloudflare bills it (:mod:`semaphore.simulate.cost`).
+    usage: Usage | None = None
 
     @property
     def max_running_over(self) -> int:
@@ -298,7 +301,7 @@ class Simulation(RunningTime):
         config = LeaseConfig.parse(leases)
         self.ceiling = scenario.limit + (config.extra(scenario.limit) if config else 0)
         self.holder = HolderSide(self.clock, **self._holder_options(leases))
-        self.net = Net(self.holder, self.clock, random.Random(f"{scenario.seed}:net"),
+        self.net = Net(self._holder_call, self.clock, random.Random(f"{scenario.seed}:net"),
                        lose_request=scenario.lose_request, lose_reply=scenario.lose_reply,
                        duplicate=scenario.duplicate, delay=scenario.delay, max_delay_ms=scenario.max_delay_ms)
         self.sides = [ClientSide(f"c{i}", self.clock, self.transport, on_admit=self.on_admit,
@@ -349,6 +352,13 @@ class Simulation(RunningTime):
         self.problems: list[str] = []
         self.tasks: set[asyncio.Task[Any]] = set()
         self.client_evictions = self.holder_evictions = 0
+        #: Active time (cost): the holder's (a call in progress), each client object's (a holder
+        #: call awaited), and alarm invocations of holder instances evicted since.
+        self.holder_active = ActiveTime()
+        self.client_active: dict[str, ActiveTime] = {}
+        self.holder_calls = 0
+        self._holder_alarms_gone = 0
+        self._usage: Usage | None = None  # taken at the end of the run, before the objects stop
         self.wall0 = time.perf_counter()
 
     @property
@@ -370,9 +380,32 @@ class Simulation(RunningTime):
             self.sync_reasons[reason] = self.sync_reasons.get(reason, 0) + 1
         for hook in self.hooks:
             hook(Message(self.now, client, kind, reason, message))
-        reply = await self.net(key, message)
+        active = self.client_active.setdefault(client, ActiveTime())
+        active.begin(self.clock.now)
+        try:
+            reply = await self.net(key, message)
+        finally:
+            active.end(self.clock.now)
         self._sample_charged()
         return reply
+
+    async def _holder_call(self, message: dict[str, Any]) -> dict[str, Any]:
+        """A message delivered to the holder object: one billed call, active until answered."""
+        self.holder_calls += 1
+        self.holder_active.begin(self.clock.now)
+        try:
+            return await self.holder.handle(message)
+        finally:
+            self.holder_active.end(self.clock.now)
+
+    def usage(self) -> Usage:
+        """What the run used so far, as Cloudflare bills it (:class:`~semaphore.simulate.cost.Usage`)."""
+        now = self.clock.now
+        return Usage(holder_calls=self.holder_calls,
+                     holder_alarms=self._holder_alarms_gone + self.holder.driver.fired,
+                     client_alarms=sum(side.driver.fired for side in self.sides),
+                     holder_active_s=self.holder_active.total_ms(now) / 1000,
+                     client_active_s=sum(a.total_ms(now) for a in self.client_active.values()) / 1000)
 
     def _sample_charged(self) -> int:
         charged, _ = self.holder.charged()
@@ -515,6 +548,7 @@ class Simulation(RunningTime):
                 self.rng.choice(self.sides).evict()
                 self.client_evictions += 1
             if self.rng.random() < s.evict_holder_p:
+                self._holder_alarms_gone += self.holder.driver.fired  # evict() replaces the driver
                 self.holder.evict()
                 self.holder_evictions += 1
 
@@ -536,6 +570,7 @@ class Simulation(RunningTime):
         self._start_backlog()
         await self.clock.advance_to(self.t0 + self.run_ms)
         self._account()
+        self._usage = self.usage()
         if self.samples and self.samples[-1].t_ms == self.now:
             self._count_blocked()  # the last interval's blocked time; its row is there already
         else:
@@ -568,7 +603,8 @@ class Simulation(RunningTime):
             blocked_ms=dict(sorted(self.blocked_ms.items(), key=lambda kv: (-kv[1], kv[0]))),
             net=dict(self.net.stats), client_evictions=self.client_evictions,
             holder_evictions=self.holder_evictions, samples=list(self.samples),
-            problems=list(self.problems), wall_s=time.perf_counter() - self.wall0)
+            problems=list(self.problems), wall_s=time.perf_counter() - self.wall0,
+            usage=self._usage or self.usage())
 
 
 async def simulate(scenario: Scenario, *, on_message: list[MessageHook] | MessageHook | None = None,

@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from .cost import cost
 from .engine import Result
 
 __all__ = ["summary", "overload", "offered_load", "write_csv", "figures", "CSV_COLUMNS"]
@@ -24,6 +25,10 @@ def _pct(x: float | None) -> str:
 
 def _ms(stats: dict[str, float], key: str) -> str:
     return f"{stats[key] / 1000:.2f} s" if key in stats else "-"
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
 
 
 def _per(result: Result, n: int) -> str:
@@ -102,6 +107,20 @@ def summary(result: Result) -> str:
          + "".join(f", {n} {k}" for k, n in r.sync_reasons.items())),
         ("blocked item-seconds by reason", ", ".join(f"{k} {v / 1000:.0f}" for k, v in r.blocked_ms.items()) or "-"),
     ]
+    if r.usage is not None:
+        c = cost(r.usage, r.admitted)
+        u = r.usage
+        rows += [
+            ("billed requests per item (holder calls + alarms)",
+             f"{_num(c.requests_per_item)} ({u.holder_calls} calls, {u.holder_alarms} holder alarms, "
+             f"{u.client_alarms} client alarms)"),
+            ("active object-seconds per item (holder / clients)",
+             f"{_num(c.active_s_per_item)} ({u.holder_active_s:.0f} s / {u.client_active_s:.0f} s)"),
+            ("USD per million items (requests + duration)",
+             "-" if c.usd_per_million_items is None else
+             f"{c.usd_per_million_items:.2f} ({c.usd_requests * 1e6 / max(1, r.admitted):.2f} + "
+             f"{c.usd_duration * 1e6 / max(1, r.admitted):.2f}; Cloudflare's published prices)"),
+        ]
     if any(r.net[k] for k in r.net if k != "sent") or r.client_evictions or r.holder_evictions:
         faults = ", ".join(f"{k} {v}" for k, v in r.net.items() if k != "sent" and v)
         rows.append(("faults injected", f"{faults or 'no message faults'}; evictions: {r.client_evictions} client, "
@@ -131,7 +150,11 @@ def write_csv(result: Result, path: str | Path) -> Path:
 def figures(result: Result) -> dict[str, Any]:
     """The measured figures as plain data (JSON-compatible; no time series)."""
     data = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)
-            if f.name not in ("scenario", "samples")}
+            if f.name not in ("scenario", "samples", "usage")}
+    if result.usage is not None:
+        c = cost(result.usage, result.admitted)
+        data.update(usage=dataclasses.asdict(result.usage), billed_requests=result.usage.requests,
+                    active_s=result.usage.active_s, usd_per_million_items=c.usd_per_million_items)
     data.update(max_running_over=result.max_running_over, max_charged_over=result.max_charged_over,
                 calls=result.calls, scenario=result.scenario.to_mapping())
     return data
