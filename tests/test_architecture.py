@@ -1,10 +1,13 @@
 """``docs/ARCHITECTURE.md`` maps every rule of ``docs/SPEC.md`` to the one module that decides
-it: every rule and invariant is listed exactly once, the module exists, and its source names the
-rule (so the map cannot drift from the code)."""
+it: every rule and invariant is listed exactly once, the module exists, its source names the
+rule, and every function, class or attribute the row names exists in the module it is named for
+(read with ``ast``), so the map cannot drift from the code."""
 
 from __future__ import annotations
 
+import ast
 import re
+from functools import cache
 from pathlib import Path
 
 from test_spec_coverage import SPEC, spec_rules
@@ -13,6 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 MAP = ROOT / "docs" / "ARCHITECTURE.md"
 LIBRARY = ROOT / "src" / "semaphore"
 ROW = re.compile(r"^\| (R\d+a?|I\d+) \| ([\w/.]+\.py) \|", re.MULTILINE)
+FULL_ROW = re.compile(r"^\| (R\d+a?|I\d+) \| ([\w/.]+\.py) \| (.*) \|$", re.MULTILINE)
+#: A module named inside a row (``core/queue_plan.py``) or dotted (``core.rounds.Pending``).
+MODULE_TOKEN = re.compile(r"^[\w/]+\.py$")
 
 
 def rule_map() -> list[tuple[str, str]]:
@@ -36,6 +42,75 @@ def test_each_home_exists_and_names_its_rule():
         elif not re.search(rf"(?<![A-Za-z0-9]){rule}(?![0-9a-z])", path.read_text(encoding="utf-8")):
             wrong.append(f"{rule}: {module} never mentions it")
     assert not wrong, "\n".join(wrong)
+
+
+@cache
+def defined_names(module: str) -> tuple[frozenset[str], dict[str, frozenset[str]], frozenset[str]]:
+    """What ``module`` (a path under ``src/semaphore``) defines: module-level names (functions,
+    classes, assignments), each class's member names, and its string constants (meta keys,
+    option names)."""
+    tree = ast.parse((LIBRARY / module).read_text(encoding="utf-8"))
+    top: set[str] = set()
+    members: dict[str, frozenset[str]] = {}
+
+    def targets(node: ast.AST) -> list[str]:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return [node.name]
+        if isinstance(node, ast.Assign):
+            return [x.id for x in node.targets if isinstance(x, ast.Name)]
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            return [node.target.id]
+        return []
+
+    for node in tree.body:
+        top.update(targets(node))
+        if isinstance(node, ast.ClassDef):
+            members[node.name] = frozenset(n for child in node.body for n in targets(child))
+    strings = frozenset(n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str))
+    return frozenset(top), members, strings
+
+
+def named_in(module: str, token: str) -> bool:
+    """Whether ``token`` (``name``, ``name()``, ``Class.member`` or ``pkg.module.Name``) is
+    defined in ``module``: a function, class, class member or module-level name, or failing
+    those a string constant of the module (a meta key or an option's wire name)."""
+    token = token.removesuffix("()")
+    top, members, strings = defined_names(module)
+    if "." in token:
+        head, _, name = token.rpartition(".")
+        if head in members:
+            return name in members[head]
+        path = head.removeprefix("semaphore.").replace(".", "/") + ".py"
+        return (LIBRARY / path).exists() and named_in(path, name)
+    return token in top or any(token in m for m in members.values()) or token in strings
+
+
+def named_tokens() -> list[tuple[str, str, str]]:
+    """``(rule, module, token)`` for every backticked name of the map, each with the module it is
+    named for: the row's home, or the module named last before it in the row."""
+    out = []
+    for rule, home, text in FULL_ROW.findall(MAP.read_text(encoding="utf-8")):
+        module = home
+        for token in re.findall(r"`([^`]+)`", text):
+            if MODULE_TOKEN.match(token):
+                module = token
+            elif re.fullmatch(r"[A-Za-z_][\w.]*(\(\))?", token):
+                out.append((rule, module, token))
+    return out
+
+
+def test_every_name_the_map_gives_exists_where_it_says():
+    missing = [f"{rule}: `{token}` is not in {module}" for rule, module, token in named_tokens()
+               if not named_in(module, token)]
+    assert not missing, "\n".join(missing)
+
+
+def test_the_name_check_reads_members_and_refuses_made_up_names():
+    assert named_in("core/allocation.py", "_ORDER") and named_in("core/rows.py", "LeaseRow.footprint")
+    assert named_in("holder/_semaphore.py", "core.rounds.Pending")
+    assert not named_in("core/allocation.py", "Entry.order")  # deleted: it was dead code, R21 is _ORDER's
+    assert not named_in("core/rounds.py", "_no_such_function")
+    assert ("R31a", "core/queue_plan.py", "covered_groups") in named_tokens()
 
 
 def test_the_map_parser_reads_rows():

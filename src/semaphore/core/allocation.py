@@ -63,10 +63,6 @@ class Entry:
         """``(client_id, group)``."""
         return (self.client_id, self.group)
 
-    def order(self) -> tuple[int, int, str]:
-        """Sort key of oldest demand first: ``(oldest_at, arrival, client_id)`` (SPEC R10)."""
-        return (self.oldest_at, self.arrival, self.client_id)
-
 
 @dataclass
 class Usage:
@@ -138,7 +134,8 @@ def _lease_room(limit: int, granted: int, usage: Usage, config: LeaseConfig) -> 
     return limit - charged
 
 
-#: Sort key of :meth:`Entry.order` (evaluated in C).
+#: SPEC R21: entries are served oldest demand first, ``(oldest_at, arrival, client_id)``: ties go
+#: to the request that arrived first in the round (R10), then by client id (evaluated in C).
 _ORDER = attrgetter("oldest_at", "arrival", "client_id")
 
 
