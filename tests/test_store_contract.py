@@ -37,16 +37,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from semaphore.core.allocation import LIMIT_ERROR
 from semaphore.core.config import LeaseConfig
-from semaphore.core.ledger import Reads, Snapshot
-from semaphore.core.rounds import Limits, Pending, Policy, RoundOutcome, round_reads, sync_reads
+from semaphore.core.ledger import Ledger, NotLoadedError, Reads, Snapshot
+from semaphore.core.rounds import Limits, Pending, Policy, RoundOutcome, decide_sync, round_reads, sync_reads
 from semaphore.core.rows import AGGREGATES, GrantRow, LeaseRow
-from semaphore.core.wire import Demand, PermitRequest, SyncMessage, parse_message
+from semaphore.core.wire import Demand, GrantReport, PermitRequest, SyncMessage, parse_message
 from semaphore.holder._store import GRANTS, GROUPS, LEASES, SqlStore, drop_schema, ensure_schema, read_meta
 from semaphore.runtime import Storage
 from semaphore.testing import LocalContext, LocalStorage, check_aggregates
@@ -385,3 +386,66 @@ def test_r2_memory_store_load_returns_copies():
     snapshot.groups["g"]["outstanding"] = 99
     snapshot.meta["outstanding"] = 99
     assert store.state() == before
+
+
+# --- prefetch completeness: a decision looks up only what its Reads loaded -----------------
+def _granted_store() -> tuple[MemoryStore, str]:
+    store = MemoryStore()
+    clients = [Pending("a", 0, [PermitRequest("a", (Demand("g", 2, 0),))])]
+    outcome = run_round(store, T0, clients, resolve_limits(store, clients, limit=5),
+                        Policy(new_id=lambda: "gid-1", new_secret=lambda: bytes(32)))
+    assert outcome is not None and "gid-1" in store.grants
+    return store, "gid-1"
+
+
+def test_r2_a_lookup_of_a_row_the_reads_did_not_name_raises_instead_of_reading_not_found():
+    # R2 (one decision over the rows loaded for it): a Reads that forgot an id would make the
+    # decision answer "not found" for a row that exists; the ledger refuses the lookup instead.
+    store, gid = _granted_store()
+    ledger = Ledger(store.load(Reads(clients=frozenset({"b"})), None))  # not a's rows, not gid
+    with pytest.raises(NotLoadedError, match="grant 'gid-1'"):
+        ledger.grants.get(gid)
+    with pytest.raises(NotLoadedError):
+        _ = gid in ledger.grants
+    # a reported id that is named but absent is truly not found; what the decision writes is known
+    named = Ledger(store.load(Reads(grant_ids=frozenset({"gone"})), None))
+    assert named.grants.get("gone") is None
+    loaded = Ledger(store.load(Reads(clients=frozenset({"a"})), None))
+    g = loaded.grants[gid]
+    loaded.delete_grant(g)
+    assert loaded.grants.get(gid) is None  # loaded, then deleted by this decision
+    # a hand-built snapshot (no reads) is not checked
+    assert Ledger(Snapshot()).grants.get("anything") is None
+
+
+def test_r2_a_sync_whose_reads_miss_its_reported_grant_fails_loudly():
+    # The same through a decision: decide_sync over a ledger loaded without the reported id.
+    store, gid = _granted_store()
+    message = SyncMessage("a", (GrantReport(gid, 1, 0),))
+    wrong = Ledger(store.load(Reads(clients=frozenset({"b"})), None))
+    with pytest.raises(NotLoadedError):
+        decide_sync(wrong, T0 + 1, message, Policy(new_id=lambda: "x", new_secret=lambda: bytes(32)),
+                    False, T0, 0)
+    right = Ledger(store.load(sync_reads(T0 + 1, message), None))
+    reply = decide_sync(right, T0 + 1, message, Policy(new_id=lambda: "x", new_secret=lambda: bytes(32)),
+                        False, T0, 0)
+    assert reply["grants"][0]["claimed"] == 1
+
+
+def test_r2_selections_and_aggregates_need_their_reads():
+    store, _ = _granted_store()
+    ledger = Ledger(store.load(Reads(clients=frozenset({"a"})), None))
+    with pytest.raises(NotLoadedError, match="grants due"):
+        ledger.due_grants(T0)
+    with pytest.raises(NotLoadedError, match="leases expired"):
+        ledger.expired_leases(T0)
+    with pytest.raises(NotLoadedError, match="every live lease"):
+        ledger.live_leases()
+    with pytest.raises(NotLoadedError, match="aggregates"):
+        ledger.group_usage(["g"])
+    covered = Ledger(store.load(Reads(due_at=T0, expired_at=T0, live_lease_groups=frozenset({"g"}),
+                                      groups=frozenset({"g"})), None))
+    assert covered.due_grants(T0) == [] and covered.live_leases(["g"]) == []
+    assert covered.group_usage(["g"])["g"]["outstanding"] == 2
+    with pytest.raises(NotLoadedError):
+        covered.due_grants(T0 + 1)  # later than the reads' due_at

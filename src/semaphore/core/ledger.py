@@ -14,10 +14,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from .rows import AGGREGATES, GrantRow, LeaseRow
 
-__all__ = ["Reads", "Snapshot", "Changes", "Ledger"]
+__all__ = ["Reads", "Snapshot", "Changes", "Ledger", "Rows", "NotLoadedError"]
+
+_Row = TypeVar("_Row")
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,9 @@ class Snapshot:
     #: group -> {aggregate name: value}, for the groups :attr:`Reads.groups` named (absent
     #: groups have no row: all zero).
     groups: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: What was asked for, so the :class:`Ledger` can refuse a lookup of anything else
+    #: (``None``: a hand-built snapshot, looked up without that check).
+    reads: Reads | None = None
 
 
 @dataclass
@@ -76,12 +82,58 @@ class Changes:
         return {name: sums[i] for i, name in enumerate(AGGREGATES) if sums[i]}
 
 
+class NotLoadedError(AssertionError):
+    """A decision looked up a row its :class:`Reads` did not name: absent, it would read as
+    "not found" and the decision would go on silently wrong (a missing prefetch is a bug)."""
+
+
+class Rows(dict[str, _Row]):
+    """The rows of one kind a decision loaded, by id. A lookup (``rows[id]``, ``rows.get(id)``,
+    ``id in rows``) of an id that was neither loaded, nor named by the reads (a reported id
+    whose row is absent: truly not found), nor written by this decision raises
+    :class:`NotLoadedError`. Iterating is free: it only ever sees what was loaded."""
+
+    def __init__(self, kind: str, rows: Iterable[tuple[str, _Row]], named: frozenset[str] | None) -> None:
+        super().__init__(rows)
+        self._kind = kind
+        # None: no check (a snapshot built by hand)
+        self._known: set[str] | None = None if named is None else set(self) | named
+
+    def _check(self, key: object) -> None:
+        if self._known is not None and key not in self._known:
+            raise NotLoadedError(f"{self._kind} {key!r} was looked up but this decision's Reads did not load it")
+
+    def __getitem__(self, key: str) -> _Row:
+        self._check(key)
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self._check(key)
+        return super().get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        self._check(key)
+        return super().__contains__(key)
+
+    def __setitem__(self, key: str, value: _Row) -> None:
+        if self._known is not None:
+            self._known.add(key)
+        super().__setitem__(key, value)
+
+
 class Ledger:
-    """The rows of one decision, with their changes and the aggregates kept in step."""
+    """The rows of one decision, with their changes and the aggregates kept in step. A lookup
+    of a row, a group or a selection the snapshot's :class:`Reads` did not cover raises
+    :class:`NotLoadedError` (like a database that asserts every key a commit touches was
+    prefetched), instead of answering as if it were absent."""
 
     def __init__(self, snapshot: Snapshot) -> None:
-        self.grants: dict[str, GrantRow] = {g.grant_id: g for g in snapshot.grants}
-        self.leases: dict[str, LeaseRow] = {x.lease_id: x for x in snapshot.leases}
+        reads = snapshot.reads
+        self._reads = reads
+        self.grants: Rows[GrantRow] = Rows("grant", ((g.grant_id, g) for g in snapshot.grants),
+                                           None if reads is None else reads.grant_ids)
+        self.leases: Rows[LeaseRow] = Rows("lease", ((x.lease_id, x) for x in snapshot.leases),
+                                           None if reads is None else reads.lease_ids)
         self._meta = None if snapshot.meta is None else dict(snapshot.meta)
         self._groups = snapshot.groups
         # What the stored aggregates account for, per row: grant id -> charge (a grant never
@@ -100,19 +152,31 @@ class Ledger:
         self._meta_sets: dict[str, int] = {}
 
     # ------------------------------------------------------------------ selections
+    def _require(self, covered: bool, what: str) -> None:
+        if self._reads is not None and not covered:
+            raise NotLoadedError(f"{what} was asked for but this decision's Reads did not load it")
+
     def due_grants(self, now: int) -> list[GrantRow]:
         """Grants past their claim deadline that still have unclaimed permits (R15)."""
+        due_at = None if self._reads is None else self._reads.due_at
+        self._require(due_at is not None and now <= due_at, f"grants due at {now}")
         return [g for g in self.grants.values() if g.claim_by <= now and g.claimed < g.permits]
 
     def expired_leases(self, now: int) -> list[LeaseRow]:
         """Live leases past ``expires_at`` (R31)."""
+        expired_at = None if self._reads is None else self._reads.expired_at
+        self._require(expired_at is not None and now <= expired_at, f"leases expired at {now}")
         return [x for x in self.leases.values() if x.status == "live" and x.expires_at <= now]
 
     def live_leases(self, groups: Iterable[str] | None = None) -> list[LeaseRow]:
         """Live leases loaded, of the given groups or all of them."""
+        r = self._reads
         if groups is None:
+            self._require(r is not None and r.all_live_leases, "every live lease")
             return [x for x in self.leases.values() if x.status == "live"]
         wanted = set(groups)
+        self._require(r is not None and (r.all_live_leases or wanted <= r.live_lease_groups),
+                      f"the live leases of {sorted(wanted)}")
         return [x for x in self.leases.values() if x.status == "live" and x.group_name in wanted]
 
     # ------------------------------------------------------------------ changes
@@ -177,8 +241,11 @@ class Ledger:
 
     def group_usage(self, groups: Iterable[str]) -> dict[str, dict[str, int]]:
         """Per-group aggregates (including the changes so far) of groups the snapshot loaded."""
+        wanted = set(groups)
+        self._require(self._reads is not None and wanted <= self._reads.groups,
+                      f"the aggregates of {sorted(wanted - (self._reads.groups if self._reads else set()))}")
         out: dict[str, dict[str, int]] = {}
-        for g in sorted(set(groups)):
+        for g in sorted(wanted):
             row = self._groups.get(g)
             d = self.deltas.get(g)
             out[g] = {name: (row.get(name, 0) if row else 0) + (d[i] if d else 0)

@@ -203,7 +203,7 @@ class SqlStore:
             lease_rows(self._in(LEASES, "group_name", reads.live_lease_groups, " AND status = 'live'"))
         groups = {str(r["group_name"]): {name: int(r[name]) for name in AGGREGATES}
                   for r in self._in(GROUPS, "group_name", reads.groups)}
-        return Snapshot(list(grants.values()), list(leases.values()), meta, groups)
+        return Snapshot(list(grants.values()), list(leases.values()), meta, groups, reads)
 
     # ------------------------------------------------------------------ operations (issue 11)
     def seen(self, holding: Sequence[str], idle: Sequence[str], now: int,

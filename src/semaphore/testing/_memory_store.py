@@ -100,7 +100,7 @@ class MemoryStore:
             take_leases(x for x in self.leases.values()
                         if x.status == "live" and x.group_name in reads.live_lease_groups)
         groups = {g: dict(self.groups[g]) for g in sorted(reads.groups) if g in self.groups}
-        return Snapshot(list(grants.values()), list(leases.values()), meta, groups)
+        return Snapshot(list(grants.values()), list(leases.values()), meta, groups, reads)
 
     def next_reclaim_due(self) -> int | None:
         """The earliest deadline of a grant with unclaimed permits (SPEC R16), if any."""
