@@ -395,7 +395,8 @@ SCRIPT = """
         if (job.state === "queued" && job.blocked) {
           var key = JSON.stringify([r.queue, job.group, job.blocked.reason]);
           if (!blocked.has(key)) {
-            blocked.set(key, {queue: r.queue, group: job.group, reason: job.blocked.reason, jobs: 0, waiting: 0, at: 0});
+            blocked.set(key, {queue: r.queue, group: job.group, reason: job.blocked.reason,
+              jobs: 0, waiting: 0, at: 0});
           }
           var b = blocked.get(key);
           b.jobs += 1;
