@@ -261,23 +261,44 @@ def json_depth(value: Any) -> int:
     return deepest
 
 
+#: A JSON string literal (unrolled: no backtracking per character) and a bracket outside one.
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_JSON_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def text_too_deep(text: str) -> bool:
+    """Whether the JSON ``text`` nests arrays and objects deeper than :data:`MAX_JSON_DEPTH`,
+    read from its brackets outside string literals, before any parser sees it. The check must
+    come first: ``json.loads`` recurses once per level, and in Pyodide a deep enough text
+    overflows the WebAssembly stack, a fatal error of the whole isolate, before Python's
+    recursion limit could raise ``RecursionError``."""
+    depth = 0
+    for bracket in _JSON_BRACKET.finditer(_JSON_STRING.sub("", text)):
+        if bracket.group() in "[{":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
 def parse_json(text: str) -> Any:
-    """``text`` as JSON proper, or :class:`JsonError` saying why not: malformed text, ``NaN``,
-    ``Infinity`` or a number that overflows to infinity (``1e999``), which ``json.loads`` would
-    accept and JSON cannot carry, or nesting deeper than :data:`MAX_JSON_DEPTH` (also where the
-    parser itself would raise ``RecursionError``)."""
+    """``text`` as JSON proper, or :class:`JsonError` saying why not: nesting deeper than
+    :data:`MAX_JSON_DEPTH` (:func:`text_too_deep`, checked before parsing), malformed text,
+    ``NaN``, ``Infinity`` or a number that overflows to infinity (``1e999``), which
+    ``json.loads`` would accept and JSON cannot carry."""
     too_deep = f"nested deeper than {MAX_JSON_DEPTH} levels"
+    if text_too_deep(text):
+        raise JsonError(too_deep)
     try:
-        value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
-    except RecursionError:
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except RecursionError:  # not reached below MAX_JSON_DEPTH; kept as a last guard
         raise JsonError(too_deep) from None
     except JsonError:  # a hook's refusal
         raise
     except ValueError as exc:  # JSONDecodeError, an int of too many digits
         raise JsonError(f"not valid JSON: {exc}") from None
-    if json_depth(value) > MAX_JSON_DEPTH:
-        raise JsonError(too_deep)
-    return value
 
 
 def to_json(value: Any) -> str:
