@@ -306,8 +306,9 @@ const byId = (id) => body.all((c) => c.getAttribute("id") === id, [])[0] || null
 const document = {title: "", getElementById: byId, createElement: (t) => new El(t),
   createElementNS: (ns, t) => new El(t), createTextNode: (t) => new El("#text", {}, t)};
 const usage = {limit: 3, outstanding: 1, leaseFootprint: 0, liveLeases: 0, retiredLeases: 0, charged: 1,
-  available: 2, defaultLimit: 3, limitOverride: null, groups: {default: {charged: 1, limit: null, available: 2,
-  leaseFootprint: 0}}};
+  available: 2, defaultLimit: 3, limitOverride: null, groups: JSON.parse(
+  '{"default": {"charged": 1, "limit": null, "available": 2, "leaseFootprint": 0},' +
+  ' "__proto__": {"charged": 0, "limit": 1, "available": 1}, "constructor": {"charged": 0, "limit": 2, "available": 2}}')};
 const requested = [];
 async function fetch(url) {
   requested.push(url);
@@ -331,6 +332,8 @@ function shown() {
       account: c.getAttribute("data-account"), samples: c.getAttribute("data-samples"),
       title: c.querySelector('[data-field="account"]').textContent,
       error: c.querySelector('[data-field="error"]').textContent,
+      groups: c.querySelector('[data-field="groups"]').children.map((tr) => [tr.getAttribute("data-group"),
+        tr.querySelector('[data-field="limit"]').textContent]),
       blocked: c.all((n) => n.getAttribute("data-reason") !== null, []).map((n) => n.textContent)}))};
 }
 (async () => {
@@ -379,6 +382,8 @@ def test_account_names_that_are_object_prototype_keys_render_and_refresh():
     assert polled["status"].startswith("Updated"), polled["status"]
     assert [(s["account"], s["title"], s["samples"], s["error"]) for s in polled["sections"]] == [
         (name, name, "2", "") for name in names], polled
+    # Group names are anyone's too (rows in name order, each with its own limit).
+    assert all(s["groups"] == [["__proto__", "1"], ["constructor", "2"], ["default", "-"]] for s in polled["sections"]), polled
     # The queue named "valueOf" is read, and its waiting job shown with the reason's text.
     for section in polled["sections"]:
         [row] = section["blocked"]
