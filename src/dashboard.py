@@ -200,12 +200,12 @@ SCRIPT = """
   var TOKEN_KEY = "durability-semaphore.adminToken";
   var HISTORY = 600;
   var WINDOW_MS = 10000;
-  var REASONS = {
-    limit: "account limit reached",
-    group_limit: "group limit reached",
-    not_permitted: "not permitted for this client",
-    limit_resolution_error: "limit could not be resolved"
-  };
+  var REASONS = new Map([
+    ["limit", "account limit reached"],
+    ["group_limit", "group limit reached"],
+    ["not_permitted", "not permitted for this client"],
+    ["limit_resolution_error", "limit could not be resolved"]
+  ]);
   function byId(id) { return document.getElementById(id); }
   function splitList(values) {
     var out = [];
@@ -220,7 +220,9 @@ SCRIPT = """
   var interval = parseInt(params.get("interval") || "2000", 10);
   if (!(interval >= 250)) { interval = 2000; }
   interval = Math.min(interval, 60000);
-  var views = {};
+  // Per-account state, keyed by account name: a Map, because names are anyone's ("constructor",
+  // "toString" and "__proto__" are Object.prototype's keys in a plain object).
+  var views = new Map();
   var timer = null;
   var settleTarget = null;
 
@@ -269,15 +271,16 @@ SCRIPT = """
   }
 
   function view(account) {
-    if (views[account]) { return views[account]; }
+    if (views.has(account)) { return views.get(account); }
     var root = byId("account-template").content.firstElementChild.cloneNode(true);
     root.setAttribute("data-account", account);
     root.setAttribute("data-samples", "0");
     root.setAttribute("aria-label", "Account " + account);
     field(root, "account").textContent = account;
     byId("accounts").appendChild(root);
-    views[account] = {root: root, history: []};
-    return views[account];
+    var v = {root: root, history: [], account: account};
+    views.set(account, v);
+    return v;
   }
 
   function renderStats(root, u) {
@@ -376,7 +379,7 @@ SCRIPT = """
     var qbody = field(root, "queues"), bbody = field(root, "blocked");
     qbody.textContent = "";
     bbody.textContent = "";
-    var blocked = {};
+    var blocked = new Map();
     if (!results.length) { emptyRow(qbody, 5, "No queues named (add ?queues=q1,q2 to the URL)."); }
     results.forEach(function (r) {
       var tr = el("tr", {"data-queue": r.queue});
@@ -386,34 +389,37 @@ SCRIPT = """
         qbody.appendChild(tr);
         return;
       }
-      var counts = {queued: 0, claiming: 0, running: 0, done: 0};
+      var counts = new Map([["queued", 0], ["claiming", 0], ["running", 0], ["done", 0]]);
       r.data.jobs.forEach(function (job) {
-        counts[job.state] = (counts[job.state] || 0) + 1;
+        if (counts.has(job.state)) { counts.set(job.state, counts.get(job.state) + 1); }
         if (job.state === "queued" && job.blocked) {
           var key = JSON.stringify([r.queue, job.group, job.blocked.reason]);
-          var b = blocked[key] || (blocked[key] = {queue: r.queue, group: job.group, reason: job.blocked.reason,
-            jobs: 0, waiting: 0, at: 0});
+          if (!blocked.has(key)) {
+            blocked.set(key, {queue: r.queue, group: job.group, reason: job.blocked.reason,
+              jobs: 0, waiting: 0, at: 0});
+          }
+          var b = blocked.get(key);
           b.jobs += 1;
           b.waiting = Math.max(b.waiting, job.blocked.waiting || 0);
           b.at = Math.max(b.at, job.blocked.at || 0);
         }
       });
       ["queued", "claiming", "running", "done"].forEach(function (s) {
-        tr.appendChild(el("td", {"class": "num" + (counts[s] && s !== "done" ? " state-" + s : ""),
-          "data-field": s}, counts[s]));
+        tr.appendChild(el("td", {"class": "num" + (counts.get(s) && s !== "done" ? " state-" + s : ""),
+          "data-field": s}, counts.get(s)));
       });
       qbody.appendChild(tr);
     });
-    var keys = Object.keys(blocked).sort();
+    var keys = Array.from(blocked.keys()).sort();
     if (!keys.length) { emptyRow(bbody, 6, "Nothing in these queues is blocked."); }
     keys.forEach(function (key) {
-      var b = blocked[key];
+      var b = blocked.get(key);
       var tr = el("tr", {"data-reason": b.reason, "data-queue": b.queue, "data-group": b.group});
       tr.appendChild(el("td", {"data-field": "queue"}, b.queue));
       tr.appendChild(el("td", {"data-field": "group"}, b.group));
       var cell = el("td", {"data-field": "reason"});
       cell.appendChild(el("span", {"class": "reason reason-" + b.reason}, b.reason));
-      cell.appendChild(document.createTextNode(" - " + (REASONS[b.reason] || "")));
+      cell.appendChild(document.createTextNode(" - " + (REASONS.get(b.reason) || "")));
       tr.appendChild(cell);
       tr.appendChild(el("td", {"class": "num", "data-field": "jobs"}, b.jobs));
       tr.appendChild(el("td", {"class": "num", "data-field": "waiting"}, b.waiting));
@@ -492,7 +498,6 @@ SCRIPT = """
 
   async function refreshAccount(account) {
     var v = view(account);
-    v.account = account;
     var base = path(["accounts", account]);
     var admin = !!token();
     var calls = [getJSON(base + "/usage", false)];
@@ -579,7 +584,8 @@ SCRIPT = """
     ev.preventDefault();
     var input = byId("token-input");
     try {
-      if (input.value) { sessionStorage.setItem(TOKEN_KEY, input.value); }
+      var typed = input.value.trim();  // as the Worker reads ADMIN_TOKEN: no surrounding whitespace
+      if (typed) { sessionStorage.setItem(TOKEN_KEY, typed); }
     } catch (e) { /* storage unavailable: public view only */ }
     input.value = "";
     showTokenState();
@@ -599,8 +605,8 @@ SCRIPT = """
     if (queues.length) { q.set("queues", queues.join(",")); }
     if (interval !== 2000) { q.set("interval", String(interval)); }
     history.replaceState(null, "", location.pathname + (q.toString() ? "?" + q.toString() : ""));
-    Object.keys(views).forEach(function (a) {
-      if (accounts.indexOf(a) < 0) { views[a].root.remove(); delete views[a]; }
+    Array.from(views.keys()).forEach(function (a) {
+      if (accounts.indexOf(a) < 0) { views.get(a).root.remove(); views.delete(a); }
     });
     start();
   });

@@ -27,13 +27,19 @@ What the routes expose and create (README, "The reference Worker"):
   request that sends an ``Authorization`` header must send the right token (401 otherwise).
 * Every error value, from the HTTP front or from an RPC method, carries ``"v": 1``:
   ``{"v": 1, "error": {"code", "message", "field"?}}``.
+* JSON in is JSON proper: a body that is malformed, holds ``NaN``/``Infinity`` (or a number
+  that overflows to one) or nests deeper than ``MAX_JSON_DEPTH`` is a 400 ``invalid_json``; a
+  job payload over ``MAX_PAYLOAD_BYTES`` of JSON is a 413 ``payload_too_large``. JSON out is
+  strict (``allow_nan=False``).
+* ``ADMIN_TOKEN`` is read without surrounding whitespace; blank means not configured.
 * The job directory (job id -> queue, in the account's holder) forgets a job
   ``JOB_RETENTION_MS`` after its completion, the same time the queue keeps the finished job (by a
   scheduler timer on the holder's alarm), so it holds only live and recently finished jobs. The
   job's ``JobQueue`` is the directory's only writer for its jobs: it registers a job before it
-  creates it, and tells the directory of every job that turns ``done`` (however it does: a
-  claim cancelled while ``claiming`` turns ``done`` later, in the queue's pump) through a durable
-  outbox, sent until the holder acknowledges it (see :class:`JobQueue`).
+  creates it (and withdraws the entry if creating it then fails), and tells the directory of
+  every job that turns ``done`` (however it does: a claim cancelled while ``claiming`` turns
+  ``done`` later, in the queue's pump) through a durable outbox, sent until the holder
+  acknowledges it (see :class:`JobQueue`).
 
 Configuration (``[vars]`` in wrangler.toml, all optional): ``ACCOUNT_CONCURRENCY`` (default limit
 per account, 10), ``GRANT_TIMEOUT_MS``, ``ROUND_WAIT_MS``, ``ROUND_PERIOD_MS``,
@@ -53,6 +59,7 @@ import asyncio
 import hmac
 import json
 import logging
+import math
 import re
 import sys
 from dataclasses import dataclass
@@ -121,6 +128,13 @@ METRICS_CONCURRENCY = 10
 INDEX_RETRY_MS = 60_000
 #: The ``permits`` message types :meth:`AccountLimit.ping` tallies (anything else: ``other``).
 MESSAGE_TYPES = ("request", "sync")
+#: The deepest nesting of arrays and objects a request body (and a job payload) may have: deeper
+#: is refused (400 ``invalid_json``), long before the parser's recursion limit.
+MAX_JSON_DEPTH = 64
+#: The most a job's payload may take as the JSON text the queue stores (bytes; ``json.dumps``,
+#: ASCII). A Durable Object SQL row holds at most 2 MB: a larger payload is refused (413
+#: ``payload_too_large``, field ``payload``) before the job is registered.
+MAX_PAYLOAD_BYTES = 1_000_000
 
 log = logging.getLogger("entry")
 
@@ -216,6 +230,112 @@ def env_int(env: Any, name: str, default: int, minimum: int = 0, maximum: int = 
     return value
 
 
+class JsonError(ValueError):
+    """Text that :func:`parse_json` refuses; ``str()`` says why."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise JsonError(f"{name} is not a JSON number (NaN and Infinity are refused)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise JsonError(f"{text} is beyond the largest finite number")
+    return value
+
+
+def json_depth(value: Any) -> int:
+    """How deeply ``value`` nests arrays and objects (a scalar 0, ``[]`` 1, ``[{}]`` 2), counted
+    without recursion; counting stops past :data:`MAX_JSON_DEPTH` (which it then exceeds)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, (list, tuple)) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > MAX_JSON_DEPTH:
+            break
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+#: A JSON string literal (unrolled: no backtracking per character) and a bracket outside one.
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_JSON_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def text_too_deep(text: str) -> bool:
+    """Whether the JSON ``text`` nests arrays and objects deeper than :data:`MAX_JSON_DEPTH`,
+    read from its brackets outside string literals, before any parser sees it. The check must
+    come first: ``json.loads`` recurses once per level, and in Pyodide a deep enough text
+    overflows the WebAssembly stack, a fatal error of the whole isolate, before Python's
+    recursion limit could raise ``RecursionError``."""
+    depth = 0
+    for bracket in _JSON_BRACKET.finditer(_JSON_STRING.sub("", text)):
+        if bracket.group() in "[{":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+def parse_json(text: str) -> Any:
+    """``text`` as JSON proper, or :class:`JsonError` saying why not: nesting deeper than
+    :data:`MAX_JSON_DEPTH` (:func:`text_too_deep`, checked before parsing), malformed text,
+    ``NaN``, ``Infinity`` or a number that overflows to infinity (``1e999``), which
+    ``json.loads`` would accept and JSON cannot carry."""
+    too_deep = f"nested deeper than {MAX_JSON_DEPTH} levels"
+    if text_too_deep(text):
+        raise JsonError(too_deep)
+    try:
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except RecursionError:  # not reached below MAX_JSON_DEPTH; kept as a last guard
+        raise JsonError(too_deep) from None
+    except JsonError:  # a hook's refusal
+        raise
+    except ValueError as exc:  # JSONDecodeError, an int of too many digits
+        raise JsonError(f"not valid JSON: {exc}") from None
+
+
+def to_json(value: Any) -> str:
+    """The Worker's JSON text of ``value``: strict (``allow_nan=False``: a non-finite number raises
+    ``ValueError`` instead of writing a bare ``NaN``, which no JSON parser reads)."""
+    return json.dumps(value, allow_nan=False)
+
+
+def payload_problem(payload: Any) -> dict[str, Any] | None:
+    """The error value of a job payload the queue cannot keep (field ``payload``), else ``None``:
+    ``invalid_request`` for one that is not JSON (a non-finite number, a value JSON has no type
+    for, nesting deeper than :data:`MAX_JSON_DEPTH`), ``payload_too_large`` for one whose JSON
+    text (as the queue stores it) is over :data:`MAX_PAYLOAD_BYTES`."""
+    if json_depth(payload) > MAX_JSON_DEPTH:
+        return error_value("invalid_request", f"payload is nested deeper than {MAX_JSON_DEPTH} levels", "payload")
+    try:
+        text = to_json(payload)
+    except (TypeError, ValueError) as exc:
+        return error_value("invalid_request", f"payload must be JSON (no NaN or Infinity): {exc}", "payload")
+    size = len(text.encode("utf-8"))
+    if size > MAX_PAYLOAD_BYTES:
+        return error_value("payload_too_large", f"payload is {size} bytes of JSON, over the {MAX_PAYLOAD_BYTES}"
+                           " a job may carry (a Durable Object SQL row holds at most 2 MB)", "payload")
+    return None
+
+
+def enqueue_problem(account: str, job_id: str, group: str, payload: Any) -> dict[str, Any] | None:
+    """The error value of a job :meth:`JobQueue.enqueue` must refuse before registering it
+    (``invalid_request`` naming ``account``, ``id`` or ``group``, or :func:`payload_problem`'s),
+    else ``None``."""
+    for value, name in ((account, "account"), (job_id, "id"), (group, "group")):
+        problem = id_problem(value)
+        if problem is not None:
+            return error_value("invalid_request", f"{name} {problem}", name)
+    return payload_problem(payload)
+
+
 def env_leases(env: Any) -> LeaseConfig | None:
     """The ``LEASES`` var: JSON text of the holder's ``leases=`` options (e.g.
     ``{"provisioning": {"mode": "strict"}, "permitsPerLease": 2, "ttlMs": 4000}``), checked by
@@ -227,8 +347,8 @@ def env_leases(env: Any) -> LeaseConfig | None:
         if raw.strip() == "":
             return None
         try:
-            value = json.loads(raw)
-        except ValueError as exc:
+            value = parse_json(raw)
+        except JsonError as exc:
             raise VarError("LEASES", f"LEASES must be JSON text of the lease options, e.g. "
                                      f"'{{\"provisioning\": {{\"mode\": \"strict\"}}}}': {exc}") from None
     else:  # a JSON (not text) binding: already parsed by the runtime
@@ -291,7 +411,8 @@ class AccountLimit(DurableObject):
 
     Storage: the semaphore's tables, ``app_account_settings`` (the limit override, written only by
     :meth:`set_limit`) and ``app_job_directory`` (job id -> queue, written only by
-    :meth:`register_job` / :meth:`finish_job`). The reading methods (:meth:`usage`,
+    :meth:`register_job` / :meth:`finish_job`, and :meth:`forget_job` for a job its queue
+    registered and could not create). The reading methods (:meth:`usage`,
     :meth:`find_job`) never create any of them: an account never written to keeps no storage.
 
     The ``[vars]`` are read once, here (``LEASES`` turns the semaphore's leases on). An invalid
@@ -506,6 +627,24 @@ class AccountLimit(DurableObject):
         row = self.storage.one(f"SELECT queue FROM {JOBS} WHERE job_id = ?", str(plain(job_id)))
         return {"queue": str(row["queue"]) if row else None}
 
+    async def forget_job(self, job_id: Any, queue: Any) -> dict[str, Any]:
+        """Drop ``job_id``'s entry if it belongs to ``queue``: that queue registered the job and
+        then could not create it (:meth:`JobQueue.enqueue`), so no such job exists. Idempotent;
+        an entry of another queue is left as it is; creates nothing. Answers ``{"jobId",
+        "forgotten": bool}``."""
+        if self.config_error is not None:
+            return self.config_error
+        job_id, queue = str(plain(job_id)), str(plain(queue))
+        if not has_tables(self.storage, [JOBS]):
+            return {"jobId": job_id, "forgotten": False}
+
+        def body() -> bool:
+            found = self.storage.one(f"SELECT 1 AS one FROM {JOBS} WHERE job_id = ? AND queue = ?", job_id, queue)
+            self.storage.exec(f"DELETE FROM {JOBS} WHERE job_id = ? AND queue = ?", job_id, queue)
+            return found is not None
+
+        return {"jobId": job_id, "forgotten": self.storage.transaction(body)}
+
     async def finish_job(self, job_id: Any, queue: Any = None) -> dict[str, Any]:
         """``job_id`` is finished in its queue (or that queue does not know it): the directory
         forgets it ``JOB_RETENTION_MS`` after the first such call (the holder's scheduler
@@ -693,7 +832,11 @@ class JobQueue(DurableObject):
 
     * :meth:`enqueue` registers the job before it creates it (a ``conflict`` error value when the
       id belongs to another queue; ``unavailable`` when the holder does not answer; the job is
-      not created then).
+      not created then). What can be refused is refused before registering (ids, a payload
+      that is not JSON or over ``MAX_PAYLOAD_BYTES``); a failure creating the job after
+      registering it withdraws the entry (``forget_job``; if that is not answered, the outbox
+      announces the id finished) and answers ``internal_error``: the directory never keeps an
+      entry for a job that does not exist.
     * Every job that turns ``done`` is written to the outbox table ``app_finished_jobs`` by the
       queue's ``on_done`` hook, in the transaction that clears the job's pending-hook flag (the
       queue calls it right after the transition, or, after an eviction or a failure, from a
@@ -750,9 +893,13 @@ class JobQueue(DurableObject):
         account, job_id, group = str(plain(account)), str(plain(job_id)), str(plain(group))
         queue = plain(queue)
         payload = plain(payload)
+        problem = enqueue_problem(account, job_id, group, payload)
+        if problem is not None:  # before the job is registered: nothing to undo
+            return problem
         if queue is None:
             return await self._enqueue(account, job_id, group, payload, None)
         queue = str(queue)
+        failed: dict[str, Any] | None = None
         async with self._directory_lock:  # no announcement is in flight while the job is registered
             try:
                 reply = await self._holder_call(account, "register_job", job_id, queue)
@@ -768,11 +915,51 @@ class JobQueue(DurableObject):
             owner = str(reply.get("queue"))
             if owner != queue:
                 return error_value("conflict", f"job {job_id!r} already belongs to queue {owner!r}", "id")
-            self._ready(queue)
-            result = await self._enqueue(account, job_id, group, payload, queue)
+            try:
+                self._ready(queue)
+                result = await self._enqueue(account, job_id, group, payload, queue)
+            except Exception as exc:  # noqa: BLE001 - answered as an error value, the entry undone
+                log.exception("JobQueue: creating job %r failed after its registration", job_id)
+                await self._withdraw(account, job_id, queue)
+                failed = error_value("internal_error", f"job {job_id!r} could not be created "
+                                                       f"({type(exc).__name__}: {exc}); nothing was queued")
+        if failed is not None:
+            try:
+                await self._flush()  # a notice the withdrawal left in the outbox
+            except Exception:  # noqa: BLE001 - the timer sends it later; the answer stays a value
+                log.exception("JobQueue: sending the outbox after a failed enqueue failed")
+            return failed
         if result["job"]["state"] == ItemState.DONE.value:
             await self._flush()  # registering it again cleared its mark: announced again
         return result
+
+    async def _withdraw(self, account: str, job_id: str, queue: str) -> None:
+        """Creating ``job_id`` failed after it was registered (called under the directory lock):
+        undo the registration so the directory never lists a job that does not exist. A job this
+        queue does not have is dropped from the directory (:meth:`AccountLimit.forget_job`), or,
+        if the holder does not answer that, announced finished through the outbox (so forgotten
+        after the retention); a job it has (the failure came after its insert, or it was known)
+        keeps its entry, announced again if it is ``done`` (registering cleared its mark)."""
+        try:
+            item = self.queue.item(job_id)
+        except Exception:  # noqa: BLE001 - storage unusable: nothing durable can be done here
+            log.exception("JobQueue: cannot tell whether job %r exists; its directory entry stays", job_id)
+            return
+        if item is not None:
+            if item.state is ItemState.DONE:
+                self._try_announce(job_id, account, queue)
+            return
+        try:
+            await self._holder_call(account, "forget_job", job_id, queue)
+        except DirectoryError as exc:
+            log.warning("JobQueue: withdrawing job %r failed: %s; announced finished instead", job_id, exc)
+            self._try_announce(job_id, account, queue)
+
+    def _try_announce(self, job_id: str, account: str, queue: str) -> None:
+        try:
+            self._announce_later(job_id, account, queue)
+        except Exception:  # noqa: BLE001 - logged: the storage that failed the job fails this too
+            log.exception("JobQueue: cannot put job %r in the outbox", job_id)
 
     async def _enqueue(self, account: str, job_id: str, group: str, payload: Any,
                        queue: str | None) -> dict[str, Any]:
@@ -973,15 +1160,32 @@ class HttpError(Exception):
 
 
 def json_response(data: Any, status: int = 200) -> Response:
-    return Response(json.dumps(data), status=status, headers={"content-type": "application/json"})
+    """``data`` as strict JSON (:func:`to_json`). An answer JSON cannot carry (a non-finite
+    number, e.g. in a payload an earlier version stored) is the JSON 500 ``internal_error``
+    instead, never a body no JSON parser reads."""
+    try:
+        text = to_json(data)
+    except (TypeError, ValueError) as exc:
+        log.error("front: an answer is not JSON (%s)", exc)
+        text, status = to_json(error_value(
+            "internal_error", f"the answer holds a value JSON cannot carry (NaN or Infinity?): {exc}")), 500
+    return Response(text, status=status, headers={"content-type": "application/json"})
+
+
+def admin_token(env: Any) -> str:
+    """The secret ``ADMIN_TOKEN`` without surrounding whitespace (a secret set with a stray
+    newline is the token without it); ``""`` when absent or blank: not configured."""
+    token = getattr(env, "ADMIN_TOKEN", None)
+    return "" if token is None else str(token).strip()
 
 
 def require_admin(request: Any, env: Any) -> None:
-    """401 unless the request carries ``Authorization: Bearer <ADMIN_TOKEN>``."""
-    token = getattr(env, "ADMIN_TOKEN", None)
+    """401 unless the request carries ``Authorization: Bearer <ADMIN_TOKEN>`` (the token as
+    :func:`admin_token` reads it; the header's own surrounding whitespace ignored, as HTTP does)."""
+    token = admin_token(env)
     if not token:
         raise HttpError(401, "unauthorized", "ADMIN_TOKEN is not configured; state changes are disabled")
-    header = request.headers.get("authorization") or ""
+    header = (request.headers.get("authorization") or "").strip()
     if not hmac.compare_digest(header.encode(), f"Bearer {token}".encode()):
         raise HttpError(401, "unauthorized", "missing or wrong Authorization: Bearer token")
 
@@ -996,13 +1200,16 @@ def is_admin(request: Any, env: Any) -> bool:
 
 
 async def read_json(request: Any) -> dict[str, Any]:
+    """The request's body, a JSON object (empty: ``{}``). Anything :func:`parse_json` refuses
+    (malformed, ``NaN``/``Infinity``, nested deeper than :data:`MAX_JSON_DEPTH`) is 400
+    ``invalid_json`` saying why; so is a body that is not an object."""
     text = await request.text()
     if not text:
         return {}
     try:
-        body = json.loads(text)
-    except ValueError:
-        raise HttpError(400, "invalid_json", "request body is not valid JSON") from None
+        body = parse_json(text)
+    except JsonError as exc:
+        raise HttpError(400, "invalid_json", f"request body: {exc}") from None
     if not isinstance(body, dict):
         raise HttpError(400, "invalid_json", "request body must be a JSON object")
     return body
@@ -1066,7 +1273,7 @@ def holder(env: Any, account: str) -> Any:
 
 def job_queue(env: Any, account: str, queue: str) -> Any:
     # An unambiguous name: "a:b" + "c" and "a" + "b:c" must be different objects.
-    return env.JOB_QUEUE.getByName(json.dumps([account, queue]))
+    return env.JOB_QUEUE.getByName(to_json([account, queue]))
 
 
 #: ``GET /metrics``'s content type (the Prometheus text exposition format).
@@ -1158,6 +1365,10 @@ def identifier(value: Any, name: str) -> str:
         raise HttpError(400, "invalid_request", f"{name} {problem}")
     return value
 
+
+#: ``POST .../jobs``: the HTTP status of each error value code ``JobQueue.enqueue`` answers
+#: (any other, e.g. ``unavailable``: 503).
+ENQUEUE_STATUS = {"conflict": 409, "invalid_request": 400, "payload_too_large": 413, "internal_error": 500}
 
 ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("GET", re.compile(r"^/healthz$"), "healthz"),
@@ -1278,13 +1489,17 @@ class Default(WorkerEntrypoint):
         body = await read_json(request)
         job_id = identifier(body.get("id"), "id")
         group = identifier(body.get("group", "default"), "group")
+        payload = body.get("payload")
+        problem = payload_problem(payload)  # before any object is reached
+        if problem is not None:
+            return json_response(problem, ENQUEUE_STATUS[problem["error"]["code"]])
         # The queue registers the job in the account's directory itself (409 if the id belongs to
-        # another queue, 503 if the holder does not answer), then creates it.
-        result = checked(await job_queue(self.env, account, queue).enqueue(
-            account, job_id, group, body.get("payload"), queue))
+        # another queue, 503 if the holder does not answer), then creates it (a failure there:
+        # 500, the registration undone).
+        result = checked(await job_queue(self.env, account, queue).enqueue(account, job_id, group, payload, queue))
         error = result.get("error")
         if isinstance(error, dict):
-            return json_response(result, 409 if error.get("code") == "conflict" else 503)
+            return json_response(result, ENQUEUE_STATUS.get(str(error.get("code")), 503))
         return json_response(result, 201 if result["created"] else 200)
 
     async def route_complete(self, request: Any, account: str, job_id: str) -> Response:

@@ -9,7 +9,10 @@ every id and ``data-field`` its script looks up exists in the markup, the token 
 ``name`` (it can never be submitted into a URL) and every form control has a label. The routes:
 admin only, reads of a made-up account create nothing, settle of an account without state is 404
 and creates nothing, a real settle frees the client's permits and is listed by the audit route.
-A browser test of the page is tests/workerd/test_dashboard.py (tier 3).
+The page's script also runs in Node (``vm``, over a minimal DOM built from the page's own markup,
+``fetch`` answering the public routes): accounts named ``constructor``, ``__proto__``,
+``toString`` each get their own section and are polled like any other. A browser test of the
+page is tests/workerd/test_dashboard.py (tier 3).
 """
 
 from __future__ import annotations
@@ -19,9 +22,12 @@ import hashlib
 import importlib
 import json
 import re
+import shutil
+import subprocess
 import sys
 import types
 from html.parser import HTMLParser
+from urllib.parse import quote
 
 import pytest
 
@@ -215,3 +221,173 @@ def test_holders_settle_and_audit_through_the_front(entry):
         assert status == 200 and body["records"] == [], body
 
     run(scenario())
+
+
+# ------------------------------------------------------------ the page's script, run in Node
+class Tree(HTMLParser):
+    """The page's markup as a tree of ``{"tag", "attrs", "text", "children"}`` (for the fake DOM)."""
+
+    VOID = {"input", "meta", "link", "br", "img", "hr"}
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.root: dict = {"tag": "body", "attrs": {}, "text": "", "children": []}
+        self.stack = [self.root]
+
+    def handle_starttag(self, tag, attrs):
+        node = {"tag": tag, "attrs": {k: v or "" for k, v in attrs}, "text": "", "children": []}
+        self.stack[-1]["children"].append(node)
+        if tag not in self.VOID:
+            self.stack.append(node)
+
+    def handle_endtag(self, tag):
+        if tag not in self.VOID and len(self.stack) > 1:
+            self.stack.pop()
+
+    def handle_data(self, data):
+        if data.strip():
+            self.stack[-1]["children"].append({"tag": "#text", "attrs": {}, "text": data, "children": []})
+
+
+#: Runs the page's script (``SCRIPT``) in a ``vm`` context over a minimal DOM built from the page's
+#: own markup (``BODY``), with ``fetch`` answering the public routes, polls it twice, then submits
+#: the view form with ``keep`` accounts; prints what the page shows (JSON).
+NODE_PAGE = r"""
+const vm = require("vm");
+const input = JSON.parse(require("fs").readFileSync(0, "utf8"));
+class El {
+  constructor(tag, attrs, text) {
+    this.tagName = tag; this.attrs = new Map(Object.entries(attrs || {})); this.children = [];
+    this.parent = null; this.own = text || ""; this.style = {}; this.value = ""; this.hidden = false;
+    this.clientWidth = 800; this.listeners = new Map(); this.content = null;
+    const cls = new Set();
+    this.classList = {add: (c) => cls.add(c), remove: (c) => cls.delete(c),
+      toggle: (c, on) => { if (on === undefined ? !cls.has(c) : on) { cls.add(c); } else { cls.delete(c); } }};
+  }
+  setAttribute(k, v) { this.attrs.set(k, String(v)); }
+  getAttribute(k) { return this.attrs.has(k) ? this.attrs.get(k) : null; }
+  appendChild(c) {
+    if (!(c instanceof El)) { throw new TypeError("appendChild: not a node: " + c); }
+    if (c.parent) { c.parent.removeChild(c); }
+    c.parent = this; this.children.push(c); return c;
+  }
+  removeChild(c) { this.children.splice(this.children.indexOf(c), 1); c.parent = null; return c; }
+  remove() { if (this.parent) { this.parent.removeChild(this); } }
+  get firstChild() { return this.children[0] || null; }
+  get firstElementChild() { return this.children.find((c) => c.tagName !== "#text") || null; }
+  get textContent() { return this.own + this.children.map((c) => c.textContent).join(""); }
+  set textContent(t) { this.children = []; this.own = String(t); }
+  addEventListener(type, fn) { this.listeners.set(type, fn); }
+  all(pred, out) {
+    for (const c of this.children) { if (pred(c)) { out.push(c); } c.all(pred, out); }
+    return out;
+  }
+  querySelector(sel) {
+    const m = /^\[([\w-]+)="?([^"\]]*)"?\]$/.exec(sel);
+    if (!m) { throw new Error("fake DOM: unsupported selector " + sel); }
+    return this.all((c) => c.getAttribute(m[1]) === m[2], [])[0] || null;
+  }
+  cloneNode() {
+    const copy = new El(this.tagName, Object.fromEntries(this.attrs), this.own);
+    this.children.forEach((c) => copy.appendChild(c.cloneNode()));
+    return copy;
+  }
+  showModal() {} close() {} focus() {}
+}
+function build(node) {
+  const el = new El(node.tag, node.attrs, node.text);
+  const kids = node.children.map(build);
+  if (node.tag === "template") { el.content = new El("#fragment"); kids.forEach((k) => el.content.appendChild(k)); }
+  else { kids.forEach((k) => el.appendChild(k)); }
+  return el;
+}
+const body = build(input.body);
+const byId = (id) => body.all((c) => c.getAttribute("id") === id, [])[0] || null;
+const document = {title: "", getElementById: byId, createElement: (t) => new El(t),
+  createElementNS: (ns, t) => new El(t), createTextNode: (t) => new El("#text", {}, t)};
+const usage = {limit: 3, outstanding: 1, leaseFootprint: 0, liveLeases: 0, retiredLeases: 0, charged: 1,
+  available: 2, defaultLimit: 3, limitOverride: null, groups: JSON.parse(
+  '{"default": {"charged": 1, "limit": null, "available": 2, "leaseFootprint": 0},' +
+  ' "__proto__": {"charged": 0, "limit": 1, "available": 1}, "constructor": {"charged": 0, "limit": 2, "available": 2}}')};
+const requested = [];
+async function fetch(url) {
+  requested.push(url);
+  const parts = url.split("/").map(decodeURIComponent);
+  const data = url.endsWith("/usage") ? usage : {account: parts[2], queue: parts[4], jobs: [
+    {id: "j1", group: "default", state: "running", blocked: null},
+    {id: "j2", group: "default", state: "queued", blocked: {reason: "limit", waiting: 1, at: 1}}]};
+  return {status: 200, json: async () => JSON.parse(JSON.stringify(data))};
+}
+let pending = null;
+const store = new Map();
+const context = vm.createContext({document, fetch, URLSearchParams, console,
+  location: {search: input.search, pathname: "/"}, history: {replaceState() {}},
+  sessionStorage: {getItem: (k) => store.has(k) ? store.get(k) : null, setItem: (k, v) => store.set(k, v),
+    removeItem: (k) => store.delete(k), get length() { return store.size; }},
+  setTimeout: (fn) => { pending = fn; return 1; }, clearTimeout: () => {}});
+const settle = () => new Promise((r) => setTimeout(r, 20));
+function shown() {
+  return {status: byId("status").textContent,
+    sections: byId("accounts").children.filter((c) => c.getAttribute("data-account") !== null).map((c) => ({
+      account: c.getAttribute("data-account"), samples: c.getAttribute("data-samples"),
+      title: c.querySelector('[data-field="account"]').textContent,
+      error: c.querySelector('[data-field="error"]').textContent,
+      groups: c.querySelector('[data-field="groups"]').children.map((tr) => [tr.getAttribute("data-group"),
+        tr.querySelector('[data-field="limit"]').textContent]),
+      blocked: c.all((n) => n.getAttribute("data-reason") !== null, []).map((n) => n.textContent)}))};
+}
+(async () => {
+  const out = {};
+  try {
+    vm.runInContext(input.script, context);
+    await settle();
+    pending(); await settle();  // the second poll
+    out.polled = shown();
+    byId("accounts-input").value = input.keep;
+    byId("view-form").listeners.get("submit")({preventDefault() {}});
+    await settle();
+    out.kept = shown();
+  } catch (e) {
+    out.error = String(e && e.stack || e);
+  }
+  out.requested = requested;
+  process.stdout.write(JSON.stringify(out));
+})();
+"""
+
+
+def run_page(search: str, keep: str) -> dict:
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("no node on PATH (scripts/setup installs it; tier 2 needs it too)")
+    tree = Tree()
+    tree.feed(dashboard.BODY)
+    tree.close()
+    proc = subprocess.run([node, "-e", NODE_PAGE], input=json.dumps(
+        {"script": dashboard.SCRIPT, "body": tree.root, "search": search, "keep": keep}),
+        capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_account_names_that_are_object_prototype_keys_render_and_refresh():
+    # Issue 21 (10): the page kept its per-account views in a plain object keyed by account
+    # name, so "constructor", "toString" or "__proto__" found Object.prototype's members there:
+    # the page's start threw a TypeError and every refresh failed. The page's real script runs
+    # over a DOM built from its real markup; every account gets its own section and both polls.
+    names = ["constructor", "toString", "__proto__", "hasOwnProperty", "acme"]
+    shown = run_page("?account=" + ",".join(names) + "&queues=valueOf", "toString, acme")
+    assert "error" not in shown, shown.get("error")
+    polled = shown["polled"]
+    assert polled["status"].startswith("Updated"), polled["status"]
+    assert [(s["account"], s["title"], s["samples"], s["error"]) for s in polled["sections"]] == [
+        (name, name, "2", "") for name in names], polled
+    # Group names are anyone's too (rows in name order, each with its own limit).
+    assert all(s["groups"] == [["__proto__", "1"], ["constructor", "2"], ["default", "-"]] for s in polled["sections"]), polled
+    # The queue named "valueOf" is read, and its waiting job shown with the reason's text.
+    for section in polled["sections"]:
+        [row] = section["blocked"]
+        assert row.startswith("valueOfdefaultlimit") and "account limit reached" in row, section
+    assert {u for u in shown["requested"] if u.endswith("/usage")} == {f"/accounts/{quote(n, safe='')}/usage" for n in names}
+    # The view form keeps the named accounts' sections and drops the others.
+    assert [s["account"] for s in shown["kept"]["sections"]] == ["toString", "acme"], shown["kept"]

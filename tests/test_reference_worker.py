@@ -12,7 +12,11 @@ outbox, and an id its queue no longer knows; a late notice never marks a new job
 (with the queue's RPC timeout above ``REQUEST_WAIT_MS + ROUND_PERIOD_MS``, and a raised limit
 serving held requests at once), an invalid var is answered as a ``configuration_error`` value
 (500) on every route, ``PUT .../limit`` repairs a corrupt stored override, and the no-op
-``GET .../ping`` creates nothing.
+``GET .../ping`` creates nothing. What the front reads and writes: a body nested too deeply or
+holding ``NaN``/``Infinity`` is a 400 on every route that reads one, a payload over the size
+limit a 413 before anything is registered, a job that cannot be created leaves no directory
+entry, every answer is strict JSON, and a blank ``ADMIN_TOKEN`` is not configured (one with
+surrounding whitespace is stripped).
 """
 
 from __future__ import annotations
@@ -307,6 +311,7 @@ ROUTES = [  # (method, path, body), every route of the front
     ("LEASES", "{not json"),
     ("LEASES", "[1, 2]"),
     ("LEASES", "null"),
+    ("LEASES", "[" * 100_000),  # issue 21 (6): a RecursionError crashed every object's constructor
     ("LEASES", '{"ttlMs": 0}'),
     ("LEASES", '{"provisioning": {"mode": "sideways"}}'),
     ("LEASES", '{"permitsPerLease": 2, "extra": 1}'),
@@ -688,3 +693,199 @@ def test_r16_arming_an_account_without_a_job_directory_runs_no_failing_read(entr
     for table, most in (("app_job_directory", 1), ("durability_semaphore_grants", 2)):
         assert not [q for q in seen if table in q and "sqlite_master" not in q], seen
         assert len([q for q in seen if "sqlite_master" in q and table in q]) <= most, seen
+
+
+# ------------------------------------------------ what the front reads and writes: JSON, the token
+#: Every route that reads a JSON body, with a valid body for it.
+BODY_ROUTES = [
+    ("PUT", "/accounts/a/limit", {"limit": 3}),
+    ("POST", "/accounts/a/queues/q/jobs", {"id": "j1"}),
+    ("POST", "/accounts/a/permits", {"type": "sync", "v": 1, "clientId": "c", "grants": []}),
+    ("POST", "/accounts/a/holders/c/settle", {"reason": "gone"}),
+]
+
+
+def strict_json(text: str):
+    """``text`` parsed as JSON proper: ``NaN``/``Infinity`` (which ``json.loads`` accepts) raise."""
+    def refuse(name):
+        raise AssertionError(f"not JSON: {name} in {text[:200]!r}")
+    return json.loads(text, parse_constant=refuse)
+
+
+async def fetch_raw(world, method: str, path: str, text: str, headers=None):
+    """The front's answer to a request whose body is ``text`` as given (not made by json.dumps);
+    the answer must be strict JSON."""
+    resp = await world.entry.Default(None, world.env).fetch(_Request("http://w" + path, method,
+                                                                  AUTH if headers is None else headers, text))
+    return resp.status, strict_json(resp.body)
+
+
+def nested(depth: int) -> str:
+    """A JSON object ``depth`` containers deep: ``{"id": "j1", "payload": [[...]]}``."""
+    return '{"id": "j1", "payload": ' + "[" * (depth - 1) + "]" * (depth - 1) + "}"
+
+
+def test_a_deeply_nested_body_is_a_400_on_every_route_that_reads_one(entry):
+    # Issue 21 (6): a body nested past the interpreter's recursion limit raised RecursionError out
+    # of read_json (it caught only ValueError): a 500 on every route that reads a body. Now any
+    # body nested deeper than MAX_JSON_DEPTH is a 400 invalid_json saying so, and nothing is created.
+    world = World(entry)
+    limit = entry.MAX_JSON_DEPTH
+
+    async def scenario():
+        for method, path, _ in BODY_ROUTES:
+            for text in ("[" * 100_000 + "]" * 100_000, "[" * 100_000, '{"a": ' * 50_000):
+                status, body = await fetch_raw(world, method, path, text)
+                assert status == 400 and body["v"] == 1 and body["error"]["code"] == "invalid_json", (path, body)
+                assert f"nested deeper than {limit}" in body["error"]["message"], (path, body)
+        # Below the recursion limit but past MAX_JSON_DEPTH: refused the same way; at it: accepted.
+        status, body = await fetch_raw(world, "POST", "/accounts/a/queues/q/jobs", nested(limit + 1))
+        assert status == 400 and body["error"]["code"] == "invalid_json", body
+        assert world.env.ACCOUNT_LIMIT.tables("a") == [] and world.env.JOB_QUEUE.tables(json.dumps(["a", "q"])) == []
+        status, body = await fetch_raw(world, "POST", "/accounts/a/queues/q/jobs", nested(limit))
+        assert status == 201, body
+        # Brackets inside strings (escaped quotes too) are text, not nesting.
+        text = json.dumps({"id": "s1", "payload": ['\\"[{' * 1000, "]" * 1000]})
+        status, body = await fetch_raw(world, "POST", "/accounts/a/queues/q/jobs", text)
+        assert status == 201, body
+
+    run(scenario())
+
+
+def test_non_finite_numbers_are_refused_and_every_answer_is_json(entry):
+    # Issue 21 (8): a payload holding NaN or Infinity was accepted, stored, and written back as a
+    # bare NaN, so the queue's view was not JSON. Now NaN, Infinity, -Infinity and numbers that
+    # overflow to infinity (1e999) are refused at input (400 invalid_json, nothing created), an
+    # RPC caller of JobQueue.enqueue gets the error value naming "payload" (nothing registered),
+    # and the front writes strict JSON only (allow_nan=False): an answer holding a non-finite
+    # number (a payload stored by an earlier version) is a JSON 500, never a bare NaN.
+    world = World(entry)
+
+    async def scenario():
+        for constant in ("NaN", "Infinity", "-Infinity", "1e999", "-1e999"):
+            text = '{"id": "j1", "payload": {"x": [1, ' + constant + "]}}"
+            status, body = await fetch_raw(world, "POST", "/accounts/a/queues/q/jobs", text)
+            assert status == 400 and body["error"]["code"] == "invalid_json", (constant, body)
+            status, body = await fetch_raw(world, "PUT", "/accounts/a/limit", '{"limit": ' + constant + "}")
+            assert status == 400 and body["error"]["code"] == "invalid_json", (constant, body)
+        assert world.env.ACCOUNT_LIMIT.tables("a") == [] and world.env.JOB_QUEUE.tables(json.dumps(["a", "q"])) == []
+        jq = queue_object(world, "a", "q")
+        for value in (float("nan"), float("inf"), {"deep": [float("-inf")]}):
+            reply = await jq.enqueue("a", "j1", "default", value, "q")
+            assert reply["error"]["code"] == "invalid_request" and reply["error"]["field"] == "payload", reply
+        assert world.env.ACCOUNT_LIMIT.tables("a") == []  # never registered in the directory
+        # A job whose payload an earlier version stored with a NaN: the admin view is JSON.
+        assert (await world.fetch("POST", "/accounts/a/queues/q/jobs", {"id": "old", "payload": 1},
+                                  headers=AUTH))[0] == 201
+        ctx = world.env.JOB_QUEUE.contexts[json.dumps(["a", "q"])]
+        ctx.storage.connection.execute("UPDATE durability_semaphore_client_items SET payload = 'NaN'")
+        status, body = await fetch_raw(world, "GET", "/accounts/a/queues/q", "", AUTH)
+        assert status == 500 and body["error"]["code"] == "internal_error", body
+        status, body = await fetch_raw(world, "GET", "/accounts/a/queues/q", "", {})
+        assert status == 200 and [j["id"] for j in body["jobs"]] == ["old"], body  # public view: no payload
+
+    run(scenario())
+
+
+def test_a_payload_over_the_size_limit_is_a_413_and_leaves_no_directory_entry(entry):
+    # Issue 21 (7): a payload over Durable Object SQL's 2 MB row limit escaped as a 500, and the
+    # job directory entry registered before the queue's insert failed stayed listed for a job
+    # that does not exist (the id then "belonged" to that queue: 409 for any other). Now a
+    # payload whose JSON is over MAX_PAYLOAD_BYTES is a 413 naming "payload" before anything is
+    # registered, at the front and for an RPC caller of JobQueue.enqueue.
+    world = World(entry)
+    limit = entry.MAX_PAYLOAD_BYTES
+
+    async def scenario():
+        for size in (limit + 1, 2_100_000):
+            body = {"id": "big", "payload": "x" * (size - 2)}  # its JSON: the string's quotes + size - 2
+            status, reply = await world.fetch("POST", "/accounts/a/queues/q/jobs", body, headers=AUTH)
+            assert status == 413 and reply["error"]["code"] == "payload_too_large", reply
+            assert reply["error"]["field"] == "payload" and str(limit) in reply["error"]["message"], reply
+        reply = await queue_object(world, "a", "q").enqueue("a", "big", "default", "x" * limit, "q")
+        assert reply["error"]["code"] == "payload_too_large" and reply["error"]["field"] == "payload", reply
+        assert world.env.ACCOUNT_LIMIT.tables("a") == []
+        assert (await world.env.ACCOUNT_LIMIT.getByName("a").find_job("big")) == {"queue": None}
+        # The id is free for any queue; a payload of exactly the limit is kept and shown.
+        status, reply = await world.fetch("POST", "/accounts/a/queues/other/jobs",
+                                          {"id": "big", "payload": "y" * (limit - 2)}, headers=AUTH)
+        assert status == 201, reply
+        status, reply = await world.fetch("GET", "/accounts/a/queues/other", headers=AUTH)
+        assert len(reply["jobs"][0]["payload"]) == limit - 2
+
+    run(scenario())
+
+
+def test_a_job_that_cannot_be_created_leaves_no_directory_entry(entry):
+    # Issue 21 (7): the directory write and the queue's insert are consistent on any failure:
+    # when creating the job fails after it was registered (here an injected storage failure of
+    # the queue's insert transaction), the queue withdraws the entry (AccountLimit.forget_job),
+    # answers the error value internal_error (the front: a JSON 500), and the id stays free.
+    from semaphore.testing import StorageFault
+
+    world = World(entry)
+
+    async def scenario():
+        assert (await world.fetch("POST", "/accounts/a/queues/q/jobs", {"id": "j0"}, headers=AUTH))[0] == 201
+        storage = world.env.JOB_QUEUE.contexts[json.dumps(["a", "q"])].storage
+        storage.fail_transaction = lambda: 0  # every transaction fails at its first statement
+        status, reply = await world.fetch("POST", "/accounts/a/queues/q/jobs", {"id": "j1"}, headers=AUTH)
+        assert status == 500 and reply["error"]["code"] == "internal_error", reply
+        assert StorageFault.__name__ in reply["error"]["message"], reply
+        storage.fail_transaction = None
+        assert directory(world) == {"j0": None}  # j1's entry is gone; j0 untouched
+        status, reply = await world.fetch("GET", "/accounts/a/queues/q", headers=AUTH)
+        assert [j["id"] for j in reply["jobs"]] == ["j0"], reply
+        assert (await world.fetch("POST", "/accounts/a/queues/other/jobs", {"id": "j1"}, headers=AUTH))[0] == 201
+        # A holder that does not answer the withdrawal: the entry goes through the outbox instead
+        # (finish_job: forgotten after the retention), never left live.
+        storage.fail_transaction = lambda: 0
+        holder = world.env.ACCOUNT_LIMIT.getByName("a")
+        real = holder.forget_job
+
+        async def down(*args):
+            raise RuntimeError("holder unreachable")
+
+        holder.forget_job = down
+        status, reply = await world.fetch("POST", "/accounts/a/queues/q/jobs", {"id": "j2"}, headers=AUTH)
+        assert status == 500 and reply["error"]["code"] == "internal_error", reply
+        storage.fail_transaction = None
+        holder.forget_job = real
+        assert directory(world)["j2"] is not None and outbox(world) == []  # marked finished, sent at once
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("token", ["", " ", "\n", " \t\r\n "])
+def test_a_blank_admin_token_means_not_configured(entry, token):
+    # Issue 21 (9): a whitespace-only ADMIN_TOKEN counted as configured (`if not token`), so
+    # "Authorization: Bearer <the blanks>" changed state. Blank is not configured: 401 on every
+    # writing route, whatever is sent, and nothing is created.
+    world = World(entry, ADMIN_TOKEN=token)
+
+    async def scenario():
+        for headers in ({}, {"authorization": f"Bearer {token}"}, {"authorization": "Bearer "},
+                        {"authorization": "Bearer"}):
+            for method, path, data in BODY_ROUTES:
+                status, body = await world.fetch(method, path, data, headers=headers)
+                assert status == 401 and "not configured" in body["error"]["message"], (headers, path, body)
+
+    run(scenario())
+    assert world.env.ACCOUNT_LIMIT.tables("a") == [] and world.env.JOB_QUEUE.tables(json.dumps(["a", "q"])) == []
+
+
+def test_surrounding_whitespace_of_the_admin_token_is_stripped(entry):
+    # Issue 21 (9): a secret set with a stray newline or spaces ("  s3cret\n", a value pasted or
+    # piped with its line end) is the token "s3cret" (README, the reference Worker's token section).
+    world = World(entry, ADMIN_TOKEN=f"  {TOKEN}\n")
+
+    async def scenario():
+        status, body = await world.fetch("PUT", "/accounts/a/limit", {"limit": 3}, headers=AUTH)
+        assert status == 200 and body["limit"] == 3, body
+        status, body = await world.fetch("GET", "/accounts/a/queues/q", headers=AUTH)
+        assert status == 200, body
+        for wrong in (f"Bearer   {TOKEN}\n", "Bearer", f"Bearer {TOKEN}x"):
+            status, body = await world.fetch("PUT", "/accounts/a/limit", {"limit": 4}, headers={"authorization": wrong})
+            assert status == 401 and "wrong" in body["error"]["message"], (wrong, body)
+
+    run(scenario())

@@ -492,3 +492,53 @@ def test_without_admin_token_state_changes_are_disabled(workerd_factory):
         assert status == 401 and "not configured" in data["error"]["message"], data
     assert app.usage("a")["limitOverride"] is None
     assert app.call("GET", "/healthz", auth=False) == (200, {"ok": True})
+
+
+def strict_json(raw: bytes) -> Any:
+    """``raw`` as JSON proper: a bare ``NaN``/``Infinity`` (which ``json.loads`` reads) fails."""
+    def refuse(name: str) -> Any:
+        raise AssertionError(f"not JSON: {name} in {raw[:300]!r}")
+    return json.loads(raw, parse_constant=refuse)
+
+
+def test_bad_bodies_and_payloads_are_refused_and_leave_no_directory_entry(app):
+    """Issue 21 (6, 7, 8) on the real runtime: a body nested too deeply, or holding NaN or
+    Infinity, is a 400 on every route that reads one (before: a 500, the isolate's stack
+    overflowing in json.loads, or NaN stored and written back bare); a payload over the 2 MB row
+    a 413 naming ``payload`` (before: SQLITE_TOOBIG as a 500, with the job's directory entry left,
+    so the id was taken: 409 in any other queue). Every answer is JSON proper."""
+    acct = "bodies"
+    routes = [("PUT", f"/accounts/{acct}/limit"), ("POST", f"/accounts/{acct}/queues/q/jobs"),
+              ("POST", f"/accounts/{acct}/permits"), ("POST", f"/accounts/{acct}/holders/c/settle")]
+    bodies = ["[" * 100_000 + "]" * 100_000, '{"id": "j1", "limit": NaN, "payload": [1e999], "reason": "x"}']
+    for method, path in routes:
+        for text in bodies:
+            status, raw = app.proc.request(path, method=method, body=text.encode(),
+                                           headers={**app.auth, "content-type": "application/json"})
+            answer = strict_json(raw)
+            assert status == 400 and answer["error"]["code"] == "invalid_json", (path, text[:40], answer)
+    big = json.dumps({"id": "big", "payload": "x" * 2_100_000}).encode()
+    status, raw = app.proc.request(f"/accounts/{acct}/queues/q/jobs", method="POST", body=big,
+                                   headers={**app.auth, "content-type": "application/json"})
+    answer = strict_json(raw)
+    assert status == 413 and answer["error"]["field"] == "payload", answer
+    # Nothing was registered: the id is free for another queue, and the first queue has no job.
+    assert app.enqueue(acct, "other", "big", {"ok": True})["created"] is True
+    assert app.jobs(acct, "q") == {} and app.usage(acct)["limitOverride"] is None
+    status, raw = app.proc.request(f"/accounts/{acct}/queues/other", headers=app.auth)
+    assert status == 200 and strict_json(raw)["jobs"][0]["payload"] == {"ok": True}
+
+
+def test_admin_token_whitespace_is_stripped_and_blank_is_not_configured(workerd_factory):
+    """Issue 21 (9): an ADMIN_TOKEN of only whitespace counted as configured, and one with a
+    stray newline could never be sent (the runtime trims header values). Blank now means not
+    configured (401 "not configured"); a padded one is the token without its whitespace."""
+    blank = App(workerd_factory(vars_override=APP_VARS, secrets={"ADMIN_TOKEN": " \n"}), token=" \n")
+    for headers in ({}, {"authorization": "Bearer "}, {"authorization": "Bearer   "}):
+        status, data = blank.call("PUT", "/accounts/a/limit", {"limit": 1}, auth=False, headers=headers)
+        assert status == 401 and "not configured" in data["error"]["message"], (headers, data)
+    padded = App(workerd_factory(vars_override=APP_VARS, secrets={"ADMIN_TOKEN": f"  {TOKEN}\n"}))
+    assert padded.ok("PUT", "/accounts/a/limit", {"limit": 2})["limit"] == 2
+    status, data = padded.call("PUT", "/accounts/a/limit", {"limit": 3}, auth=False,
+                               headers={"authorization": f"Bearer {TOKEN}x"})
+    assert status == 401, data

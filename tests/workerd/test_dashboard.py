@@ -16,6 +16,10 @@ typed reason) settles the other account's client: ``GET .../audit`` has the reco
 that the page made no request to another origin, never put the token into a URL, and logged no
 error (a Content-Security-Policy violation would be one).
 
+A second test opens the page for accounts named ``constructor``, ``__proto__`` and
+``toString`` (Object.prototype's keys in a plain object): every section shows its own numbers,
+polled again and again, with no script error.
+
 Set ``SEMAPHORE_DASHBOARD_SCREENSHOT=docs/dashboard.png`` to save the page's screenshot there
 (the README's); otherwise it is written under the test's tmp_path only.
 
@@ -220,7 +224,7 @@ class Browser:
 #: Reads the visible text of the page's numbers (innerText: what is rendered, not attributes).
 READ_PAGE = """(() => {
   const text = (el) => el ? el.innerText.trim() : null;
-  const out = {};
+  const out = Object.create(null);  // account names are anyone's: "__proto__" must be a key like any other
   for (const section of document.querySelectorAll("section.account[data-account]")) {
     const stats = {};
     for (const dd of section.querySelectorAll("[data-stat]")) stats[dd.dataset.stat] = text(dd);
@@ -502,5 +506,42 @@ def test_dashboard_shows_usage_blocked_reasons_and_holders_in_a_real_browser(
         problems = [e["params"] for e in page.events if e["method"] == "Runtime.exceptionThrown"
                     or (e["method"] == "Log.entryAdded" and e["params"]["entry"]["level"] == "error"
                         and not tolerated(e["params"]["entry"]))]
+        assert not problems, problems
+        page.close()
+
+
+def test_account_names_that_are_object_prototype_keys_show_in_a_real_browser(
+        workerd_runtime, workerd_bin, project_wrangler_toml, tmp_path, chromium):
+    """Issue 21 (10): the page kept its views in a plain object keyed by account name, so an
+    account named ``constructor``, ``__proto__`` or ``toString`` found Object.prototype's members
+    there and every refresh failed with a TypeError. Each now gets its own section showing its
+    own ``/usage`` and queue, polled again and again, with no script error."""
+    names = ["constructor", "__proto__", "toString"]
+    with front_of(workerd_runtime, workerd_bin, project_wrangler_toml, tmp_path, VARS) as front:
+        front: Front
+        assert front.set_limit("constructor", 2)["limit"] == 2
+        front.enqueue("toString", "valueOf", "j1")
+        wait_until(lambda: front.jobs("toString", "valueOf")["j1"]["state"] == "running"
+                   and front.usage("toString")["charged"] == 1, "toString's job to run")
+        page = chromium.page()
+        page.call("Page.enable")
+        page.call("Runtime.enable")
+        page.call("Log.enable")
+        url = f"{front.proc.url}/?account={','.join(names)}&queues=valueOf&interval={POLL_MS}"
+        page.call("Page.navigate", url=url)
+
+        def shown() -> Any:
+            seen = page.evaluate(READ_PAGE) or {}
+            return (list(seen) == names and all(seen[n]["samples"] >= 2 for n in names)
+                    and all(seen[n]["stats"] == page_numbers(front.usage(n))[0] for n in names) and seen)
+
+        seen = wait_until(shown, "every account's section, polled twice, showing its /usage")
+        assert seen["constructor"]["stats"]["limit"] == "2" and seen["toString"]["stats"]["charged"] == "1", seen
+        assert seen["toString"]["queues"]["valueOf"]["running"] == "1", seen["toString"]
+        assert all(seen[n]["error"] == "" and seen[n]["visible"] for n in names), seen
+        assert page.evaluate("document.getElementById('status').textContent").startswith("Updated")
+        page.call("Runtime.evaluate", expression="1")  # drain pending events into page.events
+        problems = [e["params"] for e in page.events if e["method"] == "Runtime.exceptionThrown"
+                    or (e["method"] == "Log.entryAdded" and e["params"]["entry"]["level"] == "error")]
         assert not problems, problems
         page.close()

@@ -1,5 +1,6 @@
 """src/entry.py's Default WorkerEntrypoint (the HTTP front) inside Pyodide: workers.Request in,
-workers.Response out, and RPC to the AccountLimit holder through the SDK-wrapped env."""
+workers.Response out, and RPC to the AccountLimit holder through the SDK-wrapped env; bodies
+nested too deeply or holding NaN, payloads over the row limit, and a blank or padded admin token."""
 
 import json
 
@@ -222,3 +223,63 @@ async def test_queue_view_shows_the_holders_blocked_reason_of_queued_jobs():
     assert j2["state"] == "queued" and set(j2["blocked"]) == {"reason", "waiting", "at"}, j2
     assert (j2["blocked"]["reason"], j2["blocked"]["waiting"]) == ("limit", 1), j2
     assert type(j2["blocked"]["at"]) is int and before <= j2["blocked"]["at"] <= rt.now(), j2
+
+
+def strict(text):
+    """``text`` as JSON proper (``NaN``/``Infinity``, which ``json.loads`` reads, raise)."""
+    def refuse(name):
+        raise AssertionError(f"not JSON: {name}")
+    return json.loads(text, parse_constant=refuse)
+
+
+async def test_a_deep_or_non_finite_body_is_a_400_on_every_route_that_reads_one():
+    # Issue 21 (6, 8): a deeply nested body raised RecursionError out of read_json on CPython (a
+    # 500); inside Pyodide json.loads overflows the WebAssembly stack first, a fatal error of the
+    # whole interpreter (this test, on the previous code, ends the harness). NaN and Infinity
+    # were accepted and written back bare. Both are 400 invalid_json now, on every route that
+    # reads a body, through the SDK's Request.
+    rt = full_runtime()
+    deep = "[" * 100_000 + "]" * 100_000
+    nan = '{"id": "j1", "limit": NaN, "payload": [Infinity], "reason": "x"}'
+    for method, path in (("PUT", "/accounts/acme/limit"), ("POST", "/accounts/acme/queues/q/jobs"),
+                         ("POST", "/accounts/acme/permits"), ("POST", "/accounts/acme/holders/c/settle")):
+        for text, why in ((deep, "nested deeper than 64"), (nan, "not a JSON number")):
+            resp = await rt.fetch(Default, "http://w" + path, method=method, headers=AUTH, body=text)
+            err = strict(await resp.text())
+            assert resp.status == 400 and err["error"]["code"] == "invalid_json", (path, err)
+            assert why in err["error"]["message"], (path, err)
+    assert tables(rt, "ACCOUNT_LIMIT", "acme") == [] and tables(rt, "JOB_QUEUE", json.dumps(["acme", "q"])) == []
+
+
+async def test_a_payload_over_the_row_limit_is_a_413_and_leaves_no_directory_entry():
+    # Issue 21 (7): a payload over Durable Object SQL's 2 MB row limit escaped as a 500
+    # (SQLITE_TOOBIG from the queue's insert), and the job directory kept the entry registered
+    # before it: the id then belonged to a job that does not exist (409 in any other queue).
+    rt = full_runtime()
+    url = "http://w/accounts/acme/queues/{}/jobs"
+    big = json.dumps({"id": "big", "payload": "x" * 2_100_000})
+    resp = await rt.fetch(Default, url.format("q"), method="POST", headers=AUTH, body=big)
+    err = strict(await resp.text())
+    assert resp.status == 413 and err["error"]["code"] == "payload_too_large", err
+    assert err["error"]["field"] == "payload", err
+    assert tables(rt, "ACCOUNT_LIMIT", "acme") == []  # nothing registered
+    resp = await rt.fetch(Default, url.format("other"), method="POST", headers=AUTH,
+                          body=json.dumps({"id": "big", "payload": {"small": True}}))
+    assert resp.status == 201, await resp.text()
+
+
+async def test_a_blank_admin_token_is_not_configured_and_surrounding_whitespace_is_stripped():
+    # Issue 21 (9): a whitespace-only ADMIN_TOKEN counted as configured; one with a stray newline
+    # was a token nobody could send (the runtime's Headers trim the value sent).
+    url = "http://w/accounts/acme/limit"
+    limit = json.dumps({"limit": 3})
+    rt = Runtime({"ACCOUNT_LIMIT": AccountLimit}, vars={**VARS, "ADMIN_TOKEN": " \n"}, auto_alarms=False)
+    for headers in ({"authorization": "Bearer  \n"}, {"authorization": "Bearer "}, {}):
+        resp = await rt.fetch(Default, url, method="PUT", headers=headers, body=limit)
+        err = await body(resp)
+        assert resp.status == 401 and "not configured" in err["error"]["message"], (headers, err)
+    assert tables(rt, "ACCOUNT_LIMIT", "acme") == []
+    rt.close()
+    rt = Runtime({"ACCOUNT_LIMIT": AccountLimit}, vars={**VARS, "ADMIN_TOKEN": "s3cret\n"}, auto_alarms=False)
+    resp = await rt.fetch(Default, url, method="PUT", headers=AUTH, body=limit)
+    assert resp.status == 200 and (await body(resp))["limit"] == 3
