@@ -160,3 +160,23 @@ async def test_r9_a_client_asking_again_before_its_wait_ms_still_gets_an_answer_
     assert answered_at is not None and answered_at - start <= HOLD + 2000 + 3000
     assert calls[0].result()["blocked"] == [{"group": "g", "reason": "limit", "waiting": 1}]
     assert all(c.done() for c in calls[:4])  # the calls that joined it got the same answer
+
+
+@async_test
+async def test_r9_r18_a_force_settle_starts_a_round_for_held_requests():
+    # R9 decision, R18 decision (force-settle): the capacity a force-settle frees reaches a held
+    # request by the next round the period allows, like a releasing sync, not at its deadline.
+    bed = Bed(limit=1, hold_blocked_ms=HOLD)
+    [ra] = await bed.round(request("a", {"g": 1}))
+    (ga,) = ra["grants"]
+    await bed.one(sync("a", grants=[(ga["grantId"], 1, 0)]))  # a claims (R15a)
+    b = bed.send(held_request("b", {"g": 1}))
+    await bed.clock.advance(5000)
+    assert not b.done()
+    await bed.sem.force_settle("a", "gone for good")
+    t = bed.now
+    await bed.clock.advance(0)
+    await bed.clock.advance(1)
+    assert b.done() and bed.now <= t + 1  # the period since the last round has passed
+    assert [g["permits"] for g in b.result()["grants"]] == [1]
+    bed.check()

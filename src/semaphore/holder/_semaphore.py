@@ -381,6 +381,10 @@ class DurabilitySemaphore:
         log.warning("force-settled client %r (%s): %d grant permits and %d lease permits freed; audit %d",
                     record["clientId"], record["reason"], record["grantPermits"], record["leasePermits"],
                     record["auditId"])
+        # R18 decision, R9: a force-settle frees capacity, like a releasing sync: a held request
+        # is served by the next round the period allows, not at its own deadline.
+        if record["grantPermits"] or record["leasePermits"]:
+            self.start_round()
         try:
             await self.scheduler.arm()
         except Exception:  # the commit stands; the next instance start re-arms
@@ -630,7 +634,7 @@ class DurabilitySemaphore:
     def start_round(self) -> None:
         """Start the round timer for the held requests, if none is waiting: at once, but no
         sooner than ``round_period_ms`` after the previous round (R9). Called when capacity
-        frees (a releasing sync, a reclaim) and at a held request's deadline; does nothing
+        frees (a releasing sync, a reclaim, a force-settle) and at a held request's deadline; does nothing
         while nothing is held. The holder cannot see the application's limits change: call it
         after raising ``limit`` or a group limit, or after ``can_grant`` starts allowing, so
         held requests are served at once rather than at their deadline."""
