@@ -371,3 +371,28 @@ async def test_r34a_a_slot_reused_beside_a_held_request_sends_no_request_of_its_
         assert started[-1] == nxt
     assert len([m for m in net.sent if m["type"] == "request"]) == requests
     side.driver.kill()
+
+
+# ====================================================================== a storage reset (R32, R33a)
+@async_test
+async def test_r32_a_reusable_leases_id_says_so_and_a_reset_charges_it_every_slot_whatever_the_option_is_now():
+    # R32 decision: a reusable lease's id carries the mark ("3r", signed with the rest), so a
+    # holder whose storage was reset with `reusable` turned off still charges every slot of it:
+    # x has reused its slots (drawn 40, released 38: 2 running), and `permits - released` would
+    # charge nothing. Charged 3, honest gets 10 - 3 = 7.
+    from test_leases import APP_SECRET, held
+
+    bed = Bed(10, leases=REUSE_FIRST, lease_secret=APP_SECRET)
+    [r] = await bed.round(request("x", {"g": 3}, leases=[]))
+    lease = only(r)
+    assert lease["reusable"] and lease["leaseId"].split(".")[-2] == "3r"
+    bed.reset(leases={**REUSE_FIRST, "reusable": False})
+    await bed.clock.advance(2000)
+    rx, ry = await bed.round(request("x", {}, leases=[(lease["leaseId"], 40, 38)], oldest_at=0),
+                             request("honest", {"g": 10}, oldest_at=1))
+    assert only(rx)["status"] == "retired"
+    assert held(ry) == 7
+    # a one-shot lease's id is unmarked, and verifies and charges as before
+    [r] = await bed.round(request("y", {"g": 1}, leases=[]))
+    assert "r" not in only(r)["leaseId"].split(".")[-2]
+    bed.check()

@@ -398,7 +398,7 @@ def _issue(ledger: Ledger, views: dict[str, View], result: Allocation, now: int,
         # too little; from the first one stored, it refuses this storage (a newer schema).
         ledger.set_meta("schema_version", REUSABLE_SCHEMA)
     for (client_id, group), permits in result.leases.items():
-        lease_id = new_lease_id(policy.new_id(), (secret, epoch), client_id, permits)
+        lease_id = new_lease_id(policy.new_id(), (secret, epoch), client_id, permits, policy.leases.reusable)
         lease = LeaseRow(lease_id, client_id, group, permits, 0, 0, False, "live", now, now + policy.leases.ttl_ms,
                          policy.leases.reusable)
         ledger.put_lease(lease)
