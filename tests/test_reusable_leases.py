@@ -396,3 +396,36 @@ async def test_r32_a_reusable_leases_id_says_so_and_a_reset_charges_it_every_slo
     [r] = await bed.round(request("y", {"g": 1}, leases=[]))
     assert "r" not in only(r)["leaseId"].split(".")[-2]
     bed.check()
+
+
+@async_test
+async def test_r33a_after_a_reset_a_client_served_by_a_reusable_lease_stops_drawing_from_it_within_the_bound():
+    # R32, R33a (issue 21, a gap): with lease_secret, after a holder storage reset a client
+    # served by a reusable lease sent nothing until its heartbeat (15 min at the default ttl),
+    # drawing new items all along while the holder gave others the whole limit. Its recheck
+    # sync is answered `retired` (the holder does not know the lease): it stops drawing within
+    # the bound, and from then on the key runs at most the limit.
+    from test_leases import APP_SECRET
+    from test_lowered_limits import BOUND_MS, JOB_MS, Load
+
+    config = {**REUSE_FIRST, "ttlMs": LeaseConfig().ttl_ms}
+    clock = SimClock(T0)
+    holder = HolderSide(clock, limit=3, leases=config, lease_secret=APP_SECRET)
+    net = Net(holder, clock)
+    first = Load(clock, net, "g")
+    await first.enqueue(200)
+    await first.run(clock.now + 10_000)
+    assert max(n for _, n in first.starts) == 3
+    holder.reset()
+    reset_at = clock.now
+    second = Load(clock, net, "g", name="c2")
+    await second.enqueue(200)
+    step = 100
+    while clock.now < reset_at + 40_000:
+        for load in (first, second):
+            await load.run(clock.now + step)
+        if clock.now > reset_at + BOUND_MS + JOB_MS:
+            assert len(first.running) + len(second.running) <= 3, clock.now - reset_at
+    assert second.starts  # the newcomer is served
+    first.side.driver.kill()
+    second.side.driver.kill()

@@ -5,7 +5,8 @@ Every lease id is ``<nonce>.<epoch>.<permits>.<mac>``: the nonce from the holder
 ``id_factory``, the storage epoch (8 hex digits, 32 random bits drawn with the storage's lease-id
 state), the lease's permits (decimal; followed by ``r`` for a reusable lease, R34a) and the first
 32 hex digits of HMAC-SHA256 over the client id, nonce, epoch and permits field under
-``lease_secret`` (keyed per holder) or the per-storage secret (meta rows ``lease_key_0..7``). Pure: the callers pass the secret, the meta rows and the factories.
+``lease_secret`` (keyed per holder) or the per-storage secret (meta rows ``lease_key_0..7``).
+Pure: the callers pass the secret, the meta rows and the factories.
 """
 
 from __future__ import annotations

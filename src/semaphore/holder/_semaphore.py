@@ -21,7 +21,7 @@ from ..clock import sleep_until
 from ..core.allocation import LIMIT_ERROR
 from ..core.config import LeaseConfig, option_int
 from ..core.lease_ids import LEASE_KEY_WORDS, configured_secret, holder_key
-from ..core.rounds import Limits, Pending, Policy, next_round_at
+from ..core.rounds import Limits, Pending, Policy, limit_lowered, next_round_at
 from ..core.usage import measure
 from ..core.wire import PermitRequest, SyncMessage, parse_message, valid_count
 from ..errors import ConfigurationError, InvalidMessageError, RoundFailedError
@@ -279,6 +279,9 @@ class DurabilitySemaphore:
         self._last_contended = False
         #: R31a count of the last committed round (durable in meta ``starving``, like the flag).
         self._last_starving = 0
+        #: The last committed round's resolved limit (durable in meta ``last_limit``): a sync
+        #: retires leases when the limit is now below it (R33a).
+        self._last_limit: int | None = None
         self._ready = False
 
     # ================================================================== public API
@@ -307,6 +310,8 @@ class DurabilitySemaphore:
             reply["joinInMs"] = self._join_in_ms(int(reply["nextRequestAt"]))
             if self.claim_ttl_ms is not None:
                 reply["claimTtlMs"] = self.claim_ttl_ms  # the client heartbeats its claims (R18 decision)
+            if self.leases is not None and self.leases.recheck_ms > 0:
+                reply["leaseRecheckMs"] = self.leases.recheck_ms  # the client rechecks leases (R33a)
         return reply
 
     def _join_in_ms(self, next_request_at: int) -> int:
@@ -449,6 +454,8 @@ class DurabilitySemaphore:
         # R29: the last committed round's flag survives eviction (one read per instance).
         self._last_contended = bool(meta.get("contended", 0))
         self._last_starving = int(meta.get("starving", 0))
+        last_limit = meta.get("last_limit")
+        self._last_limit = None if last_limit is None else int(last_limit)
         self._ready = True
         # Repairs an alarm lost between a commit and its setAlarm (e.g. an eviction).
         await self.scheduler.arm()
@@ -560,6 +567,8 @@ class DurabilitySemaphore:
             replies, served = outcome.replies, outcome.served
             self._last_contended = outcome.contended  # R29: only a committed round changes the flag
             self._last_starving = outcome.starving
+            if outcome.limit is not None:
+                self._last_limit = outcome.limit  # meta last_limit (R33, R33a)
             try:
                 await self.scheduler.arm()
             except Exception:  # the commit stands; the next instance start re-arms
@@ -665,19 +674,40 @@ class DurabilitySemaphore:
     async def _sync(self, message: SyncMessage) -> dict[str, Any]:
         """SPEC R6: apply a sync's reports in their own transaction and answer at once, with the
         ``contended`` flag of the last committed round (R29; durable, so it survives eviction)."""
+        limits = await self._sync_limits(message)
         now = int(self.clock())
-
+        lowered = limits is not None and limit_lowered(self._last_limit, limits.limit)
         contended, next_at, starving = self._last_contended, self.next_request_at(), self._last_starving
         try:
             reply, charge_change = self.storage.transaction(
-                lambda: run_sync(self.store, now, message, self.policy, contended, next_at, starving))
+                lambda: run_sync(self.store, now, message, self.policy, contended, next_at, starving, limits,
+                                 lowered))
         except Exception as exc:
             log.exception("sync transaction failed; nothing was written")
             return RoundFailedError(f"sync failed, nothing was written: {exc}").to_wire()
-        if charge_change < 0:
-            self.start_round()  # it freed capacity a held request may wait for (none held: no-op)
+        if lowered and limits is not None:
+            self._last_limit = limits.limit  # the sync wrote meta last_limit (R33a)
+        if charge_change < 0 or (limits is not None and isinstance(limits.limit, int)
+                                 and self._last_limit is not None and limits.limit > self._last_limit):
+            # it freed capacity, or the limit rose since the last round: a held request may
+            # wait for it (none held: no-op)
+            self.start_round()
         await self.scheduler.arm()
         return reply
+
+    async def _sync_limits(self, message: SyncMessage) -> Limits | None:
+        """SPEC R33a: for a sync that reports leases, the limit and the group limits of the
+        client's live-lease groups, resolved before its transaction (R12), so the sync retires
+        what the next round would (``None``: leases not configured, nothing reported, or no
+        lease live: nothing to retire, nothing resolved)."""
+        if self.leases is None or not message.leases:
+            return None
+        limit = await self._resolve_limit()
+        groups: dict[str, Any] = {}
+        if self.group_limit is not None:
+            for g in sorted({g for _, g in self.store.live_lease_pairs([message.client_id])}):
+                groups[g] = await self._resolve_group_limit(g)
+        return Limits(limit, groups)
 
     def _reclaim_due(self) -> int | None:
         """The reclaim participant's ``next_due`` (SPEC R16): the earliest deadline of a grant with
