@@ -644,8 +644,9 @@ class DurabilitySemaphore:
         """Start the round timer for the held requests, if none is waiting: at once, but no
         sooner than ``round_period_ms`` after the previous round (R9). Called when capacity
         frees (a releasing sync, a reclaim, a force-settle) and at a held request's deadline; does nothing
-        while nothing is held. The holder cannot see the application's limits change: call it
-        after raising ``limit`` or a group limit, or after ``can_grant`` starts allowing, so
+        while nothing is held. The holder sees the application's limits only when it resolves
+        them (a round; a sync reporting leases, which calls it when ``limit`` rose, R33a): call
+        it after raising ``limit`` or a group limit, or after ``can_grant`` starts allowing, so
         held requests are served at once rather than at their deadline."""
         if not self._held or self._round_task is not None:
             return
