@@ -30,7 +30,7 @@ from ..runtime import Storage, TableWatch, object_id
 from ..scheduler import DurabilityScheduler
 from . import _operations
 from ._observe import OnRound, emit, failed_record, round_record
-from ._steps import lease_scope, run_claim_expiry, run_reclaim, run_round, run_sync
+from ._steps import lease_scope, run_claim_expiry, run_reclaim, run_round, run_sync, sync_scope
 from ._store import GRANTS, SCHEMA_VERSION, SqlStore, drop_schema, ensure_schema, read_meta
 
 __all__ = ["DurabilitySemaphore", "LimitOption", "GroupLimitOption", "CanGrantOption"]
@@ -701,14 +701,12 @@ class DurabilitySemaphore:
         client's live-lease groups, resolved before its transaction (R12), so the sync retires
         what the next round would (``None``: leases not configured, nothing reported, or no
         lease live: nothing to retire, nothing resolved)."""
-        if self.leases is None or not message.leases:
+        scope = sync_scope(self.store, message, leases_configured=self.leases is not None,
+                           group_limits=self.group_limit is not None)
+        if scope is None:
             return None
         limit = await self._resolve_limit()
-        groups: dict[str, Any] = {}
-        if self.group_limit is not None:
-            for g in sorted({g for _, g in self.store.live_lease_pairs([message.client_id])}):
-                groups[g] = await self._resolve_group_limit(g)
-        return Limits(limit, groups)
+        return Limits(limit, {g: await self._resolve_group_limit(g) for g in sorted(scope)})
 
     def _reclaim_due(self) -> int | None:
         """The reclaim participant's ``next_due`` (SPEC R16): the earliest deadline of a grant with

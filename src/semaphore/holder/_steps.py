@@ -29,8 +29,8 @@ from ..core.rounds import (
 from ..core.settle import Settlement, decide_claim_expiry, decide_force_settle
 from ..core.wire import SyncMessage
 
-__all__ = ["Store", "LeaseScope", "lease_scope", "run_round", "run_sync", "run_reclaim", "run_force_settle",
-           "run_claim_expiry"]
+__all__ = ["Store", "LeaseScope", "lease_scope", "sync_scope", "run_round", "run_sync", "run_reclaim",
+           "run_force_settle", "run_claim_expiry"]
 
 
 class Store(Protocol):
@@ -97,6 +97,19 @@ def lease_scope(store: Store, clients: Sequence[Pending], *, leases_configured: 
         lease_pairs = store.live_lease_pairs(None if every_lease else [p.client_id for p in clients])
         lease_groups = store.groups_with_live_leases()
     return LeaseScope(demand_pairs, lease_pairs, {g for _, g in demand_pairs} | lease_groups)
+
+
+def sync_scope(store: Store, message: SyncMessage, *, leases_configured: bool,
+               group_limits: bool) -> set[str] | None:
+    """What a sync must resolve before its transaction (SPEC R33a): ``None`` when nothing (no
+    leases configured, or the sync reports none), else the groups whose limit to resolve (the
+    client's live-lease groups, read only when ``group_limits`` are configured) besides the
+    limit itself."""
+    if not leases_configured or not message.leases:
+        return None
+    if not group_limits:
+        return set()
+    return {g for _, g in store.live_lease_pairs([message.client_id])}
 
 
 def run_round(store: Store, now: int, clients: Sequence[Pending], limits: Limits,
