@@ -29,12 +29,12 @@ class Load:
     """One client keeping its queue busy: items that each run ``JOB_MS``, started by the queue
     (``on_admit``) and completed by the test; ``starts`` records ``(time, running after it)``."""
 
-    def __init__(self, clock: SimClock, net: Net, group: str, name: str = "c1") -> None:
+    def __init__(self, clock: SimClock, net: Net, group: str, name: str = "c1", **queue_options: Any) -> None:
         self.clock, self.group = clock, group
         self.running: dict[str, int] = {}
         self.starts: list[tuple[int, int]] = []
         self.n = 0
-        self.side = ClientSide(name, clock, net, on_admit=self.admit)
+        self.side = ClientSide(name, clock, net, on_admit=self.admit, **queue_options)
 
     def admit(self, side: ClientSide, item: Any) -> None:
         self.running[item.item_id] = self.clock.now
@@ -58,12 +58,12 @@ class Load:
             await self.clock.advance(step_ms)
 
 
-def world(leases: dict[str, Any], box: dict[str, Any], group: str = "g"):
+def world(leases: dict[str, Any], box: dict[str, Any], group: str = "g", hold_ms: int = 0):
     clock = SimClock(T0)
     holder = HolderSide(clock, limit=lambda: box["limit"],
-                        group_limit=lambda g: box.get(g), leases=leases)
+                        group_limit=lambda g: box.get(g), leases=leases, hold_blocked_ms=hold_ms)
     net = Net(holder, clock)
-    return clock, holder, net, Load(clock, net, group)
+    return clock, holder, net, Load(clock, net, group, request_wait_ms=hold_ms)
 
 
 CASES = [
@@ -72,6 +72,10 @@ CASES = [
     ("reusable, group limit, withinGroupLimit", {**REUSABLE, "limitedGroups": "withinGroupLimit"},
      {"limit": 10, "g": 3}, {"limit": 10, "g": 1}, None),
     ("reusable, a group limit appears, exclude", REUSABLE, {"limit": 3}, {"limit": 3, "g": 1}, None),
+    # waiting requests (R9, the bench's reuse-held hold): the key's request is held while it
+    # draws, answered by a round that retires the lease, but no round need come before the
+    # hold's deadline (30 s): the recheck goes beside the held request
+    ("reusable, limit, waiting requests", {**REUSABLE, "hold": 30_000}, {"limit": 3}, {"limit": 1}, None),
     # a one-shot lease gets what grants leave (R25): 1 granted, a lease of 16 drawn one by one
     ("one-shot, limit", ONE_SHOT, {"limit": 20}, {"limit": 0}, 2000),
     ("one-shot, group limit, withinGroupLimit", {**ONE_SHOT, "limitedGroups": "withinGroupLimit"},
@@ -84,7 +88,9 @@ CASES = [
 async def test_r33_r33a_a_lowered_limit_stops_new_admissions_from_every_lease_within_the_bound(
         name, leases, before, after, every):
     box = dict(before)
-    clock, holder, net, load = world(leases, box)
+    leases = dict(leases)
+    hold_ms = leases.pop("hold", 0)
+    clock, holder, net, load = world(leases, box, hold_ms=hold_ms)
     await load.enqueue(200 if every is None else 1)
     await load.run(clock.now + (20_000 if every is None else 6000), arrive_every_ms=every)
     # served by a lease that can still admit (a reusable one, or undrawn one-shot permits)
