@@ -92,6 +92,7 @@ from semaphore.errors import InvalidMessageError
 from semaphore.testing._memory_store import (
     MemoryStore,
     resolve_limits,
+    resolve_sync_limits,
     run_reclaim,
     run_round,
     run_sync,
@@ -215,12 +216,22 @@ class Model:
     def next_request_at(self) -> int:
         return self.now if self.last_round_at is None else max(self.now, self.last_round_at + PERIOD)
 
-    def sync(self, c: Client, message: SyncMessage | None = None) -> dict[str, Any]:
-        """A sync (R6) of ``c``'s reports, answered with the last round's flag (R29)."""
+    def sync_limits(self, message: SyncMessage) -> tuple[Any, bool]:
+        """R33a: what the holder resolves for a sync (the limit, its client's lease groups')."""
+        return resolve_sync_limits(
+            self.store, message, limit=LIMIT_ERROR if self.limit_fails else self.limit,
+            group_limit=lambda g: LIMIT_ERROR if g in self.group_fails else self.group_limits.get(g),
+            leases_configured=self.lease_config is not None)
+
+    def sync(self, c: Client, message: SyncMessage | None = None,
+             limits: tuple[Any, bool] | None = None) -> dict[str, Any]:
+        """A sync (R6) of ``c``'s reports, answered with the last round's flag (R29), retiring
+        what a lowered limit makes ineligible (R33a; ``limits``: as resolved for it)."""
         message = message or sync_of(c, c.reports())
         contended = bool(self.store.meta().get("contended", 0))
+        resolved, lowered = self.sync_limits(message) if limits is None else limits
         reply, _ = run_sync(self.store, self.now, message, self.policy(), contended, self.next_request_at(),
-                         self.starving())
+                         self.starving(), resolved, lowered)
         self.check_reply_lists_everything(c.cid, reply)
         c.absorb(reply)
         c.confirm(reply)
@@ -334,9 +345,11 @@ class Model:
         stale = c.history[pick % len(c.history)]
         reference = self.store.clone()
         contended = bool(self.store.meta().get("contended", 0))
+        message = sync_of(c, stale)
+        limits = self.sync_limits(message)  # the same limits for both (R33a retires alike)
         run_sync(reference, self.now, sync_of(c, ((), ())), self.policy(), contended, self.next_request_at(),
-                 self.starving())
-        reply = self.sync(c, sync_of(c, stale))
+                 self.starving(), *limits)
+        reply = self.sync(c, message, limits)
         heartbeats = {lid for lid, *_ in stale[1]}
         assert strip(self.store.state(), heartbeats) == strip(reference.state(), heartbeats), "I2: a replay changed state"
         for s in reply["grants"]:  # R13: answered with the holder's marks, never the stale ones
@@ -392,9 +405,11 @@ class Model:
             reply = self.run_round([Pending(member, 0, [request_of(c, hostile, demand)])]).replies[member]
         else:
             contended = bool(self.store.meta().get("contended", 0))
+            message = sync_of(c, hostile)
+            limits = self.sync_limits(message)
             run_sync(reference, self.now, sync_of(c, (grants, leases)), policy, contended, self.next_request_at(),
-                     self.starving())
-            reply = self.sync(c, sync_of(c, hostile))
+                     self.starving(), *limits)
+            reply = self.sync(c, message, limits)
         assert self.store.state() == reference.state(), "R14/R32: a foreign or unknown report changed state"
         answers = {s["grantId"]: s for s in reply["grants"]}
         for gid in [g.grant_id for g in foreign_g] + ["ghost"]:
@@ -427,9 +442,11 @@ class Model:
         policy = Policy(leases=self.lease_config, grant_timeout_ms=GRANT_TIMEOUT, round_period_ms=PERIOD,
                         new_id=self.ids.copy(), new_secret=self.new_secret)
         contended = bool(self.store.meta().get("contended", 0))
+        message = sync_of(c, inflated)
+        limits = self.sync_limits(message)
         run_sync(reference, self.now, sync_of(c, (grants, leases)), policy, contended, self.next_request_at(),
-                     self.starving())
-        self.sync(c, sync_of(c, inflated))
+                 self.starving(), *limits)
+        self.sync(c, message, limits)
         assert self.store.state() == reference.state(), "R13/R30: an inflated report was not clamped"
         self.after_reply(c)
 

@@ -364,3 +364,46 @@ async def test_a_release_behind_a_held_request_of_an_uncontended_key_waits_out_t
     await side.queue.complete("a")
     await clock.advance(20_000)
     assert admitted["b"] - left <= 3000, f"b admitted {admitted['b'] - left} ms after a's release"
+
+
+@async_test
+async def test_r9_r18_a_force_settle_starts_a_round_for_held_requests():
+    # R9 decision, R18 decision (force-settle): the capacity a force-settle frees reaches a held
+    # request by the next round the period allows, like a releasing sync, not at its deadline.
+    bed = Bed(limit=1, hold_blocked_ms=HOLD)
+    [ra] = await bed.round(request("a", {"g": 1}))
+    (ga,) = ra["grants"]
+    await bed.one(sync("a", grants=[(ga["grantId"], 1, 0)]))  # a claims (R15a)
+    b = bed.send(held_request("b", {"g": 1}))
+    await bed.clock.advance(5000)
+    assert not b.done()
+    await bed.sem.force_settle("a", "gone for good")
+    t = bed.now
+    await bed.clock.advance(0)
+    await bed.clock.advance(1)
+    assert b.done() and bed.now <= t + 1  # the period since the last round has passed
+    assert [g["permits"] for g in b.result()["grants"]] == [1]
+    bed.check()
+
+
+@async_test
+async def test_r9_r33a_a_sync_reporting_a_lease_that_finds_the_limit_raised_starts_a_round_for_held_requests():
+    # R33a: a sync reporting leases resolves the limit; above the last round's, it starts the
+    # next round (R9: at once, the period since the last round has passed), so a held request
+    # is served by the raise rather than at its deadline.
+    box = {"limit": 2}
+    bed = Bed(limit=lambda: box["limit"], hold_blocked_ms=HOLD,
+              leases={"provisioning": {"mode": "strict"}, "leaseFirst": True})
+    [ra] = await bed.round(request("a", {"g": 2}, leases=[]))
+    (lease,) = ra["leases"]
+    b = bed.send(held_request("b", {"g": 1}))
+    await bed.clock.advance(5000)
+    assert not b.done()
+    box["limit"] = 3
+    await bed.one(sync("a", leases=[(lease["leaseId"], 1, 0, False)]))
+    t = bed.now
+    await bed.clock.advance(0)
+    await bed.clock.advance(1)
+    assert b.done() and bed.now <= t + 1
+    assert [g["permits"] for g in b.result()["grants"]] == [1]
+    bed.check()

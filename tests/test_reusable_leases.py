@@ -570,7 +570,8 @@ async def test_a_client_refused_by_can_grant_does_not_stop_every_reusable_lease_
 @pytest.mark.xfail(strict=True, reason=(
     "design trade-off, documented (SPEC R31a, README Reusable leases): without request_wait_ms a "
     "contended key served by a reusable lease asks again only at its lease heartbeat (half the "
-    "lifetime), which keeps a standing backlog at ~0.03 holder calls per item; capacity freed "
+    "lifetime; its lease rechecks, R33a, are syncs, which carry no demand), which keeps a "
+    "standing backlog at ~0.2 holder calls per item (~0.03 with recheckMs 0); capacity freed "
     "elsewhere meanwhile waits for it. Pair reusable leases with request_wait_ms (the held request "
     "is served by the round the release starts) or a short ttlMs."))
 @async_test
@@ -884,3 +885,61 @@ async def test_r28a_r31a_through_the_queue_a_client_without_leases_is_served_wit
     assert len([i for i in starts if i.startswith("a")]) > 10  # and a ran all along
     feeder.cancel()
     stop_all({"a": a, "b": b})
+
+
+# ====================================================================== a storage reset (R32, R33a)
+@async_test
+async def test_r32_a_reusable_leases_id_says_so_and_a_reset_charges_it_every_slot_whatever_the_option_is_now():
+    # R32 decision: a reusable lease's id carries the mark ("3r", signed with the rest), so a
+    # holder whose storage was reset with `reusable` turned off still charges every slot of it:
+    # x has reused its slots (drawn 40, released 38: 2 running), and `permits - released` would
+    # charge nothing. Charged 3, honest gets 10 - 3 = 7.
+    from test_leases import APP_SECRET, held
+
+    bed = Bed(10, leases=REUSE_FIRST, lease_secret=APP_SECRET)
+    [r] = await bed.round(request("x", {"g": 3}, leases=[]))
+    lease = only(r)
+    assert lease["reusable"] and lease["leaseId"].split(".")[-2] == "3r"
+    bed.reset(leases={**REUSE_FIRST, "reusable": False})
+    await bed.clock.advance(2000)
+    rx, ry = await bed.round(request("x", {}, leases=[(lease["leaseId"], 40, 38)], oldest_at=0),
+                             request("honest", {"g": 10}, oldest_at=1))
+    assert only(rx)["status"] == "retired"
+    assert held(ry) == 7
+    # a one-shot lease's id is unmarked, and verifies and charges as before
+    [r] = await bed.round(request("y", {"g": 1}, leases=[]))
+    assert "r" not in only(r)["leaseId"].split(".")[-2]
+    bed.check()
+
+
+@async_test
+async def test_r33a_after_a_reset_a_client_served_by_a_reusable_lease_stops_drawing_from_it_within_the_bound():
+    # R32, R33a (issue 21, a gap): with lease_secret, after a holder storage reset a client
+    # served by a reusable lease sent nothing until its heartbeat (15 min at the default ttl),
+    # drawing new items all along while the holder gave others the whole limit. Its recheck
+    # sync is answered `retired` (the holder does not know the lease): it stops drawing within
+    # the bound, and from then on the key runs at most the limit.
+    from test_leases import APP_SECRET
+    from test_lowered_limits import BOUND_MS, JOB_MS, Load
+
+    config = {**REUSE_FIRST, "ttlMs": LeaseConfig().ttl_ms}
+    clock = SimClock(T0)
+    holder = HolderSide(clock, limit=3, leases=config, lease_secret=APP_SECRET)
+    net = Net(holder, clock)
+    first = Load(clock, net, "g")
+    await first.enqueue(200)
+    await first.run(clock.now + 10_000)
+    assert max(n for _, n in first.starts) == 3
+    holder.reset()
+    reset_at = clock.now
+    second = Load(clock, net, "g", name="c2")
+    await second.enqueue(200)
+    step = 100
+    while clock.now < reset_at + 40_000:
+        for load in (first, second):
+            await load.run(clock.now + step)
+        if clock.now > reset_at + BOUND_MS + JOB_MS:
+            assert len(first.running) + len(second.running) <= 3, clock.now - reset_at
+    assert second.starts  # the newcomer is served
+    first.side.driver.kill()
+    second.side.driver.kill()

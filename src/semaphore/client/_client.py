@@ -130,6 +130,8 @@ _ADDED_COLUMNS = (
     # the holder's claimTtlMs and when its last reply was applied (claim heartbeats)
     (KEYS, "claim_ttl_ms", "INTEGER NOT NULL DEFAULT 0"),
     (KEYS, "replied_at", "INTEGER NOT NULL DEFAULT 0"),
+    # the holder's leaseRecheckMs (R33a)
+    (KEYS, "lease_recheck_ms", "INTEGER NOT NULL DEFAULT 0"),
     # the lease's slots are reusable (SPEC R34a)
     (LEASES, "reusable", "INTEGER NOT NULL DEFAULT 0"),
 )
@@ -539,19 +541,19 @@ class SemaphoreClient:
     def _touch_key(self, key: str, now: int, **values: int) -> None:
         row = self._key_row(key)
         current = {"next_request_at": 0, "contended": 0, "needs_sync": 0, "check_at": 0, "claim_ttl_ms": 0,
-                   "replied_at": 0}
+                   "replied_at": 0, "lease_recheck_ms": 0}
         if row is not None:
-            current.update({k: int(row[k] or 0) for k in current})
+            current.update({k: int(row.get(k) or 0) for k in current})
         current.update(values)
         self.storage.exec(
             f"INSERT INTO {KEYS}(key, next_request_at, contended, needs_sync, check_at, claim_ttl_ms, replied_at,"
-            " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(key) DO UPDATE SET"
+            " lease_recheck_ms, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(key) DO UPDATE SET"
             " next_request_at = excluded.next_request_at, contended = excluded.contended,"
             " needs_sync = excluded.needs_sync, check_at = excluded.check_at,"
             " claim_ttl_ms = excluded.claim_ttl_ms, replied_at = excluded.replied_at,"
-            " updated_at = excluded.updated_at",
+            " lease_recheck_ms = excluded.lease_recheck_ms, updated_at = excluded.updated_at",
             key, current["next_request_at"], current["contended"], current["needs_sync"],
-            current["check_at"], current["claim_ttl_ms"], current["replied_at"], now)
+            current["check_at"], current["claim_ttl_ms"], current["replied_at"], current["lease_recheck_ms"], now)
 
     def _apply(
         self,
@@ -597,7 +599,8 @@ class SemaphoreClient:
             check_at = 0
         self._touch_key(key, now, next_request_at=response.ask_at(now),
                         contended=int(response.contended), needs_sync=needs_sync, check_at=check_at,
-                        claim_ttl_ms=response.claim_ttl_ms or 0, replied_at=now)
+                        claim_ttl_ms=response.claim_ttl_ms or 0, replied_at=now,
+                        lease_recheck_ms=response.lease_recheck_ms or 0)
         self._prune(key, now)
         if on_reply is not None:
             on_reply(applied)

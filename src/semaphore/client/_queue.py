@@ -755,12 +755,17 @@ class SemaphoreQueue:
         waits for already counts the capacity they free; again while more came due during the
         previous one (one in flight per key). A failure leaves them to the pump (logged)."""
         try:
-            while key in self._requesting and not self._dead and self._side_release_due(key):
+            while key in self._requesting and not self._dead:
+                recheck = plan.recheck_due(self._snapshot(key, self._now()), self._options())
+                if not (recheck or self._side_release_due(key)):
+                    return
                 try:
                     await self.client.sync(key, leases=self.leases, on_reply=self._on_reply)
                 except SemaphoreError as exc:
                     log.warning("holder %r: %s; the releases go after the waiting request", key, exc)
                     return
+                if recheck:
+                    self._kick(key)  # R33a: draw what the confirmed leases hold beside the request
         except Exception:  # noqa: BLE001 - the pump sends them later; never an unretrieved error
             log.exception("side sync for key %r failed", key)
         finally:
@@ -1180,6 +1185,8 @@ class SemaphoreQueue:
         now = self._now()
         self.storage.transaction(lambda: self._admit_locally(key, now, claims=False))
         await self._run_callbacks(key, now)
+        if plan.recheck_due(self._snapshot(key, self._now()), self._options()):
+            self._start_side_sync(key)  # R33a: the leases are confirmed live by a sync, then drawn
 
     async def _admit_and_call(self, key: str) -> int:
         """Admit locally (resolve claims, claim, draw) and start the due callbacks and hand-overs;

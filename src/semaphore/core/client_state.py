@@ -178,7 +178,10 @@ class KeyState:
     :ivar needs_sync: a ``request`` got no reply yet (it may have created a lease).
     :ivar check_at: when the post-request re-check sync is due (0: none pending).
     :ivar claim_ttl_ms: the holder's ``claimTtlMs`` of its last reply (0: not set).
-    :ivar replied_at: when the last reply of the holder was applied (0: never).
+    :ivar replied_at: when the last reply of the holder was applied (0: never). Every reply
+        lists every lease of the client (R8), so it is also when each was last confirmed live.
+    :ivar lease_recheck_ms: the holder's ``leaseRecheckMs`` of its last reply (0: not set): no
+        new item is drawn from a lease once ``replied_at`` is that old (R33a).
     """
 
     next_request_at: int = 0
@@ -187,13 +190,19 @@ class KeyState:
     check_at: int = 0
     claim_ttl_ms: int = 0
     replied_at: int = 0
+    lease_recheck_ms: int = 0
+
+    def leases_confirmed(self, now: int) -> bool:
+        """SPEC R33a: the last reply is recent enough to draw from the leases it showed live."""
+        return self.lease_recheck_ms <= 0 or now < self.replied_at + self.lease_recheck_ms
 
     @classmethod
     def _from_row(cls, r: Mapping[str, Any] | None) -> KeyState:
         if r is None:
             return cls()
         return cls(int(r["next_request_at"]), bool(r["contended"]), bool(r["needs_sync"]), int(r["check_at"]),
-                   int(r.get("claim_ttl_ms") or 0), int(r.get("replied_at") or 0))
+                   int(r.get("claim_ttl_ms") or 0), int(r.get("replied_at") or 0),
+                   int(r.get("lease_recheck_ms") or 0))
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,13 @@ class LeaseConfig:
     :ivar lease_first: in a round, lease candidates are sized (R28, each at most its need) before
         grants are served, so a lease-capable client takes its share as a lease rather than as
         a grant (R28a). Off by default: grants first (R25).
+    :ivar recheck_ms: a client draws a new item from a lease (a one-shot permit or a reused
+        slot) only while the holder's last reply to it is younger than this; else it sends a
+        ``sync`` first and draws only if the reply still shows the lease live (SPEC R33a). Told
+        to clients in replies (``leaseRecheckMs``). It bounds how long a lowered limit or group
+        limit takes to stop new admissions from leases, at one ``sync`` per drawing client and
+        key per ``recheck_ms``. ``0``: no recheck (a lease is drawn until a reply says otherwise,
+        at the latest at its heartbeat). Default 4000.
     """
 
     mode: Provisioning = Provisioning.STRICT
@@ -71,6 +78,7 @@ class LeaseConfig:
     limited_groups: LimitedGroups = LimitedGroups.EXCLUDE
     reusable: bool = False
     lease_first: bool = False
+    recheck_ms: int = 4000
 
     def __post_init__(self) -> None:
         # Built directly with plain strings ("over", "withinGroupLimit"), the enums must still be
@@ -95,6 +103,7 @@ class LeaseConfig:
             if not isinstance(flag, bool):
                 raise ConfigurationError(f"{name}: must be true or false, got {flag!r}", field=name)
         option_int(self.ttl_ms, "leases.ttlMs", 1)
+        option_int(self.recheck_ms, "leases.recheckMs", 0)
         option_int(self.reserve, "leases.provisioning.reserve", 0)
         if self.mode is Provisioning.OVER:
             if (self.extra_ratio is None) == (self.extra_count is None):
@@ -145,7 +154,8 @@ class LeaseConfig:
             raise ConfigurationError(f"leases: unknown option(s) {unknown}", field="leases")
         kwargs = _parse_provisioning(value.get("provisioning", {"mode": "strict"}))
         for camel, snake in (("permitsPerLease", "permits_per_lease"), ("ttlMs", "ttl_ms"),
-                             ("reusable", "reusable"), ("leaseFirst", "lease_first")):
+                             ("reusable", "reusable"), ("leaseFirst", "lease_first"),
+                             ("recheckMs", "recheck_ms")):
             if camel == snake:
                 if camel in value:
                     kwargs[snake] = value[camel]
@@ -160,7 +170,8 @@ class LeaseConfig:
 
 #: Every option of the ``leases=`` mapping, in both spellings.
 _OPTIONS = {"provisioning", "permitsPerLease", "permits_per_lease", "ttlMs", "ttl_ms",
-            "limitedGroups", "limited_groups", "reusable", "leaseFirst", "lease_first"}
+            "limitedGroups", "limited_groups", "reusable", "leaseFirst", "lease_first", "recheckMs",
+            "recheck_ms"}
 
 
 def _parse_provisioning(prov: Any) -> dict[str, Any]:

@@ -3,9 +3,10 @@ reports of leases the holder does not know.
 
 Every lease id is ``<nonce>.<epoch>.<permits>.<mac>``: the nonce from the holder's
 ``id_factory``, the storage epoch (8 hex digits, 32 random bits drawn with the storage's lease-id
-state), the lease's permits (decimal) and the first 32 hex digits of HMAC-SHA256 over the client
-id, nonce, epoch and permits under ``lease_secret`` (keyed per holder) or the per-storage secret
-(meta rows ``lease_key_0..7``). Pure: the callers pass the secret, the meta rows and the factories.
+state), the lease's permits (decimal; followed by ``r`` for a reusable lease, R34a) and the first
+32 hex digits of HMAC-SHA256 over the client id, nonce, epoch and permits field under
+``lease_secret`` (keyed per holder) or the per-storage secret (meta rows ``lease_key_0..7``).
+Pure: the callers pass the secret, the meta rows and the factories.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .wire import MAX_ID_LENGTH, id_problem
 
 __all__ = [
     "LeaseIdParts", "LEASE_NONCE_MAX", "LEASE_SECRET_MIN_BYTES", "LEASE_KEY_PREFIX", "LEASE_KEY_WORDS",
-    "LEASE_EPOCH_KEY", "holder_key", "lease_id_for", "verified_lease_id", "configured_secret",
+    "LEASE_EPOCH_KEY", "REUSABLE_MARK", "holder_key", "lease_id_for", "verified_lease_id", "configured_secret",
     "stored_secret", "stored_epoch", "issuing_key", "new_lease_id", "unknown_lease_charge", "unknown_footprint",
 ]
 
@@ -40,8 +41,15 @@ LEASE_EPOCH_KEY = "lease_epoch"
 LEASE_EPOCH_CHARS = 8  # 32 bits, lower-case hex
 #: Hex characters of the truncated HMAC-SHA256 that ends every lease id (128 bits).
 LEASE_MAC_CHARS = 32
-#: Decimal digits of the permits field: a lease carries fewer than 2**53 permits (R7).
+#: Decimal digits of the permits field: a lease carries fewer than 2**53 permits (R7). A reusable
+#: lease's field ends in :data:`REUSABLE_MARK` besides (R32 decision): an id longer than the
+#: wire's 256 characters (a reusable lease of 10**15 permits or more under a nonce of the longest
+#: length) is refused at issue.
 LEASE_PERMITS_CHARS = 16
+#: The mark after the permits of a reusable lease's id (R32: a reset storage charges it as one
+#: whatever the holder's ``reusable`` option is by then). Ids without it (every id of the
+#: previous release, and one-shot leases) verify as before.
+REUSABLE_MARK = "r"
 #: Longest nonce ``id_factory`` may return for a lease: the holder appends
 #: ``"." + epoch + "." + permits + "." + mac`` (at most 59 characters) and the id must stay
 #: within the wire's 256 characters (R7).
@@ -51,16 +59,18 @@ LEASE_SECRET_MIN_BYTES = 16
 _LEASE_MAC_DOMAIN = b"durability-semaphore/lease-id/v2\0"
 _EPOCH_DOMAIN = b"durability-semaphore/storage-epoch/v1\0"
 _EPOCH_FIELD = re.compile(r"[0-9a-f]{8}")
-_PERMITS_FIELD = re.compile(r"[1-9][0-9]{0,15}")
+_PERMITS_FIELD = re.compile(r"[1-9][0-9]{0,15}r?")
 _MAC_FIELD = re.compile(r"[0-9a-f]{32}")
 
 
 class LeaseIdParts(NamedTuple):
-    """The fields of a lease id (SPEC R32): ``<nonce>.<epoch>.<permits>.<mac>``."""
+    """The fields of a lease id (SPEC R32): ``<nonce>.<epoch>.<permits>.<mac>``; ``reusable``:
+    the permits field carries the reusable mark (R34a)."""
 
     nonce: str
     epoch: int
     permits: int
+    reusable: bool = False
 
 
 def stored_secret(meta: Mapping[str, int]) -> bytes | None:
@@ -122,12 +132,14 @@ def _lease_mac(secret: bytes, client_id: str, nonce: str, epoch: str, permits: s
     return hmac.new(secret, message, hashlib.sha256).hexdigest()[:LEASE_MAC_CHARS]
 
 
-def lease_id_for(secret: bytes, client_id: str, nonce: str, epoch: int, permits: int) -> str:
+def lease_id_for(secret: bytes, client_id: str, nonce: str, epoch: int, permits: int,
+                 reusable: bool = False) -> str:
     """The lease id the holder issues to ``client_id``: ``<nonce>.<epoch>.<permits>.<mac>``, with
-    ``epoch`` the storage epoch in 8 hex digits, ``permits`` the lease's permits in decimal and
-    ``mac`` the first 32 hex digits of HMAC-SHA256(secret, domain + clientId, nonce, epoch and
-    permits, NUL-separated) (SPEC R32)."""
-    e, p = f"{epoch:08x}", str(permits)
+    ``epoch`` the storage epoch in 8 hex digits, ``permits`` the lease's permits in decimal
+    (followed by :data:`REUSABLE_MARK` for a ``reusable`` lease) and ``mac`` the first 32 hex
+    digits of HMAC-SHA256(secret, domain + clientId, nonce, epoch and permits field,
+    NUL-separated) (SPEC R32)."""
+    e, p = f"{epoch:08x}", str(permits) + (REUSABLE_MARK if reusable else "")
     return f"{nonce}.{e}.{p}.{_lease_mac(secret, client_id, nonce, e, p)}"
 
 
@@ -156,17 +168,24 @@ def verified_lease_id(secret: bytes, client_id: str, lease_id: str) -> LeaseIdPa
     fields = _split_lease_id(lease_id)
     if fields is None or not _mac_matches(secret, client_id, fields):
         return None
-    return LeaseIdParts(fields[0], int(fields[1], 16), int(fields[2]))
+    permits, reusable = _permits_field(fields[2])
+    return LeaseIdParts(fields[0], int(fields[1], 16), permits, reusable)
 
 
-def _pre_reset_permits(secret: bytes, client_id: str, lease_id: str, epoch: int | None) -> int:
-    """SPEC R32: the permits of ``lease_id`` if it verifies for ``client_id`` and was issued in
-    another epoch than ``epoch`` (the storage's, ``None`` before its first lease), else 0. The
-    epoch is compared before the mac is computed: a replayed id of this storage costs no HMAC."""
+def _permits_field(value: str) -> tuple[int, bool]:
+    reusable = value.endswith(REUSABLE_MARK)
+    return int(value[:-1] if reusable else value), reusable
+
+
+def _pre_reset_permits(secret: bytes, client_id: str, lease_id: str, epoch: int | None) -> tuple[int, bool]:
+    """SPEC R32: the permits of ``lease_id`` and whether it is marked reusable, if it verifies
+    for ``client_id`` and was issued in another epoch than ``epoch`` (the storage's, ``None``
+    before its first lease), else ``(0, False)``. The epoch is compared before the mac is
+    computed: a replayed id of this storage costs no HMAC."""
     fields = _split_lease_id(lease_id)
     if fields is None or (epoch is not None and int(fields[1], 16) == epoch):
-        return 0
-    return int(fields[2]) if _mac_matches(secret, client_id, fields) else 0
+        return 0, False
+    return _permits_field(fields[2]) if _mac_matches(secret, client_id, fields) else (0, False)
 
 
 def issuing_key(meta: Mapping[str, int], app_secret: bytes | None,
@@ -195,7 +214,7 @@ def issuing_key(meta: Mapping[str, int], app_secret: bytes | None,
     return secret, epoch, writes
 
 
-def new_lease_id(nonce: str, key: tuple[bytes, int], client_id: str, permits: int) -> str:
+def new_lease_id(nonce: str, key: tuple[bytes, int], client_id: str, permits: int, reusable: bool = False) -> str:
     """A new lease id (SPEC R32, R7) with ``nonce`` (from ``id_factory``), which must be a wire
     id of at most :data:`LEASE_NONCE_MAX` characters (else :class:`ConfigurationError`)."""
     problem = id_problem(nonce)
@@ -205,7 +224,7 @@ def new_lease_id(nonce: str, key: tuple[bytes, int], client_id: str, permits: in
         raise ConfigurationError(
             f"id_factory: a lease id's nonce {problem} (the holder appends the epoch, permits "
             f"and mac, at most {MAX_ID_LENGTH - LEASE_NONCE_MAX} characters)", field="id_factory")
-    lease_id = lease_id_for(key[0], client_id, nonce, key[1], permits)
+    lease_id = lease_id_for(key[0], client_id, nonce, key[1], permits, reusable)
     if len(lease_id) > MAX_ID_LENGTH:  # only a lease of 2**53 permits or more (R7 forbids it)
         raise ConfigurationError(f"leases: a lease of {permits} permits cannot be issued", field="leases")
     return lease_id
@@ -240,8 +259,10 @@ def unknown_lease_charge(unknown: Mapping[str, Mapping[str, tuple[int, int, bool
                 break
             drawn, released, stopped = report
             if not stopped or drawn > released:  # else nothing to charge: no mac to check
-                permits = _pre_reset_permits(secret, client_id, lease_id, epoch)
-                charge += unknown_footprint(report, permits, leases.reusable)
+                permits, marked = _pre_reset_permits(secret, client_id, lease_id, epoch)
+                # R32 decision: an id marked reusable charges as one whatever the option says
+                # now; an unmarked one (one-shot, or issued before the mark) as the option says
+                charge += unknown_footprint(report, permits, marked or leases.reusable)
         total += min(charge, cap)
     return total if ceiling is None else min(total, ceiling)
 
@@ -251,7 +272,8 @@ def unknown_footprint(report: tuple[int, int, bool], permits: int, reusable: boo
     ``(drawn, released, stopped)``: once stopped, ``drawn - released`` (final, R30); before, its
     client may draw more until it hears ``retired`` (beside its request, R34a), so the count says
     nothing of what runs by then: ``permits - released`` (R30: a one-shot lease never runs more),
-    or every permit when the holder issues reusable leases (R30a: ``released`` bounds nothing).
+    or every permit of a ``reusable`` one (R30a: ``released`` bounds nothing; the id's mark, or
+    an unmarked id while the holder issues reusable leases).
     Never above ``permits``."""
     drawn, released, stopped = report
     if stopped:

@@ -179,6 +179,15 @@ class Ledger:
                       f"the live leases of {sorted(wanted)}")
         return [x for x in self.leases.values() if x.status == "live" and x.group_name in wanted]
 
+    def live_leases_of(self, clients: Iterable[str], groups: Iterable[str]) -> list[LeaseRow]:
+        """The live leases of these clients in these groups (every row of a client named by
+        :attr:`Reads.clients` is loaded)."""
+        owners, wanted = set(clients), set(groups)
+        self._require(self._reads is not None and owners <= self._reads.clients,
+                      f"the leases of clients {sorted(owners - (self._reads.clients if self._reads else set()))}")
+        return [x for x in self.leases.values()
+                if x.status == "live" and x.client_id in owners and x.group_name in wanted]
+
     # ------------------------------------------------------------------ changes
     def _account_grant(self, gid: str, group: str, charge: int) -> None:
         before = self._grant_acc.get(gid, 0)

@@ -29,7 +29,7 @@ __all__ = [
     "Resolution", "Resolve", "Claim", "Draw", "AdmissionPlan", "ReplyPlan",
     "PendingReleases", "ReportDue", "Exchange", "ItemTimes",
     "resolve_claims", "admissible", "demand_of", "leases_to_stop", "plan_admission", "plan_reply", "report_due",
-    "heartbeat_due", "plan_exchange", "next_wake", "covered_groups", "wants_round",
+    "heartbeat_due", "plan_exchange", "next_wake", "covered_groups", "wants_round", "recheck_due",
 ]
 
 
@@ -301,7 +301,19 @@ def _claims(snap: KeySnapshot, opts: QueueOptions, queued: dict[str, list[str]])
     return tuple(out)
 
 
+def recheck_due(snap: KeySnapshot, opts: QueueOptions) -> bool:
+    """SPEC R33a: an admissible item waits for a lease that has room to draw it, but the key's
+    last reply is older than the holder's ``leaseRecheckMs``: a ``sync`` must confirm the lease
+    live before the draw (a lowered limit retires it at the holder, R33)."""
+    if snap.key.leases_confirmed(snap.now):
+        return False
+    groups = {x.group for x in snap.leases if x.drawable(snap.now, opts.lease_margin_ms)}
+    return bool(groups) and any(g in groups for g in admissible(snap))
+
+
 def _draws(snap: KeySnapshot, opts: QueueOptions, queued: dict[str, list[str]]) -> tuple[Draw, ...]:
+    if not snap.key.leases_confirmed(snap.now):  # R33a: confirm the leases live first
+        return ()
     out = []
     for lease in snap.leases:
         items = queued.get(lease.group)
@@ -443,11 +455,11 @@ class Exchange(str, enum.Enum):
 
 def plan_exchange(snap: KeySnapshot, opts: QueueOptions, *, demand: bool,
                   due: ReportDue | None = None) -> Exchange:
-    """A ``sync`` while claims await confirmation (R15a) or when reports or a heartbeat are due
-    and no request may go yet; a ``request`` for the queued ``demand`` once ``nextRequestAt`` has
-    come (R11: it carries the reports too); else nothing. ``due``: :func:`report_due` of
-    ``snap`` if already computed."""
-    claiming = bool(snap.claiming)
+    """A ``sync`` while claims await confirmation (R15a) or a lease draw its recheck (R33a), or
+    when reports or a heartbeat are due and no request may go yet; a ``request`` for the queued
+    ``demand`` once ``nextRequestAt`` has come (R11: it carries the reports too); else nothing.
+    ``due``: :func:`report_due` of ``snap`` if already computed."""
+    claiming = bool(snap.claiming) or recheck_due(snap, opts)  # R33a: a sync, not a round, confirms
     beat = heartbeat_due(snap)
     # R34a: demand covered by reusable leases waits for their heartbeat (then goes with it).
     request_due = demand and snap.now >= snap.key.next_request_at \
@@ -487,7 +499,7 @@ def next_wake(snap: KeySnapshot, opts: QueueOptions, *, backoff_until: int = 0,
     times: list[int] = []
     if wants_round(snap, opts):  # items beyond admit_room wait for a callback to return (it pumps the key)
         times.append(max(snap.key.next_request_at, network_at, requests_from))
-    if snap.claiming:
+    if snap.claiming or recheck_due(snap, opts):
         times.append(network_at)
     due = report_due(snap, opts) if due is None else due
     if due.at is not None:

@@ -41,7 +41,7 @@ from .wire import (
 )
 
 __all__ = ["Policy", "Pending", "Limits", "RoundOutcome", "View", "round_reads", "sync_reads",
-           "reclaim_reads", "next_round_at", "decide_round", "decide_sync", "decide_reclaim"]
+           "reclaim_reads", "next_round_at", "decide_round", "decide_sync", "decide_reclaim", "limit_lowered"]
 
 Message = PermitRequest | SyncMessage
 _DEFAULT_TTL_MS = LeaseConfig().ttl_ms
@@ -170,8 +170,17 @@ def _exclude_limited(policy: Policy) -> bool:
 
 
 def _limit_lowered(meta: Mapping[str, int], limit: Any) -> bool:
-    last_limit = meta.get("last_limit")
+    return limit_lowered(meta.get("last_limit"), limit)
+
+
+def limit_lowered(last_limit: int | None, limit: Any) -> bool:
+    """SPEC R33: ``limit`` (resolved, R12) is below the last round's (``None``: no round yet)."""
     return isinstance(limit, int) and last_limit is not None and limit < last_limit
+
+
+def _capped_groups(limits: Limits) -> set[str]:
+    """The groups of the resolved ``limits`` that have a limit of their own (an ``int``)."""
+    return {g for g, gl in limits.group_limits.items() if isinstance(gl, int) and not isinstance(gl, bool)}
 
 
 def _retire_groups(limits: Limits, policy: Policy) -> set[str]:
@@ -192,13 +201,28 @@ def round_reads(meta: Mapping[str, int], now: int, clients: Sequence[Pending], l
         due_at=now, expired_at=now,
         all_live_leases=_limit_lowered(meta, limits.limit),
         live_lease_groups=frozenset(_retire_groups(limits, policy)),
-        groups=frozenset(d.group for p in clients for d in p.latest.demand),
+        groups=frozenset(d.group for p in clients for d in p.latest.demand) | _charge_groups(limits, policy),
     )
 
 
-def sync_reads(now: int, message: SyncMessage) -> Reads:
-    """The rows a sync needs: the client's, every reported id, due grants and expired leases."""
-    return _report_reads(now, {message.client_id: [message]})
+def _charge_groups(limits: Limits | None, policy: Policy) -> frozenset[str]:
+    """Under ``withinGroupLimit``, the capped groups whose charge R33 compares with their limit
+    (one aggregate row each)."""
+    if limits is None or _exclude_limited(policy):
+        return frozenset()
+    return frozenset(_capped_groups(limits))
+
+
+def sync_reads(now: int, message: SyncMessage, limits: Limits | None = None, lowered: bool = False,
+               policy: Policy | None = None) -> Reads:
+    """The rows a sync needs: the client's, every reported id, due grants and expired leases;
+    with ``limits`` (resolved for a sync reporting leases, R33a) every live lease when the limit
+    was ``lowered`` and the aggregates of the capped groups (``withinGroupLimit``)."""
+    base = _report_reads(now, {message.client_id: [message]})
+    if limits is None or policy is None:
+        return base
+    return Reads(clients=base.clients, grant_ids=base.grant_ids, lease_ids=base.lease_ids, due_at=now,
+                 expired_at=now, all_live_leases=lowered, groups=_charge_groups(limits, policy))
 
 
 def reclaim_reads(now: int) -> Reads:
@@ -227,16 +251,29 @@ def _retire_expired(ledger: Ledger, now: int) -> None:
         ledger.put_lease(lease)
 
 
-def _retire_ineligible(ledger: Ledger, limits: Limits, policy: Policy) -> None:
+def _retire_ineligible(ledger: Ledger, limits: Limits, policy: Policy, owners: Iterable[str], *,
+                       lowered: bool | None = None, can_grant: bool = True) -> None:
     """SPEC R33: a lowered limit retires every live lease; a group that gained a limit under
-    ``exclude`` retires its live leases; ``canGrant`` turning false retires the live leases of
-    that ``(client, group)`` (``limits.permitted`` holds the answer for every live lease's pair)."""
+    ``exclude`` retires its live leases; under ``withinGroupLimit`` a group charged above its
+    limit (a lowered group limit) retires the live leases of ``owners`` there (the clients whose
+    messages these are, R33a: a report of another client's lease id changes nothing, R14, R32);
+    ``canGrant`` turning false retires the live leases of that ``(client, group)``
+    (``limits.permitted`` holds the answer for every live lease's pair; not asked at a sync,
+    ``can_grant`` false). ``lowered``: the round compares with meta ``last_limit``; a sync is
+    told (R33a)."""
     to_retire: list[LeaseRow] = []
-    if _limit_lowered(ledger.meta(), limits.limit):
+    if _limit_lowered(ledger.meta(), limits.limit) if lowered is None else lowered:
         to_retire += ledger.live_leases()
+    capped, mine = _capped_groups(limits), set(owners)
     if _exclude_limited(policy):
-        to_retire += ledger.live_leases(g for g, gl in limits.group_limits.items() if isinstance(gl, int))
-    denied = _denied(limits)
+        # a round loaded every live lease of these groups; a sync only its client's (and
+        # reported ids, which must change nothing of another client's, R14, R32)
+        to_retire += ledger.live_leases(capped) if lowered is None else ledger.live_leases_of(mine, capped)
+    elif capped:
+        usage = ledger.group_usage(capped)
+        over = {g for g in capped if usage[g]["outstanding"] + usage[g]["lease_footprint"] > limits.group_limits[g]}
+        to_retire += ledger.live_leases_of(mine, over)
+    denied = _denied(limits) if can_grant else set()
     if denied:
         to_retire += [x for x in ledger.live_leases({g for _, g in denied}) if (x.client_id, x.group_name) in denied]
     for lease in to_retire:
@@ -398,7 +435,7 @@ def _issue(ledger: Ledger, views: dict[str, View], result: Allocation, now: int,
         # too little; from the first one stored, it refuses this storage (a newer schema).
         ledger.set_meta("schema_version", REUSABLE_SCHEMA)
     for (client_id, group), permits in result.leases.items():
-        lease_id = new_lease_id(policy.new_id(), (secret, epoch), client_id, permits)
+        lease_id = new_lease_id(policy.new_id(), (secret, epoch), client_id, permits, policy.leases.reusable)
         lease = LeaseRow(lease_id, client_id, group, permits, 0, 0, False, "live", now, now + policy.leases.ttl_ms,
                          policy.leases.reusable)
         ledger.put_lease(lease)
@@ -442,7 +479,7 @@ def decide_round(ledger: Ledger, now: int, clients: Sequence[Pending], limits: L
     live_before = [lid for lid, x in ledger.leases.items() if x.status == "live"]
     views = _open(ledger, now, {p.client_id: p.messages for p in clients}, policy,
                   ledger.meta().get("starving", 0))
-    _retire_ineligible(ledger, limits, policy)
+    _retire_ineligible(ledger, limits, policy, [p.client_id for p in clients])
     usage = _usage(ledger, views, limits, policy, {d.group for p in clients for d in p.latest.demand})
     entries = _entries(ledger, clients, limits.permitted)
     result = allocate(entries, limit=limits.limit, group_limits=limits.group_limits, usage=usage,
@@ -478,11 +515,19 @@ def _outcome(ledger: Ledger, replies: dict[str, dict[str, Any]], result: Allocat
 
 
 def decide_sync(ledger: Ledger, now: int, message: SyncMessage, policy: Policy, contended: bool,
-                next_request_at: int, starving: int) -> dict[str, Any]:
+                next_request_at: int, starving: int, limits: Limits | None = None,
+                lowered: bool = False) -> dict[str, Any]:
     """SPEC R6: apply a sync's reports and answer at once, with the ``contended`` flag of the
     last committed round (R29) and ``nextRequestAt`` (R11); ``starving``: the last committed
-    round's count (R31a)."""
+    round's count (R31a). With ``limits`` (resolved by the holder for a sync that reports
+    leases, R33a) the sync retires what R33 would at the next round: every live lease if the
+    limit was ``lowered`` below the last round's (then meta ``last_limit`` follows), and the
+    client's leases in groups R33 makes ineligible."""
     views = _open(ledger, now, {message.client_id: [message]}, policy, starving)
+    if limits is not None:
+        _retire_ineligible(ledger, limits, policy, [message.client_id], lowered=lowered, can_grant=False)
+        if lowered:
+            ledger.set_meta("last_limit", limits.limit)
     return _reply(_held_by_client(ledger), message.client_id, views[message.client_id], [], contended,
                   next_request_at)
 

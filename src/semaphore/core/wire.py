@@ -581,16 +581,22 @@ class PermitResponse:
     #: ``None`` from a holder that does not send it (the client then waits for
     #: ``next_request_at``).
     join_in_ms: int | None = None
+    #: The holder's lease ``recheckMs`` (reply key ``leaseRecheckMs``, SPEC R33a; only when
+    #: leases are configured with one): the client draws from a lease only while its last reply
+    #: is younger than this. ``None``: no recheck (an older holder, or the option 0).
+    lease_recheck_ms: int | None = None
 
     def to_wire(self) -> dict[str, Any]:
         """The reply dict: ``{"v", "grants", "leases", "blocked", "contended", "nextRequestAt"}``
-        (and ``"claimTtlMs"``, ``"joinInMs"`` when set)."""
+        (and ``"claimTtlMs"``, ``"joinInMs"``, ``"leaseRecheckMs"`` when set)."""
         reply = permit_response([g.to_wire() for g in self.grants], [x.to_wire() for x in self.leases],
                                 [b.to_wire() for b in self.blocked], self.contended, self.next_request_at)
         if self.claim_ttl_ms is not None:
             reply["claimTtlMs"] = self.claim_ttl_ms
         if self.join_in_ms is not None:
             reply["joinInMs"] = self.join_in_ms
+        if self.lease_recheck_ms is not None:
+            reply["leaseRecheckMs"] = self.lease_recheck_ms
         return reply
 
     def ask_at(self, now: int) -> int:
@@ -614,4 +620,5 @@ class PermitResponse:
             int(d.get("nextRequestAt") or 0),
             int(d["claimTtlMs"]) if d.get("claimTtlMs") else None,
             int(d["joinInMs"]) if d.get("joinInMs") is not None else None,
+            int(d["leaseRecheckMs"]) if d.get("leaseRecheckMs") else None,
         )

@@ -21,7 +21,7 @@ from ..clock import sleep_until
 from ..core.allocation import LIMIT_ERROR
 from ..core.config import LeaseConfig, option_int
 from ..core.lease_ids import LEASE_KEY_WORDS, configured_secret, holder_key
-from ..core.rounds import Limits, Pending, Policy, next_round_at
+from ..core.rounds import Limits, Pending, Policy, limit_lowered, next_round_at
 from ..core.usage import measure
 from ..core.wire import PermitRequest, SyncMessage, parse_message, valid_count
 from ..errors import ConfigurationError, InvalidMessageError, RoundFailedError
@@ -30,7 +30,7 @@ from ..runtime import Storage, TableWatch, object_id
 from ..scheduler import DurabilityScheduler
 from . import _operations
 from ._observe import OnRound, emit, failed_record, round_record
-from ._steps import lease_scope, run_claim_expiry, run_reclaim, run_round, run_sync
+from ._steps import lease_scope, run_claim_expiry, run_reclaim, run_round, run_sync, sync_scope
 from ._store import GRANTS, SCHEMA_VERSION, SqlStore, drop_schema, ensure_schema, read_meta
 
 __all__ = ["DurabilitySemaphore", "LimitOption", "GroupLimitOption", "CanGrantOption"]
@@ -279,6 +279,9 @@ class DurabilitySemaphore:
         self._last_contended = False
         #: R31a count of the last committed round (durable in meta ``starving``, like the flag).
         self._last_starving = 0
+        #: The last committed round's resolved limit (durable in meta ``last_limit``): a sync
+        #: retires leases when the limit is now below it (R33a).
+        self._last_limit: int | None = None
         self._ready = False
 
     # ================================================================== public API
@@ -307,6 +310,8 @@ class DurabilitySemaphore:
             reply["joinInMs"] = self._join_in_ms(int(reply["nextRequestAt"]))
             if self.claim_ttl_ms is not None:
                 reply["claimTtlMs"] = self.claim_ttl_ms  # the client heartbeats its claims (R18 decision)
+            if self.leases is not None and self.leases.recheck_ms > 0:
+                reply["leaseRecheckMs"] = self.leases.recheck_ms  # the client rechecks leases (R33a)
         return reply
 
     def _join_in_ms(self, next_request_at: int) -> int:
@@ -381,6 +386,10 @@ class DurabilitySemaphore:
         log.warning("force-settled client %r (%s): %d grant permits and %d lease permits freed; audit %d",
                     record["clientId"], record["reason"], record["grantPermits"], record["leasePermits"],
                     record["auditId"])
+        # R18 decision, R9: a force-settle frees capacity, like a releasing sync: a held request
+        # is served by the next round the period allows, not at its own deadline.
+        if record["grantPermits"] or record["leasePermits"]:
+            self.start_round()
         try:
             await self.scheduler.arm()
         except Exception:  # the commit stands; the next instance start re-arms
@@ -445,6 +454,8 @@ class DurabilitySemaphore:
         # R29: the last committed round's flag survives eviction (one read per instance).
         self._last_contended = bool(meta.get("contended", 0))
         self._last_starving = int(meta.get("starving", 0))
+        last_limit = meta.get("last_limit")
+        self._last_limit = None if last_limit is None else int(last_limit)
         self._ready = True
         # Repairs an alarm lost between a commit and its setAlarm (e.g. an eviction).
         await self.scheduler.arm()
@@ -556,6 +567,8 @@ class DurabilitySemaphore:
             replies, served = outcome.replies, outcome.served
             self._last_contended = outcome.contended  # R29: only a committed round changes the flag
             self._last_starving = outcome.starving
+            if outcome.limit is not None:
+                self._last_limit = outcome.limit  # meta last_limit (R33, R33a)
             try:
                 await self.scheduler.arm()
             except Exception:  # the commit stands; the next instance start re-arms
@@ -630,9 +643,10 @@ class DurabilitySemaphore:
     def start_round(self) -> None:
         """Start the round timer for the held requests, if none is waiting: at once, but no
         sooner than ``round_period_ms`` after the previous round (R9). Called when capacity
-        frees (a releasing sync, a reclaim) and at a held request's deadline; does nothing
-        while nothing is held. The holder cannot see the application's limits change: call it
-        after raising ``limit`` or a group limit, or after ``can_grant`` starts allowing, so
+        frees (a releasing sync, a reclaim, a force-settle) and at a held request's deadline; does nothing
+        while nothing is held. The holder sees the application's limits only when it resolves
+        them (a round; a sync reporting leases, which calls it when ``limit`` rose, R33a): call
+        it after raising ``limit`` or a group limit, or after ``can_grant`` starts allowing, so
         held requests are served at once rather than at their deadline."""
         if not self._held or self._round_task is not None:
             return
@@ -661,19 +675,38 @@ class DurabilitySemaphore:
     async def _sync(self, message: SyncMessage) -> dict[str, Any]:
         """SPEC R6: apply a sync's reports in their own transaction and answer at once, with the
         ``contended`` flag of the last committed round (R29; durable, so it survives eviction)."""
+        limits = await self._sync_limits(message)
         now = int(self.clock())
-
+        lowered = limits is not None and limit_lowered(self._last_limit, limits.limit)
         contended, next_at, starving = self._last_contended, self.next_request_at(), self._last_starving
         try:
             reply, charge_change = self.storage.transaction(
-                lambda: run_sync(self.store, now, message, self.policy, contended, next_at, starving))
+                lambda: run_sync(self.store, now, message, self.policy, contended, next_at, starving, limits,
+                                 lowered))
         except Exception as exc:
             log.exception("sync transaction failed; nothing was written")
             return RoundFailedError(f"sync failed, nothing was written: {exc}").to_wire()
-        if charge_change < 0:
-            self.start_round()  # it freed capacity a held request may wait for (none held: no-op)
+        if lowered and limits is not None:
+            self._last_limit = limits.limit  # the sync wrote meta last_limit (R33a)
+        if charge_change < 0 or (limits is not None and isinstance(limits.limit, int)
+                                 and self._last_limit is not None and limits.limit > self._last_limit):
+            # it freed capacity, or the limit rose since the last round: a held request may
+            # wait for it (none held: no-op)
+            self.start_round()
         await self.scheduler.arm()
         return reply
+
+    async def _sync_limits(self, message: SyncMessage) -> Limits | None:
+        """SPEC R33a: for a sync that reports leases, the limit and the group limits of the
+        client's live-lease groups, resolved before its transaction (R12), so the sync retires
+        what the next round would (``None``: leases not configured, nothing reported, or no
+        lease live: nothing to retire, nothing resolved)."""
+        scope = sync_scope(self.store, message, leases_configured=self.leases is not None,
+                           group_limits=self.group_limit is not None)
+        if scope is None:
+            return None
+        limit = await self._resolve_limit()
+        return Limits(limit, {g: await self._resolve_group_limit(g) for g in sorted(scope)})
 
     def _reclaim_due(self) -> int | None:
         """The reclaim participant's ``next_due`` (SPEC R16): the earliest deadline of a grant with

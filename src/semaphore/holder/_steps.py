@@ -29,8 +29,8 @@ from ..core.rounds import (
 from ..core.settle import Settlement, decide_claim_expiry, decide_force_settle
 from ..core.wire import SyncMessage
 
-__all__ = ["Store", "LeaseScope", "lease_scope", "run_round", "run_sync", "run_reclaim", "run_force_settle",
-           "run_claim_expiry"]
+__all__ = ["Store", "LeaseScope", "lease_scope", "sync_scope", "run_round", "run_sync", "run_reclaim",
+           "run_force_settle", "run_claim_expiry"]
 
 
 class Store(Protocol):
@@ -99,6 +99,19 @@ def lease_scope(store: Store, clients: Sequence[Pending], *, leases_configured: 
     return LeaseScope(demand_pairs, lease_pairs, {g for _, g in demand_pairs} | lease_groups)
 
 
+def sync_scope(store: Store, message: SyncMessage, *, leases_configured: bool,
+               group_limits: bool) -> set[str] | None:
+    """What a sync must resolve before its transaction (SPEC R33a): ``None`` when nothing (no
+    leases configured, or the sync reports none), else the groups whose limit to resolve (the
+    client's live-lease groups, read only when ``group_limits`` are configured) besides the
+    limit itself."""
+    if not leases_configured or not message.leases:
+        return None
+    if not group_limits:
+        return set()
+    return {g for _, g in store.live_lease_pairs([message.client_id])}
+
+
 def run_round(store: Store, now: int, clients: Sequence[Pending], limits: Limits,
               policy: Policy) -> RoundOutcome:
     """One round's transaction body (SPEC R2): load what
@@ -112,12 +125,13 @@ def run_round(store: Store, now: int, clients: Sequence[Pending], limits: Limits
 
 
 def run_sync(store: Store, now: int, message: SyncMessage, policy: Policy, contended: bool,
-             next_request_at: int, starving: int) -> tuple[dict[str, Any], int]:
-    """One sync's transaction body (SPEC R6); returns the reply and how much it changed the
-    charged capacity (``outstanding + lease_footprint``, R19: below 0, it freed some). Reads no
-    meta row."""
-    ledger = Ledger(store.load(sync_reads(now, message), None))
-    reply = decide_sync(ledger, now, message, policy, contended, next_request_at, starving)
+             next_request_at: int, starving: int, limits: Limits | None = None,
+             lowered: bool = False) -> tuple[dict[str, Any], int]:
+    """One sync's transaction body (SPEC R6; with ``limits``, R33a: ``lowered`` says the limit
+    is below the last round's); returns the reply and how much it changed the charged capacity
+    (``outstanding + lease_footprint``, R19: below 0, it freed some). Reads no meta row."""
+    ledger = Ledger(store.load(sync_reads(now, message, limits, lowered, policy), None))
+    reply = decide_sync(ledger, now, message, policy, contended, next_request_at, starving, limits, lowered)
     changes = ledger.changes()
     store.persist(changes)
     _seen(store, ledger, [message.client_id], now, policy.claim_ttl_ms)

@@ -106,6 +106,9 @@ class Scenario:
                           "lease slots are reused while the lease lives (reusable, SPEC R34a)")
     lease_first: bool = _opt(False, "leases", "bool",
                              "size leases before grants in a round (leaseFirst, SPEC R28a)")
+    lease_recheck_ms: int = _opt(4000, "leases", "int",
+                                 "a client draws from a lease only while its last reply is younger than this;"
+                                 " else it syncs first (recheckMs, SPEC R33a; 0: off)")
     # queue
     report_releases_within_ms: int = _opt(10_000, "queue", "int",
                                           "a sync is sent for releases once the oldest waited this long")
@@ -190,7 +193,8 @@ class Scenario:
             provisioning["extra"] = ({"count": self.extra_count} if self.extra_count is not None
                                      else {"ratio": self.extra_ratio})
         options: dict[str, Any] = {"provisioning": provisioning, "permitsPerLease": self.permits_per_lease,
-                                   "ttlMs": self.lease_ttl_ms, "limitedGroups": self.limited_groups}
+                                   "ttlMs": self.lease_ttl_ms, "limitedGroups": self.limited_groups,
+                                   "recheckMs": self.lease_recheck_ms}
         if self.reusable:
             options["reusable"] = True
         if self.lease_first:
@@ -218,6 +222,7 @@ class Scenario:
             ("retry_ms", self.retry_ms >= 1), ("claim_margin_ms", self.claim_margin_ms >= 0),
             ("lease_margin_ms", self.lease_margin_ms >= 0),
             ("limited_groups", self.limited_groups in LIMITED_GROUPS),
+            ("lease_recheck_ms", self.lease_recheck_ms >= 0),
             ("arrivals_csv", "csv" not in self.arrivals or Path(self.arrivals_csv).is_file()),
         ]
         checks += [(name, 0 <= getattr(self, name) <= 1) for name in (

@@ -67,7 +67,16 @@ from ._local import (
     StorageFault,
     VirtualClock,
 )
-from ._memory_store import MemoryStore, Store, StoreState, resolve_limits, run_reclaim, run_round, run_sync
+from ._memory_store import (
+    MemoryStore,
+    Store,
+    StoreState,
+    resolve_limits,
+    resolve_sync_limits,
+    run_reclaim,
+    run_round,
+    run_sync,
+)
 from ._messages import blocked, by_id, request, sync
 from ._namespace import Namespace
 from ._runner import async_test, run
@@ -88,5 +97,6 @@ __all__ = [
     # running
     "run", "async_test",
     # the holder's decisions over an in-memory store
-    "MemoryStore", "Store", "StoreState", "resolve_limits", "run_round", "run_sync", "run_reclaim",
+    "MemoryStore", "Store", "StoreState", "resolve_limits", "resolve_sync_limits", "run_round", "run_sync",
+    "run_reclaim",
 ]

@@ -31,9 +31,10 @@ from dataclasses import replace
 from typing import Any
 
 from ..core.ledger import Changes, Reads, Snapshot
-from ..core.rounds import Limits, Pending
+from ..core.rounds import Limits, Pending, limit_lowered
 from ..core.rows import AGGREGATES, GRANT_MUTABLE, LEASE_MUTABLE, GrantRow, LeaseRow
-from ..holder._steps import Store, lease_scope, run_reclaim, run_round, run_sync
+from ..core.wire import SyncMessage
+from ..holder._steps import Store, lease_scope, run_reclaim, run_round, run_sync, sync_scope
 from ..holder._store import SCHEMA_VERSION
 
 __all__ = ["Store", "MemoryStore", "StoreState", "resolve_limits", "run_round", "run_sync", "run_reclaim"]
@@ -225,3 +226,17 @@ def resolve_limits(store: Store, clients: Sequence[Pending], *, limit: Any,
     else:
         permitted = dict.fromkeys(pairs, can_grant is None or bool(can_grant))
     return Limits(limit, group_limits, permitted)
+
+
+def resolve_sync_limits(store: Store, message: SyncMessage, *, limit: Any,
+                        group_limit: Callable[[str], Any] = lambda group: None, group_limits: bool = True,
+                        leases_configured: bool = False) -> tuple[Limits | None, bool]:
+    """A sync's ``(limits, lowered)`` for :func:`run_sync` as the holder shell resolves them
+    (``DurabilitySemaphore._sync_limits``, SPEC R33a), from plain synchronous sources:
+    ``None`` when the sync resolves nothing; ``lowered`` compares ``limit`` with meta
+    ``last_limit``."""
+    scope = sync_scope(store, message, leases_configured=leases_configured, group_limits=group_limits)
+    if scope is None:
+        return None, False
+    last = store.meta().get("last_limit")
+    return Limits(limit, {g: group_limit(g) for g in sorted(scope)}), limit_lowered(last, limit)
