@@ -146,6 +146,28 @@ def test_a_missing_or_wrong_binding_fails_when_the_transport_is_made():
     assert env.calls == [] and env.resolved == []  # nothing was sent
 
 
+class _FetcherWrapper:
+    """Named like the Workers SDK's wrapper of a service binding (``workers/rpc.py``): like the
+    JS RPC stub it wraps, it answers every attribute with a callable."""
+
+    def __init__(self, binding: object) -> None:
+        self._binding = binding
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args: None
+
+
+def test_a_service_binding_under_the_holders_name_is_refused_when_the_transport_is_made():
+    # R36: [[services]] under the holder's binding name answers getByName like any attribute;
+    # its runtime class (the SDK's wrapper, or the JS constructor in Pyodide: tier 2) tells it
+    # from a namespace, at once, instead of failing inside every RPC.
+    env = Env(VirtualClock(T0))
+    env.ACCOUNT_LIMIT = _FetcherWrapper(object())
+    with pytest.raises(ConfigurationError) as refused:
+        DurabilitySemaphore.client(binding="ACCOUNT_LIMIT", invoke="permits").transport(env)
+    assert "env.ACCOUNT_LIMIT is a _FetcherWrapper, not a Durable Object namespace" in str(refused.value)
+
+
 def test_get_by_name_falls_back_to_id_from_name():
     class Old:
         def idFromName(self, name: str) -> str:

@@ -49,7 +49,7 @@ from .errors import (
     SemaphoreTimeoutError,
     error_from_reply,
 )
-from .runtime import plain
+from .runtime import binding_kind, plain
 
 __all__ = [
     "Call",
@@ -84,8 +84,12 @@ def get_by_name(namespace: Any, name: str) -> Any:
 
 
 def _is_namespace(value: Any) -> bool:
-    """Whether ``value`` looks like a Durable Object namespace (duck-typed: the runtime's is a
-    JS object)."""
+    """Whether ``value`` is a Durable Object namespace: by its runtime class where the runtime
+    tells it (:func:`runtime.binding_kind`: a service binding answers every attribute, so its
+    ``getByName`` proves nothing), else by its attributes (a plain Python stand-in)."""
+    kind = binding_kind(value)
+    if kind is not None:
+        return kind == "DurableObjectNamespace"
     return callable(getattr(value, "getByName", None)) or (
         callable(getattr(value, "idFromName", None)) and callable(getattr(value, "get", None)))
 

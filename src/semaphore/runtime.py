@@ -31,6 +31,39 @@ def _is_js_null(value: Any) -> bool:
     return type(value).__name__ in ("JsNull", "JsUndefined")
 
 
+#: The Workers SDK's Python wrappers of env bindings (``workers-runtime-sdk``, ``workers/rpc.py``)
+#: by the JS class of what they wrap. A ``_FetcherWrapper`` (a service binding) or another
+#: ``_BindingWrapper`` answers every attribute with something callable, so it cannot be
+#: told from a namespace by its attributes.
+_SDK_WRAPPERS = {"_DurableObjectNamespaceWrapper": "DurableObjectNamespace", "_FetcherWrapper": "Fetcher"}
+
+
+def binding_kind(value: Any) -> str | None:
+    """The runtime's class name of an env binding (``"DurableObjectNamespace"``, ``"Fetcher"``
+    for a service binding, ``"KvNamespace"``, ...), read from the Workers SDK's wrapper or the
+    JS object's ``constructor.name``; ``None`` for a plain Python object (a test's stand-in),
+    whose kind only its attributes tell."""
+    kind = _SDK_WRAPPERS.get(type(value).__name__)
+    if kind is not None:
+        return kind
+    inner = value.__dict__.get("_binding") if hasattr(value, "__dict__") else None
+    js = inner if inner is not None else value
+    if not _is_js_proxy(js):
+        return None
+    try:
+        name = js.constructor.name
+    except Exception:  # noqa: BLE001 - a JS object without a constructor: unknown
+        return None
+    return name if isinstance(name, str) else None
+
+
+def _is_js_proxy(value: Any) -> bool:
+    """Whether ``value`` is a Pyodide ``JsProxy`` (duck-typed: this module never imports
+    ``pyodide``): its class is ``JsProxy`` or one of Pyodide's subclasses of it."""
+    return any(cls.__name__.startswith("JsProxy") or cls.__name__ == "JsProxy" for cls in type(value).__mro__) \
+        or type(value).__module__.startswith("pyodide")
+
+
 def plain(value: Any) -> Any:
     """Convert a value received from the runtime (RPC argument, row) into plain Python:
     dicts, lists, str, int, float, bool, bytes and None. JS proxies are converted with their

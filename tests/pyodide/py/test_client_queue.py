@@ -18,6 +18,7 @@ from workers.rpc import JsDict
 
 from entry import AccountLimit
 from semaphore import (
+    ConfigurationError,
     Demand,
     DurabilityScheduler,
     DurabilitySemaphore,
@@ -272,6 +273,34 @@ async def test_get_by_name_on_the_sdk_wrapped_namespace():
     assert reply["grants"] == []
     assert rt.sql("ACCOUNT_LIMIT", "acct-x", "SELECT name FROM sqlite_master WHERE name ="
                   " 'durability_semaphore_grants'") != []
+
+
+async def test_a_service_binding_or_a_var_is_not_taken_for_the_holders_namespace():
+    # R36: a JS Fetcher (a service binding) answers every attribute; the binding's runtime class
+    # tells it from a namespace, raw or wrapped by the SDK, when the transport is made.
+    from pyodide.code import run_js
+    from workers.rpc import _FetcherWrapper
+
+    rt = Runtime({"ACCOUNT_LIMIT": AccountLimit, "CLIENT": Client}, vars=FAST, auto_alarms=False)
+    c = await rt.instance("CLIENT", "c1")
+    fetcher = run_js("new (class Fetcher { getByName() { return null; } })()")
+
+    class Env:
+        pass
+
+    env = Env()
+    env.RAW = fetcher
+    env.WRAPPED = _FetcherWrapper(fetcher)
+    env.NAMESPACE = c.env.ACCOUNT_LIMIT._binding  # the raw JS namespace: accepted
+    for name in ("RAW", "WRAPPED"):
+        try:
+            DurabilitySemaphore.client(binding=name, invoke="permits").transport(env)
+        except ConfigurationError as exc:
+            assert exc.field == "binding" and "not a Durable Object namespace" in str(exc), exc
+        else:
+            raise AssertionError(f"{name}: a Fetcher was taken for a namespace")
+    DurabilitySemaphore.client(binding="NAMESPACE", invoke="permits").transport(env)
+    DurabilitySemaphore.client(binding="ACCOUNT_LIMIT", invoke="permits").transport(c.env)  # the SDK's wrapper
 
 
 async def test_client_state_survives_eviction_of_the_client_object():
