@@ -191,7 +191,7 @@ async def test_permit_timeout_raises_with_the_limit_reason_and_leaves_nothing_ch
     # blocked answer and once no request is in flight, however slow the machine is.
     rt = Runtime({"ACCOUNT_LIMIT": AccountLimit, "PERMITS": TimedPermits}, vars=VARS, auto_alarms=False)
     p = rt.stub("PERMITS", "p")
-    seen = await asyncio.wait_for(p.time_out_behind(400), 2 * DRAIN_S)
+    seen = await asyncio.wait_for(p.time_out_behind(400), 2 * DRAIN_S)  # within the harness's 60 s
     assert seen.raised == "PermitTimeoutError" and seen.is_timeout is True, seen
     assert seen.reason is True and seen.waiting == 1 and "limit" in seen.message, seen
     assert seen.second == ["done", True, True] and seen.demand == [], seen
