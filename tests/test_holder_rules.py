@@ -1032,13 +1032,13 @@ async def test_r4_a_round_timer_cancelled_before_its_first_step_fails_its_calls_
     task = bed.sem._round_task
     assert inspect.getcoroutinestate(task.get_coro()) == inspect.CORO_CREATED  # not started
     task.cancel()
-    reply = await asyncio.wait_for(asyncio.shield(first), timeout=2)
+    reply = await asyncio.wait_for(asyncio.shield(first), timeout=30)  # a hang, not a slow machine
     assert reply["error"]["code"] == "round_failed"
     second = bed.send(request("c2", {"g": 2}))
     while bed.sem._round_task is None or bed.sem._round_task is task:
         await asyncio.sleep(0)
     assert bed.sem._round_task in bed.sem._round_tasks  # a strong reference while not done
-    (reply,) = await asyncio.wait_for(bed.finish(second, within_ms=5_000), timeout=5)
+    (reply,) = await asyncio.wait_for(bed.finish(second, within_ms=5_000), timeout=30)
     assert [g["permits"] for g in reply["grants"]] == [2]
     # Also when the next request comes before the cancelled timer's done callback ran (here it
     # never runs): the request itself notices the finished timer.
@@ -1052,7 +1052,7 @@ async def test_r4_a_round_timer_cancelled_before_its_first_step_fails_its_calls_
         await asyncio.sleep(0)
     assert bed.sem._round_task is task  # still registered as the waiting round timer
     fourth = bed.send(request("c4", {"g": 1}))
-    r3, r4 = await asyncio.wait_for(bed.finish(third, fourth, within_ms=5_000), timeout=5)
+    r3, r4 = await asyncio.wait_for(bed.finish(third, fourth, within_ms=5_000), timeout=30)
     assert r3["error"]["code"] == "round_failed"
     assert [g["permits"] for g in r4["grants"]] == [1]
     assert bed.sem._round_tasks == set()  # finished round tasks are not kept

@@ -404,3 +404,33 @@ async def test_finished_permit_items_are_deleted_at_the_next_pump():
     assert task.done() and task.exception() is None
     await s.queue.pump(KEY)
     assert s.queue.items(KEY) == []
+
+
+@async_test
+async def test_a_grant_answering_a_withdrawn_permit_s_request_goes_back_at_once():
+    # R15b: the permit times out while its request waits for the round (the key is contended:
+    # its previous request was blocked); the permit held meanwhile is released in a side sync
+    # before that round runs, so the round grants the withdrawn demand. Nothing queued can use
+    # the grant: it goes back at once, not at its claimBy (R15), so the capacity is not held
+    # idle for grant_timeout_ms (10 s) while others may wait for it.
+    s = Setup(limit=1)
+    got, release, seen = await s.hold()
+    await s.clock.advance(3000)
+    assert got.is_set()
+    first = seen["item"].permit.id
+
+    async def wait_for_second() -> None:
+        async with s.queue.permit(KEY, group="g", timeout_ms=2500):
+            raise AssertionError("no permit should come while the limit is held")
+
+    task = s.spawn(wait_for_second())
+    await s.clock.advance(2600)  # blocked at the round of +1 s; asked again at +2 s for the round of +3 s
+    assert isinstance(task.exception(), PermitTimeoutError)
+    assert s.net.sent[-1]["type"] == "request" and s.net.sent[-1]["demand"], s.net.sent[-1]
+    release.set()  # released at once (a side sync: the key is contended), before the round
+    await s.clock.advance(1000)  # the round ran and answered the withdrawn demand
+    late = [g for g in s.side.client.grants(KEY, include_gone=True) if g.grant_id != first]
+    assert len(late) == 1 and late[0].permits == 1, late
+    assert late[0].claimed == late[0].released == 1, late  # given back (claimed to be released, never used)
+    assert (await s.usage())["outstanding"] == 0  # long before its claimBy
+    assert s.queue.items(KEY) == [] and s.queue.demand(KEY) == []

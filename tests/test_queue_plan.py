@@ -97,6 +97,29 @@ def test_r15_no_claim_close_to_claim_by_and_slots_follow_the_claimed_count():
     assert not step.draws
 
 
+
+def test_r37_surplus_grant_permits_are_given_back_only_where_nothing_can_use_them():
+    # R37 decision (surplus grants), R15: a grant whose group has nothing queued or claiming, no
+    # claim in this step and no lease is given back in full (its demand went away while the
+    # request was on the way); every other grant keeps its permits until claimBy.
+    spare = grant("spare", group="a", permits=2, claimed=1, confirmed=1)
+    snap = KeySnapshot(NOW, grants=(spare,))
+    assert [(b.grant_id, b.count) for b in plan.plan_admission(snap, OPTS).give_backs] == [("spare", 1)]
+    assert plan.plan_admission(snap, OPTS, with_claims=False).give_backs == ()  # a give-back is a claim
+    kept = {
+        "queued": replace(snap, queued=queued("x", group="a")),  # (claimed by this step)
+        "queued beyond admit_concurrency": replace(snap, queued=queued("x", group="a"), admit_room=0),
+        "claiming": replace(snap, claiming=(ClaimingItem("c", "a", 1, "other", 1),)),
+        "lease": replace(snap, leases=(lease(group="a"),)),
+        "near claimBy": replace(snap, grants=(replace(spare, claim_by=NOW + OPTS.claim_margin_ms),)),
+        "expired": replace(snap, grants=(replace(spare, status="expired"),)),
+    }
+    for why, case in kept.items():
+        assert plan.plan_admission(case, OPTS).give_backs == (), why
+    # Another group's items do not keep a grant: only its own group's use counts.
+    other = replace(snap, queued=queued("y", group="b"))
+    assert [b.grant_id for b in plan.plan_admission(other, OPTS).give_backs] == ["spare"]
+
 # ----------------------------------------------------------------------------- leases
 def test_r37_prefer_leases_draws_what_fits_and_leaves_grants_unclaimed():
     # R37 (prefer_leases): items that all fit in live leases are drawn, no claim (no round trip)

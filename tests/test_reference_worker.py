@@ -393,7 +393,7 @@ def test_a_raised_limit_serves_held_requests_at_once(entry):
         assert not held.done()
         status, _ = await world.fetch("PUT", "/accounts/a/limit", {"limit": 1}, headers=AUTH)
         assert status == 200
-        reply = await asyncio.wait_for(held, 2)
+        reply = await asyncio.wait_for(held, 20)  # at once; without the fix, after the 60 s hold
         assert [g["permits"] for g in reply["grants"]] == [1] and not reply["blocked"], reply
         status, ping = await world.fetch("GET", "/accounts/a/ping", headers=AUTH)
         assert status == 200 and ping["instance"]["messages"] == {"request": 1, "sync": 0, "other": 0}, ping

@@ -81,7 +81,9 @@ const mounts = [
 for (const [mountPoint, root] of mounts) {
   if (!fs.existsSync(root)) continue;
   py.FS.mkdirTree(mountPoint);
-  py.FS.mount(py.FS.filesystems.NODEFS, { root }, mountPoint);
+  // NODEFS does not follow a symlinked root (a git worktree linking python_modules/ to a
+  // main checkout): mount the directory it points to.
+  py.FS.mount(py.FS.filesystems.NODEFS, { root: fs.realpathSync(root) }, mountPoint);
 }
 
 // ---- what workerd registers before importing the worker -----------------------------------

@@ -895,7 +895,7 @@ export class Runtime {
    * Stop firing alarms by themselves and wait (real time, up to timeoutMs) until no alarm handler
    * is running, so a test can end without handlers still touching storage after close().
    */
-  async quiesce(timeoutMs = 5000) {
+  async quiesce(timeoutMs = 20000) {
     this.autoAlarms = false;
     for (const r of this._records.values()) {
       if (r.alarmTimer) { clearTimeout(r.alarmTimer); r.alarmTimer = null; }

@@ -132,7 +132,7 @@ class Runtime:
     async def fire_due_alarms(self) -> int:
         return int(await self.js.fireDueAlarms())
 
-    async def quiesce(self, timeout_ms: int = 5000) -> None:
+    async def quiesce(self, timeout_ms: int = 20_000) -> None:
         """Stop automatic alarms and wait until no alarm handler is running (call at the end of
         a test with ``auto_alarms=True``, so no handler touches storage after ``close()``)."""
         await self.js.quiesce(timeout_ms)

@@ -52,6 +52,10 @@ ROUND_PERIOD_MS = 1000
 HOLD_MS = 8000  # above the JobQueue's old fixed 5 s RPC timeout
 P_S = ROUND_PERIOD_MS / 1000
 QUIET_S = 3 * P_S
+#: Allowance for a loaded machine on the latencies below (workerd, the HTTP polls): they are
+#: checked against a round period where the failure they catch is an answer at a hold's
+#: deadline (seconds later: the remaining HOLD_MS), which the bound still tells apart.
+LOAD_SLACK_S = 2.0
 HELD_VARS = {
     "ACCOUNT_CONCURRENCY": str(LIMIT),
     "GRANT_TIMEOUT_MS": "10000",
@@ -246,7 +250,7 @@ def test_a_held_rpc_is_served_when_capacity_frees_and_answered_at_its_deadline(h
     # 1. Held, not answered: no queue heard "blocked" at limit 0.
     assert seen["blocked_at_limit_0"] == {"j1": None, "j2": None, "j3": None}, seen
     # 2. The raise served two held requests within a round period (not at their deadline).
-    assert seen["raise_to_running_s"] < P_S, seen
+    assert seen["raise_to_running_s"] < P_S + LOAD_SLACK_S, seen
     # 3. Quiet: the waiting queue did not ask again, and no round ran.
     assert seen["quiet_requests"] == 0 and seen["quiet_rounds"] == 0, seen
     assert seen["quiet_blocked"] is None, seen
@@ -258,9 +262,9 @@ def test_a_held_rpc_is_served_when_capacity_frees_and_answered_at_its_deadline(h
     # The answer came at the deadline, not before, and within a round period after it (the
     # queue's clock is the host's, as ours; its request arrived after we sent the job).
     deadline = seen["enqueued"] + HOLD_MS
-    assert deadline - 50 <= blocked["at"] <= deadline + ROUND_PERIOD_MS + 1500, (blocked, deadline)
+    assert deadline - 50 <= blocked["at"] <= deadline + ROUND_PERIOD_MS + 1500 + LOAD_SLACK_S * 1000, (blocked, deadline)
     # 5. The freed permit reached the held request with no client poll: well within a period.
-    assert seen["freed_to_running_s"] < P_S, seen
+    assert seen["freed_to_running_s"] < P_S + LOAD_SLACK_S, seen  # the new hold had ~5 s left
     # 6. Few holder calls per job: one request each, the deadline's re-ask, claims and releases.
     assert seen["calls_per_job"] <= 4, seen
 

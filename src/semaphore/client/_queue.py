@@ -49,6 +49,9 @@ Life of an item (table ``durability_semaphore_client_items``)::
   at once (``AppliedReply.more``), one message per 1,000, oldest first.
 * **Leases first**: items of a group that all fit in its live leases are drawn from them (no
   round trip) even when a grant has unclaimed permits; those go back at ``claimBy`` (R15).
+* **Surplus grants**: the unclaimed permits of a grant whose group has nothing queued or
+  claiming and no lease (demand that went away while its request was on the way) are claimed
+  and released at once, so they are not charged until ``claimBy``.
 * **Leases in use** are heartbeated at half their lifetime even when nothing else happens; leases
   with nothing left to draw are stopped; when a reply is ``contended``, leases in groups with
   nothing queued are stopped (their undrawn permits go back, SPEC R29); idle leases are stopped
@@ -547,7 +550,8 @@ class SemaphoreQueue:
         :param timeout_ms: give up after this long without a permit (``None``: wait as long as
             it takes): raises :class:`~semaphore.errors.PermitTimeoutError` (with the holder's
             latest ``blocked`` entry) and withdraws the request, leaving nothing charged (a
-            claim already sent is released as soon as the holder answers it). Measured on the
+            claim already sent is released as soon as the holder answers it; a grant answering
+            a request already on its way is given back at once). Measured on the
             queue's clock (a :class:`~semaphore.testing.VirtualClock` drives it in tests).
         :param payload: JSON-compatible value stored with the item (shown in :meth:`items`).
 
@@ -1087,7 +1091,8 @@ class SemaphoreQueue:
 
     def _admit_locally(self, key: str, now: int, *, claims: bool = True) -> None:
         """Resolve claims, claim from grants (pending confirmation; not if ``claims`` is false),
-        draw from leases, stop leases (:func:`~semaphore.core.queue_plan.plan_admission`)."""
+        draw from leases, stop leases, give back grant permits nothing can use
+        (:func:`~semaphore.core.queue_plan.plan_admission`)."""
         step = plan.plan_admission(self._snapshot(key, now), self._options(), with_claims=claims)
         unit = self.client.unit(key)
         self._resolve(unit, step.resolutions, step.wake_now, now)
@@ -1107,6 +1112,8 @@ class SemaphoreQueue:
                 self._start(item_id, now)
         for lease_id in step.stops:
             unit.stop_lease(lease_id)
+        for give_back in step.give_backs:  # no item runs under them: claimed to be released at once
+            unit.release(give_back.grant_id, len(unit.claim(give_back.grant_id, give_back.count)))
         if step.purge_done_before is not None:  # an item whose hook has not run yet is kept
             kept = "" if self.on_done is None else " AND done_pending = 0"
             self.storage.exec(f"DELETE FROM {ITEMS} WHERE state = 'done' AND finished_at < ?{kept}",

@@ -8,7 +8,8 @@ storage or awaits:
 
 * :func:`plan_admission`: resolve confirmed or refused claims (R15a), claim grant slots and draw
   lease permits for queued items (R34; leases first when everything fits, ``prefer_leases``),
-  stop leases with nothing left to give (R29, R37), purge old finished items.
+  stop leases with nothing left to give (R29, R37), give back grant permits nothing queued can
+  use (R37 decision), purge old finished items.
 * :func:`plan_reply`: what a reply changes (claims resolved, leases stopped when contended, R29).
 * :func:`plan_exchange`: whether to send a ``sync``, a ``request`` (with which demand), or nothing.
 * :func:`report_due`: when the key's reports need a message of their own (R37 decision).
@@ -26,7 +27,7 @@ from .wire import MAX_LIST_LENGTH
 
 __all__ = [
     "QueueOptions", "QueuedItem", "ClaimingItem", "KeySnapshot",
-    "Resolution", "Resolve", "Claim", "Draw", "AdmissionPlan", "ReplyPlan",
+    "Resolution", "Resolve", "Claim", "Draw", "GiveBack", "AdmissionPlan", "ReplyPlan",
     "PendingReleases", "ReportDue", "Exchange", "ItemTimes",
     "resolve_claims", "admissible", "demand_of", "leases_to_stop", "plan_admission", "plan_reply", "report_due",
     "heartbeat_due", "plan_exchange", "next_wake", "covered_groups", "wants_round", "recheck_due",
@@ -226,15 +227,25 @@ class Draw:
 
 
 @dataclass(frozen=True)
+class GiveBack:
+    """Claim the ``count`` unclaimed permits of grant ``grant_id`` and release them at once: no
+    item will run under them, the report hands them back (an unsent claim is due at once)."""
+
+    grant_id: str
+    count: int
+
+
+@dataclass(frozen=True)
 class AdmissionPlan:
-    """What one local admission step does, in this order: resolutions, claims, draws, stops;
-    ``wake_now``: an item finished (its ``on_done`` hook is due); ``purge_done_before``: delete
-    finished items older than this (``None``: keep them)."""
+    """What one local admission step does, in this order: resolutions, claims, draws, stops,
+    give-backs; ``wake_now``: an item finished (its ``on_done`` hook is due);
+    ``purge_done_before``: delete finished items older than this (``None``: keep them)."""
 
     resolutions: tuple[Resolution, ...] = ()
     claims: tuple[Claim, ...] = ()
     draws: tuple[Draw, ...] = ()
     stops: tuple[str, ...] = ()
+    give_backs: tuple[GiveBack, ...] = ()
     wake_now: bool = False
     purge_done_before: int | None = None
 
@@ -325,6 +336,22 @@ def _draws(snap: KeySnapshot, opts: QueueOptions, queued: dict[str, list[str]]) 
     return tuple(out)
 
 
+def _give_backs(snap: KeySnapshot, opts: QueueOptions, claims: tuple[Claim, ...]) -> tuple[GiveBack, ...]:
+    """Grant permits nothing can use (R37 decision, surplus grants): the unclaimed permits of an
+    active grant whose group has no item queued or claiming (``snap``: after this step's claims
+    and draws), no claim made by this step (``claims``) and no lease. A grant answering demand
+    that went away while its request was on the way (a withdrawn permit, an item completed
+    before admission) would otherwise stay charged until its claimBy (R15) while others may
+    wait for it. A group with a lease keeps its grant until claimBy as before (leases first:
+    its items are drawn, the grant goes back at reclaim); a grant within ``claim_margin_ms`` of
+    its claimBy is left to the holder's reclaim."""
+    claimed = {c.grant_id for c in claims}
+    busy = {i.group for i in snap.queued} | {c.group for c in snap.claiming} | {x.group for x in snap.leases} \
+        | {g.group for g in snap.grants if g.grant_id in claimed}
+    return tuple(GiveBack(g.grant_id, g.unclaimed) for g in snap.grants
+                 if g.unclaimed > 0 and g.group not in busy and snap.now < g.claim_by - opts.claim_margin_ms)
+
+
 def _after_admission(snap: KeySnapshot, claims: tuple[Claim, ...], draws: tuple[Draw, ...]) -> KeySnapshot:
     """``snap`` once the claims and draws are done (for the stop decisions)."""
     taken = {i for c in claims for i in c.item_ids} | {i for d in draws for i in d.item_ids}
@@ -337,15 +364,18 @@ def _after_admission(snap: KeySnapshot, claims: tuple[Claim, ...], draws: tuple[
 def plan_admission(snap: KeySnapshot, opts: QueueOptions, *, with_claims: bool = True) -> AdmissionPlan:
     """Resolve claims, claim from grants (pending confirmation, R15a; none if ``with_claims`` is
     false), draw from leases (R34, R34a), stop leases with nothing left to draw or idle before
-    expiry (R37)."""
+    expiry (R37), give back grant permits nothing can use (:func:`_give_backs`; only with
+    ``with_claims``: giving back is a claim too)."""
     resolutions = resolve_claims(snap)
     snap = _after_resolutions(snap, resolutions)
     queued = admissible(snap)
     claims = _claims(snap, opts, queued) if with_claims else ()
     draws = _draws(snap, opts, queued)
-    stops = leases_to_stop(_after_admission(snap, claims, draws), opts, contended=False)
+    after = _after_admission(snap, claims, draws)
+    stops = leases_to_stop(after, opts, contended=False)
+    give_backs = _give_backs(after, opts, claims) if with_claims else ()
     finished = any(r.action in (Resolve.RELEASE, Resolve.FINISH) for r in resolutions)
-    return AdmissionPlan(resolutions, claims, draws, stops, wake_now=finished and opts.done_hook,
+    return AdmissionPlan(resolutions, claims, draws, stops, give_backs, wake_now=finished and opts.done_hook,
                          purge_done_before=snap.now - opts.retention_ms if opts.retention_ms else None)
 
 

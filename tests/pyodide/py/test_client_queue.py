@@ -223,7 +223,9 @@ async def test_holder_that_never_answers_times_out():
         else:
             raise AssertionError("should time out")
         elapsed = time.monotonic() - started
-        assert 0.55 <= elapsed < 3, elapsed
+        # Two real 300 ms timeouts: never sooner; the upper bound only tells a timeout from a
+        # hang (generous: a loaded machine runs the same steps slower).
+        assert 0.55 <= elapsed < 20, elapsed
         assert c.client.needs_sync(KEY)   # the lost reply may have carried a lease: sync next (R35)
     finally:
         if SilentHolder.release is not None:
@@ -353,13 +355,15 @@ async def test_queue_alarm_admits_under_the_limit_and_completion_admits_the_rest
     # Completing two releases their permits (reported by the next sync) and admits the rest.
     assert await q.complete("j0") is True and await q.complete("j1") is True
     assert await q.complete("j1") is False            # idempotent
-    for _ in range(20):
+    deadline = time.monotonic() + 20                     # a bound on polling, not a timing check
+    while True:
         await asyncio.sleep(0.06)                        # past nextRequestAt (round period 50 ms)
         await rt.fire_alarm("QUEUE", "q")
         s = states(inst)
         if s["j3"] is ItemState.RUNNING and s["j4"] is ItemState.RUNNING:
             break
         assert sum(v is ItemState.RUNNING for v in s.values()) <= 3, s
+        assert time.monotonic() < deadline, s
     assert [s[f"j{i}"] for i in range(5)] == [ItemState.DONE] * 2 + [ItemState.RUNNING] * 3, s
     usage = await rt.stub("ACCOUNT_LIMIT", KEY).usage()
     assert usage.outstanding == 3

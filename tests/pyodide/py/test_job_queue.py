@@ -51,7 +51,10 @@ async def usage(rt):
     return body
 
 
-async def until(rt, queues, done, *, limit, seconds=5.0, step=None):
+POLL_BOUND_S = 20.0  # how long any "eventually" here may take: a hang, not a slow machine
+
+
+async def until(rt, queues, done, *, limit, seconds=POLL_BOUND_S, step=None):
     """Poll the HTTP front until done(states) holds, checking at every step that no more than
     ``limit`` jobs run at once across the queues and the holder has no more out (I1).
     ``step`` (async) runs between polls, e.g. to fire alarms by hand; by default the due alarms
@@ -92,25 +95,23 @@ async def complete(rt, queue, job_id):
     release-report bound; 10 s by default where it exists, counted from a wake-up after the
     release). Moving Date.now() past it re-arms the objects' alarms, so the report goes out."""
     status, body = await call(rt, "POST", f"/jobs/{job_id}/complete")
-    for _ in range(10):
-        if not release_pending(rt, queue):
-            break
+    deadline = time.monotonic() + POLL_BOUND_S  # (alarm handlers run in real time meanwhile)
+    while release_pending(rt, queue):
+        assert time.monotonic() < deadline, f"the release of {job_id} never reached the holder"
         await rt.fire_due_alarms()
         rt.advance(RELEASE_REPORT_MS + 1)
         await asyncio.sleep(0.05)
-    assert not release_pending(rt, queue), f"the release of {job_id} never reached the holder"
     return status, body
 
 
 async def settle(rt, outstanding=0):
     """Wait until the holder's outstanding count is ``outstanding`` (every release arrived)."""
-    for _ in range(40):
-        if (await usage(rt))["outstanding"] == outstanding:
-            return
+    deadline = time.monotonic() + POLL_BOUND_S
+    while (await usage(rt))["outstanding"] != outstanding:
+        assert time.monotonic() < deadline, await usage(rt)
         await rt.fire_due_alarms()
         rt.advance(RELEASE_REPORT_MS + 1)
         await asyncio.sleep(0.05)
-    raise AssertionError(await usage(rt))
 
 
 def count(s, state):

@@ -2,14 +2,18 @@
 the real SDK.
 
 Client objects reach the reference Worker's ``AccountLimit`` holder (bound as ``ACCOUNT_LIMIT``)
-over the stand-in RPC (``structuredClone``); rounds are 10 ms of real time. ``permit()`` is driven
+over the stand-in RPC (``structuredClone``); rounds are 10 ms of the holder's real time. ``permit()`` is driven
 by the queue's own background pump (an asyncio task started in the caller's RPC call), callbacks
 run as asyncio tasks on Pyodide's event loop (the WebLoop), and the release of a finished permit
 reaches the holder through the object's alarm (fired by hand) or the pump a finished ``work``
-kicks. ``report_releases_within_ms=0`` keeps the release reports immediate.
+kicks. ``report_releases_within_ms=0`` keeps the release reports immediate. A test about a
+timeout gives the client object a :class:`~semaphore.testing.VirtualClock` (``TimedPermits``):
+the timeout then expires when the test moves that clock, after what it waits for has happened,
+not after a stretch of real time that a loaded machine may fill differently.
 """
 
 import asyncio
+import time
 
 from standins import Runtime
 from workers import DurableObject
@@ -27,11 +31,20 @@ from semaphore import (
     timeout,
 )
 from semaphore.runtime import Storage
+from semaphore.testing import VirtualClock
 
 KEY = "acct"
 VARS = {"ROUND_WAIT_MS": "10", "ROUND_PERIOD_MS": "0", "GRANT_TIMEOUT_MS": "10000", "ACCOUNT_CONCURRENCY": "1"}
 HELPER = DurabilitySemaphore.client(binding="ACCOUNT_LIMIT", invoke=lambda stub, message: stub.permits(message))
-DRAIN_S = 5  # a callback or pump still running after this is a hang (e.g. serialised callbacks)
+DRAIN_S = 20  # a callback or pump still running after this is a hang (e.g. serialised callbacks)
+
+
+async def until(condition, what):
+    """Poll ``condition()`` (real time: what it waits for is the holder's round) up to DRAIN_S."""
+    deadline = time.monotonic() + DRAIN_S
+    while not condition():
+        assert time.monotonic() < deadline, f"still waiting for {what} after {DRAIN_S} s"
+        await asyncio.sleep(0.005)
 
 
 def holder_usage(env):
@@ -45,10 +58,14 @@ class Base(DurableObject):
     def __init__(self, ctx, env):
         super().__init__(ctx, env)
         self.storage = Storage(ctx)
-        self.scheduler = DurabilityScheduler(ctx)
-        self.client = SemaphoreClient(ctx, HELPER.with_(timeout(2000)).transport(env))
+        self.clock = self.make_clock()
+        self.scheduler = DurabilityScheduler(ctx, clock=self.clock)
+        self.client = SemaphoreClient(ctx, HELPER.with_(timeout(2000)).transport(env), clock=self.clock)
         self.queue = SemaphoreQueue(client=self.client, scheduler=self.scheduler, report_releases_within_ms=0,
                                     **self.options())
+
+    def make_clock(self):
+        return None  # the wall clock (Date.now())
 
     def options(self):
         return {}
@@ -75,14 +92,36 @@ class Permits(Base):
         await asyncio.wait_for(self.queue.drain(), DRAIN_S)
         return seen
 
+
+class TimedPermits(Permits):
+    """Permits on a VirtualClock (from the wall clock's now): its permit timeouts expire when
+    the test advances the clock. The holder keeps the real clock (its rounds run by themselves)."""
+
+    def make_clock(self):
+        return VirtualClock(int(time.time() * 1000))
+
     async def time_out_behind(self, timeout_ms):
-        """RPC: hold a permit (limit 1) and ask for a second with a timeout."""
+        """RPC: hold a permit (limit 1) and ask for a second with a timeout, which expires once
+        the holder said why the second waits and the key's pump has stopped (nothing in flight)."""
         async with self.queue.permit(KEY, "g") as first:
-            try:
-                async with self.queue.permit(KEY, "g", timeout_ms=int(timeout_ms)):
-                    return {"raised": None}
-            except PermitTimeoutError as exc:
-                err = exc
+
+            async def second_permit():
+                try:
+                    async with self.queue.permit(KEY, "g", timeout_ms=int(timeout_ms)):
+                        return None
+                except PermitTimeoutError as exc:
+                    return exc
+
+            waiter = asyncio.ensure_future(second_permit())
+            await until(lambda: "g" in self.queue.blocked(KEY), "the holder's blocked answer")
+            # The pump asked again each round until its 8-exchange bound paused the key (for
+            # retry_ms on the frozen clock): no request is in flight when the timeout expires.
+            await asyncio.wait_for(self.queue.drain(), DRAIN_S)
+            assert not waiter.done()
+            await self.clock.advance(int(timeout_ms))
+            err = await asyncio.wait_for(waiter, DRAIN_S)
+            if err is None:
+                return {"raised": None}
             during = await holder_usage(self.env)
             (second,) = [i for i in self.queue.items(KEY) if i.item_id != first.item_id]
             seen = {"raised": type(err).__name__, "is_timeout": isinstance(err, TimeoutError),
@@ -92,6 +131,10 @@ class Permits(Base):
                     "demand": [d.count for d in self.queue.demand(KEY)], "charged": during.charged}
         await asyncio.wait_for(self.queue.drain(), DRAIN_S)
         return seen
+
+    def left(self):
+        """RPC: the key's items (finished permit items are deleted at the next pump)."""
+        return [i.item_id for i in self.queue.items(KEY)]
 
 
 class Admits(Base):
@@ -144,20 +187,22 @@ async def test_permit_through_a_round_and_a_confirmed_claim_is_released_to_the_h
 async def test_permit_timeout_raises_with_the_limit_reason_and_leaves_nothing_charged():
     # R23: PermitTimeoutError carries the holder's blocked entry; the withdrawn request was never
     # charged and is asked for no more.
-    rt = Runtime({"ACCOUNT_LIMIT": AccountLimit, "PERMITS": Permits}, vars=VARS, auto_alarms=False)
-    seen = await asyncio.wait_for(rt.stub("PERMITS", "p").time_out_behind(400), DRAIN_S)
+    # The timeout runs on the client object's VirtualClock: it expires after the holder's
+    # blocked answer and once no request is in flight, however slow the machine is.
+    rt = Runtime({"ACCOUNT_LIMIT": AccountLimit, "PERMITS": TimedPermits}, vars=VARS, auto_alarms=False)
+    p = rt.stub("PERMITS", "p")
+    seen = await asyncio.wait_for(p.time_out_behind(400), 2 * DRAIN_S)  # within the harness's 60 s
     assert seen.raised == "PermitTimeoutError" and seen.is_timeout is True, seen
     assert seen.reason is True and seen.waiting == 1 and "limit" in seen.message, seen
     assert seen.second == ["done", True, True] and seen.demand == [], seen
     assert seen.charged == 1, seen                       # the first permit only
-    # With ROUND_PERIOD_MS 0 the blocked second request was asked again at every 10 ms round
-    # until the pump's 8-exchange bound paused the key for retry_ms (1 s, in memory), which also
-    # holds back the release report: let that pass before the alarm.
-    rt.advance(1001)
-    fired = await rt.fire_alarm("PERMITS", "p")     # reports the first's release
+    # The withdrawal ended the key's request pause; the alarm (due on the object's clock, fired
+    # by hand) reports the first's release and deletes both finished permit items.
+    fired = await rt.fire_alarm("PERMITS", "p", force=True)
     assert fired.get("error") is None, fired
     usage = await holder_usage(rt.env)
     assert (usage.charged, usage.outstanding) == (0, 0), usage
+    assert await p.left() == []
 
 
 async def test_async_on_admit_callbacks_of_one_key_run_concurrently():

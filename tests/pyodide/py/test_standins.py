@@ -5,6 +5,7 @@ tests/pyodide/harness.mjs (see tests/test_pyodide_tier.py), not under host pytes
 """
 
 import asyncio
+import time
 
 import workers
 from pyodide.ffi import JsException, JsProxy
@@ -12,6 +13,16 @@ from standins import Runtime
 from workers import DurableObject, Response, WorkerEntrypoint  # noqa: F401  (import must work)
 from workers.entrypoints import DurableObjectContext
 from workers.rpc import JsDict, _BindingWrapper, _EnvWrapper
+
+POLL_BOUND_S = 20  # how long an alarm firing by itself may take: a hang, not a slow machine
+
+
+async def until(condition, what):
+    """Poll ``condition()`` every 10 ms (real time: timers fire by themselves) up to POLL_BOUND_S."""
+    deadline = time.monotonic() + POLL_BOUND_S
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} within {POLL_BOUND_S} s"
+        await asyncio.sleep(0.01)
 
 
 def describe(value):
@@ -315,10 +326,7 @@ async def test_alarm_fires_by_itself_and_after_eviction():
     await inst.ctx.storage.setAlarm(rt.now() + 60_000)
     rt.evict("STORE", "auto")                 # memory gone, storage and alarm stay
     rt.advance(60_000)                        # moving the clock re-arms the alarm timer
-    for _ in range(50):
-        await asyncio.sleep(0.01)
-        if any(e["kind"] == "alarm" for e in rt.events):
-            break
+    await until(lambda: any(e["kind"] == "alarm" for e in rt.events), "the alarm")
     fresh = await rt.instance("STORE", "auto")
     assert fresh is not inst
     assert len(fresh.alarm_calls) == 1
@@ -343,10 +351,7 @@ async def test_an_alarm_timer_firing_before_the_alarm_time_re_arms():
     when = rt.now() + 20
     await inst.ctx.storage.setAlarm(when)
     _standin_js.clock.offset -= 150   # close_all() resets the clock after the test
-    for _ in range(150):
-        await asyncio.sleep(0.01)
-        if inst.alarm_calls:
-            break
+    await until(lambda: inst.alarm_calls, "the alarm")
     assert len(inst.alarm_calls) == 1, (rt.events, rt.get_alarm("STORE", "early"))
     assert inst.fired_at >= when        # not before its time (by the runtime's clock)
     assert rt.get_alarm("STORE", "early") is None
