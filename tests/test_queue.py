@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from semaphore import HolderUnavailableError, ItemState, PermitKind, QueueItem
+from semaphore import ConfigurationError, HolderUnavailableError, ItemState, PermitKind, QueueItem
 from semaphore.testing import T0, ClientSide, HolderSide, Net, SimClock, async_test
 
 KEY = "acct"
@@ -53,6 +53,24 @@ class Setup:
 
     def sent(self, kind: str | None = None) -> list[dict]:
         return [m for m in self.net.sent if kind is None or m["type"] == kind]
+
+
+@pytest.mark.parametrize("payload", [float("nan"), {"x": [float("inf")]}, {"blob": "x" * 1_000_001}, {1, 2}],
+                         ids=["nan", "infinity", "over 1 MB", "a set"])
+@async_test
+async def test_a_payload_that_is_not_strict_json_or_too_big_is_refused_and_nothing_is_queued(payload):
+    # R37: a payload is stored as JSON in the item's row: NaN or Infinity would be written back
+    # as bare NaN (not JSON for any reader), over the row limit the insert fails late; both are
+    # refused at once, naming the field, with nothing written (the same for permit()).
+    s = Setup()
+    with pytest.raises(ConfigurationError) as refused:
+        await s.queue.enqueue(KEY, "g", "a", payload)
+    assert refused.value.field == "payload"
+    with pytest.raises(ConfigurationError):
+        async with s.queue.permit(KEY, "g", payload=payload):
+            raise AssertionError("a permit started with a refused payload")
+    assert s.queue.items() == [] and s.sent() == []
+    await s.queue.enqueue(KEY, "g", "a", {"blob": "x" * 900_000, "n": 1.5})  # strict JSON within the limit
 
 
 @async_test

@@ -297,6 +297,26 @@ def _check_options(o: dict[str, Any]) -> None:
         raise ConfigurationError("reconcile_after_ms and check_running go together", field="check_running")
 
 
+#: Most bytes of an item's payload as stored (JSON, UTF-8): a row of Durable Object SQL holds
+#: at most 2 MB, and the item's other columns need room too.
+MAX_PAYLOAD_BYTES = 1_000_000
+
+
+def _payload_text(payload: Any) -> str:
+    """``payload`` as the queue stores it: strict JSON (no NaN or Infinity, which no JSON
+    reader takes back) of at most :data:`MAX_PAYLOAD_BYTES`; else :class:`ConfigurationError`
+    (field ``payload``), before anything is written."""
+    try:
+        text = json.dumps(payload, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"payload: not strict JSON ({exc})", field="payload") from None
+    size = len(text.encode("utf-8"))
+    if size > MAX_PAYLOAD_BYTES:
+        raise ConfigurationError(f"payload: {size} bytes of JSON, over the {MAX_PAYLOAD_BYTES} a queued item "
+                                 "may carry (a Durable Object SQL row holds 2 MB)", field="payload")
+    return text
+
+
 def _check_id(value: Any, name: str) -> str:
     """``value`` if it is in the wire's id alphabet (:func:`semaphore.wire.id_problem`, R7), so
     a queued group can never make the holder refuse the queue's whole request."""
@@ -496,14 +516,15 @@ class SemaphoreQueue:
     async def enqueue(self, key: str, group: str, item_id: str, payload: Any = None) -> QueueItem:
         """Queue ``item_id`` for ``(key, group)`` and schedule a wake-up. Idempotent: an item id
         already known (queued, running or recently finished) is returned unchanged.
-        ``payload`` must be JSON-compatible."""
+        ``payload`` must be strict JSON (no NaN or Infinity) of at most 1,000,000 bytes
+        (:data:`MAX_PAYLOAD_BYTES`), else :class:`ConfigurationError` (field ``payload``)."""
         if self.on_admit is None and self.work is None:
             raise ConfigurationError("enqueue: this queue has neither on_admit nor work, so nothing would run"
                                      " the item; use permit() or give the queue a callback", field="on_admit")
         _check_id(key, "key")
         _check_id(group, "group")
         _check_id(item_id, "item_id")
-        text = json.dumps(payload)
+        text = _payload_text(payload)
         self.ensure_schema()
         now = self._now()
         item = self.storage.transaction(lambda: self._insert(key, group, item_id, text, now, owner=""))
@@ -564,7 +585,7 @@ class SemaphoreQueue:
         _check_id(group, "group")
         if timeout_ms is not None:
             option_int(timeout_ms, "timeout_ms", 0)
-        text = json.dumps(payload)
+        text = _payload_text(payload)
         self.ensure_schema()
         now = self._now()
         item_id = f"permit:{self._token}:{secrets.token_hex(8)}"
