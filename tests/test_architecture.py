@@ -115,3 +115,25 @@ def test_the_name_check_reads_members_and_refuses_made_up_names():
 
 def test_the_map_parser_reads_rows():
     assert ("R13", "core/marks.py") in rule_map()
+
+
+def _mutate_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mutate", ROOT / "scripts" / "mutate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_mutation_script_mutates_the_homes_the_map_names():
+    # scripts/mutate.py: a rule's home functions come from this map; each mutant changes exactly
+    # one thing and is still a module (the script runs the citing tests against each).
+    mutate = _mutate_script()
+    assert mutate.homes("R13") == [("core/marks.py", "raise_counts")]
+    original = ast.unparse(ast.parse((LIBRARY / "core" / "marks.py").read_text(encoding="utf-8")))
+    found = list(mutate.mutants("core/marks.py", "raise_counts"))
+    assert found and len({m.source for m in found}) == len(found)
+    for m in found:
+        assert m.source != original and ast.parse(m.source) and m.change
+    assert mutate.citing_tests("R13") and all(t.startswith("tests/test_") for t in mutate.citing_tests("R13"))
