@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -122,6 +123,7 @@ def _mutate_script():
 
     spec = importlib.util.spec_from_file_location("mutate", ROOT / "scripts" / "mutate.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules["mutate"] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
