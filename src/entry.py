@@ -262,7 +262,11 @@ def json_depth(value: Any) -> int:
 
 
 #: A JSON string literal (unrolled: no backtracking per character) and a bracket outside one.
-_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+#: A string that does not end (no closing quote, perhaps a lone backslash last) runs to the end
+#: of the text: a match from an opening quote always succeeds, so ``re.sub`` reads each character
+#: once (linear). Without that, it failed from such a quote and was retried from every later one:
+#: ``'"' + '\\"' * n`` cost O(n**2). Such a text is not JSON, and ``json.loads`` refuses it.
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
 _JSON_BRACKET = re.compile(r"[\[\]{}]")
 
 

@@ -752,6 +752,27 @@ def test_a_deeply_nested_body_is_a_400_on_every_route_that_reads_one(entry):
     run(scenario())
 
 
+def test_the_depth_scan_matches_an_unterminated_string_to_the_end_so_it_is_linear(entry):
+    # MAX_JSON_DEPTH (text_too_deep, the front's scan before json.loads): a string literal that
+    # never ends ('"' + '\\"' * n) must match from its opening quote to the end of the text. The
+    # old pattern had no match from such a quote, so re.sub retried from every later quote:
+    # O(n**2), 32 KB cost ~5 s of CPU. One match spanning the text is what makes the scan linear
+    # (each character read once); checked structurally, not with a clock.
+    pattern = entry._JSON_STRING
+    for prefix, tail in (("", '"' + '\\"' * 20_000), ('{"id": ', '"' + '\\"' * 20_000), ("[", '"abc'),
+                         ("[", '"abc\\'), ('{"a": "b", "c": ', '"' + '\\"[{' * 5_000)):
+        text = prefix + tail
+        assert pattern.match(text, len(prefix)).end() == len(text), text[:40]  # from its quote to the end
+        assert [m.end() for m in pattern.finditer(text)][-1] == len(text)
+        assert entry.text_too_deep(text) is False  # the rest is string text, not nesting
+        with pytest.raises(entry.JsonError, match="not valid JSON"):
+            entry.parse_json(text)
+    # Terminated strings still end at their closing quote: brackets after them are counted.
+    deep = '["\\"", "[", ' + "[" * 64 + "]" * 64 + "]"
+    assert pattern.findall(deep) == ['"\\""', '"["'] and entry.text_too_deep(deep) is True
+    assert entry.text_too_deep('["\\"", "[", ' + "[" * 63 + "]" * 63 + "]") is False
+
+
 def test_non_finite_numbers_are_refused_and_every_answer_is_json(entry):
     # Issue 21 (8): a payload holding NaN or Infinity was accepted, stored, and written back as a
     # bare NaN, so the queue's view was not JSON. Now NaN, Infinity, -Infinity and numbers that
