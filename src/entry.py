@@ -29,8 +29,9 @@ What the routes expose and create (README, "The reference Worker"):
   ``{"v": 1, "error": {"code", "message", "field"?}}``.
 * JSON in is JSON proper: a body that is malformed, holds ``NaN``/``Infinity`` (or a number
   that overflows to one) or nests deeper than ``MAX_JSON_DEPTH`` is a 400 ``invalid_json``; a
-  job payload over ``MAX_PAYLOAD_BYTES`` of JSON is a 413 ``payload_too_large``. JSON out is
-  strict (``allow_nan=False``).
+  job payload over ``MAX_PAYLOAD_BYTES`` of JSON is a 413 ``payload_too_large``, and so is a body
+  over ``MAX_BODY_BYTES`` (twice that), before it is scanned or parsed. JSON out is strict
+  (``allow_nan=False``).
 * ``ADMIN_TOKEN`` is read without surrounding whitespace; blank means not configured.
 * The job directory (job id -> queue, in the account's holder) forgets a job
   ``JOB_RETENTION_MS`` after its completion, the same time the queue keeps the finished job (by a
@@ -135,6 +136,10 @@ MAX_JSON_DEPTH = 64
 #: ASCII). A Durable Object SQL row holds at most 2 MB: a larger payload is refused (413
 #: ``payload_too_large``, field ``payload``) before the job is registered.
 MAX_PAYLOAD_BYTES = 1_000_000
+#: The longest request body the front reads (characters, and the ``Content-Length`` bytes it
+#: declares): twice :data:`MAX_PAYLOAD_BYTES`, room for a payload at the limit and its ids and
+#: whitespace. A longer one is refused (413 ``payload_too_large``) before it is scanned or parsed.
+MAX_BODY_BYTES = 2 * MAX_PAYLOAD_BYTES
 
 log = logging.getLogger("entry")
 
@@ -257,7 +262,9 @@ def json_depth(value: Any) -> int:
         deepest = max(deepest, depth)
         if deepest > MAX_JSON_DEPTH:
             break
-        stack.extend((child, depth + 1) for child in children)
+        # Containers only: a scalar adds no depth, and a (node, depth) tuple per scalar made a flat
+        # array of n items cost n tuples (a 2 MB '[0,0,...]' peaked at 64 MB).
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list, tuple)))
     return deepest
 
 
@@ -1204,12 +1211,20 @@ def is_admin(request: Any, env: Any) -> bool:
 
 
 async def read_json(request: Any) -> dict[str, Any]:
-    """The request's body, a JSON object (empty: ``{}``). Anything :func:`parse_json` refuses
+    """The request's body, a JSON object (empty: ``{}``). A body over :data:`MAX_BODY_BYTES` (by
+    its ``Content-Length``, before it is read, or by its length once read) is 413
+    ``payload_too_large``, before any scan or parse. Anything :func:`parse_json` refuses
     (malformed, ``NaN``/``Infinity``, nested deeper than :data:`MAX_JSON_DEPTH`) is 400
     ``invalid_json`` saying why; so is a body that is not an object."""
+    over = f"over the {MAX_BODY_BYTES} the Worker reads (twice the {MAX_PAYLOAD_BYTES} of a job's payload)"
+    declared = str(request.headers.get("content-length") or "").strip()
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise HttpError(413, "payload_too_large", f"request body is {int(declared)} bytes, {over}")
     text = await request.text()
     if not text:
         return {}
+    if len(text) > MAX_BODY_BYTES:
+        raise HttpError(413, "payload_too_large", f"request body is {len(text)} characters, {over}")
     try:
         body = parse_json(text)
     except JsonError as exc:

@@ -818,7 +818,7 @@ def test_a_payload_over_the_size_limit_is_a_413_and_leaves_no_directory_entry(en
     limit = entry.MAX_PAYLOAD_BYTES
 
     async def scenario():
-        for size in (limit + 1, 2_100_000):
+        for size in (limit + 1, 1_900_000):  # a body over MAX_BODY_BYTES is refused unread (below)
             body = {"id": "big", "payload": "x" * (size - 2)}  # its JSON: the string's quotes + size - 2
             status, reply = await world.fetch("POST", "/accounts/a/queues/q/jobs", body, headers=AUTH)
             assert status == 413 and reply["error"]["code"] == "payload_too_large", reply
@@ -833,6 +833,52 @@ def test_a_payload_over_the_size_limit_is_a_413_and_leaves_no_directory_entry(en
         assert status == 201, reply
         status, reply = await world.fetch("GET", "/accounts/a/queues/other", headers=AUTH)
         assert len(reply["jobs"][0]["payload"]) == limit - 2
+
+    run(scenario())
+
+
+def test_the_payload_check_keeps_no_per_item_state_and_an_oversized_body_is_refused_unread(entry):
+    # MAX_PAYLOAD_BYTES / MAX_JSON_DEPTH (payload_problem): json_depth pushed a (node, depth)
+    # tuple for every child, scalars included, so a 2 MB flat array '[0,0,...]' (1M items, over
+    # the size limit) peaked at ~64 MB before its 413, in the front and again in the JobQueue.
+    # Now only containers are pushed. Deterministic: tracemalloc's peak, not the clock.
+    import tracemalloc
+
+    payload = entry.parse_json("[" + "0," * 1_000_000 + "0]")
+    tracemalloc.start()
+    try:
+        problem = entry.payload_problem(payload)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert problem is not None and problem["error"]["code"] == "payload_too_large", problem
+    assert peak < 16_000_000, peak  # the JSON text (2 MB) and its bytes, not 64 MB of tuples
+    assert entry.json_depth([0, [1, {"a": [2]}], 3]) == 4 and entry.json_depth(0) == 0
+    # A body over MAX_BODY_BYTES (twice the payload limit) is a 413 before it is scanned or parsed
+    # (read_json): by its length, and by its Content-Length before it is read.
+    world = World(entry)
+    limit = entry.MAX_BODY_BYTES
+    assert limit == 2 * entry.MAX_PAYLOAD_BYTES
+
+    class Unread(_Request):
+        async def text(self) -> str:
+            raise AssertionError("a body declared too long was read")
+
+    async def scenario():
+        text = '{"id": "j1", "payload": [' + "0," * (limit // 2) + "0]}"
+        for method, path, _ in BODY_ROUTES:
+            status, body = await fetch_raw(world, method, path, text)
+            assert status == 413 and body["error"]["code"] == "payload_too_large", (path, body)
+            assert str(limit) in body["error"]["message"], body
+            headers = {**AUTH, "content-length": str(limit + 1)}
+            resp = await entry.Default(None, world.env).fetch(Unread("http://w" + path, method, headers))
+            assert resp.status == 413 and json.loads(resp.body)["error"]["code"] == "payload_too_large"
+        assert world.env.ACCOUNT_LIMIT.tables("a") == [] and world.env.JOB_QUEUE.tables(json.dumps(["a", "q"])) == []
+        # At the limit, the body is read (and here, answered for its payload's size).
+        text = '{"id": "j1", "payload": "' + "x" * (limit - 27) + '"}'
+        assert len(text) == limit
+        status, body = await fetch_raw(world, "POST", "/accounts/a/queues/q/jobs", text)
+        assert status == 413 and body["error"]["field"] == "payload", body
 
     run(scenario())
 
