@@ -32,6 +32,8 @@ What the routes expose and create (README, "The reference Worker"):
   job payload over ``MAX_PAYLOAD_BYTES`` of JSON is a 413 ``payload_too_large``, and so is a body
   over ``MAX_BODY_BYTES`` (twice that), before it is scanned or parsed. JSON out is strict
   (``allow_nan=False``).
+* The public queue view's payloads never cross the RPC (``JobQueue.status(with_payloads=False)``);
+  the admin view carries at most ``MAX_VIEW_PAYLOAD_BYTES`` of them in all.
 * ``ADMIN_TOKEN`` is read without surrounding whitespace; blank means not configured.
 * The job directory (job id -> queue, in the account's holder) forgets a job
   ``JOB_RETENTION_MS`` after its completion, the same time the queue keeps the finished job (by a
@@ -140,6 +142,11 @@ MAX_PAYLOAD_BYTES = 1_000_000
 #: declares): twice :data:`MAX_PAYLOAD_BYTES`, room for a payload at the limit and its ids and
 #: whitespace. A longer one is refused (413 ``payload_too_large``) before it is scanned or parsed.
 MAX_BODY_BYTES = 2 * MAX_PAYLOAD_BYTES
+#: The admin queue view (``JobQueue.status(with_payloads=True)``) carries job payloads up to this
+#: many bytes of JSON in all, in enqueue order (eight at the size limit, well inside the 32 MiB
+#: of a Workers RPC message); a job past it is listed without ``payload``, ``payloadOmitted``
+#: true. The public view carries none (they never cross the RPC).
+MAX_VIEW_PAYLOAD_BYTES = 8 * MAX_PAYLOAD_BYTES
 
 log = logging.getLogger("entry")
 
@@ -1005,14 +1012,30 @@ class JobQueue(DurableObject):
         await self._flush()
         return {"job": None if item is None else job_view(item), "changed": changed}
 
-    async def status(self, account: Any) -> dict[str, Any]:
-        """Every job of this queue (of ``account``) with its state. Read only: a queue without
-        its tables answers no jobs and creates nothing."""
+    async def status(self, account: Any, with_payloads: Any = False) -> dict[str, Any]:
+        """Every job of this queue (of ``account``) with its state. Payloads only
+        ``with_payloads`` (the admin view; the public view's answer carries none over the RPC),
+        and then at most :data:`MAX_VIEW_PAYLOAD_BYTES` of them in all: a job past that is
+        listed without ``payload`` and with ``payloadOmitted`` true, and ``payloadsOmitted``
+        counts them. Read only: a queue without its tables answers no jobs and creates nothing."""
         if self.config_error is not None:
             return self.config_error
+        with_payloads = plain(with_payloads) is True
+        empty: dict[str, Any] = {"jobs": [], "payloadsOmitted": 0} if with_payloads else {"jobs": []}
         if not has_tables(self.storage, QUEUE_TABLES):
-            return {"jobs": []}
-        return {"jobs": [job_view(item) for item in self.queue.items(key=str(plain(account)))]}
+            return empty
+        jobs, room, omitted = [], MAX_VIEW_PAYLOAD_BYTES, 0
+        for item in self.queue.items(key=str(plain(account))):
+            view = job_view(item)
+            payload = view.pop("payload")
+            if with_payloads:
+                size = len(json.dumps(payload))  # as stored (a NaN of an earlier version: the front's 500)
+                if size <= room:
+                    view["payload"], room = payload, room - size
+                else:
+                    view["payloadOmitted"], omitted = True, omitted + 1
+            jobs.append(view)
+        return {"jobs": jobs, "payloadsOmitted": omitted} if with_payloads else {"jobs": jobs}
 
     async def alarm(self, alarm_info: Any = None) -> None:
         if self.config_error is not None:
@@ -1534,10 +1557,12 @@ class Default(WorkerEntrypoint):
         return json_response(result)
 
     async def route_queue_status(self, request: Any, account: str, queue: str) -> Response:
-        """Public: the queue's jobs without their payloads; with the admin token, with them.
-        Creates no storage (a queue never written to answers no jobs)."""
+        """Public: the queue's jobs without their payloads; with the admin token, with them (at
+        most :data:`MAX_VIEW_PAYLOAD_BYTES` in all, :meth:`JobQueue.status`). Creates no storage
+        (a queue never written to answers no jobs)."""
         admin = is_admin(request, self.env)
-        result = checked(await job_queue(self.env, account, queue).status(account))
+        # The public view asks for no payloads, so none crosses the RPC (the admin's: capped).
+        result = checked(await job_queue(self.env, account, queue).status(account, admin))
         if not admin:
             for job in result["jobs"]:
                 job.pop("payload", None)

@@ -149,6 +149,43 @@ def test_payloads_need_the_admin_token_and_errors_carry_v1(entry):
     run(scenario())
 
 
+def test_the_public_queue_view_carries_no_payloads_over_rpc_and_the_admin_view_is_capped(entry, monkeypatch):
+    # Payloads need the admin token (README, the routes section): the public view asks
+    # JobQueue.status for none (with_payloads false), so they never cross the RPC. The front
+    # used to ask for every job with its payload (up to MAX_PAYLOAD_BYTES each) and drop them
+    # only itself: ~33 jobs at the size limit exceed a Workers RPC message (32 MiB) and failed the
+    # public view for everyone. The admin view carries at most MAX_VIEW_PAYLOAD_BYTES of payloads
+    # in all, in enqueue order; a job past that is listed with payloadOmitted instead.
+    world = World(entry)
+    monkeypatch.setattr(entry, "MAX_VIEW_PAYLOAD_BYTES", 250_000, raising=False)
+
+    async def scenario():
+        for i in range(3):
+            status, _ = await world.fetch("POST", "/accounts/a/queues/q/jobs",
+                                          {"id": f"j{i}", "payload": "x" * 100_000}, headers=AUTH)
+            assert status == 201
+        jq = queue_object(world, "a", "q")
+        real_status, replies = jq.status, []
+
+        async def spy(*args, **kwargs):
+            reply = await real_status(*args, **kwargs)
+            replies.append(json.dumps(reply))
+            return reply
+
+        jq.status = spy
+        status, body = await world.fetch("GET", "/accounts/a/queues/q")  # public: no payloads
+        assert status == 200 and [j["id"] for j in body["jobs"]] == ["j0", "j1", "j2"]
+        assert all("payload" not in j for j in body["jobs"]), body
+        assert len(replies) == 1 and len(replies[0]) < 10_000 and "xxxx" not in replies[0], len(replies[0])
+        status, body = await world.fetch("GET", "/accounts/a/queues/q", headers=AUTH)  # admin: capped
+        assert status == 200 and [len(j.get("payload", "")) for j in body["jobs"]] == [100_000, 100_000, 0]
+        assert body["jobs"][2]["payloadOmitted"] is True and body["payloadsOmitted"] == 1, body["jobs"][2]
+        assert len(replies[1]) < 250_000 + 10_000
+        assert await real_status("a") == json.loads(replies[0])  # no payloads unless asked for
+
+    run(scenario())
+
+
 def test_job_directory_forgets_finished_jobs_after_the_retention(entry):
     world = World(entry, JOB_RETENTION_MS="1000")
 
