@@ -39,7 +39,8 @@ What the routes expose and create (README, "The reference Worker"):
   ``JOB_RETENTION_MS`` after its completion, the same time the queue keeps the finished job (by a
   scheduler timer on the holder's alarm), so it holds only live and recently finished jobs. The
   job's ``JobQueue`` is the directory's only writer for its jobs: it registers a job before it
-  creates it (and withdraws the entry if creating it then fails), and tells the directory of
+  creates it (and withdraws the entry if creating it then fails and the job does not exist;
+  a failure after the job's insert answers it queued, with a ``warning``), and tells the directory of
   every job that turns ``done`` (however it does: a claim cancelled while ``claiming`` turns
   ``done`` later, in the queue's pump) through a durable outbox, sent until the holder
   acknowledges it (see :class:`JobQueue`).
@@ -853,8 +854,10 @@ class JobQueue(DurableObject):
       not created then). What can be refused is refused before registering (ids, a payload
       that is not JSON or over ``MAX_PAYLOAD_BYTES``); a failure creating the job after
       registering it withdraws the entry (``forget_job``; if that is not answered, the outbox
-      announces the id finished) and answers ``internal_error``: the directory never keeps an
-      entry for a job that does not exist.
+      announces the id finished) and answers ``internal_error`` when the job does not exist:
+      the directory never keeps an entry for a job that does not exist. A failure after the
+      job's insert committed (arming its alarm) keeps the entry and answers the job as queued
+      with a ``warning`` (:meth:`_queued_anyway`, which arms the wake-up again).
     * Every job that turns ``done`` is written to the outbox table ``app_finished_jobs`` by the
       queue's ``on_done`` hook, in the transaction that clears the job's pending-hook flag (the
       queue calls it right after the transition, or, after an eviction or a failure, from a
@@ -933,14 +936,23 @@ class JobQueue(DurableObject):
             owner = str(reply.get("queue"))
             if owner != queue:
                 return error_value("conflict", f"job {job_id!r} already belongs to queue {owner!r}", "id")
+            existed: bool | None = None
             try:
                 self._ready(queue)
+                existed = self.queue.item(job_id) is not None
                 result = await self._enqueue(account, job_id, group, payload, queue)
             except Exception as exc:  # noqa: BLE001 - answered as an error value, the entry undone
                 log.exception("JobQueue: creating job %r failed after its registration", job_id)
-                await self._withdraw(account, job_id, queue)
-                failed = error_value("internal_error", f"job {job_id!r} could not be created "
-                                                       f"({type(exc).__name__}: {exc}); nothing was queued")
+                checked_item, item = await self._withdraw(account, job_id, queue)
+                reason = f"{type(exc).__name__}: {exc}"
+                if item is not None:  # the failure came after the insert: the job is queued
+                    result = await self._queued_anyway(item, existed is False, reason)
+                elif checked_item:
+                    failed = error_value("internal_error", f"job {job_id!r} could not be created "
+                                                           f"({reason}); nothing was queued")
+                else:
+                    failed = error_value("internal_error", f"job {job_id!r} could not be created ({reason});"
+                                                           " whether it was queued is unknown")
         if failed is not None:
             try:
                 await self._flush()  # a notice the withdrawal left in the outbox
@@ -951,27 +963,46 @@ class JobQueue(DurableObject):
             await self._flush()  # registering it again cleared its mark: announced again
         return result
 
-    async def _withdraw(self, account: str, job_id: str, queue: str) -> None:
+    async def _withdraw(self, account: str, job_id: str, queue: str) -> tuple[bool, QueueItem | None]:
         """Creating ``job_id`` failed after it was registered (called under the directory lock):
         undo the registration so the directory never lists a job that does not exist. A job this
         queue does not have is dropped from the directory (:meth:`AccountLimit.forget_job`), or,
         if the holder does not answer that, announced finished through the outbox (so forgotten
         after the retention); a job it has (the failure came after its insert, or it was known)
-        keeps its entry, announced again if it is ``done`` (registering cleared its mark)."""
+        keeps its entry, announced again if it is ``done`` (registering cleared its mark).
+        Answers ``(whether the queue could be read, the job if it exists)``."""
         try:
             item = self.queue.item(job_id)
         except Exception:  # noqa: BLE001 - storage unusable: nothing durable can be done here
             log.exception("JobQueue: cannot tell whether job %r exists; its directory entry stays", job_id)
-            return
+            return False, None
         if item is not None:
             if item.state is ItemState.DONE:
                 self._try_announce(job_id, account, queue)
-            return
+            return True, item
         try:
             await self._holder_call(account, "forget_job", job_id, queue)
         except DirectoryError as exc:
             log.warning("JobQueue: withdrawing job %r failed: %s; announced finished instead", job_id, exc)
             self._try_announce(job_id, account, queue)
+        return True, None
+
+    async def _queued_anyway(self, item: QueueItem, created: bool, reason: str) -> dict[str, Any]:
+        """The answer to an enqueue that failed after the job's insert committed (e.g. arming the
+        alarm, :meth:`SemaphoreQueue.enqueue`'s last step): the job is queued and keeps its
+        directory entry, so it is answered as created (a caller must not submit it again under
+        another id: it would run twice), with a ``warning``. Its wake-up is armed again here; if
+        that fails too, the wake-up stays stored and the next arm (any later write to this queue,
+        or its alarm) schedules it."""
+        try:
+            await self.scheduler.arm()
+            wake = "its wake-up was armed again"
+        except Exception as exc:  # noqa: BLE001 - the wake stays stored for the next arm
+            log.exception("JobQueue: arming the wake-up of job %r failed again", item.item_id)
+            wake = (f"arming its wake-up failed again ({type(exc).__name__}: {exc}); it is retried at the"
+                    " queue's next write or alarm")
+        return {"job": job_view(item), "created": created,
+                "warning": f"job {item.item_id!r} is queued, but a step after its insert failed ({reason}); {wake}"}
 
     def _try_announce(self, job_id: str, account: str, queue: str) -> None:
         try:

@@ -960,6 +960,58 @@ def test_a_job_that_cannot_be_created_leaves_no_directory_entry(entry):
     run(scenario())
 
 
+def test_a_job_queued_before_a_later_step_failed_is_answered_queued_and_woken(entry):
+    # The job directory's consistency (JobQueue.enqueue): when SemaphoreQueue.enqueue fails AFTER
+    # its insert committed (here arming the alarm), the job is queued and keeps its directory
+    # entry. The answer used to be 500 "...; nothing was queued", so a caller could resubmit it
+    # under a new id and it ran twice. Now it is answered as created (201, the job's view, a
+    # warning), its wake-up is armed again, and the queue's alarm admits it.
+    world = World(entry, ROUND_WAIT_MS="0", ROUND_PERIOD_MS="0")
+
+    async def scenario():
+        jq = queue_object(world, "a", "q")
+        ctx = world.env.JOB_QUEUE.contexts[json.dumps(["a", "q"])]
+        real_arm, calls = jq.scheduler.arm, {"n": 0}
+
+        async def arm_fails(times):
+            async def arm(*args, **kwargs):
+                calls["n"] += 1
+                if calls["n"] <= times:
+                    raise RuntimeError("setAlarm failed")
+                return await real_arm(*args, **kwargs)
+            return arm
+
+        jq.scheduler.arm = await arm_fails(1)  # the queue's arm fails once; the retry succeeds
+        status, reply = await world.fetch("POST", "/accounts/a/queues/q/jobs", {"id": "j1"}, headers=AUTH)
+        jq.scheduler.arm = real_arm
+        assert status == 201 and reply["created"] is True and reply["job"]["id"] == "j1", reply
+        assert reply["job"]["state"] == "queued" and "setAlarm failed" in reply["warning"], reply
+        assert "armed again" in reply["warning"] and "nothing was queued" not in json.dumps(reply)
+        assert "j1" in directory(world) and ctx.storage.alarm is not None  # its wake-up is set
+        for _ in range(3):
+            await jq.alarm()
+        _, listing = await world.fetch("GET", "/accounts/a/queues/q", headers=AUTH)
+        assert [(j["id"], j["state"]) for j in listing["jobs"]] == [("j1", "running")], listing
+        # Both arms fail: still answered queued, saying the wake-up waits for the next arm.
+        await ctx.storage.deleteAlarm()
+        calls["n"] = 0
+        jq.scheduler.arm = await arm_fails(2)
+        status, reply = await world.fetch("POST", "/accounts/a/queues/q/jobs", {"id": "j2"}, headers=AUTH)
+        jq.scheduler.arm = real_arm
+        assert status == 201 and reply["job"]["id"] == "j2" and "failed again" in reply["warning"], reply
+        assert "j2" in directory(world) and ctx.storage.alarm is None
+        # Enqueued again (the caller's retry of the same id): already known, the wake-up armed.
+        status, reply = await world.fetch("POST", "/accounts/a/queues/q/jobs", {"id": "j2"}, headers=AUTH)
+        assert status == 200 and reply["created"] is False and ctx.storage.alarm is not None, reply
+        # A known job whose enqueue fails the same way is answered known (200), not created.
+        jq.scheduler.arm, calls["n"] = await arm_fails(1), 0
+        status, reply = await world.fetch("POST", "/accounts/a/queues/q/jobs", {"id": "j2"}, headers=AUTH)
+        jq.scheduler.arm = real_arm
+        assert status == 200 and reply["created"] is False and "warning" in reply, reply
+
+    run(scenario())
+
+
 @pytest.mark.parametrize("token", ["", " ", "\n", " \t\r\n "])
 def test_a_blank_admin_token_means_not_configured(entry, token):
     # Issue 21 (9): a whitespace-only ADMIN_TOKEN counted as configured (`if not token`), so
