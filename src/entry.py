@@ -29,14 +29,18 @@ What the routes expose and create (README, "The reference Worker"):
   ``{"v": 1, "error": {"code", "message", "field"?}}``.
 * JSON in is JSON proper: a body that is malformed, holds ``NaN``/``Infinity`` (or a number
   that overflows to one) or nests deeper than ``MAX_JSON_DEPTH`` is a 400 ``invalid_json``; a
-  job payload over ``MAX_PAYLOAD_BYTES`` of JSON is a 413 ``payload_too_large``. JSON out is
-  strict (``allow_nan=False``).
+  job payload over ``MAX_PAYLOAD_BYTES`` of JSON is a 413 ``payload_too_large``, and so is a body
+  over ``MAX_BODY_BYTES`` (twice that), before it is scanned or parsed. JSON out is strict
+  (``allow_nan=False``).
+* The public queue view's payloads never cross the RPC (``JobQueue.status(with_payloads=False)``);
+  the admin view carries at most ``MAX_VIEW_PAYLOAD_BYTES`` of them in all.
 * ``ADMIN_TOKEN`` is read without surrounding whitespace; blank means not configured.
 * The job directory (job id -> queue, in the account's holder) forgets a job
   ``JOB_RETENTION_MS`` after its completion, the same time the queue keeps the finished job (by a
   scheduler timer on the holder's alarm), so it holds only live and recently finished jobs. The
   job's ``JobQueue`` is the directory's only writer for its jobs: it registers a job before it
-  creates it (and withdraws the entry if creating it then fails), and tells the directory of
+  creates it (and withdraws the entry if creating it then fails and the job does not exist;
+  a failure after the job's insert answers it queued, with a ``warning``), and tells the directory of
   every job that turns ``done`` (however it does: a claim cancelled while ``claiming`` turns
   ``done`` later, in the queue's pump) through a durable outbox, sent until the holder
   acknowledges it (see :class:`JobQueue`).
@@ -135,6 +139,15 @@ MAX_JSON_DEPTH = 64
 #: ASCII). A Durable Object SQL row holds at most 2 MB: a larger payload is refused (413
 #: ``payload_too_large``, field ``payload``) before the job is registered.
 MAX_PAYLOAD_BYTES = 1_000_000
+#: The longest request body the front reads (characters, and the ``Content-Length`` bytes it
+#: declares): twice :data:`MAX_PAYLOAD_BYTES`, room for a payload at the limit and its ids and
+#: whitespace. A longer one is refused (413 ``payload_too_large``) before it is scanned or parsed.
+MAX_BODY_BYTES = 2 * MAX_PAYLOAD_BYTES
+#: The admin queue view (``JobQueue.status(with_payloads=True)``) carries job payloads up to this
+#: many bytes of JSON in all, in enqueue order (eight at the size limit, well inside the 32 MiB
+#: of a Workers RPC message); a job past it is listed without ``payload``, ``payloadOmitted``
+#: true. The public view carries none (they never cross the RPC).
+MAX_VIEW_PAYLOAD_BYTES = 8 * MAX_PAYLOAD_BYTES
 
 log = logging.getLogger("entry")
 
@@ -257,12 +270,18 @@ def json_depth(value: Any) -> int:
         deepest = max(deepest, depth)
         if deepest > MAX_JSON_DEPTH:
             break
-        stack.extend((child, depth + 1) for child in children)
+        # Containers only: a scalar adds no depth, and a (node, depth) tuple per scalar made a flat
+        # array of n items cost n tuples (a 2 MB '[0,0,...]' peaked at 64 MB).
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list, tuple)))
     return deepest
 
 
 #: A JSON string literal (unrolled: no backtracking per character) and a bracket outside one.
-_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+#: A string that does not end (no closing quote, perhaps a lone backslash last) runs to the end
+#: of the text: a match from an opening quote always succeeds, so ``re.sub`` reads each character
+#: once (linear). Without that, it failed from such a quote and was retried from every later one:
+#: ``'"' + '\\"' * n`` cost O(n**2). Such a text is not JSON, and ``json.loads`` refuses it.
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
 _JSON_BRACKET = re.compile(r"[\[\]{}]")
 
 
@@ -835,8 +854,10 @@ class JobQueue(DurableObject):
       not created then). What can be refused is refused before registering (ids, a payload
       that is not JSON or over ``MAX_PAYLOAD_BYTES``); a failure creating the job after
       registering it withdraws the entry (``forget_job``; if that is not answered, the outbox
-      announces the id finished) and answers ``internal_error``: the directory never keeps an
-      entry for a job that does not exist.
+      announces the id finished) and answers ``internal_error`` when the job does not exist:
+      the directory never keeps an entry for a job that does not exist. A failure after the
+      job's insert committed (arming its alarm) keeps the entry and answers the job as queued
+      with a ``warning`` (:meth:`_queued_anyway`, which arms the wake-up again).
     * Every job that turns ``done`` is written to the outbox table ``app_finished_jobs`` by the
       queue's ``on_done`` hook, in the transaction that clears the job's pending-hook flag (the
       queue calls it right after the transition, or, after an eviction or a failure, from a
@@ -915,14 +936,23 @@ class JobQueue(DurableObject):
             owner = str(reply.get("queue"))
             if owner != queue:
                 return error_value("conflict", f"job {job_id!r} already belongs to queue {owner!r}", "id")
+            existed: bool | None = None
             try:
                 self._ready(queue)
+                existed = self.queue.item(job_id) is not None
                 result = await self._enqueue(account, job_id, group, payload, queue)
             except Exception as exc:  # noqa: BLE001 - answered as an error value, the entry undone
                 log.exception("JobQueue: creating job %r failed after its registration", job_id)
-                await self._withdraw(account, job_id, queue)
-                failed = error_value("internal_error", f"job {job_id!r} could not be created "
-                                                       f"({type(exc).__name__}: {exc}); nothing was queued")
+                checked_item, item = await self._withdraw(account, job_id, queue)
+                reason = f"{type(exc).__name__}: {exc}"
+                if item is not None:  # the failure came after the insert: the job is queued
+                    result = await self._queued_anyway(item, existed is False, reason)
+                elif checked_item:
+                    failed = error_value("internal_error", f"job {job_id!r} could not be created "
+                                                           f"({reason}); nothing was queued")
+                else:
+                    failed = error_value("internal_error", f"job {job_id!r} could not be created ({reason});"
+                                                           " whether it was queued is unknown")
         if failed is not None:
             try:
                 await self._flush()  # a notice the withdrawal left in the outbox
@@ -933,27 +963,46 @@ class JobQueue(DurableObject):
             await self._flush()  # registering it again cleared its mark: announced again
         return result
 
-    async def _withdraw(self, account: str, job_id: str, queue: str) -> None:
+    async def _withdraw(self, account: str, job_id: str, queue: str) -> tuple[bool, QueueItem | None]:
         """Creating ``job_id`` failed after it was registered (called under the directory lock):
         undo the registration so the directory never lists a job that does not exist. A job this
         queue does not have is dropped from the directory (:meth:`AccountLimit.forget_job`), or,
         if the holder does not answer that, announced finished through the outbox (so forgotten
         after the retention); a job it has (the failure came after its insert, or it was known)
-        keeps its entry, announced again if it is ``done`` (registering cleared its mark)."""
+        keeps its entry, announced again if it is ``done`` (registering cleared its mark).
+        Answers ``(whether the queue could be read, the job if it exists)``."""
         try:
             item = self.queue.item(job_id)
         except Exception:  # noqa: BLE001 - storage unusable: nothing durable can be done here
             log.exception("JobQueue: cannot tell whether job %r exists; its directory entry stays", job_id)
-            return
+            return False, None
         if item is not None:
             if item.state is ItemState.DONE:
                 self._try_announce(job_id, account, queue)
-            return
+            return True, item
         try:
             await self._holder_call(account, "forget_job", job_id, queue)
         except DirectoryError as exc:
             log.warning("JobQueue: withdrawing job %r failed: %s; announced finished instead", job_id, exc)
             self._try_announce(job_id, account, queue)
+        return True, None
+
+    async def _queued_anyway(self, item: QueueItem, created: bool, reason: str) -> dict[str, Any]:
+        """The answer to an enqueue that failed after the job's insert committed (e.g. arming the
+        alarm, :meth:`SemaphoreQueue.enqueue`'s last step): the job is queued and keeps its
+        directory entry, so it is answered as created (a caller must not submit it again under
+        another id: it would run twice), with a ``warning``. Its wake-up is armed again here; if
+        that fails too, the wake-up stays stored and the next arm (any later write to this queue,
+        or its alarm) schedules it."""
+        try:
+            await self.scheduler.arm()
+            wake = "its wake-up was armed again"
+        except Exception as exc:  # noqa: BLE001 - the wake stays stored for the next arm
+            log.exception("JobQueue: arming the wake-up of job %r failed again", item.item_id)
+            wake = (f"arming its wake-up failed again ({type(exc).__name__}: {exc}); it is retried at the"
+                    " queue's next write or alarm")
+        return {"job": job_view(item), "created": created,
+                "warning": f"job {item.item_id!r} is queued, but a step after its insert failed ({reason}); {wake}"}
 
     def _try_announce(self, job_id: str, account: str, queue: str) -> None:
         try:
@@ -994,14 +1043,30 @@ class JobQueue(DurableObject):
         await self._flush()
         return {"job": None if item is None else job_view(item), "changed": changed}
 
-    async def status(self, account: Any) -> dict[str, Any]:
-        """Every job of this queue (of ``account``) with its state. Read only: a queue without
-        its tables answers no jobs and creates nothing."""
+    async def status(self, account: Any, with_payloads: Any = False) -> dict[str, Any]:
+        """Every job of this queue (of ``account``) with its state. Payloads only
+        ``with_payloads`` (the admin view; the public view's answer carries none over the RPC),
+        and then at most :data:`MAX_VIEW_PAYLOAD_BYTES` of them in all: a job past that is
+        listed without ``payload`` and with ``payloadOmitted`` true, and ``payloadsOmitted``
+        counts them. Read only: a queue without its tables answers no jobs and creates nothing."""
         if self.config_error is not None:
             return self.config_error
+        with_payloads = plain(with_payloads) is True
+        empty: dict[str, Any] = {"jobs": [], "payloadsOmitted": 0} if with_payloads else {"jobs": []}
         if not has_tables(self.storage, QUEUE_TABLES):
-            return {"jobs": []}
-        return {"jobs": [job_view(item) for item in self.queue.items(key=str(plain(account)))]}
+            return empty
+        jobs, room, omitted = [], MAX_VIEW_PAYLOAD_BYTES, 0
+        for item in self.queue.items(key=str(plain(account))):
+            view = job_view(item)
+            payload = view.pop("payload")
+            if with_payloads:
+                size = len(json.dumps(payload))  # as stored (a NaN of an earlier version: the front's 500)
+                if size <= room:
+                    view["payload"], room = payload, room - size
+                else:
+                    view["payloadOmitted"], omitted = True, omitted + 1
+            jobs.append(view)
+        return {"jobs": jobs, "payloadsOmitted": omitted} if with_payloads else {"jobs": jobs}
 
     async def alarm(self, alarm_info: Any = None) -> None:
         if self.config_error is not None:
@@ -1200,12 +1265,20 @@ def is_admin(request: Any, env: Any) -> bool:
 
 
 async def read_json(request: Any) -> dict[str, Any]:
-    """The request's body, a JSON object (empty: ``{}``). Anything :func:`parse_json` refuses
+    """The request's body, a JSON object (empty: ``{}``). A body over :data:`MAX_BODY_BYTES` (by
+    its ``Content-Length``, before it is read, or by its length once read) is 413
+    ``payload_too_large``, before any scan or parse. Anything :func:`parse_json` refuses
     (malformed, ``NaN``/``Infinity``, nested deeper than :data:`MAX_JSON_DEPTH`) is 400
     ``invalid_json`` saying why; so is a body that is not an object."""
+    over = f"over the {MAX_BODY_BYTES} the Worker reads (twice the {MAX_PAYLOAD_BYTES} of a job's payload)"
+    declared = str(request.headers.get("content-length") or "").strip()
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise HttpError(413, "payload_too_large", f"request body is {int(declared)} bytes, {over}")
     text = await request.text()
     if not text:
         return {}
+    if len(text) > MAX_BODY_BYTES:
+        raise HttpError(413, "payload_too_large", f"request body is {len(text)} characters, {over}")
     try:
         body = parse_json(text)
     except JsonError as exc:
@@ -1515,10 +1588,12 @@ class Default(WorkerEntrypoint):
         return json_response(result)
 
     async def route_queue_status(self, request: Any, account: str, queue: str) -> Response:
-        """Public: the queue's jobs without their payloads; with the admin token, with them.
-        Creates no storage (a queue never written to answers no jobs)."""
+        """Public: the queue's jobs without their payloads; with the admin token, with them (at
+        most :data:`MAX_VIEW_PAYLOAD_BYTES` in all, :meth:`JobQueue.status`). Creates no storage
+        (a queue never written to answers no jobs)."""
         admin = is_admin(request, self.env)
-        result = checked(await job_queue(self.env, account, queue).status(account))
+        # The public view asks for no payloads, so none crosses the RPC (the admin's: capped).
+        result = checked(await job_queue(self.env, account, queue).status(account, admin))
         if not admin:
             for job in result["jobs"]:
                 job.pop("payload", None)

@@ -149,6 +149,43 @@ def test_payloads_need_the_admin_token_and_errors_carry_v1(entry):
     run(scenario())
 
 
+def test_the_public_queue_view_carries_no_payloads_over_rpc_and_the_admin_view_is_capped(entry, monkeypatch):
+    # Payloads need the admin token (README, the routes section): the public view asks
+    # JobQueue.status for none (with_payloads false), so they never cross the RPC. The front
+    # used to ask for every job with its payload (up to MAX_PAYLOAD_BYTES each) and drop them
+    # only itself: ~33 jobs at the size limit exceed a Workers RPC message (32 MiB) and failed the
+    # public view for everyone. The admin view carries at most MAX_VIEW_PAYLOAD_BYTES of payloads
+    # in all, in enqueue order; a job past that is listed with payloadOmitted instead.
+    world = World(entry)
+    monkeypatch.setattr(entry, "MAX_VIEW_PAYLOAD_BYTES", 250_000, raising=False)
+
+    async def scenario():
+        for i in range(3):
+            status, _ = await world.fetch("POST", "/accounts/a/queues/q/jobs",
+                                          {"id": f"j{i}", "payload": "x" * 100_000}, headers=AUTH)
+            assert status == 201
+        jq = queue_object(world, "a", "q")
+        real_status, replies = jq.status, []
+
+        async def spy(*args, **kwargs):
+            reply = await real_status(*args, **kwargs)
+            replies.append(json.dumps(reply))
+            return reply
+
+        jq.status = spy
+        status, body = await world.fetch("GET", "/accounts/a/queues/q")  # public: no payloads
+        assert status == 200 and [j["id"] for j in body["jobs"]] == ["j0", "j1", "j2"]
+        assert all("payload" not in j for j in body["jobs"]), body
+        assert len(replies) == 1 and len(replies[0]) < 10_000 and "xxxx" not in replies[0], len(replies[0])
+        status, body = await world.fetch("GET", "/accounts/a/queues/q", headers=AUTH)  # admin: capped
+        assert status == 200 and [len(j.get("payload", "")) for j in body["jobs"]] == [100_000, 100_000, 0]
+        assert body["jobs"][2]["payloadOmitted"] is True and body["payloadsOmitted"] == 1, body["jobs"][2]
+        assert len(replies[1]) < 250_000 + 10_000
+        assert await real_status("a") == json.loads(replies[0])  # no payloads unless asked for
+
+    run(scenario())
+
+
 def test_job_directory_forgets_finished_jobs_after_the_retention(entry):
     world = World(entry, JOB_RETENTION_MS="1000")
 
@@ -752,6 +789,27 @@ def test_a_deeply_nested_body_is_a_400_on_every_route_that_reads_one(entry):
     run(scenario())
 
 
+def test_the_depth_scan_matches_an_unterminated_string_to_the_end_so_it_is_linear(entry):
+    # MAX_JSON_DEPTH (text_too_deep, the front's scan before json.loads): a string literal that
+    # never ends ('"' + '\\"' * n) must match from its opening quote to the end of the text. The
+    # old pattern had no match from such a quote, so re.sub retried from every later quote:
+    # O(n**2), 32 KB cost ~5 s of CPU. One match spanning the text is what makes the scan linear
+    # (each character read once); checked structurally, not with a clock.
+    pattern = entry._JSON_STRING
+    for prefix, tail in (("", '"' + '\\"' * 20_000), ('{"id": ', '"' + '\\"' * 20_000), ("[", '"abc'),
+                         ("[", '"abc\\'), ('{"a": "b", "c": ', '"' + '\\"[{' * 5_000)):
+        text = prefix + tail
+        assert pattern.match(text, len(prefix)).end() == len(text), text[:40]  # from its quote to the end
+        assert [m.end() for m in pattern.finditer(text)][-1] == len(text)
+        assert entry.text_too_deep(text) is False  # the rest is string text, not nesting
+        with pytest.raises(entry.JsonError, match="not valid JSON"):
+            entry.parse_json(text)
+    # Terminated strings still end at their closing quote: brackets after them are counted.
+    deep = '["\\"", "[", ' + "[" * 64 + "]" * 64 + "]"
+    assert pattern.findall(deep) == ['"\\""', '"["'] and entry.text_too_deep(deep) is True
+    assert entry.text_too_deep('["\\"", "[", ' + "[" * 63 + "]" * 63 + "]") is False
+
+
 def test_non_finite_numbers_are_refused_and_every_answer_is_json(entry):
     # Issue 21 (8): a payload holding NaN or Infinity was accepted, stored, and written back as a
     # bare NaN, so the queue's view was not JSON. Now NaN, Infinity, -Infinity and numbers that
@@ -797,7 +855,7 @@ def test_a_payload_over_the_size_limit_is_a_413_and_leaves_no_directory_entry(en
     limit = entry.MAX_PAYLOAD_BYTES
 
     async def scenario():
-        for size in (limit + 1, 2_100_000):
+        for size in (limit + 1, 1_900_000):  # a body over MAX_BODY_BYTES is refused unread (below)
             body = {"id": "big", "payload": "x" * (size - 2)}  # its JSON: the string's quotes + size - 2
             status, reply = await world.fetch("POST", "/accounts/a/queues/q/jobs", body, headers=AUTH)
             assert status == 413 and reply["error"]["code"] == "payload_too_large", reply
@@ -812,6 +870,52 @@ def test_a_payload_over_the_size_limit_is_a_413_and_leaves_no_directory_entry(en
         assert status == 201, reply
         status, reply = await world.fetch("GET", "/accounts/a/queues/other", headers=AUTH)
         assert len(reply["jobs"][0]["payload"]) == limit - 2
+
+    run(scenario())
+
+
+def test_the_payload_check_keeps_no_per_item_state_and_an_oversized_body_is_refused_unread(entry):
+    # MAX_PAYLOAD_BYTES / MAX_JSON_DEPTH (payload_problem): json_depth pushed a (node, depth)
+    # tuple for every child, scalars included, so a 2 MB flat array '[0,0,...]' (1M items, over
+    # the size limit) peaked at ~64 MB before its 413, in the front and again in the JobQueue.
+    # Now only containers are pushed. Deterministic: tracemalloc's peak, not the clock.
+    import tracemalloc
+
+    payload = entry.parse_json("[" + "0," * 1_000_000 + "0]")
+    tracemalloc.start()
+    try:
+        problem = entry.payload_problem(payload)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert problem is not None and problem["error"]["code"] == "payload_too_large", problem
+    assert peak < 16_000_000, peak  # the JSON text (2 MB) and its bytes, not 64 MB of tuples
+    assert entry.json_depth([0, [1, {"a": [2]}], 3]) == 4 and entry.json_depth(0) == 0
+    # A body over MAX_BODY_BYTES (twice the payload limit) is a 413 before it is scanned or parsed
+    # (read_json): by its length, and by its Content-Length before it is read.
+    world = World(entry)
+    limit = entry.MAX_BODY_BYTES
+    assert limit == 2 * entry.MAX_PAYLOAD_BYTES
+
+    class Unread(_Request):
+        async def text(self) -> str:
+            raise AssertionError("a body declared too long was read")
+
+    async def scenario():
+        text = '{"id": "j1", "payload": [' + "0," * (limit // 2) + "0]}"
+        for method, path, _ in BODY_ROUTES:
+            status, body = await fetch_raw(world, method, path, text)
+            assert status == 413 and body["error"]["code"] == "payload_too_large", (path, body)
+            assert str(limit) in body["error"]["message"], body
+            headers = {**AUTH, "content-length": str(limit + 1)}
+            resp = await entry.Default(None, world.env).fetch(Unread("http://w" + path, method, headers))
+            assert resp.status == 413 and json.loads(resp.body)["error"]["code"] == "payload_too_large"
+        assert world.env.ACCOUNT_LIMIT.tables("a") == [] and world.env.JOB_QUEUE.tables(json.dumps(["a", "q"])) == []
+        # At the limit, the body is read (and here, answered for its payload's size).
+        text = '{"id": "j1", "payload": "' + "x" * (limit - 27) + '"}'
+        assert len(text) == limit
+        status, body = await fetch_raw(world, "POST", "/accounts/a/queues/q/jobs", text)
+        assert status == 413 and body["error"]["field"] == "payload", body
 
     run(scenario())
 
@@ -852,6 +956,58 @@ def test_a_job_that_cannot_be_created_leaves_no_directory_entry(entry):
         storage.fail_transaction = None
         holder.forget_job = real
         assert directory(world)["j2"] is not None and outbox(world) == []  # marked finished, sent at once
+
+    run(scenario())
+
+
+def test_a_job_queued_before_a_later_step_failed_is_answered_queued_and_woken(entry):
+    # The job directory's consistency (JobQueue.enqueue): when SemaphoreQueue.enqueue fails AFTER
+    # its insert committed (here arming the alarm), the job is queued and keeps its directory
+    # entry. The answer used to be 500 "...; nothing was queued", so a caller could resubmit it
+    # under a new id and it ran twice. Now it is answered as created (201, the job's view, a
+    # warning), its wake-up is armed again, and the queue's alarm admits it.
+    world = World(entry, ROUND_WAIT_MS="0", ROUND_PERIOD_MS="0")
+
+    async def scenario():
+        jq = queue_object(world, "a", "q")
+        ctx = world.env.JOB_QUEUE.contexts[json.dumps(["a", "q"])]
+        real_arm, calls = jq.scheduler.arm, {"n": 0}
+
+        async def arm_fails(times):
+            async def arm(*args, **kwargs):
+                calls["n"] += 1
+                if calls["n"] <= times:
+                    raise RuntimeError("setAlarm failed")
+                return await real_arm(*args, **kwargs)
+            return arm
+
+        jq.scheduler.arm = await arm_fails(1)  # the queue's arm fails once; the retry succeeds
+        status, reply = await world.fetch("POST", "/accounts/a/queues/q/jobs", {"id": "j1"}, headers=AUTH)
+        jq.scheduler.arm = real_arm
+        assert status == 201 and reply["created"] is True and reply["job"]["id"] == "j1", reply
+        assert reply["job"]["state"] == "queued" and "setAlarm failed" in reply["warning"], reply
+        assert "armed again" in reply["warning"] and "nothing was queued" not in json.dumps(reply)
+        assert "j1" in directory(world) and ctx.storage.alarm is not None  # its wake-up is set
+        for _ in range(3):
+            await jq.alarm()
+        _, listing = await world.fetch("GET", "/accounts/a/queues/q", headers=AUTH)
+        assert [(j["id"], j["state"]) for j in listing["jobs"]] == [("j1", "running")], listing
+        # Both arms fail: still answered queued, saying the wake-up waits for the next arm.
+        await ctx.storage.deleteAlarm()
+        calls["n"] = 0
+        jq.scheduler.arm = await arm_fails(2)
+        status, reply = await world.fetch("POST", "/accounts/a/queues/q/jobs", {"id": "j2"}, headers=AUTH)
+        jq.scheduler.arm = real_arm
+        assert status == 201 and reply["job"]["id"] == "j2" and "failed again" in reply["warning"], reply
+        assert "j2" in directory(world) and ctx.storage.alarm is None
+        # Enqueued again (the caller's retry of the same id): already known, the wake-up armed.
+        status, reply = await world.fetch("POST", "/accounts/a/queues/q/jobs", {"id": "j2"}, headers=AUTH)
+        assert status == 200 and reply["created"] is False and ctx.storage.alarm is not None, reply
+        # A known job whose enqueue fails the same way is answered known (200), not created.
+        jq.scheduler.arm, calls["n"] = await arm_fails(1), 0
+        status, reply = await world.fetch("POST", "/accounts/a/queues/q/jobs", {"id": "j2"}, headers=AUTH)
+        jq.scheduler.arm = real_arm
+        assert status == 200 and reply["created"] is False and "warning" in reply, reply
 
     run(scenario())
 

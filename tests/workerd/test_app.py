@@ -504,9 +504,10 @@ def strict_json(raw: bytes) -> Any:
 def test_bad_bodies_and_payloads_are_refused_and_leave_no_directory_entry(app):
     """Issue 21 (6, 7, 8) on the real runtime: a body nested too deeply, or holding NaN or
     Infinity, is a 400 on every route that reads one (before: a 500, the isolate's stack
-    overflowing in json.loads, or NaN stored and written back bare); a payload over the 2 MB row
-    a 413 naming ``payload`` (before: SQLITE_TOOBIG as a 500, with the job's directory entry left,
-    so the id was taken: 409 in any other queue). Every answer is JSON proper."""
+    overflowing in json.loads, or NaN stored and written back bare); a payload over the size
+    limit a 413 naming ``payload`` (before: SQLITE_TOOBIG as a 500, with the job's directory
+    entry left, so the id was taken: 409 in any other queue), and a body over
+    ``MAX_BODY_BYTES`` a 413 before it is parsed. Every answer is JSON proper."""
     acct = "bodies"
     routes = [("PUT", f"/accounts/{acct}/limit"), ("POST", f"/accounts/{acct}/queues/q/jobs"),
               ("POST", f"/accounts/{acct}/permits"), ("POST", f"/accounts/{acct}/holders/c/settle")]
@@ -517,11 +518,18 @@ def test_bad_bodies_and_payloads_are_refused_and_leave_no_directory_entry(app):
                                            headers={**app.auth, "content-type": "application/json"})
             answer = strict_json(raw)
             assert status == 400 and answer["error"]["code"] == "invalid_json", (path, text[:40], answer)
-    big = json.dumps({"id": "big", "payload": "x" * 2_100_000}).encode()
+    big = json.dumps({"id": "big", "payload": "x" * 1_900_000}).encode()
     status, raw = app.proc.request(f"/accounts/{acct}/queues/q/jobs", method="POST", body=big,
                                    headers={**app.auth, "content-type": "application/json"})
     answer = strict_json(raw)
     assert status == 413 and answer["error"]["field"] == "payload", answer
+    # A body over MAX_BODY_BYTES (2,000,000, its Content-Length) is refused before it is parsed.
+    huge = json.dumps({"id": "big", "payload": [0] * 1_000_000}).encode()
+    status, raw = app.proc.request(f"/accounts/{acct}/queues/q/jobs", method="POST", body=huge,
+                                   headers={**app.auth, "content-type": "application/json"})
+    answer = strict_json(raw)
+    assert status == 413 and answer["error"]["code"] == "payload_too_large", answer
+    assert "2000000" in answer["error"]["message"] and "field" not in answer["error"], answer
     # Nothing was registered: the id is free for another queue, and the first queue has no job.
     assert app.enqueue(acct, "other", "big", {"ok": True})["created"] is True
     assert app.jobs(acct, "q") == {} and app.usage(acct)["limitOverride"] is None

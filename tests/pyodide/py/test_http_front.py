@@ -257,11 +257,17 @@ async def test_a_payload_over_the_row_limit_is_a_413_and_leaves_no_directory_ent
     # before it: the id then belonged to a job that does not exist (409 in any other queue).
     rt = full_runtime()
     url = "http://w/accounts/acme/queues/{}/jobs"
-    big = json.dumps({"id": "big", "payload": "x" * 2_100_000})
+    big = json.dumps({"id": "big", "payload": "x" * 1_900_000})
     resp = await rt.fetch(Default, url.format("q"), method="POST", headers=AUTH, body=big)
     err = strict(await resp.text())
     assert resp.status == 413 and err["error"]["code"] == "payload_too_large", err
     assert err["error"]["field"] == "payload", err
+    # A body over MAX_BODY_BYTES (2,000,000) is refused before it is scanned or parsed (read_json).
+    huge = json.dumps({"id": "big", "payload": [0] * 1_000_000})
+    resp = await rt.fetch(Default, url.format("q"), method="POST", headers=AUTH, body=huge)
+    err = strict(await resp.text())
+    assert resp.status == 413 and err["error"]["code"] == "payload_too_large", err
+    assert "2000000" in err["error"]["message"] and "field" not in err["error"], err
     assert tables(rt, "ACCOUNT_LIMIT", "acme") == []  # nothing registered
     resp = await rt.fetch(Default, url.format("other"), method="POST", headers=AUTH,
                           body=json.dumps({"id": "big", "payload": {"small": True}}))
