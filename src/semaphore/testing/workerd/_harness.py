@@ -66,7 +66,7 @@ import tempfile
 import threading
 import time
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -192,21 +192,9 @@ class Module:
         return f"(name = {_capnp_text(self.name)}, {self.kind} = {literal})"
 
 
-def collect_modules(
-    project_root: Path, main: str, python_modules_exclude: Iterable[str] | None = None,
-    rules: Iterable[Mapping[str, Any]] | None = None,
-) -> list[Module]:
-    """The modules wrangler would upload for a Python worker, main module first.
-
-    Files under the main module's folder are matched against wrangler's module rules as
-    wrangler 4 does (``parseRules`` / ``matchFiles``): the user's ``rules`` (``None``: the
-    ``rules`` of ``project_root/wrangler.toml``), then the ``PythonModule`` rule ``**/*.py`` it
-    adds for a ``.py`` main (unless the user gave one), then its defaults (``Text``:
-    ``**/*.txt``, ``**/*.html``, ``**/*.sql``; ``Data``: ``**/*.bin``; ``CompiledWasm``:
-    ``**/*.wasm``). A rule whose type an earlier rule without ``fallthrough = true`` already
-    has is dropped (so an empty ``Text`` rule with ``fallthrough = false`` uploads no text
-    modules); the first rule and glob matching the path relative to that folder (glob-to-regexp
-    with globstar: ``*`` within one segment, ``**/`` any depth) gives the module's type."""
+def _module_kind(project_root: Path, rules: Iterable[Mapping[str, Any]] | None) -> Callable[[str], str | None]:
+    """wrangler 4's module rules (see :func:`collect_modules`) as ``relative path -> module
+    kind`` (``None``: not a module)."""
     if rules is None:
         toml_path = project_root / "wrangler.toml"
         rules = []
@@ -260,6 +248,25 @@ def collect_modules(
                 return kind
         return None
 
+    return kind_of
+
+
+def collect_modules(
+    project_root: Path, main: str, python_modules_exclude: Iterable[str] | None = None,
+    rules: Iterable[Mapping[str, Any]] | None = None,
+) -> list[Module]:
+    """The modules wrangler would upload for a Python worker, main module first.
+
+    Files under the main module's folder are matched against wrangler's module rules as
+    wrangler 4 does (``parseRules`` / ``matchFiles``): the user's ``rules`` (``None``: the
+    ``rules`` of ``project_root/wrangler.toml``), then the ``PythonModule`` rule ``**/*.py`` it
+    adds for a ``.py`` main (unless the user gave one), then its defaults (``Text``:
+    ``**/*.txt``, ``**/*.html``, ``**/*.sql``; ``Data``: ``**/*.bin``; ``CompiledWasm``:
+    ``**/*.wasm``). A rule whose type an earlier rule without ``fallthrough = true`` already
+    has is dropped (so an empty ``Text`` rule with ``fallthrough = false`` uploads no text
+    modules); the first rule and glob matching the path relative to that folder (glob-to-regexp
+    with globstar: ``*`` within one segment, ``**/`` any depth) gives the module's type."""
+    kind_of = _module_kind(project_root, rules)
     main_path = (project_root / main).resolve()
     if main_path.suffix != ".py":
         raise ConfigError(f"main = {main!r} is not a Python module")
@@ -284,8 +291,15 @@ def collect_modules(
             continue
         modules.append(Module(rel, kind, path.read_bytes()))
 
+    return modules + _vendored_modules(python_modules_dir, python_modules_exclude)
+
+
+def _vendored_modules(python_modules_dir: Path, python_modules_exclude: Iterable[str] | None) -> list[Module]:
+    """Every file of ``python_modules/`` but the excluded (``data``; the SDK's own JS files
+    ``esModule``), as wrangler uploads them."""
     excludes = list(_DEFAULT_PYTHON_MODULES_EXCLUDE if python_modules_exclude is None
                     else python_modules_exclude)
+    modules: list[Module] = []
     if python_modules_dir.is_dir():
         for path in _walk_files(python_modules_dir):
             rel = path.relative_to(python_modules_dir).as_posix()
@@ -362,6 +376,80 @@ def uses_experimental_flag(config_path: str | os.PathLike[str]) -> bool:
     return any(f'"{flag}"' in text for flag in EXPERIMENTAL_FLAGS)
 
 
+def _bindings(wrangler: Mapping[str, Any], name: str, vars_override: Mapping[str, Any] | None,
+              secrets: Mapping[str, str] | None) -> tuple[list[str], list[str]]:
+    """The worker's bindings (vars, secrets, Durable Object namespaces) and its
+    ``durableObjectNamespaces`` entries, as Cap'n Proto text."""
+    bindings: list[str] = []
+    all_vars: dict[str, Any] = dict(wrangler.get("vars", {}))
+    all_vars.update(vars_override or {})
+    for key, value in all_vars.items():
+        bindings.append(_binding(key, value))
+    for key, value in (secrets or {}).items():
+        bindings.append(_binding(key, str(value)))
+
+    created, sqlite = _sqlite_classes(wrangler.get("migrations", []))
+    namespaces: list[str] = []
+    seen_classes: set[str] = set()
+    for do in wrangler.get("durable_objects", {}).get("bindings", []):
+        if do.get("script_name"):
+            raise ConfigError(f"durable object binding {do['name']} names another script")
+        cls = do["class_name"]
+        bindings.append(
+            f"(name = {_capnp_text(do['name'])}, durableObjectNamespace = "
+            f"(className = {_capnp_text(cls)}))"
+        )
+        if cls in seen_classes:
+            continue
+        seen_classes.add(cls)
+        namespaces.append(
+            f"(className = {_capnp_text(cls)}, uniqueKey = {_capnp_text(f'{name}-{cls}')}, "
+            f"enableSql = {'true' if cls in sqlite else 'false'})"
+        )
+    unmigrated = seen_classes - created
+    if wrangler.get("migrations") and unmigrated:
+        raise ConfigError(f"durable object classes without a migration: {sorted(unmigrated)}")
+
+    return bindings, namespaces
+
+
+def _render_config(toml_path: Path, modules: list[Module], date: str, flags: Iterable[str], bindings: list[str],
+                   namespaces: list[str], storage: Path, address: str, port: int) -> str:
+    """The text of ``workerd.capnp``: the worker service, its storage service, the socket."""
+    nl = ",\n      "
+    worker = [
+        "modules = [\n      " + nl.join(m.render() for m in modules) + "\n    ]",
+        f"compatibilityDate = {_capnp_text(date)}",
+        "compatibilityFlags = [" + ", ".join(_capnp_text(f) for f in flags) + "]",
+        "bindings = [\n      " + nl.join(bindings) + "\n    ]",
+    ]
+    if namespaces:
+        worker.append("durableObjectNamespaces = [\n      " + nl.join(namespaces) + "\n    ]")
+        worker.append(f"durableObjectStorage = (localDisk = {_capnp_text(STORAGE_SERVICE)})")
+
+    services = [
+        f"(name = {_capnp_text(WORKER_SERVICE)}, worker = (\n    " + ",\n    ".join(worker)
+        + "\n  ))",
+    ]
+    if namespaces:
+        services.append(
+            f"(name = {_capnp_text(STORAGE_SERVICE)}, disk = (path = {_capnp_text(str(storage))},"
+            " writable = true))"
+        )
+
+    text = (
+        "# Generated from " + str(toml_path) + " by semaphore.testing.workerd. Do not edit.\n"
+        'using Workerd = import "/workerd/workerd.capnp";\n\n'
+        "const config :Workerd.Config = (\n"
+        "  services = [\n  " + ",\n  ".join(services) + "\n  ],\n"
+        f"  sockets = [(name = {_capnp_text(SOCKET_NAME)}, "
+        f"address = {_capnp_text(f'{address}:{int(port)}')}, http = (), "
+        f"service = {_capnp_text(WORKER_SERVICE)})]\n"
+        ");\n"
+    )
+    return text
+
+
 def generate_config(
     wrangler_toml_path: str | os.PathLike[str] = DEFAULT_WRANGLER_TOML,
     out_dir: str | os.PathLike[str] | None = None,
@@ -398,70 +486,11 @@ def generate_config(
     # The module rules of THIS file (none: wrangler's defaults), not of a wrangler.toml beside it.
     modules = collect_modules(project_root, main, python_modules_exclude, rules=wrangler.get("rules") or [])
 
-    bindings: list[str] = []
-    all_vars: dict[str, Any] = dict(wrangler.get("vars", {}))
-    all_vars.update(vars_override or {})
-    for key, value in all_vars.items():
-        bindings.append(_binding(key, value))
-    for key, value in (secrets or {}).items():
-        bindings.append(_binding(key, str(value)))
-
-    created, sqlite = _sqlite_classes(wrangler.get("migrations", []))
-    namespaces: list[str] = []
-    seen_classes: set[str] = set()
-    for do in wrangler.get("durable_objects", {}).get("bindings", []):
-        if do.get("script_name"):
-            raise ConfigError(f"durable object binding {do['name']} names another script")
-        cls = do["class_name"]
-        bindings.append(
-            f"(name = {_capnp_text(do['name'])}, durableObjectNamespace = "
-            f"(className = {_capnp_text(cls)}))"
-        )
-        if cls in seen_classes:
-            continue
-        seen_classes.add(cls)
-        namespaces.append(
-            f"(className = {_capnp_text(cls)}, uniqueKey = {_capnp_text(f'{name}-{cls}')}, "
-            f"enableSql = {'true' if cls in sqlite else 'false'})"
-        )
-    unmigrated = seen_classes - created
-    if wrangler.get("migrations") and unmigrated:
-        raise ConfigError(f"durable object classes without a migration: {sorted(unmigrated)}")
-
+    bindings, namespaces = _bindings(wrangler, name, vars_override, secrets)
     storage = Path(storage_dir).resolve()
     storage.mkdir(parents=True, exist_ok=True)
 
-    nl = ",\n      "
-    worker = [
-        "modules = [\n      " + nl.join(m.render() for m in modules) + "\n    ]",
-        f"compatibilityDate = {_capnp_text(date)}",
-        "compatibilityFlags = [" + ", ".join(_capnp_text(f) for f in flags) + "]",
-        "bindings = [\n      " + nl.join(bindings) + "\n    ]",
-    ]
-    if namespaces:
-        worker.append("durableObjectNamespaces = [\n      " + nl.join(namespaces) + "\n    ]")
-        worker.append(f"durableObjectStorage = (localDisk = {_capnp_text(STORAGE_SERVICE)})")
-
-    services = [
-        f"(name = {_capnp_text(WORKER_SERVICE)}, worker = (\n    " + ",\n    ".join(worker)
-        + "\n  ))",
-    ]
-    if namespaces:
-        services.append(
-            f"(name = {_capnp_text(STORAGE_SERVICE)}, disk = (path = {_capnp_text(str(storage))},"
-            " writable = true))"
-        )
-
-    text = (
-        "# Generated from " + str(toml_path) + " by semaphore.testing.workerd. Do not edit.\n"
-        'using Workerd = import "/workerd/workerd.capnp";\n\n'
-        "const config :Workerd.Config = (\n"
-        "  services = [\n  " + ",\n  ".join(services) + "\n  ],\n"
-        f"  sockets = [(name = {_capnp_text(SOCKET_NAME)}, "
-        f"address = {_capnp_text(f'{address}:{int(port)}')}, http = (), "
-        f"service = {_capnp_text(WORKER_SERVICE)})]\n"
-        ");\n"
-    )
+    text = _render_config(toml_path, modules, date, flags, bindings, namespaces, storage, address, port)
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="workerd-cfg-"))
     out.mkdir(parents=True, exist_ok=True)
     path = out / "workerd.capnp"
