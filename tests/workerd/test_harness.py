@@ -442,3 +442,31 @@ def test_process_lifecycle_on_js_worker(workerd_bin, tmp_path):
         assert proc.runs == 3
     assert not proc.running()
     assert list((tmp_path / "storage" / "js-Counter").glob("*.sqlite"))
+
+
+def test_the_project_root_is_found_from_an_installed_copy(tmp_path, monkeypatch):
+    # semaphore.testing.workerd installed outside a checkout (a shallow path): the project is
+    # SEMAPHORE_PROJECT_ROOT, else the first folder up from the working directory holding a
+    # wrangler.toml (it raised IndexError at import when the file sat fewer than 5 folders deep).
+    import importlib.util
+    import sys
+
+    from semaphore.testing.workerd import _harness
+
+    copy = tmp_path / "h.py"
+    copy.write_text(Path(_harness.__file__).read_text())
+    project = tmp_path / "proj"
+    (project / "sub").mkdir(parents=True)
+    (project / "wrangler.toml").write_text('name = "x"\n')
+    monkeypatch.delenv("SEMAPHORE_PROJECT_ROOT", raising=False)
+    monkeypatch.chdir(project / "sub")
+    spec = importlib.util.spec_from_file_location("harness_copy", copy)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["harness_copy"] = module
+    try:
+        spec.loader.exec_module(module)
+        assert module.PROJECT_ROOT == project.resolve()
+        monkeypatch.setenv("SEMAPHORE_PROJECT_ROOT", str(tmp_path))
+        assert module._project_root() == tmp_path.resolve()
+    finally:
+        del sys.modules["harness_copy"]

@@ -80,9 +80,9 @@ def _project_root() -> Path:
     env = os.environ.get("SEMAPHORE_PROJECT_ROOT")
     if env:
         return Path(env).resolve()
-    checkout = Path(__file__).resolve().parents[4]
-    if (checkout / "wrangler.toml").is_file():
-        return checkout
+    parents = Path(__file__).resolve().parents
+    if len(parents) > 4 and (parents[4] / "wrangler.toml").is_file():
+        return parents[4]
     here = Path.cwd().resolve()
     for folder in (here, *here.parents):
         if (folder / "wrangler.toml").is_file():
