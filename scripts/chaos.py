@@ -28,12 +28,13 @@ Then, from what was stored, it checks:
 * **above the limit**: the most runs at once over every client object, from the run intervals
   (start to end; a run with no end ends at the kill after its start, taken once the process
   was reaped; one with no end and no kill after it is a hung run, a violation);
-* **charge**: the holder's ``usage()`` returns to ``charged`` 0 (waited for, ``--settle``
+* **charge**: the holder's ``usage()`` never shows more charged than the limit (polled during the
+  run: the settings here never over-provision), returns to ``charged`` 0 (waited for, ``--settle``
   seconds at most) and ``holders()`` lists no one;
 * **alarms**: no object is left with something due and no alarm, an alarm later than its
   earliest due time, or a due time long past (``GET /accounts/chaos/scheduler`` and each
   queue's ``.../runs``: the alarm and the scheduler's due times); no job queued, claiming or
-  running.
+  running, and no finished job left in a queue's outbox to the job directory.
 
 Settings (``--setting``): ``defaults`` (wrangler.toml's vars: rounds of 1000/2000 ms, no leases,
 no waiting requests) and ``reuse-held``, the fastest named setting of the README's benchmarks
@@ -84,6 +85,8 @@ SETTINGS: dict[str, dict[str, str]] = {
     "reuse-held": {"LEASES": json.dumps(LEASES_REUSE), "HOLD_BLOCKED_MS": "25000", "REQUEST_WAIT_MS": "25000",
                    "ROUND_WAIT_MS": "250", "ROUND_PERIOD_MS": "500"},
 }
+#: The JobQueue's outbox timer (finished jobs not yet acknowledged by the job directory).
+ANNOUNCE_TIMER = "app:announce_finished_jobs"
 #: A due time this far in the past at the end means an alarm that did not fire (ms).
 OVERDUE_MS = 30_000
 
@@ -137,6 +140,7 @@ class Report:
     lost: list[str] = field(default_factory=list)
     twice: list[str] = field(default_factory=list)
     max_running: int = 0
+    max_charged: int = 0  # the most the holder's usage showed charged, polled during the run
     final_usage: dict[str, Any] = field(default_factory=dict)
     holders_left: int = 0
     alarms: dict[str, Any] = field(default_factory=dict)
@@ -267,6 +271,8 @@ class Chaos:
                 for queue in self.queue_names:
                     data = await self.call(conn, "GET", f"/accounts/{ACCOUNT}/queues/{queue}", what="poll")
                     self.done.update(j["id"] for j in data["jobs"] if j["state"] == "done")
+                usage = await self.call(conn, "GET", f"/accounts/{ACCOUNT}/usage", what="poll")
+                self.report.max_charged = max(self.report.max_charged, int(usage.get("charged") or 0))
                 if len(self.done) >= self.opts.jobs and len(self.acknowledged) >= self.opts.jobs:
                     return
                 await asyncio.sleep(0.5)
@@ -362,6 +368,11 @@ class Chaos:
         usage = rep.final_usage
         if usage.get("charged") != 0 or usage.get("outstanding") != 0 or usage.get("leaseFootprint", 0) != 0:
             rep.violations.append(f"the holder's charge did not return to 0 within {opts.settle:.0f} s: {usage}")
+        if rep.max_charged > rep.limit:
+            rep.violations.append(f"the holder's usage showed {rep.max_charged} charged under a limit of {rep.limit}")
+        if rep.alarms.get("due", {}).get(ANNOUNCE_TIMER):
+            rep.violations.append(f"{rep.alarms['due'][ANNOUNCE_TIMER]} queue(s) still have finished jobs to announce"
+                                  " to the job directory")
         if rep.holders_left:
             rep.violations.append(f"holders() still lists {rep.holders_left} client(s): {holders['holders'][:3]}")
         if len(rep.kills) < opts.kills:
@@ -487,7 +498,8 @@ def render(rep: Report, opts: Options) -> str:
         ("re-attempts after kills (jobs)", f"{rep.reattempts} ({rep.jobs_reattempted} jobs)"),
         ("lost", str(len(rep.lost))),
         ("run twice (completed twice, overlapping, or two permits)", str(len(rep.twice))),
-        ("most running at once / limit", f"{rep.max_running} / {rep.limit}"),
+        ("most running at once / limit", f"{rep.max_running} / {rep.limit} (most charged seen in usage polls:"
+                                         f" {rep.max_charged})"),
         ("holder's charge at the end", f"charged {usage.get('charged')}, outstanding {usage.get('outstanding')},"
                                        f" lease footprint {usage.get('leaseFootprint')}; holders left"
                                        f" {rep.holders_left}"),
