@@ -91,7 +91,8 @@ async def test_a_held_request_whose_round_retires_its_lease_is_not_told_so():
     bed = Bed(limit=lambda: value["limit"], leases=LEASES, group_limit={"c": 0}, hold_blocked_ms=HOLD)
     [first] = await bed.round(request("b", {"a": 4}, leases=[]))
     (lease,) = [x for x in first["leases"] if x["status"] == "live"]
-    b = bed.send(held_request("b", {"c": 1}, leases=[(lease["leaseId"], 1, 0)]))
+    known = [(g["grantId"], 0, 0) for g in first["grants"]]  # b reports all it holds (R9: else answered at once)
+    b = bed.send(held_request("b", {"c": 1}, grants=known, leases=[(lease["leaseId"], 1, 0)]))
     await bed.clock.advance(3000)  # b's round: blocked (group_limit), held
     assert not b.done()
     value["limit"] = 2  # lowered: the next round retires every live lease (R33)
