@@ -111,6 +111,7 @@ class Options:
     settle: float = 180.0
     keep: bool = False
     quiet: bool = False
+    trace: bool = False
 
 
 @dataclass
@@ -268,16 +269,35 @@ class Chaos:
         conn = self.conn()
         try:
             while not self.stop:
+                states: dict[str, Counter[str]] = {}
                 for queue in self.queue_names:
                     data = await self.call(conn, "GET", f"/accounts/{ACCOUNT}/queues/{queue}", what="poll")
                     self.done.update(j["id"] for j in data["jobs"] if j["state"] == "done")
+                    states[queue] = Counter(j["state"] for j in data["jobs"])
                 usage = await self.call(conn, "GET", f"/accounts/{ACCOUNT}/usage", what="poll")
                 self.report.max_charged = max(self.report.max_charged, int(usage.get("charged") or 0))
+                if self.opts.trace:
+                    await self.trace(conn, states, usage)
                 if len(self.done) >= self.opts.jobs and len(self.acknowledged) >= self.opts.jobs:
                     return
                 await asyncio.sleep(0.5)
         finally:
             await conn.close()
+
+    async def trace(self, conn: Conn, states: dict[str, Counter[str]], usage: dict[str, Any]) -> None:
+        """``--trace``: one line per poll: what each queue has queued/running and what the holder
+        charges to whom (a grant as ``g<outstanding>``, a lease as ``L<permits>/<drawn>-<released>``)."""
+        holders = await self.call(conn, "GET", f"/accounts/{ACCOUNT}/holders?limit=1000", what="poll")
+        charged = []
+        for h in holders.get("holders", []):
+            parts = [f"g{g['permits'] - g['released']}" for g in h.get("grants", [])]
+            parts += [f"L{x['permits']}/{x['drawn']}-{x['released']}{'s' if x.get('stopped') else ''}"
+                      for x in h.get("leases", [])]
+            charged.append(f"{h['clientId'][:4]}:{'+'.join(parts)}")
+        queues = " ".join(f"{q}={c['queued']}/{c['running'] + c['claiming']}" for q, c in states.items()
+                          if c["queued"] or c["running"] or c["claiming"])
+        print(f"  {time.strftime('%H:%M:%S')} done {len(self.done)} charged {usage.get('charged')}"
+              f" (leases {usage.get('leaseFootprint')}) | {queues} | {' '.join(charged)}", flush=True)
 
     async def killer(self) -> None:
         assert self.proc is not None
@@ -561,13 +581,16 @@ def main() -> int:
     ap.add_argument("--settle", type=float, default=d.settle,
                     help="seconds to wait for the charge to return to 0 (default 180)")
     ap.add_argument("--keep", action="store_true", help="keep workerd's config, logs and storage (printed)")
+    ap.add_argument("--trace", action="store_true",
+                    help="print each poll: queued/running per queue, what the holder charges to whom")
     args = ap.parse_args()
     for name in ("jobs", "kills", "queues", "limit", "orphan_check_ms"):
         if getattr(args, name) <= 0:
             ap.error(f"--{name.replace('_', '-')} must be > 0")
     opts = Options(setting=args.setting, jobs=args.jobs, kills=args.kills, queues=args.queues, limit=args.limit,
                    seed=args.seed, work_ms=args.work_ms, kill_after=args.kill_after,
-                   orphan_check_ms=args.orphan_check_ms, timeout=args.timeout, settle=args.settle, keep=args.keep)
+                   orphan_check_ms=args.orphan_check_ms, timeout=args.timeout, settle=args.settle, keep=args.keep,
+                   trace=args.trace)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the finally blocks stop workerd
     load = os.getloadavg()
     print(f"chaos: {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", flush=True)
