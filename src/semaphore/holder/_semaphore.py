@@ -188,8 +188,9 @@ class DurabilitySemaphore:
     :param hold_blocked_ms: waiting requests (issue 13), ``0`` (default: off, the seed's
         contract: every request is answered by its round). Above 0: a request carrying
         ``waitMs`` whose round serves it nothing is held open instead of answered ``blocked``
-        (unless its reply carries a lease no longer live or a grant no longer active), for at
-        most the smaller of the two (then the next round the period allows answers it), and
+        (unless its reply carries a lease no longer live, a grant no longer active, or a grant
+        or lease the request did not report: its client never heard of it), for at most the
+        smaller of the two (then the next round the period allows answers it), and
         every later round takes it again; a report that frees capacity (a sync that lowers the
         charged capacity, a reclaim) starts the next round as soon as ``round_period_ms``
         allows. So blocked clients need not ask again each
