@@ -13,7 +13,11 @@
 * ``Default`` is the HTTP front (JSON in and out; ``/metrics`` Prometheus text).
 
 A job's work is external: admission marks it ``running`` (its permit is held), and
-``POST /accounts/{account}/jobs/{id}/complete`` releases the permit.
+``POST /accounts/{account}/jobs/{id}/complete`` releases the permit. A job whose payload is an
+object with an integer ``"workMs"`` (1 to ``MAX_WORK_MS``) is instead run by its ``JobQueue``
+itself (a stand-in for real work, used by ``scripts/chaos``): admitted, it waits that long and
+completes itself, and every attempt leaves a durable run record (``app_job_runs``: attempt,
+permit, start, end), read by the admin route ``GET .../queues/{queue}/runs``.
 
 What the routes expose and create (README, "The reference Worker"):
 
@@ -51,7 +55,9 @@ per account, 10), ``GRANT_TIMEOUT_MS``, ``ROUND_WAIT_MS``, ``ROUND_PERIOD_MS``,
 text of the holder's ``leases=`` options, as :meth:`semaphore.LeaseConfig.parse` takes them; empty
 or absent: no leases), ``HOLD_BLOCKED_MS`` and ``REQUEST_WAIT_MS`` (waiting requests: the
 holder's ``hold_blocked_ms`` and each JobQueue's ``request_wait_ms``; ``0``, the default, is off;
-requests are held only when both are above 0). Integers must be below 2**53. An invalid var
+requests are held only when both are above 0), ``ORPHAN_CHECK_MS`` (each JobQueue's
+``orphan_check_ms``: how soon an admission callback cut short by an eviction is called again,
+default 60000). Integers must be below 2**53. An invalid var
 never crashes an object's constructor: every route (and every RPC method of the objects)
 answers the error value ``{"v": 1, "error": {"code": "configuration_error", "field": <the var>,
 "message"}}``, the front with status 500. Secret ``ADMIN_TOKEN`` guards every request that changes state.
@@ -66,6 +72,7 @@ import logging
 import math
 import re
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
@@ -130,6 +137,16 @@ METRICS_MAX_ACCOUNTS = 100
 METRICS_CONCURRENCY = 10
 #: A holder whose registration failed tries again after this long (ms), not at every write.
 INDEX_RETRY_MS = 60_000
+#: A JobQueue's run records of its in-Worker jobs (payload ``{"workMs": n}``): one row per call
+#: of the admission callback (``attempt``), with the permit, the start and (once the work
+#: returned, written in the step that completes the job) the end, epoch ms.
+RUNS = "app_job_runs"
+#: The longest in-Worker job (``workMs``) a payload may ask for.
+MAX_WORK_MS = 60_000
+#: The queue's default ``orphan_check_ms`` (``ORPHAN_CHECK_MS``), the library's.
+DEFAULT_ORPHAN_CHECK_MS = 60_000
+#: The timer table of every object's scheduler (``GET .../scheduler`` reads it only if present).
+SCHEDULER_TABLE = "durability_scheduler_timers"
 #: The ``permits`` message types :meth:`AccountLimit.ping` tallies (anything else: ``other``).
 MESSAGE_TYPES = ("request", "sync")
 #: The deepest nesting of arrays and objects a request body (and a job payload) may have: deeper
@@ -203,6 +220,24 @@ def account_name(ctx: Any) -> str | None:
     ids), or ``None`` where the runtime does not give it."""
     name = plain(getattr(getattr(ctx, "id", None), "name", None))
     return name if isinstance(name, str) and name else None
+
+
+def work_ms(payload: Any) -> int | None:
+    """The ``workMs`` of an in-Worker job's payload (an int from 1 to :data:`MAX_WORK_MS` under
+    the key ``"workMs"`` of an object payload), else ``None``: the job's work is external."""
+    value = payload.get("workMs") if isinstance(payload, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WORK_MS:
+        return None
+    return value
+
+
+async def scheduler_view(storage: Storage, scheduler: DurabilityScheduler) -> dict[str, Any]:
+    """An object's alarm as its scheduler sees it (``GET .../scheduler``, a diagnostics aid):
+    ``{"alarm": the runtime's alarm (epoch ms) or None, "due": {timer or participant: due time}
+    (:meth:`DurabilityScheduler.due_times`), "now": the object's clock}``. Read only: an object
+    whose scheduler never ran (no timer table) answers ``"due": {}`` and creates nothing."""
+    due = scheduler.due_times() if has_tables(storage, [SCHEDULER_TABLE]) else {}
+    return {"alarm": await storage.get_alarm(), "due": due, "now": int(scheduler.clock())}
 
 
 def error_value(code: str, message: str, field: str | None = None) -> dict[str, Any]:
@@ -392,6 +427,7 @@ class Settings:
     leases: LeaseConfig | None
     hold_blocked_ms: int = 0
     request_wait_ms: int = 0
+    orphan_check_ms: int = DEFAULT_ORPHAN_CHECK_MS
 
     @property
     def request_timeout_ms(self) -> int:
@@ -416,6 +452,7 @@ def read_settings(env: Any) -> Settings:
         leases=env_leases(env),
         hold_blocked_ms=env_int(env, "HOLD_BLOCKED_MS", 0),
         request_wait_ms=env_int(env, "REQUEST_WAIT_MS", 0),
+        orphan_check_ms=env_int(env, "ORPHAN_CHECK_MS", DEFAULT_ORPHAN_CHECK_MS, 1),
     )
     leases = settings.leases
     if leases is not None and settings.request_wait_ms * 2 >= leases.ttl_ms:
@@ -512,6 +549,12 @@ class AccountLimit(DurableObject):
         if self.config_error is not None:
             return self.config_error
         return {"ok": True, "instance": {"startedAt": self._started_at, "messages": dict(self._messages)}}
+
+    async def scheduler_state(self) -> dict[str, Any]:
+        """The holder's alarm and what is due on it (:func:`scheduler_view`; read only)."""
+        if self.config_error is not None:
+            return self.config_error
+        return await scheduler_view(self.storage, self.scheduler)
 
     async def usage(self) -> dict[str, Any]:
         """The semaphore's ``usage()`` (SPEC R38) plus ``defaultLimit`` and ``limitOverride``.
@@ -889,19 +932,65 @@ class JobQueue(DurableObject):
             log.error("JobQueue: invalid configuration: %s", exc.message)
             self.config_error, retention_ms, request_wait_ms = exc.value(), DEFAULT_JOB_RETENTION_MS, 0
             self.request_timeout_ms = RPC_TIMEOUT_MS
+        orphan_check_ms = DEFAULT_ORPHAN_CHECK_MS if self.config_error is not None else settings.orphan_check_ms
         self.client = SemaphoreClient(ctx, limits.with_(timeout(self.request_timeout_ms)).transport(env))
         self._outbox_ready = False
         self._queue_name: str | None = None
         self._directory_lock = asyncio.Lock()
+        self._runs_ready = False
+        #: How an in-Worker job waits out its ``workMs`` (seconds; tests give an event-driven one).
+        self.sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep
         self.scheduler.on(ANNOUNCE_TIMER, self._announce_due)
         self.queue = SemaphoreQueue(client=self.client, scheduler=self.scheduler, on_admit=self.start_job,
                                     on_done=self._job_done, retention_ms=retention_ms,
-                                    request_wait_ms=request_wait_ms)
+                                    request_wait_ms=request_wait_ms, orphan_check_ms=orphan_check_ms)
 
-    def start_job(self, item: QueueItem) -> None:
+    def start_job(self, item: QueueItem) -> Awaitable[None] | None:
         """Admission callback. The reference app's work is external: holding the permit while the
         job is ``running`` is the whole effect, so there is nothing to start here (and calling
-        it twice for the same job, as the queue may after an eviction, is harmless)."""
+        it twice for the same job, as the queue may after an eviction, is harmless). A job whose
+        payload asks for ``workMs`` (:func:`work_ms`) is run here: the returned coroutine is
+        the queue's task for it (:meth:`_run_job`)."""
+        ms = work_ms(item.payload)
+        return None if ms is None else self._run_job(item, ms)
+
+    async def _run_job(self, item: QueueItem, ms: int) -> None:
+        """An in-Worker job: record the attempt's start (row ``(job id, attempt)`` of
+        ``app_job_runs``, with the permit), wait ``ms``, then write its end and complete the job
+        (release its permit) in one synchronous step, with no await between them, so the
+        runtime commits the two together: a run with an end is a job completed by it. An
+        eviction (or a killed process) during the wait leaves the run without an end, and the
+        queue calls this again under the same permit (R37): a new attempt, a new row."""
+        if not self._runs_ready:
+            self.storage.exec(f"CREATE TABLE IF NOT EXISTS {RUNS} (job_id TEXT NOT NULL, attempt INTEGER NOT NULL,"
+                              " permit TEXT NOT NULL, started_at INTEGER NOT NULL, ended_at INTEGER,"
+                              " PRIMARY KEY (job_id, attempt))")
+            self._runs_ready = True
+        permit = "" if item.permit is None else f"{item.permit.kind.value}:{item.permit.id}:{item.permit.slot}"
+        self.storage.exec(f"INSERT INTO {RUNS}(job_id, attempt, permit, started_at) VALUES (?, ?, ?, ?)"
+                          " ON CONFLICT(job_id, attempt) DO NOTHING",
+                          item.item_id, item.attempts, permit, int(self.scheduler.clock()))
+        await self.sleep(ms / 1000)
+        self.storage.exec(f"UPDATE {RUNS} SET ended_at = ? WHERE job_id = ? AND attempt = ?",
+                          int(self.scheduler.clock()), item.item_id, item.attempts)
+        await self.queue.complete(item.item_id)  # its transaction runs before its first await
+        await self._flush()
+
+    async def runs(self, account: Any) -> dict[str, Any]:
+        """The run records of this queue's in-Worker jobs and its alarm (admin route
+        ``GET .../queues/{queue}/runs``): ``{"runs": [{"jobId", "attempt", "permit",
+        "startedAt", "endedAt"}], "scheduler": <scheduler_view>}``. ``permit`` is
+        ``"<grant|lease>:<id>:<slot>"``; ``endedAt`` is ``None`` for a run cut short (an eviction)
+        or still going. Read only: creates nothing."""
+        if self.config_error is not None:
+            return self.config_error
+        rows = []
+        if has_tables(self.storage, [RUNS]):
+            rows = [{"jobId": str(r["job_id"]), "attempt": int(r["attempt"]), "permit": str(r["permit"]),
+                     "startedAt": int(r["started_at"]),
+                     "endedAt": None if r["ended_at"] is None else int(r["ended_at"])}
+                    for r in self.storage.exec(f"SELECT * FROM {RUNS} ORDER BY started_at, job_id, attempt")]
+        return {"runs": rows, "scheduler": await scheduler_view(self.storage, self.scheduler)}
 
     async def enqueue(self, account: Any, job_id: Any, group: Any, payload: Any = None,
                       queue: Any = None) -> dict[str, Any]:
@@ -1452,6 +1541,8 @@ ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("PUT", re.compile(r"^/accounts/([^/]+)/limit$"), "set_limit"),
     ("POST", re.compile(r"^/accounts/([^/]+)/queues/([^/]+)/jobs$"), "enqueue"),
     ("GET", re.compile(r"^/accounts/([^/]+)/queues/([^/]+)$"), "queue_status"),
+    ("GET", re.compile(r"^/accounts/([^/]+)/queues/([^/]+)/runs$"), "queue_runs"),
+    ("GET", re.compile(r"^/accounts/([^/]+)/scheduler$"), "scheduler"),
     ("POST", re.compile(r"^/accounts/([^/]+)/jobs/([^/]+)/complete$"), "complete"),
     ("POST", re.compile(r"^/accounts/([^/]+)/permits$"), "permits"),
     ("GET", re.compile(r"^/accounts/([^/]+)/holders$"), "holders"),
@@ -1598,6 +1689,18 @@ class Default(WorkerEntrypoint):
             for job in result["jobs"]:
                 job.pop("payload", None)
         return json_response({"account": account, "queue": queue, **result})
+
+    async def route_queue_runs(self, request: Any, account: str, queue: str) -> Response:
+        """Admin: the queue's run records of in-Worker jobs and its alarm (:meth:`JobQueue.runs`).
+        Creates no storage."""
+        require_admin(request, self.env)
+        return json_response(checked(await job_queue(self.env, account, queue).runs(account)))
+
+    async def route_scheduler(self, request: Any, account: str) -> Response:
+        """Admin, a diagnostics aid: the account's holder's alarm and what is due on it
+        (:meth:`AccountLimit.scheduler_state`). Creates no storage."""
+        require_admin(request, self.env)
+        return json_response(checked(await holder(self.env, account).scheduler_state()))
 
     async def route_permits(self, request: Any, account: str) -> Response:
         """Operator endpoint: one wire message straight to the account's holder (SPEC §3), e.g.

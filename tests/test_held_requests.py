@@ -245,7 +245,8 @@ async def test_a_held_request_whose_round_retires_its_lease_is_not_told_so():
     bed = Bed(limit=lambda: value["limit"], leases=LEASES, group_limit={"c": 0}, hold_blocked_ms=HOLD)
     [first] = await bed.round(request("b", {"a": 4}, leases=[]))
     (lease,) = [x for x in first["leases"] if x["status"] == "live"]
-    b = bed.send(held_request("b", {"c": 1}, leases=[(lease["leaseId"], 1, 0)]))
+    known = [(g["grantId"], 0, 0) for g in first["grants"]]  # b reports all it holds (R9: else answered at once)
+    b = bed.send(held_request("b", {"c": 1}, grants=known, leases=[(lease["leaseId"], 1, 0)]))
     await bed.clock.advance(3000)  # b's round: blocked (group_limit), held
     assert not b.done()
     value["limit"] = 2  # lowered: the next round retires every live lease (R33)
@@ -407,3 +408,34 @@ async def test_r9_r33a_a_sync_reporting_a_lease_that_finds_the_limit_raised_star
     assert b.done() and bed.now <= t + 1
     assert [g["permits"] for g in b.result()["grants"]] == [1]
     bed.check()
+
+
+@async_test
+async def test_r9_a_request_that_does_not_report_its_live_grant_or_lease_is_answered_at_once():
+    # R9 decision: the reply of the round that issued a's grant (or lease) was lost (found by
+    # scripts/chaos: workerd killed after the round's commit, before its reply reached the
+    # queue). a's next request does not report it, so a does not know it: holding that request
+    # would keep the permits charged and unused until its deadline. The round answers it.
+    from semaphore import LeaseConfig
+
+    reuse = LeaseConfig(mode="strict", reusable=True, lease_first=True, ttl_ms=60_000)
+    for options, leases, entries in (({"limit": 1, "grant_timeout_ms": 60_000}, None, "grants"),
+                                     ({"limit": 2, "leases": reuse}, [], "leases")):
+        bed = Bed(hold_blocked_ms=HOLD, **options)
+        [lost] = await bed.round(held_request("a", {"g": 4}, leases=leases))
+        [issued] = lost[entries]
+        again = bed.send(held_request("a", {"g": 4}, leases=leases))  # reports nothing: a never heard
+        await bed.clock.advance(3000)  # its round (and a second one), well before the 10 s deadline
+        assert again.done(), entries
+        reply = again.result()
+        assert [x["status"] for x in reply[entries]] == ["active" if entries == "grants" else "live"]
+        assert reply[entries][0]["permits"] == issued["permits"] and reply["blocked"], reply
+        # Once a reports it, a request its round cannot serve is held as before.
+        ids = reply[entries][0]["grantId" if entries == "grants" else "leaseId"]
+        known = dict(grants=[(ids, 0, 0)]) if entries == "grants" else dict(leases=[(ids, 0, 0)])
+        if entries == "grants":
+            known["leases"] = leases
+        held = bed.send(held_request("a", {"g": 4}, **known))
+        await bed.clock.advance(3000)
+        assert not held.done(), entries
+        bed.check()

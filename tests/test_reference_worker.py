@@ -118,6 +118,11 @@ def test_reads_of_never_used_objects_create_no_storage(entry):
         assert status == 404
         status, _ = await world.fetch("PUT", "/accounts/ghost/limit", {"limit": None}, headers=AUTH)
         assert status == 200
+        status, body = await world.fetch("GET", "/accounts/ghost/queues/q/runs", headers=AUTH)
+        assert status == 200 and body["runs"] == [] and body["scheduler"]["alarm"] is None, body
+        assert body["scheduler"]["due"] == {}, body
+        status, body = await world.fetch("GET", "/accounts/ghost/scheduler", headers=AUTH)
+        assert status == 200 and (body["alarm"], body["due"]) == (None, {}) and body["now"] > 0, body
 
     run(scenario())
     assert world.env.ACCOUNT_LIMIT.tables("ghost") == []
@@ -333,6 +338,8 @@ ROUTES = [  # (method, path, body), every route of the front
     ("POST", "/accounts/a/jobs/j1/complete", None),
     ("POST", "/accounts/a/permits", {"type": "sync", "v": 1, "clientId": "c", "grants": []}),
     ("GET", "/accounts/a/ping", None),
+    ("GET", "/accounts/a/queues/q/runs", None),
+    ("GET", "/accounts/a/scheduler", None),
     ("GET", "/healthz", None),  # a health check must not say ok either
 ]
 
@@ -356,6 +363,7 @@ ROUTES = [  # (method, path, body), every route of the front
     ("HOLD_BLOCKED_MS", "ten"),
     ("REQUEST_WAIT_MS", str(2**53)),
     ("REQUEST_WAIT_MS", "1.5"),
+    ("ORPHAN_CHECK_MS", "0"),
 ])
 def test_an_invalid_var_is_a_configuration_error_value_on_every_route(entry, var, value):
     world = World(entry, **{var: value})
@@ -1043,5 +1051,157 @@ def test_surrounding_whitespace_of_the_admin_token_is_stripped(entry):
         for wrong in (f"Bearer   {TOKEN}\n", "Bearer", f"Bearer {TOKEN}x"):
             status, body = await world.fetch("PUT", "/accounts/a/limit", {"limit": 4}, headers={"authorization": wrong})
             assert status == 401 and "wrong" in body["error"]["message"], (wrong, body)
+
+
+# ------------------------------------------------------------------ in-Worker jobs and their runs
+class _Gates:
+    """A JobQueue's ``sleep`` for in-Worker jobs, driven by the test: each call waits for its
+    own event (``release(i)``); ``calls`` lists the seconds asked for."""
+
+    def __init__(self) -> None:
+        self.calls: list[float] = []
+        self.events: list[asyncio.Event] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.calls.append(seconds)
+        self.events.append(asyncio.Event())
+        await self.events[-1].wait()
+
+    def release(self, i: int) -> None:
+        self.events[i].set()
+
+
+async def _settle(until, what: str, obj=None, wall=None, tries: int = 50):
+    """Let the objects' tasks run (and, with ``obj``, fire its alarm with virtual time moved on
+    by ``wall``) until ``until()`` holds; fail with ``what`` otherwise."""
+    for _ in range(tries):
+        got = await until()
+        if got:
+            return got
+        if obj is not None:
+            if wall is not None:
+                wall.advance(1001)
+            await obj.alarm()
+        for _ in range(5):
+            await asyncio.sleep(0)
+    raise AssertionError(f"not reached: {what}")
+
+
+def test_a_work_ms_job_runs_in_its_queue_and_leaves_one_run_record(entry):
+    # R37 (the reference Worker's in-Worker jobs): a payload {"workMs": n} is run by the
+    # JobQueue itself; its run record (start, permit) is written when the work starts, its end
+    # together with the completion that releases its permit. Other payloads stay external.
+    world = World(entry, ROUND_WAIT_MS="0", ROUND_PERIOD_MS="0")
+    gates = _Gates()
+
+    async def scenario():
+        jq = queue_object(world, "a", "q")
+        jq.sleep = gates
+        assert jq.queue.orphan_check_ms == entry.DEFAULT_ORPHAN_CHECK_MS == 60_000
+        for job_id, payload in (("w1", {"workMs": 150}), ("x1", {"workMs": 0}), ("x2", {"workMs": True}),
+                                ("x3", None)):
+            body = {"id": job_id, "payload": payload}
+            assert (await world.fetch("POST", "/accounts/a/queues/q/jobs", body, headers=AUTH))[0] == 201
+
+        async def jobs():
+            return {j["id"]: j for j in (await world.fetch("GET", "/accounts/a/queues/q"))[1]["jobs"]}
+
+        async def started():
+            return gates.calls and all(j["state"] == "running" for j in (await jobs()).values())
+
+        await _settle(started, "every job running, w1's work started", obj=jq)
+        assert gates.calls == [0.15]  # only w1 is run here
+        status, body = await world.fetch("GET", "/accounts/a/queues/q/runs", headers=AUTH)
+        assert status == 200, body
+        [r] = body["runs"]
+        w1 = (await jobs())["w1"]
+        assert (r["jobId"], r["attempt"], r["endedAt"]) == ("w1", 1, None), r
+        kind, permit_id, slot = r["permit"].split(":")
+        assert (kind, permit_id) == (w1["permit"]["kind"], w1["permit"]["id"]) and int(slot) >= 0, (r, w1)
+        assert r["startedAt"] >= w1["enqueuedAt"], (r, w1)
+        assert (await world.fetch("GET", "/accounts/a/queues/q/runs"))[0] == 401  # admin only
+
+        gates.release(0)
+
+        async def w1_done():
+            return (await jobs())["w1"]["state"] == "done"
+
+        await _settle(w1_done, "w1 done")
+        [r] = (await world.fetch("GET", "/accounts/a/queues/q/runs", headers=AUTH))[1]["runs"]
+        assert r["endedAt"] is not None and r["endedAt"] >= r["startedAt"], r
+        states = {j: v["state"] for j, v in (await jobs()).items()}
+        assert states == {"w1": "done", "x1": "running", "x2": "running", "x3": "running"}, states
+
+    run(scenario())
+
+
+def test_a_work_ms_job_cut_short_by_an_eviction_runs_again_under_the_same_permit(entry, monkeypatch):
+    # R37: the attempt is persisted before the call; an eviction during the work leaves its run
+    # without an end, and the next instance calls it again under the same permit (within
+    # ORPHAN_CHECK_MS once the old call had been seen running): a second run record, the only
+    # completed one.
+    wall = _Wall(monkeypatch)
+    world = World(entry, ROUND_WAIT_MS="0", ROUND_PERIOD_MS="0", ORPHAN_CHECK_MS="3000")
+    first, second = _Gates(), _Gates()
+    name = json.dumps(["a", "q"])
+
+    async def scenario():
+        jq = queue_object(world, "a", "q")
+        assert jq.queue.orphan_check_ms == 3000
+        jq.sleep = first
+        body = {"id": "w1", "payload": {"workMs": 100}}
+        assert (await world.fetch("POST", "/accounts/a/queues/q/jobs", body, headers=AUTH))[0] == 201
+
+        async def runs():
+            return (await world.fetch("GET", "/accounts/a/queues/q/runs", headers=AUTH))[1]["runs"]
+
+        async def running():
+            return first.calls and await runs()
+
+        await _settle(running, "w1's work started", obj=jq)
+        await jq.alarm()  # a pump while the call is in flight: its retry moves ORPHAN_CHECK_MS on
+        # The instance dies mid-work: its task goes with it, and a new instance takes the storage.
+        for task in list(jq.queue._inflight.values()):
+            task.cancel()
+        await asyncio.sleep(0)
+        ctx = world.env.JOB_QUEUE.contexts[name]
+        fresh = entry.JobQueue(ctx, world.env)
+        fresh.sleep = second
+        world.env.JOB_QUEUE.objects[name] = fresh
+
+        async def again():
+            return second.calls
+
+        await _settle(again, "w1 called again", obj=fresh, wall=wall)
+        second.release(0)
+
+        async def done():
+            rows = await runs()
+            return len(rows) == 2 and rows[1]["endedAt"] is not None and rows
+
+        one, two = await _settle(done, "w1's second run completed", obj=fresh, wall=wall)
+        assert (one["attempt"], one["endedAt"]) == (1, None), one
+        assert two["attempt"] == 2 and two["permit"] == one["permit"] and two["startedAt"] >= one["startedAt"], two
+        [job] = (await world.fetch("GET", "/accounts/a/queues/q"))[1]["jobs"]
+        assert job["state"] == "done", job
+        status, view = await world.fetch("GET", "/accounts/a/queues/q/runs", headers=AUTH)
+        assert set(view["scheduler"]) == {"alarm", "due", "now"}, view
+
+    run(scenario())
+
+
+def test_the_scheduler_route_shows_the_holders_alarm_and_what_is_due(entry):
+    # R16: GET /accounts/{account}/scheduler (admin) answers the holder's alarm and its
+    # scheduler's due times, read only; here the job directory's prune participant.
+    world = World(entry, JOB_RETENTION_MS="1000")
+
+    async def scenario():
+        assert (await world.fetch("POST", "/accounts/a/queues/q/jobs", {"id": "j1"}, headers=AUTH))[0] == 201
+        assert (await world.fetch("POST", "/accounts/a/jobs/j1/complete", headers=AUTH))[0] == 200
+        status, body = await world.fetch("GET", "/accounts/a/scheduler", headers=AUTH)
+        done_at = directory(world)["j1"]
+        assert status == 200 and body["due"] == {entry.JOB_PRUNE_TIMER: done_at + 1000}, body
+        assert body["alarm"] == done_at + 1000 and body["now"] >= done_at, body
+        assert (await world.fetch("GET", "/accounts/a/scheduler"))[0] == 401
 
     run(scenario())

@@ -23,7 +23,7 @@ from ..core.config import LeaseConfig, option_int
 from ..core.lease_ids import LEASE_KEY_WORDS, configured_secret, holder_key
 from ..core.rounds import Limits, Pending, Policy, limit_lowered, next_round_at
 from ..core.usage import measure
-from ..core.wire import PermitRequest, SyncMessage, parse_message, valid_count
+from ..core.wire import MAX_LIST_LENGTH, PermitRequest, SyncMessage, parse_message, valid_count
 from ..errors import ConfigurationError, InvalidMessageError, RoundFailedError
 from ..rpc import client as rpc_client
 from ..runtime import Storage, TableWatch, object_id
@@ -57,12 +57,25 @@ def _holder_key(secret: bytes | None, ctx: Any) -> bytes | None:
     return holder_key(secret, ident)
 
 
-def _news(reply: Mapping[str, Any]) -> bool:
+def _news(reply: Mapping[str, Any], request: PermitRequest) -> bool:
     """A reply the client must hear at once even if the round served it nothing: a lease no
-    longer live (retired, R33: it stops drawing at once; settled) or a grant no longer plain
-    active (expired, not found)."""
-    return any(x.get("status") != "live" for x in reply.get("leases") or ()) or any(
-        g.get("status") != "active" for g in reply.get("grants") or ())
+    longer live (retired, R33: it stops drawing at once; settled), a grant no longer plain
+    active (expired, not found), or a grant or lease the request did not report (the client
+    does not know it: the reply of the round that issued it was lost, e.g. the process died
+    after the commit; held, it would stay charged unused until the deadline). A report list
+    at the wire's bound (R7) may leave known entries out, so it says nothing of them."""
+    leases, grants = reply.get("leases") or (), reply.get("grants") or ()
+    if any(x.get("status") != "live" for x in leases) or any(g.get("status") != "active" for g in grants):
+        return True
+    if len(request.grants) < MAX_LIST_LENGTH:
+        known = {r.grant_id for r in request.grants}
+        if any(g.get("grantId") not in known for g in grants):
+            return True
+    reported = request.leases or ()
+    if len(reported) < MAX_LIST_LENGTH:
+        known = {r.lease_id for r in reported}
+        return any(x.get("leaseId") not in known for x in leases)
+    return False
 
 
 @dataclass
@@ -175,8 +188,9 @@ class DurabilitySemaphore:
     :param hold_blocked_ms: waiting requests (issue 13), ``0`` (default: off, the seed's
         contract: every request is answered by its round). Above 0: a request carrying
         ``waitMs`` whose round serves it nothing is held open instead of answered ``blocked``
-        (unless its reply carries a lease no longer live or a grant no longer active), for at
-        most the smaller of the two (then the next round the period allows answers it), and
+        (unless its reply carries a lease no longer live, a grant no longer active, or a grant
+        or lease the request did not report: its client never heard of it), for at most the
+        smaller of the two (then the next round the period allows answers it), and
         every later round takes it again; a report that frees capacity (a sync that lowers the
         charged capacity, a reclaim) starts the next round as soon as ``round_period_ms``
         allows. So blocked clients need not ask again each
@@ -605,7 +619,7 @@ class DurabilitySemaphore:
         round re-reads only its latest request."""
         if (self.hold_blocked_ms <= 0 or p.client_id in served or not reply.get("blocked")
                 or now >= p.hold_until(self.hold_blocked_ms) or all(f.done() for f in p.futures)
-                or _news(reply)):
+                or _news(reply, p.latest)):
             return False
         del p.messages[:-1]
         newer = self._pending.get(p.client_id)
