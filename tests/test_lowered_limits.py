@@ -9,6 +9,7 @@ default round timing and the default lease lifetime (``ttlMs`` 30 minutes: a hea
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -138,3 +139,31 @@ async def test_r33a_replies_tell_the_recheck_and_a_sync_reporting_a_lease_retire
         "SELECT value FROM durability_semaphore_meta WHERE key = 'last_limit'").fetchone()[0] == 2
     del other
     holder.check()
+
+
+@async_test
+async def test_r33a_a_reply_counts_as_fresh_from_when_its_message_was_sent():
+    # R33a: the recheck bound runs from what the reply shows, which is the holder as of no
+    # earlier than the message's sending; a slow return leg does not make it fresher, and a
+    # slower reply of an earlier message never moves the mark back.
+    from semaphore import SemaphoreClient
+    from semaphore.testing import LocalContext
+
+    clock = SimClock(T0)
+    holder = HolderSide(clock, limit=3, leases=REUSABLE)
+    net = Net(holder, clock)
+    delays = [3000]
+
+    async def slow(key: str, message: dict[str, Any]) -> dict[str, Any]:
+        reply = await net(key, message)
+        await clock.sleep(delays.pop(0) if delays else 0)  # the reply's way back
+        return reply
+
+    client = SemaphoreClient(LocalContext(), slow, clock=clock, client_id="c1")
+    sent = clock.now
+    call = asyncio.ensure_future(client.sync("k", leases=True))
+    await clock.advance(3000)
+    await call
+    assert client.key_state("k").replied_at == sent  # not sent + 3000
+    await client.sync("k", leases=True)
+    assert client.key_state("k").replied_at == clock.now

@@ -516,6 +516,7 @@ class SemaphoreClient:
     async def _send(self, key: str, message: PermitRequest | SyncMessage, on_reply: ReplyHook | None,
                     more: bool = False, *, during_request: bool = False) -> AppliedReply:
         wire = message.to_wire()
+        sent_at = self._now()  # the reply shows the holder as of no earlier than this (R33a)
         try:
             raw = await self.transport(key, wire)
         except SemaphoreError:
@@ -535,7 +536,7 @@ class SemaphoreClient:
         now = self._now()
         return self.storage.transaction(
             lambda: self._apply(key, message, response, now, on_reply, more, during_request or bool(
-                self._requests_in_flight.get(key))))
+                self._requests_in_flight.get(key)), sent_at=sent_at))
 
     # ================================================================== applying replies
     def _touch_key(self, key: str, now: int, **values: int) -> None:
@@ -564,6 +565,8 @@ class SemaphoreClient:
         on_reply: ReplyHook | None,
         more: bool = False,
         during_request: bool = False,
+        *,
+        sent_at: int | None = None,
     ) -> AppliedReply:
         applied = AppliedReply(key, response, now, more=more)
         # The holder applied every report of the message: mark them delivered, and move them
@@ -599,7 +602,11 @@ class SemaphoreClient:
             check_at = 0
         self._touch_key(key, now, next_request_at=response.ask_at(now),
                         contended=int(response.contended), needs_sync=needs_sync, check_at=check_at,
-                        claim_ttl_ms=response.claim_ttl_ms or 0, replied_at=now,
+                        claim_ttl_ms=response.claim_ttl_ms or 0,
+                        # when the message went, not when its reply came (the return leg is not
+                        # freshness); a slower reply of an earlier message never moves it back
+                        replied_at=max(now if sent_at is None else sent_at,
+                                       0 if row is None else int(row.get("replied_at") or 0)),
                         lease_recheck_ms=response.lease_recheck_ms or 0)
         self._prune(key, now)
         if on_reply is not None:

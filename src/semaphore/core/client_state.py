@@ -178,7 +178,7 @@ class KeyState:
     :ivar needs_sync: a ``request`` got no reply yet (it may have created a lease).
     :ivar check_at: when the post-request re-check sync is due (0: none pending).
     :ivar claim_ttl_ms: the holder's ``claimTtlMs`` of its last reply (0: not set).
-    :ivar replied_at: when the last reply of the holder was applied (0: never). Every reply
+    :ivar replied_at: when the message of the last reply applied was sent (0: never). Every reply
         lists every lease of the client (R8), so it is also when each was last confirmed live.
     :ivar lease_recheck_ms: the holder's ``leaseRecheckMs`` of its last reply (0: not set): no
         new item is drawn from a lease once ``replied_at`` is that old (R33a).

@@ -307,7 +307,9 @@ class SoakSim(Sim):
           the row charges), and unclaimed grant permits are charged no longer past their
           ``claimBy`` than :meth:`reclaim_allowance`;
         * I2: a row never counts more permits released than items finished under it (a repeated
-          or reordered report freeing again shows here even when the totals still add up)."""
+          or reordered report freeing again shows here even when the totals still add up), plus,
+          for a grant, the permits claimed that no item started under: the queue gives those
+          back at once (claimed and released with no item, R37's surplus grants), each once."""
         grants, leases = self.holder.grants(), self.holder.leases()
         now = self.holder.clock.now
         failed = self.holder.storage.transactions_failed
@@ -330,11 +332,14 @@ class SoakSim(Sim):
             if n > charge and ("run", permit) not in self._flagged:
                 self._flagged.add(("run", permit))
                 self.note("I4", f"{n} items run under {permit[0]} {permit[1]}, which charges {charge}")
+        started = collections.Counter(v[:2] for v in self.started.values())
         for permit, row in rows.items():
-            if row["released"] > finished[permit] and ("rel", permit) not in self._flagged:
+            given_back = max(0, row["claimed"] - started[permit]) if permit[0] == "grant" else 0
+            if row["released"] > finished[permit] + given_back and ("rel", permit) not in self._flagged:
                 self._flagged.add(("rel", permit))
                 self.note("I2", f"{permit[0]} {permit[1]} counts {row['released']} released, "
-                                f"{finished[permit]} items finished under it")
+                                f"{finished[permit]} items finished under it"
+                                + (f" and {given_back} claimed with no item (given back)" if given_back else ""))
 
     def invalid_message(self) -> None:
         """I5: an invalid message is answered ``invalid_message`` and changes nothing. Driven
