@@ -221,7 +221,7 @@ class Model:
         return resolve_sync_limits(
             self.store, message, limit=LIMIT_ERROR if self.limit_fails else self.limit,
             group_limit=lambda g: LIMIT_ERROR if g in self.group_fails else self.group_limits.get(g),
-            leases_configured=self.lease_config is not None)
+            leases_configured=self.lease_config is not None, can_grant=lambda c, g: (c, g) not in self.denied)
 
     def sync(self, c: Client, message: SyncMessage | None = None,
              limits: tuple[Any, bool] | None = None) -> dict[str, Any]:

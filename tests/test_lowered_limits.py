@@ -167,3 +167,117 @@ async def test_r33a_a_reply_counts_as_fresh_from_when_its_message_was_sent():
     assert client.key_state("k").replied_at == sent  # not sent + 3000
     await client.sync("k", leases=True)
     assert client.key_state("k").replied_at == clock.now
+
+
+# R33, R33a: a callable canGrant is asked at a sync that reports leases, for the client's
+# live-lease pairs, so a client served wholly by its reusable lease (it never requests, so no
+# round asks for it) stops drawing within the bound once canGrant refuses its (client, group).
+@async_test
+async def test_r33a_can_grant_turning_false_stops_new_admissions_from_a_reusable_lease_of_a_client_that_only_syncs():
+    box: dict[str, Any] = {"ok": True}
+    asked: list[tuple[str, str]] = []
+
+    def can_grant(client: str, group: str) -> bool:
+        asked.append((client, group))
+        return bool(box["ok"])
+
+    clock = SimClock(T0)
+    holder = HolderSide(clock, limit=3, can_grant=can_grant, leases=REUSABLE)
+    net = Net(holder, clock)
+    load = Load(clock, net, "g")
+    await load.enqueue(1)
+    # one item a second, each running 1 s: everything fits in the lease, so the client never
+    # needs a request; its recheck syncs (R33a) and heartbeats keep the lease live
+    await load.run(clock.now + 20_000, arrive_every_ms=1000)
+    assert any(x["status"] == "live" and x["reusable"] for x in holder.leases().values())
+    box["ok"] = False  # the application withdraws the client's permission for the group
+    refused, asked_before = clock.now, len(asked)
+    await load.run(clock.now + 120_000, arrive_every_ms=1000)
+    late = [t - refused for t, _ in load.starts if t > refused + BOUND_MS]
+    load.side.driver.kill()
+    assert late == [], f"{len(late)} items started from the lease after canGrant said no (last at +{late[-1]} ms)"
+    assert not [x for x in holder.leases().values() if x["status"] == "live"]
+    assert set(asked[asked_before:]) == {("c1", "g")}  # only the reporting client's lease pair
+
+
+# R33, R33a: leases that outlived the holder's `leases` option (restarted without it) keep the
+# bound: replies listing a live lease still tell the default recheck, and a sync reporting one
+# still resolves the limit and retires what R33 would.
+@async_test
+async def test_r33a_a_lowered_limit_reaches_leases_that_outlived_the_leases_option():
+    box = {"limit": 3}
+    clock = SimClock(T0)
+    holder = HolderSide(clock, limit=lambda: box["limit"], leases=REUSABLE)
+    net = Net(holder, clock)
+    load = Load(clock, net, "g")
+    await load.enqueue(1)
+    await load.run(clock.now + 20_000, arrive_every_ms=1000)  # 1 running: always fits in the lease
+    assert any(x["status"] == "live" and x["reusable"] for x in holder.leases().values())
+    holder.evict(leases=None)  # the operator turns leases off (redeploy) ...
+    # ... the lease outlives it (ttlMs) and keeps serving the client, whose replies come from
+    # the holder without the option now ...
+    started = len(load.starts)
+    await load.run(clock.now + 20_000, arrive_every_ms=1000)
+    assert len(load.starts) - started >= 15, "the lease served the client after the restart"
+    assert any(x["status"] == "live" and x["reusable"] for x in holder.leases().values())
+    box["limit"] = 0  # ... and then stops all new work
+    lowered = clock.now
+    await load.run(clock.now + 120_000, arrive_every_ms=1000)
+    late = [(t - lowered, n) for t, n in load.starts if t > lowered + BOUND_MS]
+    load.side.driver.kill()
+    assert late == [], f"{len(late)} items started under a limit of 0 (e.g. {late[:3]})"
+    assert not [x for x in holder.leases().values() if x["status"] == "live"]
+
+
+# R33a: with leases not configured, a reply tells the recheck only while it lists a live lease.
+@async_test
+async def test_r33a_without_the_leases_option_a_reply_tells_the_recheck_only_while_it_lists_a_live_lease():
+    clock = SimClock(T0)
+    holder = HolderSide(clock, limit=4, leases=REUSABLE)
+    (ra,) = await holder.round(request("a", {"g": 2}, leases=[]))
+    (la,) = ra["leases"]
+    holder.evict(leases=None)
+    live = await holder.one(sync("a", leases=[(la["leaseId"], 0, 0, False)]))
+    assert [x["status"] for x in live["leases"]] == ["live"]
+    assert live["leaseRecheckMs"] == LeaseConfig().recheck_ms
+    settled = await holder.one(sync("a", leases=[(la["leaseId"], 0, 0, True)]))
+    assert "leaseRecheckMs" not in settled
+    (rb,) = await holder.round(request("b", {"g": 1}, leases=[]))
+    assert "leaseRecheckMs" not in rb
+
+
+# R33, R33a: a round that resolved the old limit before a lowering sync commits after it; the
+# lease it issues is retired by the next sync (the round wrote its last_limit back).
+@async_test
+async def test_r33a_a_round_resolved_before_a_lowering_sync_leaves_no_lease_the_next_sync_misses():
+    # The round resolves limit 4 (slowly); meanwhile the limit drops to 1 and b's sync retires
+    # every live lease and writes last_limit 1. The stale round then commits under 4 and issues
+    # c a lease: it writes last_limit 4 back, so the next sync (any client) retires it again.
+    box = {"limit": 4, "slow": False}
+    clock = SimClock(T0)
+
+    async def limit() -> int:
+        value = box["limit"]
+        if box["slow"]:
+            await clock.sleep(1000)
+        return value
+
+    holder = HolderSide(clock, limit=limit, leases=REUSABLE)
+    ra, rb = await holder.round(request("a", {"g": 2}, leases=[]), request("b", {"g": 2}, leases=[]))
+    (la,), (lb,) = ra["leases"], rb["leases"]
+    await holder.one(sync("a", leases=[(la["leaseId"], 0, 0, True)]))  # a settles: 2 free
+    box["slow"] = True
+    round_task = holder.send(request("c", {"g": 2}, leases=[]))
+    await clock.advance(2500)  # the round began and awaits limit()
+    box.update(limit=1, slow=False)
+    answer = await holder.one(sync("b", leases=[(lb["leaseId"], 0, 0, False)]))
+    assert [x["status"] for x in answer["leases"]] == ["retired"]
+    [rc] = await holder.finish(round_task)
+    live = [x for x in holder.leases().values() if x["status"] == "live"]
+    assert live, "the stale round issued c a lease under the old limit (the case under test)"
+    if live:  # the stale round issued under 4: the next check must retire it
+        (lc,) = rc["leases"]
+        again = await holder.one(sync("c", leases=[(lc["leaseId"], 0, 0, False)]))
+        assert [x["status"] for x in again["leases"]] == ["retired"]
+    assert not [x for x in holder.leases().values() if x["status"] == "live"]
+    holder.check()

@@ -252,15 +252,15 @@ def _retire_expired(ledger: Ledger, now: int) -> None:
 
 
 def _retire_ineligible(ledger: Ledger, limits: Limits, policy: Policy, owners: Iterable[str], *,
-                       lowered: bool | None = None, can_grant: bool = True) -> None:
+                       lowered: bool | None = None) -> None:
     """SPEC R33: a lowered limit retires every live lease; a group that gained a limit under
     ``exclude`` retires its live leases; under ``withinGroupLimit`` a group charged above its
     limit (a lowered group limit) retires the live leases of ``owners`` there (the clients whose
     messages these are, R33a: a report of another client's lease id changes nothing, R14, R32);
     ``canGrant`` turning false retires the live leases of that ``(client, group)``
-    (``limits.permitted`` holds the answer for every live lease's pair; not asked at a sync,
-    ``can_grant`` false). ``lowered``: the round compares with meta ``last_limit``; a sync is
-    told (R33a)."""
+    (``limits.permitted`` holds the answer for every live lease's pair at a round, for the
+    client's at a sync, R33a). ``lowered``: the round compares with meta ``last_limit``; a sync
+    is told (R33a)."""
     to_retire: list[LeaseRow] = []
     if _limit_lowered(ledger.meta(), limits.limit) if lowered is None else lowered:
         to_retire += ledger.live_leases()
@@ -273,9 +273,12 @@ def _retire_ineligible(ledger: Ledger, limits: Limits, policy: Policy, owners: I
         usage = ledger.group_usage(capped)
         over = {g for g in capped if usage[g]["outstanding"] + usage[g]["lease_footprint"] > limits.group_limits[g]}
         to_retire += ledger.live_leases_of(mine, over)
-    denied = _denied(limits) if can_grant else set()
+    denied = _denied(limits)
     if denied:
-        to_retire += [x for x in ledger.live_leases({g for _, g in denied}) if (x.client_id, x.group_name) in denied]
+        groups = {g for _, g in denied}
+        # a sync loaded only its client's live leases: select them so (R33a)
+        live = ledger.live_leases(groups) if lowered is None else ledger.live_leases_of(mine, groups)
+        to_retire += [x for x in live if (x.client_id, x.group_name) in denied]
     for lease in to_retire:
         if lease.status == "live":
             lease.status = "retired"
@@ -522,10 +525,10 @@ def decide_sync(ledger: Ledger, now: int, message: SyncMessage, policy: Policy, 
     round's count (R31a). With ``limits`` (resolved by the holder for a sync that reports
     leases, R33a) the sync retires what R33 would at the next round: every live lease if the
     limit was ``lowered`` below the last round's (then meta ``last_limit`` follows), and the
-    client's leases in groups R33 makes ineligible."""
+    client's leases in groups R33 makes ineligible or of pairs ``canGrant`` refuses."""
     views = _open(ledger, now, {message.client_id: [message]}, policy, starving)
     if limits is not None:
-        _retire_ineligible(ledger, limits, policy, [message.client_id], lowered=lowered, can_grant=False)
+        _retire_ineligible(ledger, limits, policy, [message.client_id], lowered=lowered)
         if lowered:
             ledger.set_meta("last_limit", limits.limit)
     return _reply(_held_by_client(ledger), message.client_id, views[message.client_id], [], contended,

@@ -23,7 +23,7 @@ from ..core.config import LeaseConfig, option_int
 from ..core.lease_ids import LEASE_KEY_WORDS, configured_secret, holder_key
 from ..core.rounds import Limits, Pending, Policy, limit_lowered, next_round_at
 from ..core.usage import measure
-from ..core.wire import MAX_LIST_LENGTH, PermitRequest, SyncMessage, parse_message, valid_count
+from ..core.wire import MAX_LIST_LENGTH, LeaseStatus, PermitRequest, SyncMessage, parse_message, valid_count
 from ..errors import ConfigurationError, InvalidMessageError, RoundFailedError
 from ..rpc import client as rpc_client
 from ..runtime import Storage, TableWatch, object_id
@@ -144,8 +144,10 @@ class DurabilitySemaphore:
         limit raises fails closed for that round (``limit_resolution_error``).
     :param can_grant: ``None`` (everything permitted), a ``bool``, or a callable
         ``(client_id, group) -> bool`` (sync or async) resolved once per ``(client, group)`` per
-        round; ``False`` blocks the entry with ``not_permitted`` (SPEC R22). A callable that
-        raises counts as ``False`` (fails closed) and is logged.
+        round, and at a sync reporting leases once per live-lease group of its client (SPEC
+        R33a: a refusal retires that client's leases there); ``False`` blocks the entry with
+        ``not_permitted`` (SPEC R22). A callable that raises counts as ``False`` (fails closed)
+        and is logged.
     :param round_wait_ms: a round runs this long after the first request waiting for it arrived
         (default 1000, SPEC R9).
     :param round_period_ms: ... but never sooner than this after the previous round began
@@ -324,9 +326,19 @@ class DurabilitySemaphore:
             reply["joinInMs"] = self._join_in_ms(int(reply["nextRequestAt"]))
             if self.claim_ttl_ms is not None:
                 reply["claimTtlMs"] = self.claim_ttl_ms  # the client heartbeats its claims (R18 decision)
-            if self.leases is not None and self.leases.recheck_ms > 0:
-                reply["leaseRecheckMs"] = self.leases.recheck_ms  # the client rechecks leases (R33a)
+            recheck_ms = self._recheck_ms(reply)
+            if recheck_ms > 0:
+                reply["leaseRecheckMs"] = recheck_ms  # the client rechecks leases (R33a)
         return reply
+
+    def _recheck_ms(self, reply: Mapping[str, Any]) -> int:
+        """SPEC R33a: the ``leaseRecheckMs`` to tell: the lease option's; with leases not
+        configured, the default while the reply lists a live lease of the client (one that
+        outlived the option: it keeps the bound until it ends), else 0 (not told)."""
+        if self.leases is not None:
+            return self.leases.recheck_ms
+        live = any(x.get("status") == LeaseStatus.LIVE.value for x in reply.get("leases") or ())
+        return LeaseConfig.recheck_ms if live else 0  # the option's default
 
     def _join_in_ms(self, next_request_at: int) -> int:
         """SPEC R11 decision: in how many ms from now a request joins the round that runs at
@@ -711,16 +723,21 @@ class DurabilitySemaphore:
         return reply
 
     async def _sync_limits(self, message: SyncMessage) -> Limits | None:
-        """SPEC R33a: for a sync that reports leases, the limit and the group limits of the
-        client's live-lease groups, resolved before its transaction (R12), so the sync retires
-        what the next round would (``None``: leases not configured, nothing reported, or no
-        lease live: nothing to retire, nothing resolved)."""
+        """SPEC R33a: for a sync that reports leases, the limit, the group limits of the client's
+        live-lease groups and, when ``can_grant`` is callable, its answer for each of the
+        client's live-lease ``(client, group)`` pairs, resolved before its transaction (R12), so
+        the sync retires what the next round would (``None``: nothing reported, or leases not
+        configured and no lease live: nothing to retire, nothing resolved)."""
         scope = sync_scope(self.store, message, leases_configured=self.leases is not None,
-                           group_limits=self.group_limit is not None)
+                           group_limits=self.group_limit is not None, every_pair=callable(self.can_grant))
         if scope is None:
             return None
         limit = await self._resolve_limit()
-        return Limits(limit, {g: await self._resolve_group_limit(g) for g in sorted(scope)})
+        groups = {g for _, g in scope} if self.group_limit is not None else set()
+        group_limits = {g: await self._resolve_group_limit(g) for g in sorted(groups)}
+        permitted = ({pair: await self._resolve_can_grant(*pair) for pair in sorted(scope)}
+                     if callable(self.can_grant) else {})
+        return Limits(limit, group_limits, permitted)
 
     def _reclaim_due(self) -> int | None:
         """The reclaim participant's ``next_due`` (SPEC R16): the earliest deadline of a grant with

@@ -99,17 +99,20 @@ def lease_scope(store: Store, clients: Sequence[Pending], *, leases_configured: 
     return LeaseScope(demand_pairs, lease_pairs, {g for _, g in demand_pairs} | lease_groups)
 
 
-def sync_scope(store: Store, message: SyncMessage, *, leases_configured: bool,
-               group_limits: bool) -> set[str] | None:
-    """What a sync must resolve before its transaction (SPEC R33a): ``None`` when nothing (no
-    leases configured, or the sync reports none), else the groups whose limit to resolve (the
-    client's live-lease groups, read only when ``group_limits`` are configured) besides the
-    limit itself."""
-    if not leases_configured or not message.leases:
+def sync_scope(store: Store, message: SyncMessage, *, leases_configured: bool, group_limits: bool,
+               every_pair: bool = False) -> set[tuple[str, str]] | None:
+    """What a sync must resolve before its transaction (SPEC R33a): ``None`` when nothing (the
+    sync reports no lease, or leases are not configured and none is live: one meta read), else
+    the ``(client, group)`` pairs of the client's live leases (read only when ``group_limits``
+    are configured, for their groups' limits, or ``every_pair``: a ``can_grant`` that may say no
+    is asked for each) besides the limit itself."""
+    if not message.leases:
         return None
-    if not group_limits:
+    if not leases_configured and store.meta().get("live_leases", 0) <= 0:
+        return None
+    if not (group_limits or every_pair):
         return set()
-    return {g for _, g in store.live_lease_pairs([message.client_id])}
+    return set(store.live_lease_pairs([message.client_id]))
 
 
 def run_round(store: Store, now: int, clients: Sequence[Pending], limits: Limits,

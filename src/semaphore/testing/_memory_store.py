@@ -230,13 +230,17 @@ def resolve_limits(store: Store, clients: Sequence[Pending], *, limit: Any,
 
 def resolve_sync_limits(store: Store, message: SyncMessage, *, limit: Any,
                         group_limit: Callable[[str], Any] = lambda group: None, group_limits: bool = True,
-                        leases_configured: bool = False) -> tuple[Limits | None, bool]:
+                        leases_configured: bool = False,
+                        can_grant: Callable[[str, str], Any] | None = None) -> tuple[Limits | None, bool]:
     """A sync's ``(limits, lowered)`` for :func:`run_sync` as the holder shell resolves them
     (``DurabilitySemaphore._sync_limits``, SPEC R33a), from plain synchronous sources:
     ``None`` when the sync resolves nothing; ``lowered`` compares ``limit`` with meta
-    ``last_limit``."""
-    scope = sync_scope(store, message, leases_configured=leases_configured, group_limits=group_limits)
+    ``last_limit``; ``can_grant`` is asked for each of the client's live-lease pairs."""
+    scope = sync_scope(store, message, leases_configured=leases_configured, group_limits=group_limits,
+                       every_pair=can_grant is not None)
     if scope is None:
         return None, False
     last = store.meta().get("last_limit")
-    return Limits(limit, {g: group_limit(g) for g in sorted(scope)}), limit_lowered(last, limit)
+    groups = {g for _, g in scope} if group_limits else set()
+    permitted = {pair: bool(can_grant(*pair)) for pair in sorted(scope)} if can_grant is not None else {}
+    return Limits(limit, {g: group_limit(g) for g in sorted(groups)}, permitted), limit_lowered(last, limit)
