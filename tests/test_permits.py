@@ -248,7 +248,7 @@ async def test_a_permit_withdrawn_while_its_claim_is_in_flight_is_released_once_
     # exactly once, and the withdrawn item is not taken for an orphan ("no caller" warning).
     import logging
 
-    s = Setup(limit=1)
+    s = Setup(limit=1, free_at_once=False)  # staged on batched rounds (R9), not R9a's rounds at once
     original = s.net.intercept
 
     async def run() -> None:
