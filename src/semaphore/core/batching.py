@@ -30,17 +30,18 @@ class Timing:
 
 
 def round_start(timing: Timing, now: int, *, first_since: int, last_batched_at: int | None,
-                contended: bool, running: bool) -> int | None:
+                contended: bool, running: bool, urgent: bool = False) -> int | None:
     """When the round for the waiting requests starts, once no round timer waits for them.
 
     SPEC R9a: free means now. Without contention (:meth:`Timing.immediate`) the round runs at
     ``now``, or, while another round runs, as soon as that one ends (``None``: its end starts
     it; immediate rounds never overlap, so each decides on what the previous committed).
+    SPEC R9b: a waiting try (``urgent``) starts its round the same way, whatever the contention.
     SPEC R9: otherwise it is batched, ``round_wait_ms`` after the first waiting request
     arrived (``first_since``) but never sooner than ``round_period_ms`` after the previous
     batched round began (``last_batched_at``: rounds run at once do not space them), and never
     before ``now``."""
-    if timing.immediate(contended):
+    if urgent or timing.immediate(contended):
         return None if running else now
     at = first_since + timing.round_wait_ms
     if last_batched_at is not None:
@@ -48,12 +49,13 @@ def round_start(timing: Timing, now: int, *, first_since: int, last_batched_at: 
     return max(at, now)
 
 
-def round_may_commit(timing: Timing, *, immediate: bool, unserved: bool) -> bool:
+def round_may_commit(timing: Timing, *, immediate: bool, unserved: bool, urgent: bool = False) -> bool:
     """SPEC R9a: a round run at once commits only if it leaves no need unserved (every demand of
     its batch fits). One that would leave some need unserved writes nothing: its requests wait
     for a batched round (R9), where oldest demand first decides among everything that arrived
-    meanwhile. A batched round always commits."""
-    return not (immediate and unserved)
+    meanwhile. A batched round always commits, and so does a round with a try in it (``urgent``,
+    R9b: it is answered by this round, served or not)."""
+    return urgent or not (immediate and unserved)
 
 
 def next_request_at(timing: Timing, now: int, *, last_round_at: int | None, contended: bool,

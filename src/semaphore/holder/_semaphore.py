@@ -528,20 +528,33 @@ class DurabilitySemaphore:
         pending.since = pending.since or int(self.clock())
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         pending.futures.append(future)
+        if request.no_wait:
+            self._hasten()
         self._start_pending()
         return await future
 
+    def _hasten(self) -> None:
+        """R9b: a try does not wait for a batched round timer: the timer is dropped (its
+        requests stay waiting, nobody is failed) and :meth:`_start_pending` starts the round at
+        once."""
+        task = self._round_task
+        if task is not None and not task.done():
+            self._round_task, self._round_at = None, None  # _round_ended: no longer the timer
+            task.cancel()
+
     def _start_pending(self) -> None:
         """Start the round timer for the waiting requests if none waits, at the time
-        :func:`~semaphore.core.batching.round_start` gives (R9, R9a); none while a round runs
-        and rounds run at once (that round's end calls this again)."""
+        :func:`~semaphore.core.batching.round_start` gives (R9, R9a, R9b); none while a round
+        runs and rounds run at once (that round's end calls this again)."""
         if self._round_task is not None or not self._pending:
             return
         contended = self._contention
+        urgent = any(p.latest.no_wait for p in self._pending.values())
         at = round_start(self.timing, int(self.clock()), first_since=min(p.since for p in self._pending.values()),
-                         last_batched_at=self._last_batched_at, contended=contended, running=self._running > 0)
+                         last_batched_at=self._last_batched_at, contended=contended, running=self._running > 0,
+                         urgent=urgent)
         if at is not None:
-            self._start_timer(at, immediate=self.timing.immediate(contended))
+            self._start_timer(at, immediate=urgent or self.timing.immediate(contended))
 
     def _start_timer(self, at: int, *, immediate: bool) -> None:
         self._round_at = at
@@ -590,6 +603,8 @@ class DurabilitySemaphore:
                 self._running -= 1
             self._start_pending()  # requests that came while it ran (R9a), or a declined batch
         except BaseException as exc:  # never leave a caller hanging
+            if isinstance(exc, asyncio.CancelledError) and not batch and self._round_task is not asyncio.current_task():
+                raise  # a timer a try replaced (R9b): its requests wait for the round it starts
             log.exception("round failed")
             if not batch and self._round_task is asyncio.current_task():
                 # failed while waiting: the waiting calls were this round's
@@ -622,7 +637,8 @@ class DurabilitySemaphore:
         served: frozenset[str] | None = None  # a failed round holds nobody: it answers everyone
         try:  # load -> decide -> persist, in one transaction (R2)
             outcome = self.storage.transaction(
-                lambda: run_round(self.store, now, clients, limits, self.policy, immediate=immediate))
+                lambda: run_round(self.store, now, clients, limits, self.policy, immediate=immediate,
+                                  urgent=any(p.latest.no_wait for p in clients)))
             if outcome is None:
                 self._decline(batch, last_round_at)
                 return
@@ -687,7 +703,7 @@ class DurabilitySemaphore:
         """Hold ``p`` open instead of answering it (``hold_blocked_ms``): the round served it
         nothing, it is blocked, and its deadline has not come. Its reports are applied: the next
         round re-reads only its latest request."""
-        if (self.hold_blocked_ms <= 0 or p.client_id in served or not reply.get("blocked")
+        if (self.hold_blocked_ms <= 0 or p.latest.no_wait or p.client_id in served or not reply.get("blocked")
                 or now >= p.hold_until(self.hold_blocked_ms) or all(f.done() for f in p.futures)
                 or _news(reply, p.latest)):
             return False

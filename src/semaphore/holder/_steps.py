@@ -117,15 +117,16 @@ def sync_scope(store: Store, message: SyncMessage, *, leases_configured: bool, g
 
 
 def run_round(store: Store, now: int, clients: Sequence[Pending], limits: Limits,
-              policy: Policy, *, immediate: bool = False) -> RoundOutcome | None:
+              policy: Policy, *, immediate: bool = False, urgent: bool = False) -> RoundOutcome | None:
     """One round's transaction body (SPEC R2): load what
     :func:`~semaphore.core.rounds.round_reads` names, decide, persist the changes. A round run
     at once (``immediate``, R9a) that would leave need unserved persists nothing and returns
-    ``None`` (:func:`~semaphore.core.batching.round_may_commit`)."""
+    ``None`` (:func:`~semaphore.core.batching.round_may_commit`), unless a try is in it
+    (``urgent``, R9b)."""
     meta = store.meta()
     ledger = Ledger(store.load(round_reads(meta, now, clients, limits, policy), meta))
     outcome = decide_round(ledger, now, clients, limits, policy)
-    if not round_may_commit(policy.timing, immediate=immediate, unserved=outcome.unserved):
+    if not round_may_commit(policy.timing, immediate=immediate, unserved=outcome.unserved, urgent=urgent):
         return None
     store.persist(ledger.changes())
     _seen(store, ledger, [p.client_id for p in clients], now, policy.claim_ttl_ms)
