@@ -4,7 +4,7 @@
 A client object of the test kit (:class:`~semaphore.testing.ClientSide`: SemaphoreClient,
 DurabilityScheduler and SemaphoreQueue over its own real SQLite) talks to a holder object
 (:class:`~semaphore.testing.HolderSide`, limit 1,000, no leases) over the in-memory network, on
-one virtual clock. Its tables are created first (``queue.ensure_schema()``); then every
+one virtual clock. Its tables are created first (the queue's, the client's and the scheduler's); then every
 ``storage.sql.exec`` of the CLIENT object (the queue's, the client's and its scheduler's
 statements, alarms included) is counted while
 
@@ -45,7 +45,7 @@ LIMIT_MS = 600_000
 def _kind(query: str) -> str:
     """``SELECT durability_semaphore_client_items`` etc.: the statement's verb and first table."""
     verb = query.split(None, 1)[0].upper() if query.strip() else "?"
-    table = re.search(r"(durability_semaphore_\w+|sqlite_master)", query)
+    table = re.search(r"(durability_\w+|sqlite_master)", query)
     return f"{verb} {table.group(1) if table else '-'}"
 
 
@@ -67,6 +67,7 @@ async def life(items: int) -> tuple[int, Counter[str]]:
     admitted: list[str] = []
     side = ClientSide("c1", clock, net, on_admit=lambda _side, item: admitted.append(item.item_id))
     side.queue.ensure_schema()
+    side.scheduler.ensure_schema()
     counts: Counter[str] = Counter()
     sql = side.storage.sql
     inner = sql.exec
