@@ -951,11 +951,11 @@ class SemaphoreQueue:
         else:
             if item.state is ItemState.RUNNING:
                 self._release_permit(item)
-            self._finish(item.item_id, now)
+            self._finish(item.key, item.item_id, now)
         self._set_wake(item.key, now, earlier_only=True)
         return True
 
-    def _finish(self, item_id: str, now: int) -> None:
+    def _finish(self, key: str, item_id: str, now: int) -> None:
         """Mark ``item`` done (inside the caller's transaction; the caller wakes the key). With
         ``on_done`` its hook is only recorded as pending, due at once: it runs later in a
         transaction of its own (:meth:`_run_done_hook`), never in this shared step, so a failing
@@ -963,6 +963,7 @@ class SemaphoreQueue:
         self.storage.exec(  # a permit() item's caller knows when it is done: no hook for it
             f"UPDATE {ITEMS} SET state = 'done', finished_at = ?, done_pending = (owner = '' AND ?), done_attempts = 0,"
             " done_retry_at = ? WHERE item_id = ?", now, 0 if self.on_done is None else 1, now, item_id)
+        self.marks.finished(key, now)
 
     def _run_done_hooks(self, key: str) -> None:
         """Call the pending ``on_done`` hooks of ``key`` that are due (each on its own)."""
@@ -1066,7 +1067,7 @@ class SemaphoreQueue:
             else:
                 if r.action is Resolve.RELEASE:
                     unit.release(r.grant_id, 1)
-                self._finish(r.item_id, now)
+                self._finish(unit.key, r.item_id, now)
         if wake_now:
             self._set_wake(unit.key, now, earlier_only=True)  # a hook is due, even if this instance dies
 
@@ -1129,12 +1130,15 @@ class SemaphoreQueue:
             unit.stop_lease(lease_id)
         for give_back in step.give_backs:  # no item runs under them: claimed to be released at once
             unit.release(give_back.grant_id, len(unit.claim(give_back.grant_id, give_back.count)))
-        if step.purge_done_before is not None:  # an item whose hook has not run yet is kept
-            kept = "" if self.on_done is None else " AND done_pending = 0"
+        if step.purge_done_before is not None and self.marks.purge_due(ITEMS, step.purge_done_before):
+            kept = "" if self.on_done is None else " AND done_pending = 0"  # its hook has not run yet
             self.storage.exec(f"DELETE FROM {ITEMS} WHERE state = 'done' AND finished_at < ?{kept}",
                               step.purge_done_before)
+            self.marks.purged()
         # A finished permit() item is never enqueued again (its id is random): nothing to keep.
-        self.storage.exec(f"DELETE FROM {ITEMS} WHERE key = ? AND state = 'done' AND owner != ''", key)
+        if self.marks.permits_done(key):
+            self.storage.exec(f"DELETE FROM {ITEMS} WHERE key = ? AND state = 'done' AND owner != ''", key)
+            self.marks.permits_deleted(key)
 
     def _report_due(self, key: str, snap: KeySnapshot) -> plan.ReportDue:
         """:func:`~semaphore.core.queue_plan.report_due`, keeping the key's "releases waiting

@@ -10,6 +10,10 @@ cleared that is clear) is not sent. A rolled back transaction forgets the copy
 
 The wake-up participant's ``next_due`` and the keys due at a wake-up are still read from SQL
 (they must see a table removed by ``migrate(ctx, None)`` while an instance lives).
+
+It also knows when a purge of finished items would delete nothing (the earliest finished item
+is younger than the cutoff; no permit item of the key finished since the last delete), so the
+admission step sends no such statement.
 """
 
 from __future__ import annotations
@@ -38,6 +42,10 @@ class QueueMarks:
         self._wake: dict[str, int | None] = {}
         self._pending: dict[str, int | None] = {}
         self._blocked: dict[str, bool] = {}
+        #: The earliest ``finished_at`` of a done item (any key; ``None``: none), and the keys
+        #: that may have finished permit items not yet deleted.
+        self._done_min: Any = _UNREAD
+        self._permits_done: dict[str, bool] = {}
         storage.on_rollback(self.forget)
 
     def forget(self) -> None:
@@ -45,6 +53,8 @@ class QueueMarks:
         self._wake.clear()
         self._pending.clear()
         self._blocked.clear()
+        self._done_min = _UNREAD
+        self._permits_done.clear()
 
     # ------------------------------------------------------------------ wake times
     def wake(self, key: str) -> int | None:
@@ -105,3 +115,30 @@ class QueueMarks:
     def set_blocked(self, key: str, kept: bool) -> None:
         """Whether entries are kept for ``key`` now (the caller wrote or deleted them)."""
         self._blocked[key] = kept
+
+    # ------------------------------------------------------------------ finished items
+    def purge_due(self, items_table: str, cutoff: int) -> bool:
+        """Some done item finished before ``cutoff`` (a purge would delete something): one read
+        of the done items' index, then known until the next purge."""
+        if self._done_min is _UNREAD:
+            row = self.storage.one(f"SELECT MIN(finished_at) AS at FROM {items_table} WHERE state = 'done'")
+            self._done_min = None if row is None or row["at"] is None else int(row["at"])
+        return self._done_min is not None and bool(self._done_min < cutoff)
+
+    def purged(self) -> None:
+        """A purge ran: the earliest finished item is read again when next needed."""
+        self._done_min = _UNREAD
+
+    def finished(self, key: str, now: int) -> None:
+        """An item of ``key`` turned done at ``now``."""
+        if self._done_min is not _UNREAD:
+            self._done_min = now if self._done_min is None else min(self._done_min, now)
+        self._permits_done[key] = True
+
+    def permits_done(self, key: str) -> bool:
+        """Finished permit items of ``key`` may wait to be deleted (unknown: yes)."""
+        return self._permits_done.get(key, True)
+
+    def permits_deleted(self, key: str) -> None:
+        """The key's finished permit items were deleted."""
+        self._permits_done[key] = False
