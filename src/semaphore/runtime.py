@@ -139,6 +139,7 @@ class Storage:
         self._sql = sql
         #: Number of SQL statements executed through this adapter (for benchmarks).
         self.statements = 0
+        self._rollback_hooks: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------------ SQL
     def exec(self, query: str, *bindings: Any) -> list[dict[str, Any]]:
@@ -193,8 +194,18 @@ class Storage:
         def body() -> None:
             box.append(fn())
 
-        self._storage.transactionSync(_once_callable(body))
+        try:
+            self._storage.transactionSync(_once_callable(body))
+        except BaseException:
+            for hook in self._rollback_hooks:
+                hook()
+            raise
         return box[0]
+
+    def on_rollback(self, hook: Callable[[], None]) -> None:
+        """Call ``hook()`` whenever a :meth:`transaction` of this adapter raises (its writes
+        were rolled back): an in-memory copy of rows (the client's) forgets what it holds."""
+        self._rollback_hooks.append(hook)
 
     # ------------------------------------------------------------------ alarm
     async def get_alarm(self) -> int | None:
