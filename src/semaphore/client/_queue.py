@@ -86,7 +86,7 @@ import inspect
 import json
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -98,13 +98,13 @@ from ..errors import ConfigurationError, PermitTimeoutError, SemaphoreError
 from ..runtime import Storage, TableWatch, install_schema, migrate_tables
 from ..scheduler import DurabilityScheduler
 from ._client import AppliedReply, KeyUnit, SemaphoreClient
+from ._item_store import ITEMS, Add, DonePending, QueueItems
 from ._queue_store import BLOCKED, PENDING, WAKEUPS, QueueMarks
 
 __all__ = ["ItemState", "PermitKind", "Permit", "QueueItem", "SemaphoreQueue", "QUEUE_TABLES"]
 
 log = logging.getLogger("semaphore.queue")
 
-ITEMS = "durability_semaphore_client_items"
 #: Tables owned by :class:`SemaphoreQueue`.
 QUEUE_TABLES = (ITEMS, WAKEUPS, PENDING, BLOCKED)
 
@@ -433,15 +433,22 @@ class SemaphoreQueue:
         self._init_memory()
         self._ready = False
         self._wakeups = TableWatch(self.storage, WAKEUPS)  # for the wake-up's next_due
-        self.marks = QueueMarks(self.storage)
-        if self.storage is not client.storage:  # a rollback of either forgets both copies
-            self.storage.on_rollback(client.rows.forget)
-            client.storage.on_rollback(self.marks.forget)
+        self._copies(client, on_done is not None)
         if self.TIMER in scheduler.participants:
             raise ConfigurationError(
                 "scheduler: it already has a SemaphoreQueue; make one queue per object (one queue serves"
                 " permit() and its callbacks, for every key) and keep it for the object's life", field="scheduler")
         scheduler.participate(self.TIMER, self._wake_due, self._on_wake)
+
+    def _copies(self, client: SemaphoreClient, done_hooks: bool) -> None:
+        """The in-memory copies of the queue's rows (its marks, its items); a rollback of the
+        queue's or the client's storage forgets every copy (theirs and the client's rows)."""
+        self.marks = QueueMarks(self.storage)
+        self._items = QueueItems(self.storage, done_hooks=done_hooks)
+        if self.storage is not client.storage:
+            self.storage.on_rollback(client.rows.forget)
+            client.storage.on_rollback(self.marks.forget)
+            client.storage.on_rollback(self._items.forget)
 
     def _init_memory(self) -> None:
         """The instance's in-memory state (lost with the object; nothing here must survive)."""
@@ -536,20 +543,16 @@ class SemaphoreQueue:
 
     def _insert(self, key: str, group: str, item_id: str, payload: str, now: int, *, owner: str) -> QueueItem:
         """Queue a new item (or return the existing one of ``item_id``) and wake its key."""
-        existing = self._item(item_id)
+        existing, seq = self._items.find_with_seq(item_id)
         if existing is not None:
-            return existing
-        row = self.storage.one(f"SELECT COALESCE(MAX(seq), 0) + 1 AS seq FROM {ITEMS}")
-        seq = int(row["seq"]) if row else 1
-        self.storage.exec(
-            f"INSERT INTO {ITEMS}(item_id, key, group_name, payload, enqueued_at, seq, state, permit_kind,"
-            " permit_id, slot, started_at, admitted, attempts, retry_at, checked_at, finished_at, cancel, owner)"
-            " VALUES (?, ?, ?, ?, ?, ?, 'queued', '', '', 0, 0, 0, 0, 0, ?, 0, 0, ?)",
-            item_id, key, group, payload, now, seq, now, owner)
+            return self._item_of(existing)
+        row = {"item_id": item_id, "key": key, "group_name": group, "payload": payload, "enqueued_at": now,
+               "seq": seq, "state": ItemState.QUEUED.value, "permit_kind": "", "permit_id": "", "slot": 0,
+               "started_at": 0, "admitted": 0, "attempts": 0, "retry_at": 0, "checked_at": now, "finished_at": 0,
+               "cancel": 0, "done_pending": 0, "done_attempts": 0, "done_retry_at": 0, "owner": owner, "error": ""}
+        self._items.insert(row)
         self._set_wake(key, now, earlier_only=True)
-        item = self._item(item_id)
-        assert item is not None
-        return item
+        return QueueItem._from_row(row)
 
     @contextlib.asynccontextmanager
     async def permit(self, key: str, group: str = "default", *, timeout_ms: int | None = None,
@@ -695,27 +698,26 @@ class SemaphoreQueue:
     async def _complete_item(self, item_id: str) -> bool:
         self.ensure_schema()
         now = self._now()
-        done = self.storage.transaction(lambda: self._complete(item_id, now))
+        key = self.storage.transaction(lambda: self._complete_key(item_id, now))
+        done = key is not None
         try:
             if done and self.on_done is not None:
                 self._run_done_hook(item_id, raise_misuse=True)
         finally:
             if done:
                 await self.scheduler.arm()
-        if done and (self._requesting or self._paused):
-            item = self._item(item_id)
-            if item is not None:
-                # A release ends the key's request pause: the next request is no longer one of
-                # the identical ones the pause stops, and a waiter may take the freed permit.
-                self._paused.pop(item.key, None)
-                if item.key in self._requesting:
-                    self._start_side_sync(item.key)
-                # The key is pumped in the background: a freed lease slot is drawn beside its own
-                # request (R34a), another key's admission does not wait for the wake-up run a
-                # request in flight may hold; never inline, where a synchronous callback's own
-                # complete() would re-enter.
-                if self._requesting:
-                    self._kick(item.key)
+        if key is not None and (self._requesting or self._paused):
+            # A release ends the key's request pause: the next request is no longer one of
+            # the identical ones the pause stops, and a waiter may take the freed permit.
+            self._paused.pop(key, None)
+            if key in self._requesting:
+                self._start_side_sync(key)
+            # The key is pumped in the background: a freed lease slot is drawn beside its own
+            # request (R34a), another key's admission does not wait for the wake-up run a
+            # request in flight may hold; never inline, where a synchronous callback's own
+            # complete() would re-enter.
+            if self._requesting:
+                self._kick(key)
         return done
 
     def _start_side_sync(self, key: str) -> None:
@@ -829,17 +831,15 @@ class SemaphoreQueue:
 
     def _queued(self, key: str) -> tuple[QueuedItem, ...]:
         return tuple(QueuedItem(str(r["item_id"]), str(r["group_name"]), int(r["seq"]), not r["owner"],
-                                int(r["enqueued_at"]))
-                     for r in self._rows_in(key, "queued", "item_id, group_name, seq, owner, enqueued_at"))
+                                int(r["enqueued_at"])) for r in self._live(key, ItemState.QUEUED))
 
     def _admit_room(self, key: str) -> int | None:
         """How many more callback items of ``key`` may be admitted (``admit_concurrency``)."""
         if self.admit_concurrency is None:
             return None
-        row = self.storage.one(
-            f"SELECT COUNT(*) AS n FROM {ITEMS} WHERE key = ? AND owner = ''"
-            " AND (state = 'claiming' OR (state = 'running' AND admitted = 0))", key)
-        return max(0, self.admit_concurrency - (int(row["n"]) if row else 0))
+        busy = len(self._live(key, ItemState.CLAIMING, owner="")) \
+            + len(self._live(key, ItemState.RUNNING, owner="", admitted=0))
+        return max(0, self.admit_concurrency - busy)
 
     def wake_at(self, key: str) -> int | None:
         """When the queue next wants to work on ``key``, if at all."""
@@ -880,8 +880,7 @@ class SemaphoreQueue:
         """Schedule the key's next wake-up, and forget the holder's ``blocked`` word on it once
         nothing of the key is queued (nothing waits: the reason is stale)."""
         self._set_wake(key, self._next_wake(key, now))
-        if self.marks.has_blocked(key) and self.storage.one(
-                f"SELECT 1 AS x FROM {ITEMS} WHERE key = ? AND state = 'queued' LIMIT 1", key) is None:
+        if self.marks.has_blocked(key) and not self._live(key, ItemState.QUEUED):
             self.storage.exec(f"DELETE FROM {BLOCKED} WHERE key = ?", key)
             self.marks.set_blocked(key, False)
 
@@ -927,51 +926,58 @@ class SemaphoreQueue:
         self.marks.set_wake(key, at, earlier_only=earlier_only)
 
     # ================================================================== items
-    def _item(self, item_id: str) -> QueueItem | None:
-        r = self.storage.one(f"SELECT * FROM {ITEMS} WHERE item_id = ?", item_id)
-        return None if r is None else QueueItem._from_row(r)
+    def _item_of(self, row: dict[str, Any]) -> QueueItem:
+        """The item of a row of :attr:`_items` (its payload read if the copy does not keep it)."""
+        return QueueItem._from_row(self._items.payloads([row])[0])
 
-    def _release_permit(self, item: QueueItem) -> None:
-        p = item.permit
-        if p is None:
+    def _release_permit(self, key: str, row: Mapping[str, Any]) -> None:
+        if not row["permit_kind"]:
             return
-        unit = self.client.unit(item.key)
-        if p.kind is PermitKind.GRANT:
-            unit.release(p.id, 1)
+        unit = self.client.unit(key)
+        if row["permit_kind"] == PermitKind.GRANT.value:
+            unit.release(str(row["permit_id"]), 1)
         else:
-            unit.release_lease(p.id, 1)
+            unit.release_lease(str(row["permit_id"]), 1)
 
     def _complete(self, item_id: str, now: int) -> bool:
-        item = self._item(item_id)
-        if item is None or item.state is ItemState.DONE:
-            return False
-        if item.state is ItemState.CLAIMING:
-            # The claim may be confirmed: resolve it first, then release at once.
-            self.storage.exec(f"UPDATE {ITEMS} SET cancel = 1 WHERE item_id = ?", item_id)
-        else:
-            if item.state is ItemState.RUNNING:
-                self._release_permit(item)
-            self._finish(item.key, item.item_id, now)
-        self._set_wake(item.key, now, earlier_only=True)
-        return True
+        return self._complete_key(item_id, now) is not None
 
-    def _finish(self, key: str, item_id: str, now: int) -> None:
-        """Mark ``item`` done (inside the caller's transaction; the caller wakes the key). With
-        ``on_done`` its hook is only recorded as pending, due at once: it runs later in a
+    def _complete_key(self, item_id: str, now: int) -> str | None:
+        """Complete ``item_id`` (see :meth:`complete`); its key, or ``None`` when it is unknown
+        or finished already."""
+        row = self._items.find(item_id)
+        if row is None or row["state"] == ItemState.DONE.value:
+            return None
+        key = str(row["key"])
+        if row["state"] == ItemState.CLAIMING.value:
+            # The claim may be confirmed: resolve it first, then release at once.
+            self._items.update(key, [item_id], {"cancel": 1})
+        else:
+            if row["state"] == ItemState.RUNNING.value:
+                self._release_permit(key, row)
+            self._finish(key, [item_id], now)
+        self._set_wake(key, now, earlier_only=True)
+        return key
+
+    def _finish(self, key: str, item_ids: list[str], now: int) -> None:
+        """Mark the items done (inside the caller's transaction; the caller wakes the key). With
+        ``on_done`` their hooks are only recorded as pending, due at once: each runs later in a
         transaction of its own (:meth:`_run_done_hook`), never in this shared step, so a failing
         hook cannot roll back the key's admissions or replies."""
-        self.storage.exec(  # a permit() item's caller knows when it is done: no hook for it
-            f"UPDATE {ITEMS} SET state = 'done', finished_at = ?, done_pending = (owner = '' AND ?), done_attempts = 0,"
-            " done_retry_at = ? WHERE item_id = ?", now, 0 if self.on_done is None else 1, now, item_id)
+        if not item_ids:
+            return
+        self._items.update(key, item_ids, {  # a permit() item's caller knows when it is done: no hook for it
+            "state": ItemState.DONE.value, "finished_at": now, "done_pending": DonePending(self.on_done is not None),
+            "done_attempts": 0, "done_retry_at": now})
         self.marks.finished(key, now)
 
     def _run_done_hooks(self, key: str) -> None:
         """Call the pending ``on_done`` hooks of ``key`` that are due (each on its own)."""
         if self.on_done is None:
             return
-        rows = self.storage.exec(
-            f"SELECT item_id FROM {ITEMS} WHERE key = ? AND done_pending = 1 AND done_retry_at <= ?"
-            " ORDER BY done_retry_at, seq", key, self._now())
+        now = self._now()
+        rows = [r for r in self._items.rows(key) if r["done_pending"] and int(r["done_retry_at"]) <= now]
+        rows.sort(key=lambda r: (int(r["done_retry_at"]), int(r["seq"])))
         for r in rows:
             self._run_done_hook(str(r["item_id"]), raise_misuse=False)
 
@@ -984,16 +990,16 @@ class SemaphoreQueue:
         assert hook is not None
 
         def body() -> None:
-            r = self.storage.one(f"SELECT * FROM {ITEMS} WHERE item_id = ? AND done_pending = 1", item_id)
-            if r is None:
+            r = self._items.find(item_id)
+            if r is None or not r["done_pending"]:
                 return  # not pending (any more)
-            result = hook(QueueItem._from_row(r))
+            result = hook(self._item_of(r))
             if inspect.isawaitable(result):
                 if inspect.iscoroutine(result):
                     result.close()  # never awaited: say so here instead of a RuntimeWarning
                 raise ConfigurationError("on_done: returned an awaitable; it must be synchronous"
                                          " (it runs inside a storage transaction)", field="on_done")
-            self.storage.exec(f"UPDATE {ITEMS} SET done_pending = 0 WHERE item_id = ?", item_id)
+            self._items.update(str(r["key"]), [item_id], {"done_pending": 0})
 
         try:
             self.storage.transaction(body)
@@ -1006,13 +1012,12 @@ class SemaphoreQueue:
         now = self._now()
 
         def body() -> tuple[int, int]:
-            r = self.storage.one(f"SELECT key, done_attempts FROM {ITEMS} WHERE item_id = ?", item_id)
+            r = self._items.find(item_id)
             if r is None:  # gone meanwhile (migrated away): nothing to retry
                 return 0, 0
             attempts = int(r["done_attempts"]) + 1
             delay = DurabilityScheduler.backoff_ms(attempts)
-            self.storage.exec(f"UPDATE {ITEMS} SET done_attempts = ?, done_retry_at = ? WHERE item_id = ?",
-                              attempts, now + delay, item_id)
+            self._items.update(str(r["key"]), [item_id], {"done_attempts": attempts, "done_retry_at": now + delay})
             self._set_wake(str(r["key"]), now + delay, earlier_only=True)
             return attempts, delay
 
@@ -1020,15 +1025,28 @@ class SemaphoreQueue:
         log.warning("on_done failed for item %r (attempt %d): %r; the item is done, its hook is"
                     " retried in %d ms", item_id, attempts, exc, delay, exc_info=exc)
 
-    def _start(self, item_id: str, now: int) -> None:
-        self.storage.exec(
-            f"UPDATE {ITEMS} SET state = 'running', started_at = ?, admitted = 0, retry_at = ?, checked_at = ?"
-            " WHERE item_id = ?", now, now, now, item_id)
+    def _start(self, key: str, item_ids: list[str], now: int, **permit: Any) -> None:
+        """The items run from ``now`` (under ``permit``: columns set with them, ``slot`` a list
+        of one slot per item)."""
+        slots = permit.pop("slot", None)
+        self._items.update(key, item_ids, {**permit, "state": ItemState.RUNNING.value, "started_at": now,
+                                           "admitted": 0, "retry_at": now, "checked_at": now},
+                           None if slots is None else {"slot": slots})
 
-    def _requeue(self, item_id: str) -> None:
-        self.storage.exec(
-            f"UPDATE {ITEMS} SET state = 'queued', permit_kind = '', permit_id = '', slot = 0 WHERE item_id = ?",
-            item_id)
+    def _requeue(self, key: str, item_ids: list[str], **also: Any) -> None:
+        self._items.update(key, item_ids, {"state": ItemState.QUEUED.value, "permit_kind": "", "permit_id": "",
+                                           "slot": 0, **also})
+
+    def _live(self, key: str, state: ItemState | None = None, **where: Any) -> list[dict[str, Any]]:
+        """The key's kept items (in ``state``) whose columns equal ``where`` (``owner=True``:
+        any owner but none), in enqueue order."""
+        rows = self._items.rows(key, None if state is None else state.value)
+        for column, value in where.items():
+            if value is True:
+                rows = [r for r in rows if r[column]]
+            else:
+                rows = [r for r in rows if r[column] == value]
+        return rows
 
     # ================================================================== the pump
     # Executor of :mod:`semaphore.core.queue_plan`: load a snapshot of the key, let the planner
@@ -1046,36 +1064,30 @@ class SemaphoreQueue:
         queued = self._queued(key)
         claiming = tuple(ClaimingItem(str(r["item_id"]), str(r["group_name"]), int(r["seq"]), str(r["permit_id"]),
                                       int(r["slot"]), bool(r["cancel"]), not r["owner"], int(r["enqueued_at"]))
-                         for r in self._rows_in(key, "claiming", "item_id, group_name, seq, permit_id, slot,"
-                                                " cancel, owner, enqueued_at"))
+                         for r in self._live(key, ItemState.CLAIMING))
         pending = self.marks.pending(key)
         return KeySnapshot(
             now, queued, claiming, tuple(unit.grants()), {c.grant_id: unit.grant(c.grant_id) for c in claiming},
             tuple(unit.leases()), unit.state(), pending,
             self._admit_room(key))
 
-    def _rows_in(self, key: str, state: str, columns: str) -> list[dict[str, Any]]:
-        return self.storage.exec(f"SELECT {columns} FROM {ITEMS} WHERE key = ? AND state = ? ORDER BY seq", key, state)
-
     def _resolve(self, unit: KeyUnit, resolutions: tuple[plan.Resolution, ...], wake_now: bool, now: int) -> None:
-        """Carry out claim resolutions (SPEC R15a)."""
+        """Carry out claim resolutions (SPEC R15a): one write per kind of resolution."""
         for r in resolutions:
-            if r.action is Resolve.START:
-                self._start(r.item_id, now)
-            elif r.action is Resolve.REQUEUE:
-                self._requeue(r.item_id)
-            else:
-                if r.action is Resolve.RELEASE:
-                    unit.release(r.grant_id, 1)
-                self._finish(unit.key, r.item_id, now)
+            if r.action is Resolve.RELEASE:
+                unit.release(r.grant_id, 1)
+        self._start(unit.key, [r.item_id for r in resolutions if r.action is Resolve.START], now)
+        self._requeue(unit.key, [r.item_id for r in resolutions if r.action is Resolve.REQUEUE])
+        self._finish(unit.key, [r.item_id for r in resolutions if r.action not in (Resolve.START, Resolve.REQUEUE)],
+                     now)
         if wake_now:
             self._set_wake(unit.key, now, earlier_only=True)  # a hook is due, even if this instance dies
 
     def _on_reply(self, applied: AppliedReply) -> None:
         # The holder has answered: admitted items still to be (re)started have their permit
         # checked by this reply (a retry waits for one, see _run_callbacks).
-        self.storage.exec(f"UPDATE {ITEMS} SET checked_at = ? WHERE key = ? AND state = 'running' AND admitted = 0"
-                          " AND owner = ''", applied.now, applied.key)
+        self._items.update(applied.key, [str(r["item_id"]) for r in self._live(
+            applied.key, ItemState.RUNNING, admitted=0, owner="")], {"checked_at": applied.now})
         self._apply_reply(applied)
 
     def _apply_reply(self, applied: AppliedReply) -> None:
@@ -1113,31 +1125,30 @@ class SemaphoreQueue:
         unit = self.client.unit(key)
         self._resolve(unit, step.resolutions, step.wake_now, now)
         for claim in step.claims:
-            for slot, item_id in zip(unit.claim(claim.grant_id, len(claim.item_ids)), claim.item_ids):
-                self.storage.exec(
-                    f"UPDATE {ITEMS} SET state = 'claiming', permit_kind = 'grant', permit_id = ?, slot = ?"
-                    " WHERE item_id = ?", claim.grant_id, slot, item_id)
+            slots = unit.claim(claim.grant_id, len(claim.item_ids))
+            self._items.update(key, claim.item_ids[:len(slots)], {
+                "state": ItemState.CLAIMING.value, "permit_kind": PermitKind.GRANT.value, "permit_id": claim.grant_id},
+                {"slot": slots})
         for draw in step.draws:
-            for item_id in draw.item_ids:
-                drawn = unit.draw(draw.lease_id, margin_ms=self.lease_margin_ms, now=now)
-                if drawn is None:
+            drawn: list[int] = []
+            for _ in draw.item_ids:
+                slot = unit.draw(draw.lease_id, margin_ms=self.lease_margin_ms, now=now)
+                if slot is None:
                     break
-                self.storage.exec(
-                    f"UPDATE {ITEMS} SET permit_kind = 'lease', permit_id = ?, slot = ? WHERE item_id = ?",
-                    draw.lease_id, drawn, item_id)
-                self._start(item_id, now)
+                drawn.append(slot)
+            self._start(key, list(draw.item_ids[:len(drawn)]), now, permit_kind=PermitKind.LEASE.value,
+                        permit_id=draw.lease_id, slot=drawn)
         for lease_id in step.stops:
             unit.stop_lease(lease_id)
         for give_back in step.give_backs:  # no item runs under them: claimed to be released at once
             unit.release(give_back.grant_id, len(unit.claim(give_back.grant_id, give_back.count)))
         if step.purge_done_before is not None and self.marks.purge_due(ITEMS, step.purge_done_before):
             kept = "" if self.on_done is None else " AND done_pending = 0"  # its hook has not run yet
-            self.storage.exec(f"DELETE FROM {ITEMS} WHERE state = 'done' AND finished_at < ?{kept}",
-                              step.purge_done_before)
+            self._items.delete_done(f"finished_at < ?{kept}", step.purge_done_before)
             self.marks.purged()
         # A finished permit() item is never enqueued again (its id is random): nothing to keep.
         if self.marks.permits_done(key):
-            self.storage.exec(f"DELETE FROM {ITEMS} WHERE key = ? AND state = 'done' AND owner != ''", key)
+            self._items.delete_done("key = ? AND owner != ''", key)
             self.marks.permits_deleted(key)
 
     def _report_due(self, key: str, snap: KeySnapshot) -> plan.ReportDue:
@@ -1194,14 +1205,6 @@ class SemaphoreQueue:
         else:
             self._backoff[key] = self._now() + self.retry_ms
 
-    def _still_due(self, r: Mapping[str, Any]) -> bool:
-        """The callback row ``r`` (read at the start of a pass) is still as read: running, not
-        admitted, the same attempts. A pass that awaited (a failing callback's hook) may find
-        an item another pass has started or finished meanwhile: it must not call it again."""
-        now = self.storage.one(f"SELECT state, admitted, attempts FROM {ITEMS} WHERE item_id = ?", r["item_id"])
-        return now is not None and str(now["state"]) == "running" and not now["admitted"] \
-            and int(now["attempts"]) == int(r["attempts"])
-
     async def _draw_beside_request(self, key: str) -> None:
         """While the key's request waits for its round (or is held, ``request_wait_ms``), draw
         queued items from its live leases and start them: a draw needs no holder (R30), so
@@ -1226,52 +1229,74 @@ class SemaphoreQueue:
                 return now
 
     # ================================================================== callbacks and permits
+    def _calls_due(self, key: str, now: int) -> list[QueueItem]:
+        """The admitted callback items of ``key`` whose call is due now and not in flight, their
+        attempt persisted (one write for all of them, before any is called, so an eviction
+        during a call retries it after ``admit_retry_ms`` under the same permit). On the way:
+        a call still in flight here is due again only if this instance dies (its retry moved
+        ``orphan_check_ms`` on); an item whose permit is gone goes back to the queue; a retry
+        waits for an answer of the holder since it came due (if the permit is gone meanwhile,
+        an operator's force-settle, that answer says so and the item is queued again instead
+        of starting under it)."""
+        calls: list[dict[str, Any]] = []
+        in_flight: list[str] = []
+        for r in self._live(key, ItemState.RUNNING, admitted=0, owner=""):
+            if int(r["retry_at"]) > now:
+                continue
+            if str(r["item_id"]) in self._inflight:
+                in_flight.append(str(r["item_id"]))
+            elif self._requeue_if_gone(r):
+                continue
+            elif int(r["attempts"]) > 0 and int(r["checked_at"]) < int(r["retry_at"]):
+                self.client.ask_holder(key)
+            else:
+                calls.append(r)
+        self._items.update(key, in_flight, {"retry_at": now + self.orphan_check_ms})
+        ids = [str(r["item_id"]) for r in calls]
+        self._items.update(key, ids, {"attempts": Add(1), "retry_at": now + self.admit_retry_ms})
+        rows = [r for r in (self._items.row(key, item_id) for item_id in ids) if r is not None]
+        return [QueueItem._from_row(r) for r in self._items.payloads(rows)]
+
+    def _still_due(self, item: QueueItem) -> bool:
+        """``item`` (its attempt persisted by :meth:`_calls_due`) is still to be called: running,
+        not admitted, the same attempts, no call in flight. A pass that awaited (a failing
+        callback's hook) may find an item another pass has started or finished meanwhile: it
+        must not call it again."""
+        r = self._items.row(item.key, item.item_id)
+        return r is not None and r["state"] == ItemState.RUNNING.value and not r["admitted"] \
+            and int(r["attempts"]) == item.attempts and item.item_id not in self._inflight
+
+    def _admitted(self, item: QueueItem) -> None:
+        """``item``'s callback returned: it counts as admitted (if it still runs)."""
+        r = self._items.row(item.key, item.item_id)
+        if r is not None and r["state"] == ItemState.RUNNING.value:
+            self._items.update(item.key, [item.item_id], {"admitted": 1})
+
     async def _run_callbacks(self, key: str, now: int) -> bool:
         """Hand admitted permit items to their callers, and start the callback (``on_admit`` or
-        ``work``) of every admitted item of ``key`` whose call is due and not in flight: a sync
-        ``on_admit`` runs here, an awaitable (any ``work``) as a task of its own that this pump
-        does not wait for (it writes the outcome itself). The attempt is persisted first, so an
-        eviction during the callback retries it after ``admit_retry_ms``, under the same
-        permit. Returns whether a callback returned here (synchronously), freeing its slot."""
+        ``work``) of every admitted item of ``key`` whose call is due and not in flight
+        (:meth:`_calls_due`): a sync ``on_admit`` runs here, an awaitable (any ``work``) as a
+        task of its own that this pump does not wait for (it writes the outcome itself).
+        Returns whether a callback returned here (synchronously), freeing its slot."""
         self._hand_over(key)
         if self.on_admit is None and self.work is None:
             return False
-        rows = self.storage.exec(
-            f"SELECT * FROM {ITEMS} WHERE key = ? AND state = 'running' AND admitted = 0 AND owner = ''"
-            " AND retry_at <= ? ORDER BY seq", key, now)
         spawned = freed = False
-        for r in rows:
-            item_id = str(r["item_id"])
-            if item_id not in self._inflight and not self._still_due(r):
-                continue  # changed since it was read (another pass started or finished it)
-            if item_id not in self._inflight and self._requeue_if_gone(r):
-                continue
-            if item_id not in self._inflight and int(r["attempts"]) > 0 and int(r["checked_at"]) < int(r["retry_at"]):
-                # A retry starts only once the holder has answered since it came due: if the
-                # permit is gone meanwhile (an operator's force-settle), that answer says so and
-                # the item goes back to the queue instead of starting under it.
-                self.client.ask_holder(key)
-                continue
-            if item_id in self._inflight:  # still running here: due again only if this instance dies
-                self.storage.exec(f"UPDATE {ITEMS} SET retry_at = ? WHERE item_id = ?", now + self.orphan_check_ms,
-                                  item_id)
-                continue
-            self.storage.exec(f"UPDATE {ITEMS} SET attempts = attempts + 1, retry_at = ? WHERE item_id = ?",
-                              now + self.admit_retry_ms, item_id)
-            item = self._item(item_id) or QueueItem._from_row(r)
+        for item in self._calls_due(key, now):
+            if not self._still_due(item):
+                continue  # changed since (another pass started or finished it)
             try:
                 result = self.work(item) if self.work is not None else cast(AdmitCallback, self.on_admit)(item)
             except Exception as exc:  # noqa: BLE001 - a failing callback only delays its item
                 await self._callback_failed(item, exc)
                 continue
             if inspect.isawaitable(result):
-                self._inflight[item_id] = asyncio.ensure_future(self._await_callback(item, result))
+                self._inflight[item.item_id] = asyncio.ensure_future(self._await_callback(item, result))
                 spawned = True
             else:
-                self.storage.exec(f"UPDATE {ITEMS} SET admitted = 1 WHERE item_id = ? AND state = 'running'",
-                                  item_id)
+                self._admitted(item)
                 if self.work is not None:  # a synchronous work function: it is done when it returns
-                    await self._complete_logged(item_id)
+                    await self._complete_logged(item.item_id)
                 freed = True
         if spawned:
             await asyncio.sleep(0)  # let the new tasks take their first step (a quick one is done)
@@ -1290,8 +1315,7 @@ class SemaphoreQueue:
             except Exception as exc:  # noqa: BLE001 - a failing callback only delays its item
                 await self._callback_failed(item, exc)
             else:
-                self.storage.exec(f"UPDATE {ITEMS} SET admitted = 1 WHERE item_id = ? AND state = 'running'",
-                                  item.item_id)
+                self._admitted(item)
                 if self.work is not None:
                     await self._complete_logged(item.item_id)
         finally:
@@ -1301,8 +1325,7 @@ class SemaphoreQueue:
 
     async def _callback_failed(self, item: QueueItem, exc: Exception) -> None:
         retry_at = self._now() + self.admit_retry_ms
-        self.storage.exec(f"UPDATE {ITEMS} SET error = ?, retry_at = ? WHERE item_id = ?", repr(exc)[:1000], retry_at,
-                          item.item_id)
+        self._items.update(item.key, [item.item_id], {"error": repr(exc)[:1000], "retry_at": retry_at})
         if self.work is not None and item.attempts >= self.work_attempts:
             log.error("work failed for item %r (attempt %d of %d): %r; completing it, its permit is released",
                       item.item_id, item.attempts, self.work_attempts, exc, exc_info=exc)
@@ -1327,7 +1350,8 @@ class SemaphoreQueue:
         holder storage): back to the queue for a fresh admission, with its original age. Normal
         operation never gets here (a grant or lease is gone only once everything under it was
         released)."""
-        unit = self.client.unit(str(r["key"]))
+        key = str(r["key"])
+        unit = self.client.unit(key)
         if r["permit_kind"] == PermitKind.GRANT.value:
             grant = unit.grant(str(r["permit_id"]))
             gone = grant is None or grant.status == "gone"
@@ -1339,45 +1363,40 @@ class SemaphoreQueue:
         log.warning("the %s permit of item %r is gone at the holder (force-settled?); the item is queued again"
                     " for a fresh admission", r["permit_kind"], str(r["item_id"]))
         def body() -> None:
-            self._requeue(str(r["item_id"]))
             # a fresh admission: the failed calls under the gone permit do not count (work_attempts)
-            self.storage.exec(f"UPDATE {ITEMS} SET attempts = 0 WHERE item_id = ?", str(r["item_id"]))
-            self._set_wake(str(r["key"]), self._now(), earlier_only=True)
+            self._requeue(key, [str(r["item_id"])], attempts=0)
+            self._set_wake(key, self._now(), earlier_only=True)
 
         self.storage.transaction(body)
         return True
 
     def _hand_over(self, key: str) -> None:
         """Give every admitted permit item of this instance to its waiting caller."""
-        rows = self.storage.exec(
-            f"SELECT * FROM {ITEMS} WHERE key = ? AND owner = ? AND owner != '' AND state = 'running'"
-            " AND admitted = 0", key, self._token)
-        for r in rows:
-            fut = self._waiters.get(str(r["item_id"]))
+        for r in self._live(key, ItemState.RUNNING, owner=self._token, admitted=0):
+            item_id = str(r["item_id"])
+            fut = self._waiters.get(item_id)
             if fut is None or fut.done():
                 continue  # withdrawn meanwhile: its caller completes it
             if self._requeue_if_gone(r):
                 continue
-            self.storage.exec(f"UPDATE {ITEMS} SET admitted = 1 WHERE item_id = ?", str(r["item_id"]))
-            fut.set_result(self._item(str(r["item_id"])) or QueueItem._from_row(r))
+            self._items.update(key, [item_id], {"admitted": 1})
+            fut.set_result(self._item_of({**r, "admitted": 1}))
 
     def _release_orphans(self, key: str, now: int) -> None:
         """Complete the live permit items of ``key`` whose caller is gone: items of another
         (dead) instance of this queue, and items of this one with no caller (a withdrawal that
         failed). Their permits are released, nothing stays charged for them. Items of live
         callers are marked checked (the next check is ``orphan_check_ms`` later)."""
-        rows = self.storage.exec(
-            f"SELECT item_id, owner FROM {ITEMS} WHERE key = ? AND owner != '' AND state != 'done' AND cancel = 0",
-            key)  # a cancelled one was withdrawn already: its claim is released once the holder answers
-        for r in rows:
+        # a cancelled one was withdrawn already: its claim is released once the holder answers
+        for r in self._live(key, owner=True, cancel=0):
             item_id = str(r["item_id"])
-            if r["owner"] == self._token and item_id in self._permits:
+            if r["state"] == ItemState.DONE.value or (r["owner"] == self._token and item_id in self._permits):
                 continue
             log.warning("permit item %r has no caller any more (evicted); releasing it", item_id)
             self.storage.transaction(lambda: self._complete(item_id, now))  # noqa: B023 (run at once)
-        self.storage.exec(
-            f"UPDATE {ITEMS} SET checked_at = ? WHERE key = ? AND owner != '' AND state != 'done'"
-            " AND owner = ? AND checked_at <= ?", now, key, self._token, now - self.orphan_check_ms)
+        self._items.update(key, [str(r["item_id"]) for r in self._live(key, owner=self._token)
+                                 if r["state"] != ItemState.DONE.value
+                                 and int(r["checked_at"]) <= now - self.orphan_check_ms], {"checked_at": now})
 
     def _kick(self, key: str) -> None:
         """Pump ``key`` soon in the background (once more if a kicked pump is running already)."""
@@ -1396,15 +1415,14 @@ class SemaphoreQueue:
             if key not in self._rekick:
                 return
 
+
     async def _reconcile(self, key: str, now: int) -> None:
         if self.reconcile_after_ms is None or self.check_running is None:
             return
         bound = self.reconcile_after_ms
-        rows = self.storage.exec(
-            f"SELECT * FROM {ITEMS} WHERE key = ? AND state = 'running' AND admitted = 1 AND owner = ''"
-            " AND started_at <= ? AND checked_at <= ? ORDER BY seq", key, now - bound, now - bound)
-        for r in rows:
-            item = QueueItem._from_row(r)
+        rows = [r for r in self._live(key, ItemState.RUNNING, admitted=1, owner="")
+                if int(r["started_at"]) <= now - bound and int(r["checked_at"]) <= now - bound]
+        for item in [QueueItem._from_row(r) for r in self._items.payloads(rows)]:
             try:
                 running = bool(await _call(self.check_running, item))
             except asyncio.CancelledError:
@@ -1414,32 +1432,34 @@ class SemaphoreQueue:
                 running = True
             at = self._now()
             if running:
-                self.storage.exec(f"UPDATE {ITEMS} SET checked_at = ? WHERE item_id = ?", at, item.item_id)
+                self._items.update(key, [item.item_id], {"checked_at": at})
             else:
                 log.warning("item %r is no longer running (completion notice lost); releasing it", item.item_id)
                 self.storage.transaction(lambda: self._complete(item.item_id, at))  # noqa: B023 (run at once)
 
-    def _min(self, column: str, where: str, key: str, *args: Any) -> int | None:
-        row = self.storage.one(f"SELECT MIN({column}) AS at FROM {ITEMS} WHERE key = ? AND {where}", key, *args)
-        return None if row is None or row["at"] is None else int(row["at"])
-
     def _next_wake(self, key: str, now: int) -> int | None:
         snap = self._snapshot(key, now)
+        running = self._live(key, ItemState.RUNNING, owner="")
         # Only this instance's live permit items need a check; another owner's are handled at
         # every pump's start (completed, or cancelled with a claim in flight, which the claim's
         # own network-paced wake-up resolves).
-        checked = self._min("checked_at", "owner != '' AND state != 'done' AND owner = ? AND cancel = 0", key,
-                            self._token)
+        checked = _earliest(int(r["checked_at"]) for r in self._live(key, owner=self._token, cancel=0)
+                            if r["state"] != ItemState.DONE.value)
         times = plan.ItemTimes(
             # a callback in flight is due at its retry_at too: if this instance died, the next one
             # calls it again; while it lives, each such wake-up moves retry_at orphan_check_ms on
             # (a due retry waiting for the holder's answer is woken by that exchange, network-paced)
-            admit_retry_at=self._min("retry_at", "state = 'running' AND admitted = 0 AND owner = ''"
-                                     " AND (attempts = 0 OR checked_at >= retry_at OR retry_at > ?)", key, now),
-            done_retry_at=None if self.on_done is None else self._min("done_retry_at", "done_pending = 1", key),
-            last_checked_at=None if self.reconcile_after_ms is None else self._min(
-                "MAX(started_at, checked_at)", "state = 'running' AND admitted = 1 AND owner = ''", key),
+            admit_retry_at=_earliest(int(r["retry_at"]) for r in running if not r["admitted"] and (
+                not r["attempts"] or r["checked_at"] >= r["retry_at"] or r["retry_at"] > now)),
+            done_retry_at=None if self.on_done is None else _earliest(
+                int(r["done_retry_at"]) for r in self._live(key, done_pending=1)),
+            last_checked_at=None if self.reconcile_after_ms is None else _earliest(
+                max(int(r["started_at"]), int(r["checked_at"])) for r in running if r["admitted"]),
             permit_check_at=None if checked is None else checked + self.orphan_check_ms)
         return plan.next_wake(snap, self._options(), backoff_until=self._backoff.get(key, 0), items=times,
                               requests_from=self._paused.get(key, 0),
                               due=self._report_due(key, snap))
+
+
+def _earliest(times: Iterable[int]) -> int | None:
+    return min(times, default=None)
