@@ -12,6 +12,7 @@ import logging
 from collections.abc import Awaitable
 from typing import Any, cast
 
+from ..core import queue_plan as plan
 from ._item_store import Add
 from ._queue_items import _QueueItemsPart
 from ._queue_model import AdmitCallback, ItemState, PermitKind, QueueItem, _call
@@ -40,7 +41,7 @@ class _QueueCallbacks(_QueueItemsPart):
                 in_flight.append(str(r["item_id"]))
             elif self._requeue_if_gone(r):
                 continue
-            elif int(r["attempts"]) > 0 and int(r["checked_at"]) < int(r["retry_at"]):
+            elif plan.retry_waits_for_holder(int(r["attempts"]), int(r["checked_at"]), int(r["retry_at"])):
                 self.client.ask_holder(key)
             else:
                 calls.append(r)
@@ -119,7 +120,7 @@ class _QueueCallbacks(_QueueItemsPart):
     async def _callback_failed(self, item: QueueItem, exc: Exception) -> None:
         retry_at = self._now() + self.admit_retry_ms
         self._items.update(item.key, [item.item_id], {"error": repr(exc)[:1000], "retry_at": retry_at})
-        if self.work is not None and item.attempts >= self.work_attempts:
+        if self.work is not None and plan.work_exhausted(item.attempts, self.work_attempts):
             log.error("work failed for item %r (attempt %d of %d): %r; completing it, its permit is released",
                       item.item_id, item.attempts, self.work_attempts, exc, exc_info=exc)
             await self._complete_logged(item.item_id)
@@ -144,14 +145,10 @@ class _QueueCallbacks(_QueueItemsPart):
         operation never gets here (a grant or lease is gone only once everything under it was
         released)."""
         key = str(r["key"])
-        unit = self.client.unit(key)
-        if r["permit_kind"] == PermitKind.GRANT.value:
-            grant = unit.grant(str(r["permit_id"]))
-            gone = grant is None or grant.status == "gone"
-        else:
-            lease = unit.lease(str(r["permit_id"]))
-            gone = lease is None or lease.status == "settled"
-        if not gone:
+        unit, kind, permit_id = self.client.unit(key), str(r["permit_kind"]), str(r["permit_id"])
+        grant = unit.grant(permit_id) if kind == PermitKind.GRANT.value else None  # read only the permit's own row
+        lease = None if kind == PermitKind.GRANT.value else unit.lease(permit_id)
+        if not plan.permit_gone(kind, grant, lease):
             return False
         log.warning("the %s permit of item %r is gone at the holder (force-settled?); the item is queued again"
                     " for a fresh admission", r["permit_kind"], str(r["item_id"]))
@@ -194,9 +191,8 @@ class _QueueCallbacks(_QueueItemsPart):
     async def _reconcile(self, key: str, now: int) -> None:
         if self.reconcile_after_ms is None or self.check_running is None:
             return
-        bound = self.reconcile_after_ms
-        rows = [r for r in self._live(key, ItemState.RUNNING, admitted=1, owner="")
-                if int(r["started_at"]) <= now - bound and int(r["checked_at"]) <= now - bound]
+        rows = [r for r in self._live(key, ItemState.RUNNING, admitted=1, owner="") if plan.reconcile_due(
+            int(r["started_at"]), int(r["checked_at"]), now=now, reconcile_after_ms=self.reconcile_after_ms)]
         for item in [QueueItem._from_row(r) for r in self._items.payloads(rows)]:
             try:
                 running = bool(await _call(self.check_running, item))

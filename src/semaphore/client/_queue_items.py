@@ -173,4 +173,4 @@ class _QueueItemsPart(_QueueBase):
             return None
         busy = len(self._live(key, ItemState.CLAIMING, owner="")) \
             + len(self._live(key, ItemState.RUNNING, owner="", admitted=0))
-        return max(0, self.admit_concurrency - busy)
+        return plan.admit_room(self.admit_concurrency, busy)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Iterable
 from dataclasses import replace
 
 from ..core import queue_plan as plan
@@ -112,8 +111,8 @@ class _QueuePump(_QueueCallbacks):
             return
         snap = self._snapshot(key, self._now())
         demand = self._demand(snap.queued, snap.admit_room)
-        sent = {d.group: d.count for d in self._sent_demand.get(key, ())}
-        if all(d.count <= sent.get(d.group, 0) for d in demand):
+        if not plan.demand_grew(((d.group, d.count) for d in demand),
+                                ((d.group, d.count) for d in self._sent_demand.get(key, ()))):
             return  # nothing new: items drawn or finished meanwhile need no request of their own
         self._sent_demand[key] = demand
         self._side_requests[key] = asyncio.ensure_future(self._side_request(key, demand))
@@ -327,7 +326,7 @@ class _QueuePump(_QueueCallbacks):
     async def _pump(self, key: str) -> None:
         self._release_orphans(key, self._now())
         requested = False
-        for _ in range(8):
+        for _ in range(plan.MAX_EXCHANGES):
             now = await self._admit_and_call(key)
             await self._reconcile(key, now)
             self._run_done_hooks(key)  # no holder message is ever sent for them
@@ -357,13 +356,12 @@ class _QueuePump(_QueueCallbacks):
                 self._backoff[key] = self._now() + self.retry_ms
                 return
             self._backoff.pop(key, None)
-        # Still work left after 8 exchanges: pause instead of spinning. What the last reply
-        # confirmed is still handed over and started now (a permit caller would otherwise wait
-        # for an unrelated wake-up). Requests among them: pause only requests, so a report due
-        # meanwhile (a contended release) still goes at once; syncs alone: pause everything.
+        # Still work left after MAX_EXCHANGES exchanges: pause instead of spinning
+        # (plan.pause_after_exchanges). What the last reply confirmed is still handed over and
+        # started now (a permit caller would otherwise wait for an unrelated wake-up).
         await self._admit_and_call(key)
         self._run_done_hooks(key)  # items the last reply finished
-        if requested:
+        if plan.pause_after_exchanges(requested) is plan.Pause.REQUESTS:
             self._paused[key] = self._now() + self.retry_ms
         else:
             self._backoff[key] = self._now() + self.retry_ms
@@ -393,27 +391,9 @@ class _QueuePump(_QueueCallbacks):
 
     def _next_wake(self, key: str, now: int) -> int | None:
         snap = self._snapshot(key, now)
-        running = self._live(key, ItemState.RUNNING, owner="")
-        # Only this instance's live permit items need a check; another owner's are handled at
-        # every pump's start (completed, or cancelled with a claim in flight, which the claim's
-        # own network-paced wake-up resolves).
-        checked = _earliest(int(r["checked_at"]) for r in self._live(key, owner=self._token, cancel=0)
-                            if r["state"] != ItemState.DONE.value)
-        times = plan.ItemTimes(
-            # a callback in flight is due at its retry_at too: if this instance died, the next one
-            # calls it again; while it lives, each such wake-up moves retry_at orphan_check_ms on
-            # (a due retry waiting for the holder's answer is woken by that exchange, network-paced)
-            admit_retry_at=_earliest(int(r["retry_at"]) for r in running if not r["admitted"] and (
-                not r["attempts"] or r["checked_at"] >= r["retry_at"] or r["retry_at"] > now)),
-            done_retry_at=None if self.on_done is None else _earliest(
-                int(r["done_retry_at"]) for r in self._live(key, done_pending=1)),
-            last_checked_at=None if self.reconcile_after_ms is None else _earliest(
-                max(int(r["started_at"]), int(r["checked_at"])) for r in running if r["admitted"]),
-            permit_check_at=None if checked is None else checked + self.orphan_check_ms)
+        times = plan.item_times(self._items.rows(key), now=now, owner=self._token,
+                                orphan_check_ms=self.orphan_check_ms, done_hook=self.on_done is not None,
+                                reconcile=self.reconcile_after_ms is not None)
         return plan.next_wake(snap, self._options(), backoff_until=self._backoff.get(key, 0), items=times,
                               requests_from=self._paused.get(key, 0),
                               due=self._report_due(key, snap))
-
-
-def _earliest(times: Iterable[int]) -> int | None:
-    return min(times, default=None)
