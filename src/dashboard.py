@@ -475,7 +475,9 @@ SCRIPT = """
   function renderAudit(v, r) {
     var tbody = field(v.root, "audit");
     tbody.textContent = "";
-    if (!token()) { emptyRow(tbody, 6, "Enter a token (READ_TOKEN or ADMIN_TOKEN) above to see the audit log."); return; }
+    if (!token()) {
+      emptyRow(tbody, 6, "Enter a token (READ_TOKEN or ADMIN_TOKEN) above to see the audit log."); return;
+    }
     if (!r || r.status !== 200) {
       emptyRow(tbody, 6, r && r.status === 404 ? "This Worker has no audit log." :
         "Audit log unavailable: " + (r ? problem(r) : ""));

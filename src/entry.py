@@ -65,8 +65,8 @@ requests are held only when both are above 0), ``ORPHAN_CHECK_MS`` (each JobQueu
 default 60000). Integers must be below 2**53. An invalid var
 never crashes an object's constructor: every route (and every RPC method of the objects)
 answers the error value ``{"v": 1, "error": {"code": "configuration_error", "field": <the var>,
-"message"}}``, the front with status 500. Secret ``ADMIN_TOKEN`` guards every request that changes state; secret ``READ_TOKEN``
-(optional) opens the operator's reading routes without it.
+"message"}}``, the front with status 500. Secret ``ADMIN_TOKEN`` guards every request that changes
+state; secret ``READ_TOKEN`` (optional) opens the operator's reading routes without it.
 """
 
 from __future__ import annotations
