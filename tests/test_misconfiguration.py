@@ -55,6 +55,7 @@ async def test_a_holder_class_without_sqlite_storage_answers_a_configuration_err
     with pytest.raises(ConfigurationError) as err:  # the client raises it, never retried
         await helper.request(Env(), "k", sync())
     assert err.value.field == "migrations" and "new_sqlite_classes" in str(err.value)
+    assert str(err.value).startswith("env.BUDGET (holder 'k'): "), err.value
 
 
 def test_storage_without_sql_is_a_configuration_error_naming_the_migration():

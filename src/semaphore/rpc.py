@@ -206,6 +206,8 @@ class SemaphoreRpc:
             if not isinstance(reply, dict) or "v" not in reply:
                 raise _foreign_reply(reply, f"{where} (holder {key!r})")
             error = error_from_reply(reply)
+            if isinstance(error, ConfigurationError):  # the holder's class is misconfigured: name which
+                raise ConfigurationError(f"{where} (holder {key!r}): {error.message}", field=error.field)
             if error is not None:
                 raise error
             return reply
