@@ -467,6 +467,9 @@ class SemaphoreQueue:
         self._inflight: dict[str, asyncio.Task[None]] = {}
         #: permit() callers waiting for their item's admission, per item id.
         self._waiters: dict[str, asyncio.Future[QueueItem]] = {}
+        #: Tries (``permit(timeout_ms=0)``, SPEC R9b) per key: item id -> set once a pump that
+        #: began after the try, or a ``noWait`` request sent after it, has ended.
+        self._tries: dict[str, dict[str, asyncio.Event]] = {}
         #: Background pumps (kicked by permit() and by returning callbacks), per key; a key in
         #: ``_rekick`` is pumped again once its running kick ends.
         self._kicks: dict[str, asyncio.Task[None]] = {}
@@ -568,12 +571,19 @@ class SemaphoreQueue:
         ``report_releases_within_ms``).
 
         :param timeout_ms: give up after this long without a permit (``None``: wait as long as
-            it takes): raises :class:`~semaphore.errors.PermitTimeoutError` (with the holder's
+            it takes; ``0``: a try, see below): raises :class:`~semaphore.errors.PermitTimeoutError` (with the holder's
             latest ``blocked`` entry) and withdraws the request, leaving nothing charged (a
             claim already sent is released as soon as the holder answers it; a grant answering
             a request already on its way is given back at once). Measured on the
             queue's clock (a :class:`~semaphore.testing.VirtualClock` drives it in tests).
         :param payload: JSON-compatible value stored with the item (shown in :meth:`items`).
+
+        ``timeout_ms=0`` is a try, like ``asyncio.Semaphore`` with no waiting or Redisson's
+        ``tryAcquire()``: a live lease serves it at once, else one request goes to the holder
+        at once (``noWait``, SPEC R9b), which answers it from a round run at once; if that
+        round serves it, the block runs (after the claim's confirming sync), else
+        :class:`~semaphore.errors.PermitTimeoutError` is raised with the holder's ``blocked``
+        entry. It never waits for a later round.
 
         Durable across eviction: the item belongs to this queue instance; if the object is
         evicted while the caller waits for or holds the permit, the next instance completes
@@ -591,6 +601,9 @@ class SemaphoreQueue:
         fut: asyncio.Future[QueueItem] = asyncio.get_running_loop().create_future()
         self._waiters[item_id] = fut
         self._permits.add(item_id)
+        answered = None
+        if timeout_ms == 0:
+            answered = self._tries.setdefault(key, {})[item_id] = asyncio.Event()
         try:
             self.storage.transaction(lambda: self._insert(key, group, item_id, text, now, owner=self._token))
             self.storage.transaction(lambda: self._admit_locally(key, now))  # a live lease serves it at once
@@ -598,16 +611,34 @@ class SemaphoreQueue:
             await self.scheduler.arm()  # the item's wake-ups (its orphan check, a lease heartbeat)
             if not fut.done():
                 self._kick(key)
-            item = await self._await_permit(fut, key, group, now, timeout_ms)
+            item = await (self._await_try(fut, answered, key, group) if answered is not None
+                          else self._await_permit(fut, key, group, now, timeout_ms))
         except BaseException:
             self._waiters.pop(item_id, None)
+            self._tries.get(key, {}).pop(item_id, None)
             await self._withdraw(item_id)
             raise
         self._waiters.pop(item_id, None)
+        self._tries.get(key, {}).pop(item_id, None)
         try:
             yield item
         finally:
             await self._withdraw(item_id)
+
+    async def _await_try(self, fut: asyncio.Future[QueueItem], answered: asyncio.Event, key: str,
+                         group: str) -> QueueItem:
+        """A try (R9b): the item's admission, or the holder's answer to the try's request
+        without it (then :class:`PermitTimeoutError` with the ``blocked`` entry)."""
+        waiter = asyncio.ensure_future(answered.wait())
+        try:
+            await asyncio.wait({fut, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if fut.done():
+            return fut.result()
+        blocked = self.blocked(key).get(group)
+        why = "" if blocked is None else f" (holder: {blocked.reason.value}, {blocked.waiting} waiting)"
+        raise PermitTimeoutError(f"no permit free now for key {key!r}, group {group!r}{why}", blocked=blocked)
 
     async def _await_permit(self, fut: asyncio.Future[QueueItem], key: str, group: str, now: int,
                             timeout_ms: int | None) -> QueueItem:
@@ -1151,6 +1182,17 @@ class SemaphoreQueue:
         return due
 
     async def _pump(self, key: str) -> None:
+        tries = self._tries.get(key, {})
+        answered = set(tries)  # tries made before this pump: its end answers them (R9b)
+        try:
+            await self._pump_exchanges(key, answered)
+        finally:
+            for item_id in answered:
+                event = tries.get(item_id)
+                if event is not None:
+                    event.set()
+
+    async def _pump_exchanges(self, key: str, answered: set[str]) -> None:
         self._release_orphans(key, self._now())
         requested = False
         for _ in range(8):
@@ -1161,9 +1203,10 @@ class SemaphoreQueue:
                 return
             snap = self._snapshot(key, now)
             demand = self._demand(snap.queued, snap.admit_room)
-            paused = self._paused.get(key, 0) > now  # requests only: due reports still go
+            trying = set(self._tries.get(key, ()))  # R9b: a try's request goes at once, unpaced
+            paused = self._paused.get(key, 0) > now and not trying  # requests only: due reports still go
             exchange = plan.plan_exchange(snap, self._options(), demand=bool(demand) and not paused,
-                                          due=self._report_due(key, snap))
+                                          due=self._report_due(key, snap), urgent=bool(trying))
             requested = requested or exchange is Exchange.REQUEST
             try:
                 if exchange is Exchange.SYNC:
@@ -1173,9 +1216,11 @@ class SemaphoreQueue:
                     self._requesting.add(key)
                     try:
                         await self.client.request(key, demand, leases=self.leases, force=True,
-                                                  on_reply=self._on_request_reply, wait_ms=self.request_wait_ms)
+                                                  on_reply=self._on_request_reply, wait_ms=self.request_wait_ms,
+                                                  no_wait=bool(trying))
                     finally:
                         self._requesting.discard(key)
+                        answered |= trying
                 else:
                     return
             except SemaphoreError as exc:

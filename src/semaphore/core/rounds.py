@@ -503,12 +503,13 @@ def decide_round(ledger: Ledger, now: int, clients: Sequence[Pending], limits: L
 
 
 def _left_full(ledger: Ledger, limits: Limits) -> bool:
-    """SPEC R29 decision (free means now, R9a): the round left no permit of the limit free (its
-    charged capacity is at or above an integer limit)."""
+    """SPEC R29 decision (free means now, R9a): the round's grants left no permit of an integer
+    limit free (outstanding grant permits at or above it). Lease footprint does not count: a
+    lease filling the rest of the limit is the usual state with leases, and a contended flag
+    would stop every idle lease (R31)."""
     if type(limits.limit) is not int:
         return False
-    totals = ledger.totals()
-    return totals["outstanding"] + totals["lease_footprint"] >= limits.limit
+    return ledger.totals()["outstanding"] >= limits.limit
 
 
 def _outcome(ledger: Ledger, replies: dict[str, dict[str, Any]], result: Allocation, limits: Limits,
