@@ -99,6 +99,7 @@ from ..runtime import Storage, TableWatch, install_schema, migrate_tables
 from ..scheduler import DurabilityScheduler
 from ._client import AppliedReply, KeyUnit, SemaphoreClient
 from ._queue_store import BLOCKED, PENDING, WAKEUPS, QueueMarks
+from ._tries import Tries
 
 __all__ = ["ItemState", "PermitKind", "Permit", "QueueItem", "SemaphoreQueue", "QUEUE_TABLES"]
 
@@ -467,9 +468,8 @@ class SemaphoreQueue:
         self._inflight: dict[str, asyncio.Task[None]] = {}
         #: permit() callers waiting for their item's admission, per item id.
         self._waiters: dict[str, asyncio.Future[QueueItem]] = {}
-        #: Tries (``permit(timeout_ms=0)``, SPEC R9b) per key: item id -> set once a pump that
-        #: began after the try, or a ``noWait`` request sent after it, has ended.
-        self._tries: dict[str, dict[str, asyncio.Event]] = {}
+        #: Tries (``permit(timeout_ms=0)``, SPEC R9b): see :class:`~semaphore.client._tries.Tries`.
+        self._tries = Tries()
         #: Background pumps (kicked by permit() and by returning callbacks), per key; a key in
         #: ``_rekick`` is pumped again once its running kick ends.
         self._kicks: dict[str, asyncio.Task[None]] = {}
@@ -601,9 +601,7 @@ class SemaphoreQueue:
         fut: asyncio.Future[QueueItem] = asyncio.get_running_loop().create_future()
         self._waiters[item_id] = fut
         self._permits.add(item_id)
-        answered = None
-        if timeout_ms == 0:
-            answered = self._tries.setdefault(key, {})[item_id] = asyncio.Event()
+        answered = self._tries.add(key, item_id) if timeout_ms == 0 else None
         try:
             self.storage.transaction(lambda: self._insert(key, group, item_id, text, now, owner=self._token))
             self.storage.transaction(lambda: self._admit_locally(key, now))  # a live lease serves it at once
@@ -611,24 +609,27 @@ class SemaphoreQueue:
             await self.scheduler.arm()  # the item's wake-ups (its orphan check, a lease heartbeat)
             if not fut.done():
                 self._kick(key)
-            item = await (self._await_try(fut, answered, key, group) if answered is not None
+                if answered is not None:
+                    self._start_side_request(key)  # a request in flight: the try must not wait for it
+            item = await (self._await_try(fut, answered, key, item_id, group) if answered is not None
                           else self._await_permit(fut, key, group, now, timeout_ms))
         except BaseException:
             self._waiters.pop(item_id, None)
-            self._tries.get(key, {}).pop(item_id, None)
+            self._tries.remove(key, item_id)
             await self._withdraw(item_id)
             raise
         self._waiters.pop(item_id, None)
-        self._tries.get(key, {}).pop(item_id, None)
+        self._tries.remove(key, item_id)
         try:
             yield item
         finally:
             await self._withdraw(item_id)
 
     async def _await_try(self, fut: asyncio.Future[QueueItem], answered: asyncio.Event, key: str,
-                         group: str) -> QueueItem:
+                         item_id: str, group: str) -> QueueItem:
         """A try (R9b): the item's admission, or the holder's answer to the try's request
-        without it (then :class:`PermitTimeoutError` with the ``blocked`` entry)."""
+        without it (then :class:`PermitTimeoutError` with the ``blocked`` entry, or the error of
+        the request). An answer that gave the item a grant waits for its confirming sync."""
         waiter = asyncio.ensure_future(answered.wait())
         try:
             await asyncio.wait({fut, waiter}, return_when=asyncio.FIRST_COMPLETED)
@@ -636,6 +637,12 @@ class SemaphoreQueue:
             waiter.cancel()
         if fut.done():
             return fut.result()
+        item = self._item(item_id)
+        if item is not None and item.state is ItemState.CLAIMING:
+            return await fut  # served: its claim is being confirmed (R15a)
+        error = self._tries.error(item_id)
+        if error is not None:
+            raise error
         blocked = self.blocked(key).get(group)
         why = "" if blocked is None else f" (holder: {blocked.reason.value}, {blocked.waiting} waiting)"
         raise PermitTimeoutError(f"no permit free now for key {key!r}, group {group!r}{why}", blocked=blocked)
@@ -772,16 +779,20 @@ class SemaphoreQueue:
         snap = self._snapshot(key, self._now())
         demand = self._demand(snap.queued, snap.admit_room)
         sent = {d.group: d.count for d in self._sent_demand.get(key, ())}
-        if all(d.count <= sent.get(d.group, 0) for d in demand):
+        trying = self._tries.unsent(key)  # R9b: a try makes it urgent: the holder answers both at once
+        if not trying and all(d.count <= sent.get(d.group, 0) for d in demand):
             return  # nothing new: items drawn or finished meanwhile need no request of their own
         self._sent_demand[key] = demand
-        self._side_requests[key] = asyncio.ensure_future(self._side_request(key, demand))
+        self._side_requests[key] = asyncio.ensure_future(self._side_request(key, demand, trying))
 
-    async def _side_request(self, key: str, demand: list[Demand]) -> None:
+    async def _side_request(self, key: str, demand: list[Demand], trying: set[str]) -> None:
         try:
             await self.client.request(key, demand, leases=self.leases, force=True,
-                                      on_reply=self._on_request_reply, wait_ms=self.request_wait_ms)
+                                      on_reply=self._on_request_reply, wait_ms=self.request_wait_ms,
+                                      no_wait=bool(trying))
+            self._tries.sent(key, trying)
         except SemaphoreError as exc:
+            self._tries.sent(key, trying, exc)
             log.warning("holder %r: %s; the demand goes with the next request", key, exc)
         except Exception:  # noqa: BLE001 - the pump asks again; never an unretrieved error
             log.exception("side request for key %r failed", key)
@@ -891,8 +902,8 @@ class SemaphoreQueue:
             # beside it what needs no holder and leave the rest to that pump, which schedules
             # the key's next wake-up once answered; waiting for it here would hold up the
             # wake-up run, and so every other key of this object, for as long.
-            if self.request_wait_ms > 0:
-                self._start_side_request(key)  # new demand must not wait out a held request
+            if self.request_wait_ms > 0 or self._tries.unsent(key):
+                self._start_side_request(key)  # new demand (a try) must not wait out a held request
             await self._draw_beside_request(key)
             # Looks again then, should that pump die with its instance (its answer comes by then).
             at = self._now() + self.request_wait_ms + self.retry_ms
@@ -1182,28 +1193,26 @@ class SemaphoreQueue:
         return due
 
     async def _pump(self, key: str) -> None:
-        tries = self._tries.get(key, {})
-        answered = set(tries)  # tries made before this pump: its end answers them (R9b)
+        before = self._tries.waiting(key)  # tries made before this pump: its end answers them (R9b)
         try:
-            await self._pump_exchanges(key, answered)
+            await self._pump_exchanges(key)
         finally:
-            for item_id in answered:
-                event = tries.get(item_id)
-                if event is not None:
-                    event.set()
+            self._tries.signal_replied(key)
+            self._tries.signal(key, before)
 
-    async def _pump_exchanges(self, key: str, answered: set[str]) -> None:
+    async def _pump_exchanges(self, key: str) -> None:
         self._release_orphans(key, self._now())
         requested = False
         for _ in range(8):
             now = await self._admit_and_call(key)
+            self._tries.signal_replied(key)  # what their answer brought is admitted now (R9b)
             await self._reconcile(key, now)
             self._run_done_hooks(key)  # no holder message is ever sent for them
-            if self._backoff.get(key, 0) > now:
+            trying = self._tries.unsent(key)  # R9b: a try's request goes at once, unpaced
+            if self._backoff.get(key, 0) > now and not trying:
                 return
             snap = self._snapshot(key, now)
             demand = self._demand(snap.queued, snap.admit_room)
-            trying = set(self._tries.get(key, ()))  # R9b: a try's request goes at once, unpaced
             paused = self._paused.get(key, 0) > now and not trying  # requests only: due reports still go
             exchange = plan.plan_exchange(snap, self._options(), demand=bool(demand) and not paused,
                                           due=self._report_due(key, snap), urgent=bool(trying))
@@ -1220,10 +1229,11 @@ class SemaphoreQueue:
                                                   no_wait=bool(trying))
                     finally:
                         self._requesting.discard(key)
-                        answered |= trying
+                    self._tries.sent(key, trying)
                 else:
                     return
             except SemaphoreError as exc:
+                self._tries.sent(key, trying if exchange is Exchange.REQUEST else set(), exc)
                 log.warning("holder %r: %s; retrying in %d ms", key, exc, self.retry_ms)
                 self._backoff[key] = self._now() + self.retry_ms
                 return
