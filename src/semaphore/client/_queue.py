@@ -1234,7 +1234,12 @@ class SemaphoreQueue:
                     return
             except SemaphoreError as exc:
                 self._tries.sent(key, trying if exchange is Exchange.REQUEST else set(), exc)
-                log.warning("holder %r: %s; retrying in %d ms", key, exc, self.retry_ms)
+                if isinstance(exc, ConfigurationError):  # a wrong binding or holder class: not down
+                    log.error("holder %r: %s; waiting permit() calls fail with it", key, exc)
+                    for fut in [f for f in self._waiters.values() if not f.done()]:
+                        fut.set_exception(exc)
+                else:
+                    log.warning("holder %r: %s; retrying in %d ms", key, exc, self.retry_ms)
                 self._backoff[key] = self._now() + self.retry_ms
                 return
             self._backoff.pop(key, None)
