@@ -601,18 +601,8 @@ class SemaphoreQueue:
         fut: asyncio.Future[QueueItem] = asyncio.get_running_loop().create_future()
         self._waiters[item_id] = fut
         self._permits.add(item_id)
-        answered = self._tries.add(key, item_id) if timeout_ms == 0 else None
         try:
-            self.storage.transaction(lambda: self._insert(key, group, item_id, text, now, owner=self._token))
-            self.storage.transaction(lambda: self._admit_locally(key, now))  # a live lease serves it at once
-            self._hand_over(key)
-            await self.scheduler.arm()  # the item's wake-ups (its orphan check, a lease heartbeat)
-            if not fut.done():
-                self._kick(key)
-                if answered is not None:
-                    self._start_side_request(key)  # a request in flight: the try must not wait for it
-            item = await (self._await_try(fut, answered, key, item_id, group) if answered is not None
-                          else self._await_permit(fut, key, group, now, timeout_ms))
+            item = await self._acquire(fut, key, group, item_id, text, now, timeout_ms)
         except BaseException:
             self._waiters.pop(item_id, None)
             self._tries.remove(key, item_id)
@@ -624,6 +614,23 @@ class SemaphoreQueue:
             yield item
         finally:
             await self._withdraw(item_id)
+
+    async def _acquire(self, fut: asyncio.Future[QueueItem], key: str, group: str, item_id: str, text: str,
+                       now: int, timeout_ms: int | None) -> QueueItem:
+        """:meth:`permit`'s item, queued and admitted: at once from a live lease, else when the
+        holder's answer serves it (a try: its one answer, R9b)."""
+        answered = self._tries.add(key, item_id) if timeout_ms == 0 else None
+        self.storage.transaction(lambda: self._insert(key, group, item_id, text, now, owner=self._token))
+        self.storage.transaction(lambda: self._admit_locally(key, now))  # a live lease serves it at once
+        self._hand_over(key)
+        await self.scheduler.arm()  # the item's wake-ups (its orphan check, a lease heartbeat)
+        if not fut.done():
+            self._kick(key)
+            if answered is not None:
+                self._start_side_request(key)  # a request in flight: the try must not wait for it
+        if answered is not None:
+            return await self._await_try(fut, answered, key, item_id, group)
+        return await self._await_permit(fut, key, group, now, timeout_ms)
 
     async def _await_try(self, fut: asyncio.Future[QueueItem], answered: asyncio.Event, key: str,
                          item_id: str, group: str) -> QueueItem:
