@@ -637,7 +637,7 @@ class SemaphoreQueue:
         """A try (R9b): the item's admission, or the holder's answer to the try's request
         without it (then :class:`PermitTimeoutError` with the ``blocked`` entry, or the error of
         the request). An answer that gave the item a grant waits for its confirming sync."""
-        waiter = asyncio.ensure_future(answered.wait())
+        waiter: asyncio.Future[Any] = asyncio.ensure_future(answered.wait())
         try:
             await asyncio.wait({fut, waiter}, return_when=asyncio.FIRST_COMPLETED)
         finally:
