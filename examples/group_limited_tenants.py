@@ -132,9 +132,11 @@ async def main() -> None:
     while any(r.queue.items(state=s) for r in regions for s in (ItemState.QUEUED, ItemState.CLAIMING,
                                                                 ItemState.RUNNING)):
         await clock.advance(500)
-        now = {t: running[t] for t in PLANS}
-        if now != seen and sum(now.values()):
-            await snapshot(regions)  # whenever what runs changes
+        why = sorted((i.group, i.blocked.reason.value if i.blocked else "") for r in regions
+                     for i in r.queue.items(state=ItemState.QUEUED))
+        now = ({t: running[t] for t in PLANS}, why)
+        if now != seen and sum(now[0].values()):
+            await snapshot(regions)  # whenever what runs, or why work waits, changes
             seen = now
     say("all jobs done")
     await clock.advance(15_000)  # unclaimed grant permits come back at claimBy

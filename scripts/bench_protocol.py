@@ -5,7 +5,9 @@
                    ``acquire()`` (succeeds while the counter is below the limit, else retried after
                    a backoff: 250 ms doubling to 2 s, jittered +-50%) and ``release()`` when its
                    job ends; no queue, no fairness: a newcomer may win a freed permit;
-  (b) ``rounds`` - this library without leases (batched rounds, confirmed claims);
+  (b) ``rounds`` - this library with its defaults, no leases (rounds at once while nothing
+                   competes, SPEC R9a, else batched; confirmed claims); ``batched`` - the same
+                   with the seed's timing (``free_at_once=False``: every round batched);
   (c) ``strict`` / ``under`` / ``over`` - this library with leases in each provisioning mode,
   (d) ``held`` / ``held-over`` - named settings: waiting requests (the holder's
                    ``hold_blocked_ms`` and the queues' ``request_wait_ms``, 10 s) with rounds of
@@ -57,7 +59,7 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "bursty": dict(limit=20, clients=8, arrivals=["bursty"], burst_size=8, burst_every_s=60.0,
                    job_duration="exponential", job_ms=8000.0),
 }
-MODES = ("naive", "rounds", "strict", "under", "over", "held", "held-over", "reuse", "reuse-held")
+MODES = ("naive", "batched", "rounds", "strict", "under", "over", "held", "held-over", "reuse", "reuse-held")
 #: The named settings of the waiting-request modes (issue 13): blocked requests held open at the
 #: holder (hold_blocked_ms, the queues' request_wait_ms) with short rounds, which then cost no
 #: extra holder calls; ``held`` without leases, ``held-over`` with over-provisioned leases.
@@ -216,9 +218,11 @@ class NaiveRun(RunningTime):
 
 # ------------------------------------------------------------------------------ (b), (c): the library
 def library_row(mode: str, scenario: Scenario) -> Row:
-    leases = {"rounds": "off", "held": "off", "held-over": "over", "reuse": "strict",
+    leases = {"rounds": "off", "batched": "off", "held": "off", "held-over": "over", "reuse": "strict",
               "reuse-held": "strict"}.get(mode, mode)
     s = replace(scenario, leases=leases, reserve=max(1, scenario.limit // 5))
+    if mode == "batched":
+        s = replace(s, free_at_once=False)
     if mode.startswith("held"):
         s = replace(s, **HELD)
     if mode.startswith("reuse"):

@@ -76,7 +76,7 @@ async def test_a_payload_that_is_not_strict_json_or_too_big_is_refused_and_nothi
 @async_test
 async def test_enqueue_is_idempotent_and_demand_comes_from_items():
     # R37: the same item id queues once (a retried enqueue), demand = count/oldestAt of items
-    s = Setup()
+    s = Setup(free_at_once=False)  # staged on batched rounds (R9), not R9a's rounds at once
     await s.queue.enqueue(KEY, "g", "a")
     await s.clock.advance(10)
     await s.queue.enqueue(KEY, "g", "b")
@@ -95,7 +95,7 @@ async def test_enqueue_is_idempotent_and_demand_comes_from_items():
 @async_test
 async def test_grant_items_start_only_after_the_claim_is_confirmed():
     # R15a: claim, send it with a sync, start only what the reply shows claimed and active
-    s = Setup()
+    s = Setup(free_at_once=False)  # staged on batched rounds (R9), not R9a's rounds at once
     for i in range(2):
         await s.queue.enqueue(KEY, "g", f"i{i}")
     lost = {"n": 0}
@@ -317,7 +317,7 @@ async def test_on_done_is_called_once_for_every_item_that_turns_done():
     # reconciliation. R37 review: it runs after the transition, in a transaction of its own; a
     # raising on_done leaves the item done (permit released) with its hook pending, and the pump
     # calls it again later.
-    s = Setup()
+    s = Setup(free_at_once=False)  # staged on batched rounds (R9), not R9a's rounds at once
     done: list[tuple[str, ItemState, bool]] = []
     fail = {"on": False}
 

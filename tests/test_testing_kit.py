@@ -40,11 +40,11 @@ KEY = "acct"
 class AccountLimit:
     """An application's holder object (a ``workers.DurableObject`` in a Worker)."""
 
-    def __init__(self, ctx: Any, clock: VirtualClock, limit: int) -> None:
+    def __init__(self, ctx: Any, clock: VirtualClock, limit: int, **options: Any) -> None:
         self.ctx = ctx
         self.tasks = ObjectTasks()  # test-only: lets the test evict this instance
         self.scheduler = DurabilityScheduler(ctx, clock=clock)
-        self.semaphore = DurabilitySemaphore(scheduler=self.scheduler, limit=limit, clock=clock)
+        self.semaphore = DurabilitySemaphore(scheduler=self.scheduler, limit=limit, clock=clock, **options)
 
     async def permits(self, message: dict[str, Any]) -> dict[str, Any]:  # the RPC method
         return await self.tasks.call(self.semaphore.handle(message))
@@ -144,7 +144,7 @@ async def test_evicting_a_users_holder_fails_the_calls_waiting_for_its_round():
     # nothing was granted, and a fresh instance over the same storage serves the retry.
     clock = VirtualClock()
     ctx = LocalContext()
-    holder = AccountLimit(ctx, clock, limit=3)
+    holder = AccountLimit(ctx, clock, limit=3, free_at_once=False)  # a batched round waits (R9)
     waiting = holder.tasks.call(holder.semaphore.handle(request("c1", {"g": 2}, oldest_at=T0)))
     task = asyncio.ensure_future(waiting)
     await clock.settle()

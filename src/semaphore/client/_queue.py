@@ -99,6 +99,7 @@ from ..runtime import Storage, TableWatch, install_schema, migrate_tables
 from ..scheduler import DurabilityScheduler
 from ._client import AppliedReply, KeyUnit, SemaphoreClient
 from ._queue_store import BLOCKED, PENDING, WAKEUPS, QueueMarks
+from ._tries import Tries
 
 __all__ = ["ItemState", "PermitKind", "Permit", "QueueItem", "SemaphoreQueue", "QUEUE_TABLES"]
 
@@ -467,6 +468,8 @@ class SemaphoreQueue:
         self._inflight: dict[str, asyncio.Task[None]] = {}
         #: permit() callers waiting for their item's admission, per item id.
         self._waiters: dict[str, asyncio.Future[QueueItem]] = {}
+        #: Tries (``permit(timeout_ms=0)``, SPEC R9b): see :class:`~semaphore.client._tries.Tries`.
+        self._tries = Tries()
         #: Background pumps (kicked by permit() and by returning callbacks), per key; a key in
         #: ``_rekick`` is pumped again once its running kick ends.
         self._kicks: dict[str, asyncio.Task[None]] = {}
@@ -568,12 +571,19 @@ class SemaphoreQueue:
         ``report_releases_within_ms``).
 
         :param timeout_ms: give up after this long without a permit (``None``: wait as long as
-            it takes): raises :class:`~semaphore.errors.PermitTimeoutError` (with the holder's
+            it takes; ``0``: a try, see below): raises :class:`~semaphore.errors.PermitTimeoutError` (with the holder's
             latest ``blocked`` entry) and withdraws the request, leaving nothing charged (a
             claim already sent is released as soon as the holder answers it; a grant answering
             a request already on its way is given back at once). Measured on the
             queue's clock (a :class:`~semaphore.testing.VirtualClock` drives it in tests).
         :param payload: JSON-compatible value stored with the item (shown in :meth:`items`).
+
+        ``timeout_ms=0`` is a try, like ``asyncio.Semaphore`` with no waiting or Redisson's
+        ``tryAcquire()``: a live lease serves it at once, else one request goes to the holder
+        at once (``noWait``, SPEC R9b), which answers it from a round run at once; if that
+        round serves it, the block runs (after the claim's confirming sync), else
+        :class:`~semaphore.errors.PermitTimeoutError` is raised with the holder's ``blocked``
+        entry. It never waits for a later round.
 
         Durable across eviction: the item belongs to this queue instance; if the object is
         evicted while the caller waits for or holds the permit, the next instance completes
@@ -592,22 +602,57 @@ class SemaphoreQueue:
         self._waiters[item_id] = fut
         self._permits.add(item_id)
         try:
-            self.storage.transaction(lambda: self._insert(key, group, item_id, text, now, owner=self._token))
-            self.storage.transaction(lambda: self._admit_locally(key, now))  # a live lease serves it at once
-            self._hand_over(key)
-            await self.scheduler.arm()  # the item's wake-ups (its orphan check, a lease heartbeat)
-            if not fut.done():
-                self._kick(key)
-            item = await self._await_permit(fut, key, group, now, timeout_ms)
+            item = await self._acquire(fut, key, group, item_id, text, now, timeout_ms)
         except BaseException:
             self._waiters.pop(item_id, None)
+            self._tries.remove(key, item_id)
             await self._withdraw(item_id)
             raise
         self._waiters.pop(item_id, None)
+        self._tries.remove(key, item_id)
         try:
             yield item
         finally:
             await self._withdraw(item_id)
+
+    async def _acquire(self, fut: asyncio.Future[QueueItem], key: str, group: str, item_id: str, text: str,
+                       now: int, timeout_ms: int | None) -> QueueItem:
+        """:meth:`permit`'s item, queued and admitted: at once from a live lease, else when the
+        holder's answer serves it (a try: its one answer, R9b)."""
+        answered = self._tries.add(key, item_id) if timeout_ms == 0 else None
+        self.storage.transaction(lambda: self._insert(key, group, item_id, text, now, owner=self._token))
+        self.storage.transaction(lambda: self._admit_locally(key, now))  # a live lease serves it at once
+        self._hand_over(key)
+        await self.scheduler.arm()  # the item's wake-ups (its orphan check, a lease heartbeat)
+        if not fut.done():
+            self._kick(key)
+            if answered is not None:
+                self._start_side_request(key)  # a request in flight: the try must not wait for it
+        if answered is not None:
+            return await self._await_try(fut, answered, key, item_id, group)
+        return await self._await_permit(fut, key, group, now, timeout_ms)
+
+    async def _await_try(self, fut: asyncio.Future[QueueItem], answered: asyncio.Event, key: str,
+                         item_id: str, group: str) -> QueueItem:
+        """A try (R9b): the item's admission, or the holder's answer to the try's request
+        without it (then :class:`PermitTimeoutError` with the ``blocked`` entry, or the error of
+        the request). An answer that gave the item a grant waits for its confirming sync."""
+        waiter: asyncio.Future[Any] = asyncio.ensure_future(answered.wait())
+        try:
+            await asyncio.wait({fut, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if fut.done():
+            return fut.result()
+        item = self._item(item_id)
+        if item is not None and item.state is ItemState.CLAIMING:
+            return await fut  # served: its claim is being confirmed (R15a)
+        error = self._tries.error(item_id)
+        if error is not None:
+            raise error
+        blocked = self.blocked(key).get(group)
+        why = "" if blocked is None else f" (holder: {blocked.reason.value}, {blocked.waiting} waiting)"
+        raise PermitTimeoutError(f"no permit free now for key {key!r}, group {group!r}{why}", blocked=blocked)
 
     async def _await_permit(self, fut: asyncio.Future[QueueItem], key: str, group: str, now: int,
                             timeout_ms: int | None) -> QueueItem:
@@ -741,16 +786,20 @@ class SemaphoreQueue:
         snap = self._snapshot(key, self._now())
         demand = self._demand(snap.queued, snap.admit_room)
         sent = {d.group: d.count for d in self._sent_demand.get(key, ())}
-        if all(d.count <= sent.get(d.group, 0) for d in demand):
+        trying = self._tries.unsent(key)  # R9b: a try makes it urgent: the holder answers both at once
+        if not trying and all(d.count <= sent.get(d.group, 0) for d in demand):
             return  # nothing new: items drawn or finished meanwhile need no request of their own
         self._sent_demand[key] = demand
-        self._side_requests[key] = asyncio.ensure_future(self._side_request(key, demand))
+        self._side_requests[key] = asyncio.ensure_future(self._side_request(key, demand, trying))
 
-    async def _side_request(self, key: str, demand: list[Demand]) -> None:
+    async def _side_request(self, key: str, demand: list[Demand], trying: set[str]) -> None:
         try:
             await self.client.request(key, demand, leases=self.leases, force=True,
-                                      on_reply=self._on_request_reply, wait_ms=self.request_wait_ms)
+                                      on_reply=self._on_request_reply, wait_ms=self.request_wait_ms,
+                                      no_wait=bool(trying))
+            self._tries.sent(key, trying)
         except SemaphoreError as exc:
+            self._tries.sent(key, trying, exc)
             log.warning("holder %r: %s; the demand goes with the next request", key, exc)
         except Exception:  # noqa: BLE001 - the pump asks again; never an unretrieved error
             log.exception("side request for key %r failed", key)
@@ -860,8 +909,8 @@ class SemaphoreQueue:
             # beside it what needs no holder and leave the rest to that pump, which schedules
             # the key's next wake-up once answered; waiting for it here would hold up the
             # wake-up run, and so every other key of this object, for as long.
-            if self.request_wait_ms > 0:
-                self._start_side_request(key)  # new demand must not wait out a held request
+            if self.request_wait_ms > 0 or self._tries.unsent(key):
+                self._start_side_request(key)  # new demand (a try) must not wait out a held request
             await self._draw_beside_request(key)
             # Looks again then, should that pump die with its instance (its answer comes by then).
             at = self._now() + self.request_wait_ms + self.retry_ms
@@ -1151,19 +1200,29 @@ class SemaphoreQueue:
         return due
 
     async def _pump(self, key: str) -> None:
+        before = self._tries.waiting(key)  # tries made before this pump: its end answers them (R9b)
+        try:
+            await self._pump_exchanges(key)
+        finally:
+            self._tries.signal_replied(key)
+            self._tries.signal(key, before)
+
+    async def _pump_exchanges(self, key: str) -> None:
         self._release_orphans(key, self._now())
         requested = False
         for _ in range(8):
             now = await self._admit_and_call(key)
+            self._tries.signal_replied(key)  # what their answer brought is admitted now (R9b)
             await self._reconcile(key, now)
             self._run_done_hooks(key)  # no holder message is ever sent for them
-            if self._backoff.get(key, 0) > now:
+            trying = self._tries.unsent(key)  # R9b: a try's request goes at once, unpaced
+            if self._backoff.get(key, 0) > now and not trying:
                 return
             snap = self._snapshot(key, now)
             demand = self._demand(snap.queued, snap.admit_room)
-            paused = self._paused.get(key, 0) > now  # requests only: due reports still go
+            paused = self._paused.get(key, 0) > now and not trying  # requests only: due reports still go
             exchange = plan.plan_exchange(snap, self._options(), demand=bool(demand) and not paused,
-                                          due=self._report_due(key, snap))
+                                          due=self._report_due(key, snap), urgent=bool(trying))
             requested = requested or exchange is Exchange.REQUEST
             try:
                 if exchange is Exchange.SYNC:
@@ -1173,12 +1232,15 @@ class SemaphoreQueue:
                     self._requesting.add(key)
                     try:
                         await self.client.request(key, demand, leases=self.leases, force=True,
-                                                  on_reply=self._on_request_reply, wait_ms=self.request_wait_ms)
+                                                  on_reply=self._on_request_reply, wait_ms=self.request_wait_ms,
+                                                  no_wait=bool(trying))
                     finally:
                         self._requesting.discard(key)
+                    self._tries.sent(key, trying)
                 else:
                     return
             except SemaphoreError as exc:
+                self._tries.sent(key, trying if exchange is Exchange.REQUEST else set(), exc)
                 if isinstance(exc, ConfigurationError):  # a wrong binding or holder class: not down
                     log.error("holder %r: %s; waiting permit() calls fail with it", key, exc)
                     for fut in [f for f in self._waiters.values() if not f.done()]:

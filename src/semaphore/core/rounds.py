@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .allocation import Allocation, Entry, Usage, allocate, ceiling, lease_candidate
+from .batching import Timing, next_request_at
 from .config import LeaseConfig, LimitedGroups
 from .lease_ids import issuing_key, new_lease_id, unknown_lease_charge
 from .ledger import Ledger, Reads
@@ -41,7 +42,7 @@ from .wire import (
 )
 
 __all__ = ["Policy", "Pending", "Limits", "RoundOutcome", "View", "round_reads", "sync_reads",
-           "reclaim_reads", "next_round_at", "decide_round", "decide_sync", "decide_reclaim", "limit_lowered"]
+           "reclaim_reads", "decide_round", "decide_sync", "decide_reclaim", "limit_lowered"]
 
 Message = PermitRequest | SyncMessage
 _DEFAULT_TTL_MS = LeaseConfig().ttl_ms
@@ -61,10 +62,17 @@ class Policy:
     leases: LeaseConfig | None = None
     grant_timeout_ms: int = 10_000
     round_period_ms: int = 2000
+    #: SPEC R9a: rounds run at once while there is no contention (the holder's ``free_at_once``).
+    free_at_once: bool = False
     #: The holder's MAC key under ``lease_secret`` (``None``: the per-storage secret).
     app_secret: bytes | None = None
     #: Crash expiry of claimed permits (``None``: off; see ``DurabilitySemaphore``).
     claim_ttl_ms: int | None = None
+
+    @property
+    def timing(self) -> Timing:
+        """What the replies' ``nextRequestAt`` reads of the round timing (R11, R9a)."""
+        return Timing(round_period_ms=self.round_period_ms, free_at_once=self.free_at_once)
 
     @property
     def ttl_ms(self) -> int:
@@ -120,6 +128,12 @@ class RoundOutcome:
 
     replies: dict[str, dict[str, Any]]
     contended: bool
+    #: The round left need unserved (R29's first cause; a round run at once then commits
+    #: nothing, R9a). ``contended`` is also true when it left no permit free (R29 decision).
+    unserved: bool = False
+    #: A round run at once that would leave need unserved: decided no further, nothing to
+    #: persist, nobody to answer (R9a).
+    declined: bool = False
     #: Clients in the round (each with its latest demand, R10).
     requests: int = 0
     #: Permits granted in the round's new grants, and how many grants.
@@ -142,12 +156,6 @@ class RoundOutcome:
     served: frozenset[str] = frozenset()
     #: Entries the round left unserved that hold no live lease in their group (R31a).
     starving: int = 0
-
-
-def next_round_at(now: int, last_round_at: int | None, round_period_ms: int) -> int:
-    """SPEC R11: the earliest time the next round can run, once no round is waiting (a waiting
-    round's time is its timer's): ``roundPeriodMs`` after the last round began, not before now."""
-    return now if last_round_at is None else max(now, last_round_at + round_period_ms)
 
 
 # ====================================================================== what to load
@@ -475,7 +483,7 @@ def _write_meta(ledger: Ledger, limit: Any, now: int, contended: bool, starving:
 
 
 def decide_round(ledger: Ledger, now: int, clients: Sequence[Pending], limits: Limits,
-                 policy: Policy) -> RoundOutcome:
+                 policy: Policy, *, must_fit: bool = False) -> RoundOutcome:
     """One allocation round (SPEC §4-§7) over the ledger ``round_reads`` loaded: every change
     goes into ``ledger``; returns each client's reply, the round's ``contended`` flag and what
     the round did (:class:`RoundOutcome`)."""
@@ -487,16 +495,31 @@ def decide_round(ledger: Ledger, now: int, clients: Sequence[Pending], limits: L
     entries = _entries(ledger, clients, limits.permitted)
     result = allocate(entries, limit=limits.limit, group_limits=limits.group_limits, usage=usage,
                       leases=policy.leases)
+    if must_fit and result.contended:  # R9a: declined before anything is issued (no lease-id secret)
+        return RoundOutcome({}, True, unserved=True, declined=True)
     _issue(ledger, views, result, now, policy)
     starving = _starving(ledger, result, policy)
-    _write_meta(ledger, limits.limit, now, result.contended, starving)
-    next_at = next_round_at(now, now, policy.round_period_ms)  # R11: this round just began
-    return _outcome(ledger, _round_replies(ledger, clients, views, result, next_at), result, limits,
-                    live_before, starving)
+    contended = result.contended or (policy.free_at_once and _left_full(ledger, limits))
+    _write_meta(ledger, limits.limit, now, contended, starving)
+    # R11: this round just began; a round leaving only "full" (R29 decision) does not stop the
+    # next one running at once (R9a)
+    next_at = next_request_at(policy.timing, now, last_round_at=now, contended=result.contended, round_at=None)
+    replies = _round_replies(ledger, clients, views, result, next_at, contended)
+    return _outcome(ledger, replies, result, limits, live_before, starving, contended)
+
+
+def _left_full(ledger: Ledger, limits: Limits) -> bool:
+    """SPEC R29 decision (free means now, R9a): the round's grants left no permit of an integer
+    limit free (outstanding grant permits at or above it). Lease footprint does not count: a
+    lease filling the rest of the limit is the usual state with leases, and a contended flag
+    would stop every idle lease (R31)."""
+    if type(limits.limit) is not int:
+        return False
+    return ledger.totals()["outstanding"] >= limits.limit
 
 
 def _outcome(ledger: Ledger, replies: dict[str, dict[str, Any]], result: Allocation, limits: Limits,
-             live_before: Iterable[str], starving: int) -> RoundOutcome:
+             live_before: Iterable[str], starving: int, contended: bool) -> RoundOutcome:
     """The round's :class:`RoundOutcome`: its replies and what it did, from the allocation and
     the ledger (the leases live before it that are not any more, the totals after it)."""
     blocked: dict[str, int] = {}
@@ -506,7 +529,7 @@ def _outcome(ledger: Ledger, replies: dict[str, dict[str, Any]], result: Allocat
     leases = ledger.leases
     retired = sum(1 for lid in live_before if lid not in leases or leases[lid].status != "live")
     return RoundOutcome(
-        replies, result.contended, requests=len(replies),
+        replies, contended, unserved=result.contended, requests=len(replies),
         admitted=sum(result.grants.values()), grants_issued=len(result.grants),
         leases_issued=len(result.leases), lease_permits_issued=sum(result.leases.values()),
         leases_retired=retired, blocked=blocked,
@@ -576,7 +599,7 @@ def _reply(held: Mapping[str, tuple[list[GrantRow], list[LeaseRow]]], client_id:
 
 
 def _round_replies(ledger: Ledger, clients: Sequence[Pending], views: Mapping[str, View], result: Allocation,
-                   next_at: int) -> dict[str, dict[str, Any]]:
+                   next_at: int, contended: bool) -> dict[str, dict[str, Any]]:
     """Each client's reply to the round (SPEC R8): its grants and leases, its ``blocked``
     entries (R23), the round's ``contended`` flag (R29) and ``nextRequestAt`` (R11: one period
     after this round)."""
@@ -585,4 +608,4 @@ def _round_replies(ledger: Ledger, clients: Sequence[Pending], views: Mapping[st
         blocked.setdefault(client_id, []).append(blocked_entry(group, reason.value, waiting))
     held = _held_by_client(ledger)
     return {p.client_id: _reply(held, p.client_id, views[p.client_id], blocked.get(p.client_id, []),
-                                result.contended, next_at) for p in clients}
+                                contended, next_at) for p in clients}

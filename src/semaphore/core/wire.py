@@ -317,12 +317,15 @@ class PermitRequest:
     #: ``waitMs``, only when above 0): a holder with ``hold_blocked_ms`` keeps such a request
     #: open until a later round serves it, up to the smaller of the two (SPEC R9 decision).
     wait_ms: int = 0
+    #: A try (wire key ``noWait``, only when true): the client waits for no later round; the
+    #: holder runs its round at once and answers it from that round (SPEC R9b).
+    no_wait: bool = False
 
     type = "request"
 
     def to_wire(self) -> dict[str, Any]:
         """The wire message (``type: "request"``, ``v: 1``); ``leases`` only when not ``None``,
-        ``waitMs`` only when above 0."""
+        ``waitMs`` only when above 0, ``noWait`` only when true."""
         message: dict[str, Any] = {
             "type": "request",
             "v": WIRE_VERSION,
@@ -334,6 +337,8 @@ class PermitRequest:
             message["leases"] = [lease.to_wire() for lease in self.leases]
         if self.wait_ms > 0:
             message["waitMs"] = self.wait_ms
+        if self.no_wait:
+            message["noWait"] = True
         return message
 
 
@@ -434,7 +439,10 @@ def parse_message(message: Any) -> PermitRequest | SyncMessage:
         demand = _parse_demand(message)
         wait = _local(message["waitMs"], "waitMs") if "waitMs" in message else None
         wait_ms = 0 if wait is None else _count(wait, "waitMs")
-        return PermitRequest(client_id, demand, _parse_grants(message), _parse_leases(message), wait_ms)
+        no_wait = _local(message["noWait"], "noWait") if "noWait" in message else False
+        if not isinstance(no_wait, bool):
+            raise _fail("noWait", f"must be a boolean, got {_show(no_wait)}")
+        return PermitRequest(client_id, demand, _parse_grants(message), _parse_leases(message), wait_ms, no_wait)
     return SyncMessage(client_id, _parse_grants(message), _parse_leases(message))
 
 

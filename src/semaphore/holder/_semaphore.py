@@ -19,9 +19,10 @@ from typing import Any
 
 from ..clock import sleep_until
 from ..core.allocation import LIMIT_ERROR
+from ..core.batching import Timing, next_request_at, round_start
 from ..core.config import LeaseConfig, option_int
 from ..core.lease_ids import LEASE_KEY_WORDS, configured_secret, holder_key
-from ..core.rounds import Limits, Pending, Policy, limit_lowered, next_round_at
+from ..core.rounds import Limits, Pending, Policy, limit_lowered
 from ..core.usage import measure
 from ..core.wire import MAX_LIST_LENGTH, LeaseStatus, PermitRequest, SyncMessage, parse_message, valid_count
 from ..errors import ConfigurationError, InvalidMessageError, RoundFailedError
@@ -90,6 +91,12 @@ class _Waiting(Pending):
     def hold_until(self, hold_ms: int) -> int:
         """Until when the request may stay open unserved: ``hold_ms`` capped by its ``waitMs``."""
         return self.since + min(hold_ms, self.latest.wait_ms)
+
+
+def _is_try(p: Pending) -> bool:
+    """R9b: one of the client's waiting requests is a try (``noWait``); a later request of the
+    same client joined to it (R10) does not make it wait."""
+    return any(m.no_wait for m in p.messages)
 
 
 def _merged(older: _Waiting, newer: _Waiting) -> _Waiting:
@@ -242,6 +249,7 @@ class DurabilitySemaphore:
         on_round: OnRound | None = None,
         claim_ttl_ms: int | None = None,
         hold_blocked_ms: int = 0,
+        free_at_once: bool = True,
     ) -> None:
         _check_sources(scheduler, limit, group_limit, can_grant)
         self.scheduler = scheduler
@@ -259,6 +267,10 @@ class DurabilitySemaphore:
         self.on_round = on_round
         self.claim_ttl_ms = None if claim_ttl_ms is None else option_int(claim_ttl_ms, "claim_ttl_ms", 1)
         self.hold_blocked_ms = option_int(hold_blocked_ms, "hold_blocked_ms", 0)
+        if not isinstance(free_at_once, bool):
+            raise ConfigurationError(f"free_at_once: expected a bool, got {free_at_once!r}", field="free_at_once")
+        #: When rounds run (SPEC R9, R9a): read by :mod:`semaphore.core.batching`.
+        self.timing = Timing(self.round_wait_ms, self.round_period_ms, free_at_once)
         self.clock: Callable[[], int] = clock or scheduler.clock  # the scheduler's defaults to system_clock
         self.store = SqlStore(self.storage)
         self._grants_table = TableWatch(self.storage, GRANTS)  # for the reclaim's next_due
@@ -267,6 +279,7 @@ class DurabilitySemaphore:
             leases=self.leases,
             grant_timeout_ms=self.grant_timeout_ms,
             round_period_ms=self.round_period_ms,
+            free_at_once=free_at_once,
             new_id=id_factory or (lambda: secrets.token_hex(12)),
             app_secret=_holder_key(configured_secret(lease_secret), scheduler.ctx),
             new_secret=secret_factory or (lambda: secrets.token_bytes(4 * LEASE_KEY_WORDS)),
@@ -290,9 +303,20 @@ class DurabilitySemaphore:
         self._round_tasks: set[asyncio.Task[None]] = set()
         self._round_at: int | None = None
         self._last_round_at: int | None = None
+        #: When the last batched round began: ``round_period_ms`` spaces batched rounds (R9);
+        #: rounds run at once (R9a) do not delay the next batched one.
+        self._last_batched_at: int | None = None
+        #: Rounds that took their batch and have not ended: a round run at once waits for
+        #: them (R9a: immediate rounds never overlap).
+        self._running = 0
+        #: A round run at once was declined since the last commit (R9a): contention is known.
+        self._declined = False
         #: R29 flag of the last committed round (durable in meta ``contended``; loaded by
         #: :meth:`_ensure_ready`, updated only after a round's commit). Syncs answer it.
         self._last_contended = False
+        #: The last committed round left need unserved (R29's first cause, without R29's
+        #: "full" decision): what R9a counts as contention.
+        self._last_unserved = False
         #: R31a count of the last committed round (durable in meta ``starving``, like the flag).
         self._last_starving = 0
         #: The last committed round's resolved limit (durable in meta ``last_limit``): a sync
@@ -465,10 +489,15 @@ class DurabilitySemaphore:
         ensure_schema(storage)
 
     def next_request_at(self) -> int:
-        """Earliest time the next round can run (SPEC R11)."""
-        if self._round_at is not None:
-            return self._round_at
-        return next_round_at(int(self.clock()), self._last_round_at, self.round_period_ms)
+        """Earliest time the next round can run (SPEC R11, R9a)."""
+        return next_request_at(self.timing, int(self.clock()), last_round_at=self._last_batched_at,
+                               contended=self._contention, round_at=self._round_at)
+
+    @property
+    def _contention(self) -> bool:
+        """Contention the holder knows of (R9a): the last committed round left need unserved
+        (R29), a round run at once was declined since, or requests are held."""
+        return self._last_unserved or self._declined or bool(self._held)
 
     # ================================================================== lifecycle
     async def _ensure_ready(self) -> None:
@@ -480,8 +509,10 @@ class DurabilitySemaphore:
         last_round_at = meta.get("last_round_at")
         if last_round_at is not None and self._last_round_at is None:
             self._last_round_at = last_round_at
+            self._last_batched_at = last_round_at  # not known: as if it were batched
         # R29: the last committed round's flag survives eviction (one read per instance).
         self._last_contended = bool(meta.get("contended", 0))
+        self._last_unserved = self._last_contended  # not stored apart: as if unserved
         self._last_starving = int(meta.get("starving", 0))
         last_limit = meta.get("last_limit")
         self._last_limit = None if last_limit is None else int(last_limit)
@@ -510,17 +541,40 @@ class DurabilitySemaphore:
         pending.since = pending.since or int(self.clock())
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         pending.futures.append(future)
-        if self._round_task is None:
-            now = int(self.clock())
-            at = now + self.round_wait_ms
-            if self._last_round_at is not None:
-                at = max(at, self._last_round_at + self.round_period_ms)
-            self._round_at = at
-            task = asyncio.get_running_loop().create_task(self._round_after(at))
-            self._round_task = task
-            self._round_tasks.add(task)
-            task.add_done_callback(self._round_ended)
+        if request.no_wait:
+            self._hasten()
+        self._start_pending()
         return await future
+
+    def _hasten(self) -> None:
+        """R9b: a try does not wait for a batched round timer: the timer is dropped (its
+        requests stay waiting, nobody is failed) and :meth:`_start_pending` starts the round at
+        once."""
+        task = self._round_task
+        if task is not None and not task.done():
+            self._round_task, self._round_at = None, None  # _round_ended: no longer the timer
+            task.cancel()
+
+    def _start_pending(self) -> None:
+        """Start the round timer for the waiting requests if none waits, at the time
+        :func:`~semaphore.core.batching.round_start` gives (R9, R9a, R9b); none while a round
+        runs and rounds run at once (that round's end calls this again)."""
+        if self._round_task is not None or not self._pending:
+            return
+        contended = self._contention
+        urgent = any(_is_try(p) for p in self._pending.values())
+        at = round_start(self.timing, int(self.clock()), first_since=min(p.since for p in self._pending.values()),
+                         last_batched_at=self._last_batched_at, contended=contended, running=self._running > 0,
+                         urgent=urgent)
+        if at is not None:
+            self._start_timer(at, immediate=urgent or self.timing.immediate(contended))
+
+    def _start_timer(self, at: int, *, immediate: bool) -> None:
+        self._round_at = at
+        task = asyncio.get_running_loop().create_task(self._round_after(at, immediate))
+        self._round_task = task
+        self._round_tasks.add(task)
+        task.add_done_callback(self._round_ended)
 
     def _round_ended(self, task: asyncio.Task[None]) -> None:
         """Done callback of every round task (also called by :meth:`_enqueue` for a done timer):
@@ -548,15 +602,22 @@ class DurabilitySemaphore:
                 if not f.done():
                     f.set_result(failure)
 
-    async def _round_after(self, at: int) -> None:
+    async def _round_after(self, at: int, immediate: bool = False) -> None:
         batch: dict[str, _Waiting] = {}
         try:
             await sleep_until(self.clock, at)
             batch, self._pending = self._take_batch()
             self._round_task = None
             self._round_at = None
-            await self._run_round(batch)
+            self._running += 1
+            try:
+                await self._run_round(batch, immediate)
+            finally:
+                self._running -= 1
+            self._start_pending()  # requests that came while it ran (R9a), or a declined batch
         except BaseException as exc:  # never leave a caller hanging
+            if isinstance(exc, asyncio.CancelledError) and not batch and self._round_task is not asyncio.current_task():
+                raise  # a timer a try replaced (R9b): its requests wait for the round it starts
             log.exception("round failed")
             if not batch and self._round_task is asyncio.current_task():
                 # failed while waiting: the waiting calls were this round's
@@ -565,13 +626,22 @@ class DurabilitySemaphore:
                 self._round_at = None
             self._fail(batch, str(exc) or type(exc).__name__)
             if isinstance(exc, asyncio.CancelledError):
+                if batch and self._round_task is None and self._running == 0:
+                    # requests that waited for this round's end (R9a) would wait for ever (R4)
+                    waiting, self._pending = self._pending, {}
+                    self._fail(waiting, "the round they waited for was cancelled; ask again")
                 raise
+            self._start_pending()
 
-    async def _run_round(self, batch: dict[str, _Waiting]) -> None:
+    async def _run_round(self, batch: dict[str, _Waiting], immediate: bool = False) -> None:
         """Run one round over ``batch`` (R2, R12, R29) and answer its calls; then its
-        :class:`~semaphore.holder._observe.RoundRecord` goes to the log and ``on_round``."""
+        :class:`~semaphore.holder._observe.RoundRecord` goes to the log and ``on_round``. A
+        round run at once (``immediate``) that would leave need unserved is declined (R9a):
+        nothing is written or answered, and its requests wait for a batched round."""
         now = int(self.clock())
-        self._last_round_at = now
+        last_round_at, self._last_round_at = self._last_round_at, now
+        if not immediate:
+            self._last_batched_at = now
         clients = list(batch.values())
         started = time.perf_counter()
         try:
@@ -583,7 +653,12 @@ class DurabilitySemaphore:
         statements = self.storage.statements
         served: frozenset[str] | None = None  # a failed round holds nobody: it answers everyone
         try:  # load -> decide -> persist, in one transaction (R2)
-            outcome = self.storage.transaction(lambda: run_round(self.store, now, clients, limits, self.policy))
+            outcome = self.storage.transaction(
+                lambda: run_round(self.store, now, clients, limits, self.policy, immediate=immediate,
+                                  urgent=any(_is_try(p) for p in clients)))
+            if outcome is None:
+                self._decline(batch, last_round_at)
+                return
         except Exception as exc:
             log.exception("round transaction failed; nothing was written")
             failure = RoundFailedError(f"round failed, nothing was written: {exc}").to_wire()
@@ -595,6 +670,8 @@ class DurabilitySemaphore:
                                   self.storage.statements - statements, outcome)
             replies, served = outcome.replies, outcome.served
             self._last_contended = outcome.contended  # R29: only a committed round changes the flag
+            self._last_unserved = outcome.unserved
+            self._declined = False
             self._last_starving = outcome.starving
             if outcome.limit is not None:
                 self._last_limit = outcome.limit  # meta last_limit (R33, R33a)
@@ -604,6 +681,18 @@ class DurabilitySemaphore:
                 log.exception("could not arm the alarm after a round")
         self._answer(clients, replies, served, now)
         emit(record, self.on_round)
+
+    def _decline(self, batch: dict[str, _Waiting], last_round_at: int | None) -> None:
+        """R9a: a round run at once found contention and wrote nothing: its requests wait again
+        (before any that came meanwhile, R10) for the batched round the caller starts; it does
+        not count as a round for ``round_period_ms``."""
+        self._last_round_at = last_round_at
+        self._declined = True
+        for client_id, p in self._pending.items():
+            older = batch.get(client_id)
+            batch[client_id] = p if older is None else _merged(older, p)
+        self._pending = batch
+        log.debug("a round run at once found contention; its %d requests wait for a batched round", len(batch))
 
     def _answer(self, clients: list[_Waiting], replies: dict[str, dict[str, Any]],
                 served: frozenset[str] | None, now: int) -> None:
@@ -632,7 +721,7 @@ class DurabilitySemaphore:
         """Hold ``p`` open instead of answering it (``hold_blocked_ms``): the round served it
         nothing, it is blocked, and its deadline has not come. Its reports are applied: the next
         round re-reads only its latest request."""
-        if (self.hold_blocked_ms <= 0 or p.client_id in served or not reply.get("blocked")
+        if (self.hold_blocked_ms <= 0 or _is_try(p) or p.client_id in served or not reply.get("blocked")
                 or now >= p.hold_until(self.hold_blocked_ms) or all(f.done() for f in p.futures)
                 or _news(reply, p.latest)):
             return False
@@ -679,12 +768,8 @@ class DurabilitySemaphore:
         held requests are served at once rather than at their deadline."""
         if not self._held or self._round_task is not None:
             return
-        at = next_round_at(int(self.clock()), self._last_round_at, self.round_period_ms)
-        self._round_at = at
-        task = asyncio.get_running_loop().create_task(self._round_after(at))
-        self._round_task = task
-        self._round_tasks.add(task)
-        task.add_done_callback(self._round_ended)
+        self._start_timer(next_request_at(self.timing, int(self.clock()), last_round_at=self._last_batched_at,
+                                          contended=True, round_at=None), immediate=False)
 
     async def _resolve(self, clients: list[_Waiting]) -> Limits:
         """The round's limits (R12): the limit, every demanded group's limit and every group

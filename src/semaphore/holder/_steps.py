@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple, Protocol
 
+from ..core.batching import round_may_commit
 from ..core.ledger import Changes, Ledger, Reads, Snapshot
 from ..core.rounds import (
     Limits,
@@ -116,12 +117,18 @@ def sync_scope(store: Store, message: SyncMessage, *, leases_configured: bool, g
 
 
 def run_round(store: Store, now: int, clients: Sequence[Pending], limits: Limits,
-              policy: Policy) -> RoundOutcome:
+              policy: Policy, *, immediate: bool = False, urgent: bool = False) -> RoundOutcome | None:
     """One round's transaction body (SPEC R2): load what
-    :func:`~semaphore.core.rounds.round_reads` names, decide, persist the changes."""
+    :func:`~semaphore.core.rounds.round_reads` names, decide, persist the changes. A round run
+    at once (``immediate``, R9a) that would leave need unserved persists nothing and returns
+    ``None`` (:func:`~semaphore.core.batching.round_may_commit`), unless a try is in it
+    (``urgent``, R9b)."""
     meta = store.meta()
     ledger = Ledger(store.load(round_reads(meta, now, clients, limits, policy), meta))
-    outcome = decide_round(ledger, now, clients, limits, policy)
+    must_fit = not round_may_commit(policy.timing, immediate=immediate, unserved=True, urgent=urgent)
+    outcome = decide_round(ledger, now, clients, limits, policy, must_fit=must_fit)
+    if outcome.declined:
+        return None
     store.persist(ledger.changes())
     _seen(store, ledger, [p.client_id for p in clients], now, policy.claim_ttl_ms)
     return outcome

@@ -314,7 +314,8 @@ class Simulation(RunningTime):
         s = self.s
         return {"limit": s.limit, "group_limit": dict(s.group_limits) or None, "leases": leases,
                 "round_wait_ms": s.round_wait_ms, "round_period_ms": s.round_period_ms,
-                "grant_timeout_ms": s.grant_timeout_ms, "hold_blocked_ms": s.hold_blocked_ms}
+                "grant_timeout_ms": s.grant_timeout_ms, "hold_blocked_ms": s.hold_blocked_ms,
+                "free_at_once": s.free_at_once}
 
     def _queue_options(self) -> dict[str, Any]:
         s = self.s

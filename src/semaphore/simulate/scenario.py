@@ -89,6 +89,8 @@ class Scenario:
     round_wait_ms: int = _opt(1000, "holder", "int", "a round runs this long after its first waiting request")
     round_period_ms: int = _opt(2000, "holder", "int", "...but never sooner than this after the previous round")
     grant_timeout_ms: int = _opt(10_000, "holder", "int", "unclaimed grant permits are reclaimed after this")
+    free_at_once: bool = _opt(True, "holder", "bool",
+                              "while nothing competes, a request's round runs at once (free means now, SPEC R9a)")
     hold_blocked_ms: int = _opt(0, "holder", "int",
                                 "hold a request its round cannot serve open this long (0: off; the queue's "
                                 "request_wait_ms too)")

@@ -44,6 +44,8 @@ from semaphore.testing import T0, AlarmDriver, ClientSide, HolderSide, Net, SimC
 
 MODES: dict[str, dict[str, Any]] = {
     "none": {"limit": 3, "group_limits": {"a": 1}, "p_enqueue": 0.3},
+    # the seed's timing: every round batched (no rounds at once, SPEC R9a off)
+    "batched": {"limit": 3, "group_limits": {"a": 1}, "p_enqueue": 0.3, "free_at_once": False},
     "strict": {"limit": 5, "leases": {"provisioning": {"mode": "strict"}, "permitsPerLease": 3, "ttlMs": 10_000}},
     "under": {"limit": 4, "leases": {"provisioning": {"mode": "under", "reserve": 2}, "permitsPerLease": 2,
                                      "ttlMs": 10_000}},
@@ -92,6 +94,7 @@ class SoakConfig(Config):
     request_wait_ms: int = 0
     round_wait_ms: int = 1000
     round_period_ms: int = 2000
+    free_at_once: bool = True  # the holder's (SPEC R9a)
 
     @classmethod
     def for_mode(cls, seed: int, mode: str, **overrides: Any) -> SoakConfig:
@@ -214,7 +217,7 @@ class SoakSim(Sim):
         self._objects = 0
         opts: dict[str, Any] = {"limit": cfg.limit, "grant_timeout_ms": cfg.grant_timeout_ms,
                                 "hold_blocked_ms": cfg.hold_blocked_ms, "round_wait_ms": cfg.round_wait_ms,
-                                "round_period_ms": cfg.round_period_ms}
+                                "round_period_ms": cfg.round_period_ms, "free_at_once": cfg.free_at_once}
         if cfg.leases is not None:
             opts["leases"] = cfg.leases
         if cfg.group_limits is not None:
