@@ -1,8 +1,8 @@
-"""README "Use it in your Worker", tier 3: the sample Worker written from the README runs on
+"""The tutorial's fuller sample, tier 3: the sample Worker written from the docs runs on
 workerd.
 
-The sample is created fresh, outside the checkout, from the README's blocks and vendored with
-the README's route 2 from the wheel built offline (``tests/sample_worker.py``, shared with the
+The sample is created fresh, outside the checkout, from the tutorial's blocks and vendored with
+the offline route from the wheel built offline (``tests/sample_worker.py``, shared with the
 tier-1 ``tests/test_sample_worker.py``). The workerd config is generated from the sample's own
 ``wrangler.toml`` (so its modules are the sample's ``entry.py`` and ``python_modules/``, nothing
 of this checkout's ``src/``), and the tests drive the sample's front over HTTP:
