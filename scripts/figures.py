@@ -258,6 +258,29 @@ def make_bench_runtime(page: Path) -> str:
     return _text_block(_python("scripts/bench_runtime.py"))
 
 
+def make_recheck(page: Path) -> str:
+    """The ``reuse`` and ``reuse-held`` settings of ``scripts/bench_protocol.py`` under its standing
+    backlog (120 virtual s, seed 1) at several ``recheckMs``: holder calls per item and the
+    utilization, against how soon a lowered limit reaches a drawing lease."""
+    from dataclasses import replace
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_protocol as bench  # the benchmark's own workload and named settings
+
+    from semaphore.simulate import Scenario, run_scenario
+
+    lines = ["| setting | `recheckMs` | holder calls / item | utilization | admitted |",
+             "| --- | --- | --- | --- | --- |"]
+    for mode in ("reuse", "reuse-held"):
+        base = replace(Scenario(**bench.WORKLOADS["backlog"]), run_s=120.0, seed=1, **bench.REUSE)
+        if mode == "reuse-held":
+            base = replace(base, **bench.REUSE_HELD)
+        for recheck in (0, 4_000, 10_000, 20_000):
+            r = run_scenario(replace(base, lease_recheck_ms=recheck))
+            lines.append(f"| {mode} | {recheck:,} | {r.per_item(r.calls):.3f} | {r.utilization:.1%} | {r.admitted:,} |")
+    return "\n".join(lines) + "\n"
+
+
 COLLECTED = re.compile(r"^(\d+)(?:/\d+)? tests? collected", re.MULTILINE)
 
 
@@ -290,6 +313,7 @@ FIGURES: dict[str, Figure] = {f.name: f for f in (
            ".venv/bin/python scripts/bench_rounds.py --no-plans"),
     Figure("bench-protocol", (*LIBRARY, "scripts/bench_protocol.py"), make_bench_protocol,
            ".venv/bin/python scripts/bench_protocol.py --run-s 300"),
+    Figure("recheck", (*LIBRARY, "scripts/bench_protocol.py"), make_recheck, "scripts/figures.py recheck"),
     Figure("soak", (*LIBRARY, "scripts/soak.py"), make_soak, "scripts/soak"),
     Figure("bench-runtime", (*LIBRARY, "src/entry.py", "src/dashboard.py", "wrangler.toml",
                              "scripts/bench_runtime.py", "package-lock.json"), make_bench_runtime,
