@@ -13,8 +13,8 @@ replaced by the files they include, as MkDocs does):
   and a name that exist. The blocks ``tests/test_readme.py`` names in ``RUN_BY`` are also run
   there against the test kit.
 * ``toml`` and ``json``: parse.
-* ``sh``: every command runs a program of :data:`PROGRAMS` or a script of this repository that
-  exists (``scripts/...``); every ``scripts/...`` and ``examples/...`` path it names exists, and
+* ``sh``: every command (after shell keywords and ``VAR=value`` prefixes) runs a program of
+  :data:`PROGRAMS` or a script of this repository that exists (``scripts/...``); every ``scripts/...`` and ``examples/...`` path it names exists, and
   every ``python -m <module>`` is importable.
 * a block without a language, or ``text``: a diagram or a program's output, not checked here
   (a program's output that is a figure is checked by ``tests/test_figures.py``).
@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SNIPPET = re.compile(r'^--8<-- "(?P<path>[^"]+)"$')
 #: Programs a shell block may run (besides this repository's scripts/...).
 PROGRAMS = {"python", "python3", "pip", "npx", "npm", "uv", "curl", "mkdir", "cd", "echo", "ls", "grep",
-            "wait", "export", ".venv/bin/python", ".venv/bin/mkdocs"}
+            "wait", "export", "chmod", "exec", "shift", "[", ".venv/bin/python", ".venv/bin/mkdocs"}
 #: Shell words that start or end a compound command rather than run a program.
 SHELL_WORDS = {"for", "do", "done", "then", "fi", "if", "while"}
 
@@ -106,7 +106,7 @@ def commands(body: str) -> list[list[str]]:
 def shell_problems(body: str) -> list[str]:
     out = []
     for words in commands(body):
-        while words and words[0] in SHELL_WORDS:
+        while words and (words[0] in SHELL_WORDS or re.match(r"\w+=", words[0])):  # keywords, VAR=value
             words = words[1:] if words[0] != "for" else []
         if not words:
             continue
