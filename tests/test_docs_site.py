@@ -205,6 +205,12 @@ def test_the_site_builds_with_no_warning(tmp_path):
         assert (site / page).is_file(), f"the site has no {page}"
     api = (site / "reference" / "api.html").read_text(encoding="utf-8")
     assert "SemaphoreQueue" in api and "force_settle" in api  # generated from the docstrings
+    import semaphore
+
+    ids = set(re.findall(r'id="([^"]+)"', api))
+    undocumented = [name for name in semaphore.__all__ if name != "__version__"
+                    and not any(i == f"semaphore.{name}" or i.endswith(f".{name}") for i in ids)]
+    assert not undocumented, f"names semaphore exports that docs/reference/api.md does not show: {undocumented}"
     tutorial = re.sub(r"<[^>]+>", "", (site / "tutorial.html").read_text(encoding="utf-8"))
     assert "class Budget(DurableObject)" in tutorial  # the sample's files were included
 
