@@ -232,3 +232,35 @@ def test_the_mkdocs_dependencies_are_pinned_dev_dependencies():
     for name in ("mkdocs", "mkdocs-material", "mkdocstrings", "mkdocstrings-python"):
         assert name in pins and "==" in pins[name], f"{name} is not pinned (==) in the dev dependencies: {dev}"
     assert "mkdocstrings[python]" in pins["mkdocstrings"]
+
+
+def _slug(heading: str) -> str:
+    """A heading's anchor as GitHub and MkDocs' ``toc`` make it (for the headings of these pages)."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def readme_link_problems(text: str) -> list[str]:
+    """Relative links of the README whose file, or whose heading anchor, does not exist."""
+    out = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        file = ROOT / path if path else ROOT / "README.md"
+        if not file.exists():
+            out.append(f"README.md links to {target}: no such file")
+        elif anchor and file.suffix == ".md":
+            slugs = {_slug(line.lstrip("#")) for line in file.read_text(encoding="utf-8").splitlines()
+                     if line.startswith("#")}
+            if anchor not in slugs:
+                out.append(f"README.md links to {target}: no such heading")
+    return out
+
+
+def test_the_readmes_links_lead_somewhere():
+    # The README is not a page of the site (it links into docs/ for GitHub and PyPI readers),
+    # so mkdocs does not check its links: this does.
+    assert not readme_link_problems((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert readme_link_problems("[a](docs/none.md) [b](docs/tutorial.md#no-such-heading) [c](https://x.y/z)") == [
+        "README.md links to docs/none.md: no such file", "README.md links to docs/tutorial.md#no-such-heading: no such heading"]
