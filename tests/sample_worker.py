@@ -1,17 +1,19 @@
-"""The sample Worker of the tutorial's "A fuller sample", built the way a user builds it.
+"""The sample Worker (``examples/worker/``, shown in the tutorial's "A fuller sample"), built the
+way a user builds it.
 
 Shared by ``tests/test_sample_worker.py`` (tier 1: the tutorial's blocks are ``examples/worker/``'s
 files, and ``wrangler deploy --dry-run`` bundles the sample) and
 ``tests/workerd/test_sample_worker.py`` (tier 3: the sample runs on workerd):
 
 * :func:`readme_files` reads the sample's files out of that section of ``docs/tutorial.md``
-  (each block that includes ``examples/worker/<path>`` of :data:`SAMPLE_FILES` with a
-  ``--8<--`` snippet line, resolved as MkDocs does, or whose first line is ``# <path>``);
+  (each block that includes ``examples/worker/<path>`` of :data:`README_FILES` with a ``--8<--``
+  snippet line, resolved as MkDocs does, or whose first line is ``# <path>``);
+  ``examples/worker/`` is the source;
 * :func:`built_wheel` builds the distribution's wheel once per session, offline, from a copy of
   the project (the venv's setuptools, no build isolation, no index: as
   ``tests/test_packaging.py`` does);
-* :func:`create_sample` writes a FRESH project from those blocks into an empty folder (outside
-  the checkout, so neither wrangler nor the workerd harness can see the project's ``src/``) and
+* :func:`create_sample` copies ``examples/worker/`` into a FRESH, empty folder (outside the
+  checkout, so neither wrangler nor the workerd harness can see the project's ``src/``) and
   vendors it with the README's offline route: ``pip install --target python_modules --no-deps``
   of the wheel and of the pinned Workers SDK (``scripts/setup``'s ``SDK_PIN``).
 """
@@ -35,8 +37,14 @@ DEPLOYING = ROOT / "docs" / "guides" / "deploying.md"
 EXAMPLE = ROOT / "examples" / "worker"
 SECTION = "## A fuller sample"
 SNIPPET = re.compile(r'^--8<-- "(?P<path>[^"]+)"$')
-#: The sample's files, each a README block whose first line is ``# <path>``.
-SAMPLE_FILES = ("wrangler.toml", "pyproject.toml", "src/entry.py")
+#: The sample's files the tutorial shows, each a block that includes the file (or starts ``# <path>``).
+README_FILES = ("wrangler.toml", "pyproject.toml", "src/entry.py")
+#: Every file of the sample (``examples/worker/``): the README's, the pinned npm tooling, the one
+#: command that runs it (``dev``) and its notes.
+SAMPLE_FILES = (*README_FILES, "package.json", "package-lock.json", "dev", "README.md")
+#: What the sample's ``[python_modules] exclude`` keeps out of the upload: the library's test kit
+#: and simulator, which a Worker never imports.
+NOT_UPLOADED = ("semaphore/testing/", "semaphore/simulate/")
 
 
 def sdk_pin() -> str:
@@ -74,15 +82,14 @@ def readme_files() -> dict[str, str]:
     """``{path: content}`` of the section's blocks that include ``examples/worker/<path>`` or start
     with ``# <path>`` (a sample file)."""
     found: dict[str, str] = {}
+    prefix = EXAMPLE.relative_to(ROOT).as_posix() + "/"
     for match in re.finditer(r"^```[a-z]*\n(.*?)^```$", readme_section(), re.MULTILINE | re.DOTALL):
         body = match.group(1)
         first = body.split("\n", 1)[0]
         snippet = SNIPPET.match(first)
-        prefix = EXAMPLE.relative_to(ROOT).as_posix() + "/"
-        if snippet and snippet["path"].startswith(prefix) and snippet["path"][len(prefix):] in SAMPLE_FILES:
-            path = snippet["path"][len(prefix):]
-            body = included(body)
-        elif first.startswith("# ") and first[2:].strip() in SAMPLE_FILES:
+        if snippet and snippet["path"].startswith(prefix) and snippet["path"][len(prefix):] in README_FILES:
+            path, body = snippet["path"][len(prefix):], included(body)
+        elif first.startswith("# ") and first[2:].strip() in README_FILES:
             path = first[2:].strip()
         else:
             continue
@@ -130,6 +137,11 @@ def wheel_modules(wheel: Path) -> dict[str, bytes]:
         return {n: zf.read(n) for n in zf.namelist() if n.startswith("semaphore/")}
 
 
+def uploaded_library(wheel: Path) -> dict[str, bytes]:
+    """The wheel's package files the sample uploads: all but :data:`NOT_UPLOADED`."""
+    return {n: c for n, c in wheel_modules(wheel).items() if not n.startswith(NOT_UPLOADED)}
+
+
 @dataclass(frozen=True)
 class Sample:
     root: Path
@@ -156,17 +168,37 @@ def _copy_project_sdk(target: Path) -> None:
         shutil.copy2(source / name, target / name)
 
 
-def create_sample(dest: Path, wheel: Path, files: dict[str, str] | None = None) -> Sample:
-    """A fresh sample project in the empty (or absent) folder ``dest``, from the tutorial's blocks
-    (or ``files``: ``{path: content}``, e.g. the README's Worker), vendored with the offline route
-    (``pip install --target python_modules``). ``dest`` must be outside the checkout."""
+def copy_sample(dest: Path) -> Path:
+    """``examples/worker/``'s files (:data:`SAMPLE_FILES`, modes kept) into the empty (or absent)
+    folder ``dest`` outside the checkout, as a user copies the sample; returns ``dest``."""
     dest = dest.resolve()
     assert not dest.is_relative_to(ROOT), f"{dest} is inside the project"
     dest.mkdir(parents=True, exist_ok=True)
     assert not any(dest.iterdir()), f"{dest} is not empty"
-    for path, content in (readme_files() if files is None else files).items():
+    for path in SAMPLE_FILES:
+        (dest / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(EXAMPLE / path, dest / path)
+    return dest
+
+
+def write_files(dest: Path, files: dict[str, str]) -> Path:
+    """``files`` (``{path: content}``, e.g. the README's Worker) into the empty (or absent) folder
+    ``dest`` outside the checkout; returns ``dest``."""
+    dest = dest.resolve()
+    assert not dest.is_relative_to(ROOT), f"{dest} is inside the project"
+    dest.mkdir(parents=True, exist_ok=True)
+    assert not any(dest.iterdir()), f"{dest} is not empty"
+    for path, content in files.items():
         (dest / path).parent.mkdir(parents=True, exist_ok=True)
         (dest / path).write_text(content, encoding="utf-8")
+    return dest
+
+
+def create_sample(dest: Path, wheel: Path, files: dict[str, str] | None = None) -> Sample:
+    """A fresh sample project in the empty (or absent) folder ``dest``: ``examples/worker/``'s
+    files (or ``files``: ``{path: content}``, e.g. the README's Worker), vendored the offline way
+    (``pip install --target python_modules``). ``dest`` must be outside the checkout."""
+    dest = copy_sample(dest) if files is None else write_files(dest, files)
     pip = (sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-compile",
            "--target", "python_modules", "--no-deps")
     # The offline route: the wheel and the pinned SDK, into python_modules/ (PyPI for the SDK).

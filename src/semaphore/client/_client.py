@@ -33,6 +33,11 @@ wait: every read of live rows and the pruning go through partial indexes that le
 (``..._live`` over live rows, ``..._gone``/``..._settled`` over tombstones), so a client's work
 grows with its live grants and leases only.
 
+**Loaded once per key.** The rows live in :class:`~semaphore.client._store.ClientRows`: a key's
+live grants, live leases and key row are read once per instance (three indexed reads), then
+answered from memory; every change is written through to SQL in the caller's transaction, and
+a rolled back transaction makes the copy forget (the next read loads again).
+
 **Reports beyond the wire limit.** A message carries at most 1,000 grant and 1,000 lease reports
 (SPEC R7). Each message takes, per list, first every entry with *something to report* (counts the
 holder has not acknowledged: claims, releases, draws, a stop; and live leases whose heartbeat is
@@ -75,6 +80,7 @@ from ..core.wire import (
 from ..errors import HolderUnavailableError, SemaphoreError, error_from_reply
 from ..rpc import Call
 from ..runtime import Storage, install_schema, migrate_tables, object_id, plain
+from ._store import GRANTS, KEYS, LEASES, ClientRows
 
 __all__ = [
     "Transport",
@@ -93,9 +99,6 @@ log = logging.getLogger("semaphore.client")
 #: type as :data:`semaphore.rpc.Call` (what ``SemaphoreRpc.transport(env)`` returns).
 Transport = Call
 
-GRANTS = "durability_semaphore_client_grants"
-LEASES = "durability_semaphore_client_leases"
-KEYS = "durability_semaphore_client_keys"
 #: Tables owned by :class:`SemaphoreClient` (the queue adds its own, same prefix).
 CLIENT_TABLES = (GRANTS, LEASES, KEYS)
 
@@ -147,12 +150,6 @@ _INDEXES = (
     f"CREATE INDEX IF NOT EXISTS {LEASES}_live ON {LEASES}(key, expires_at, lease_id) WHERE {_LIVE_LEASES}",
     f"CREATE INDEX IF NOT EXISTS {LEASES}_settled ON {LEASES}(key, updated_at) WHERE status = '{_SETTLED}'",
 )
-
-# "Something to report" (SQL over a row; the same as ClientGrant.dirty / ClientLease.dirty for
-# live rows, plus, for leases, a due heartbeat, R31).
-_GRANT_DIRTY_SQL = "(claimed > sent_claimed OR released > sent_released)"
-_LEASE_DIRTY_SQL = "(drawn > sent_drawn OR released > sent_released OR (stopped <> 0 AND sent_stopped = 0))"
-_LEASE_DUE_SQL = f"({_LEASE_DIRTY_SQL} OR (status = '{LeaseStatus.LIVE.value}' AND stopped = 0 AND heartbeat_at <= ?))"
 
 
 def _install_schema(storage: Storage) -> None:
@@ -239,6 +236,8 @@ class SemaphoreClient:
         self.recheck_ms = recheck_ms
         self._ready = False
         self._last_report_stamp = 0
+        #: The rows of every key used so far, loaded once per key (:mod:`._store`).
+        self.rows = ClientRows(self.storage)
 
     # ================================================================== schema
     def ensure_schema(self) -> None:
@@ -266,30 +265,30 @@ class SemaphoreClient:
         """The grants known for ``key``, oldest claim deadline first. Tombstones are left out in
         SQL, through the ``_live`` partial index (they are never read), unless ``include_gone``."""
         self.ensure_schema()
-        where = "" if include_gone else f" AND {_LIVE_GRANTS}"
-        rows = self.storage.exec(
-            f"SELECT * FROM {GRANTS} WHERE key = ?{where} ORDER BY claim_by, grant_id", key)
+        if not include_gone:
+            return self.rows.grants(key)
+        rows = self.storage.exec(f"SELECT * FROM {GRANTS} WHERE key = ? ORDER BY claim_by, grant_id", key)
         return [ClientGrant._from_row(r) for r in rows]
 
     def grant(self, key: str, grant_id: str) -> ClientGrant | None:
         """One grant (tombstones included), or ``None``."""
         self.ensure_schema()
-        r = self.storage.one(f"SELECT * FROM {GRANTS} WHERE key = ? AND grant_id = ?", key, grant_id)
+        r = self.rows.grant_row(key, grant_id)
         return None if r is None else ClientGrant._from_row(r)
 
     def leases(self, key: str, *, include_settled: bool = False) -> list[ClientLease]:
         """The leases known for ``key``, earliest expiry first. Tombstones are left out in SQL,
         through the ``_live`` partial index, unless ``include_settled``."""
         self.ensure_schema()
-        where = "" if include_settled else f" AND {_LIVE_LEASES}"
-        rows = self.storage.exec(
-            f"SELECT * FROM {LEASES} WHERE key = ?{where} ORDER BY expires_at, lease_id", key)
+        if not include_settled:
+            return self.rows.leases(key)
+        rows = self.storage.exec(f"SELECT * FROM {LEASES} WHERE key = ? ORDER BY expires_at, lease_id", key)
         return [ClientLease._from_row(r) for r in rows]
 
     def lease(self, key: str, lease_id: str) -> ClientLease | None:
         """One lease (tombstones included), or ``None``."""
         self.ensure_schema()
-        r = self.storage.one(f"SELECT * FROM {LEASES} WHERE key = ? AND lease_id = ?", key, lease_id)
+        r = self.rows.lease_row(key, lease_id)
         return None if r is None else ClientLease._from_row(r)
 
     def keys(self) -> list[str]:
@@ -302,7 +301,7 @@ class SemaphoreClient:
 
     def _key_row(self, key: str) -> dict[str, Any] | None:
         self.ensure_schema()
-        return self.storage.one(f"SELECT * FROM {KEYS} WHERE key = ?", key)
+        return self.rows.key_row(key)
 
     def key_state(self, key: str) -> KeyState:
         """What the client remembers of ``key`` (``nextRequestAt``, ``contended``, a pending
@@ -393,19 +392,10 @@ class SemaphoreClient:
         return self.storage.transaction(lambda: self.unit(key).stop_lease(lease_id))
 
     def _change_grant(self, key: str, grant_id: str, column: str, value: int) -> None:
-        self._change(GRANTS, "grant_id", _GRANT_DIRTY_SQL, key, grant_id, column, value)
+        self.rows.change("grant", key, grant_id, column, value, self._now())
 
     def _change_lease(self, key: str, lease_id: str, column: str, value: int) -> None:
-        self._change(LEASES, "lease_id", _LEASE_DIRTY_SQL, key, lease_id, column, value)
-
-    def _change(self, table: str, id_column: str, dirty_sql: str, key: str, row_id: str,
-                column: str, value: int) -> None:
-        # A clean row that turns dirty has had something to report since now (report order).
-        now = self._now()
-        self.storage.exec(
-            f"UPDATE {table} SET {column} = ?, updated_at = ?,"
-            f" report_at = CASE WHEN {dirty_sql} THEN report_at ELSE ? END"
-            f" WHERE key = ? AND {id_column} = ?", value, now, now, key, row_id)
+        self.rows.change("lease", key, lease_id, column, value, self._now())
 
     # ================================================================== messages
     def reports(self, key: str, now: int | None = None) -> tuple[tuple[GrantReport, ...], tuple[LeaseReport, ...]]:
@@ -425,20 +415,10 @@ class SemaphoreClient:
         something to report did not fit (the next message carries it: a delivered report moves
         an entry behind every waiting one, so ``ceil(n / 1000)`` messages carry ``n``, R13)."""
         self.ensure_schema()
-        limit = MAX_LIST_LENGTH + 1  # one more: does an entry with something to report remain?
-        grant_rows = self.storage.exec(
-            f"SELECT *, {_GRANT_DIRTY_SQL} AS due FROM {GRANTS} WHERE key = ? AND {_LIVE_GRANTS}"
-            " ORDER BY due DESC, report_at, claim_by, grant_id LIMIT ?", key, limit)
-        more = len(grant_rows) > MAX_LIST_LENGTH and bool(grant_rows[MAX_LIST_LENGTH]["due"])
-        grants = tuple(ClientGrant._from_row(r).report() for r in grant_rows[:MAX_LIST_LENGTH])
-        lease_reports: tuple[LeaseReport, ...] = ()
-        if leases:
-            lease_rows = self.storage.exec(
-                f"SELECT *, {_LEASE_DUE_SQL} AS due FROM {LEASES} WHERE key = ? AND {_LIVE_LEASES}"
-                " ORDER BY due DESC, report_at, expires_at, lease_id LIMIT ?", now, key, limit)
-            more = more or (len(lease_rows) > MAX_LIST_LENGTH and bool(lease_rows[MAX_LIST_LENGTH]["due"]))
-            lease_reports = tuple(ClientLease._from_row(r).report() for r in lease_rows[:MAX_LIST_LENGTH])
-        return grants, lease_reports, more
+        grant_rows, grants_cut, lease_rows, leases_cut = self.rows.window(key, now, MAX_LIST_LENGTH, leases=leases)
+        grants = tuple(ClientGrant._from_row(r).report() for r in grant_rows)
+        lease_reports = tuple(ClientLease._from_row(r).report() for r in lease_rows)
+        return grants, lease_reports, grants_cut or leases_cut
 
     async def request(
         self,
@@ -498,12 +478,7 @@ class SemaphoreClient:
         more than ``ceil(n / 1000) + 1``). Returns the applied replies; a failure raises as in
         :meth:`sync` (what was delivered before stays delivered)."""
         self.ensure_schema()
-        grant_rows = self.storage.one(
-            f"SELECT COUNT(*) AS n FROM {GRANTS} WHERE key = ? AND {_LIVE_GRANTS} AND {_GRANT_DIRTY_SQL}", key)
-        lease_rows = self.storage.one(
-            f"SELECT COUNT(*) AS n FROM {LEASES} WHERE key = ? AND {_LIVE_LEASES} AND {_LEASE_DUE_SQL}",
-            key, self._now()) if leases else None
-        waiting = max(int(grant_rows["n"]) if grant_rows else 0, int(lease_rows["n"]) if lease_rows else 0)
+        waiting = self.rows.waiting(key, self._now(), leases=leases)
         bound = -(-waiting // MAX_LIST_LENGTH) + 1
         replies: list[AppliedReply] = []
         for _ in range(max(1, bound)):
@@ -540,21 +515,8 @@ class SemaphoreClient:
 
     # ================================================================== applying replies
     def _touch_key(self, key: str, now: int, **values: int) -> None:
-        row = self._key_row(key)
-        current = {"next_request_at": 0, "contended": 0, "needs_sync": 0, "check_at": 0, "claim_ttl_ms": 0,
-                   "replied_at": 0, "lease_recheck_ms": 0}
-        if row is not None:
-            current.update({k: int(row.get(k) or 0) for k in current})
-        current.update(values)
-        self.storage.exec(
-            f"INSERT INTO {KEYS}(key, next_request_at, contended, needs_sync, check_at, claim_ttl_ms, replied_at,"
-            " lease_recheck_ms, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(key) DO UPDATE SET"
-            " next_request_at = excluded.next_request_at, contended = excluded.contended,"
-            " needs_sync = excluded.needs_sync, check_at = excluded.check_at,"
-            " claim_ttl_ms = excluded.claim_ttl_ms, replied_at = excluded.replied_at,"
-            " lease_recheck_ms = excluded.lease_recheck_ms, updated_at = excluded.updated_at",
-            key, current["next_request_at"], current["contended"], current["needs_sync"],
-            current["check_at"], current["claim_ttl_ms"], current["replied_at"], current["lease_recheck_ms"], now)
+        self.ensure_schema()
+        self.rows.touch_key(key, now, **values)
 
     def _apply(
         self,
@@ -575,14 +537,11 @@ class SemaphoreClient:
         # still rotate.
         stamp = self._last_report_stamp = max(now, self._last_report_stamp + 1)
         for r in message.grants:
-            self.storage.exec(
-                f"UPDATE {GRANTS} SET sent_claimed = MAX(sent_claimed, ?), sent_released = MAX(sent_released, ?),"
-                " report_at = ? WHERE key = ? AND grant_id = ?", r.claimed, r.released, stamp, key, r.grant_id)
+            self.rows.delivered("grant", key, r.grant_id, {"sent_claimed": r.claimed, "sent_released": r.released},
+                                stamp)
         for lr in message.leases or ():
-            self.storage.exec(
-                f"UPDATE {LEASES} SET sent_drawn = MAX(sent_drawn, ?), sent_released = MAX(sent_released, ?),"
-                " sent_stopped = MAX(sent_stopped, ?), report_at = ? WHERE key = ? AND lease_id = ?",
-                lr.drawn, lr.released, int(lr.stopped), stamp, key, lr.lease_id)
+            self.rows.delivered("lease", key, lr.lease_id, {"sent_drawn": lr.drawn, "sent_released": lr.released,
+                                                             "sent_stopped": int(lr.stopped)}, stamp)
         # Reported or not: the reply lists every grant and lease the holder has for us (R8), and
         # each is merged the same way (an unreported one keeps its own report_at and its claims
         # the holder does not show yet stay unconfirmed, R15a).
@@ -614,16 +573,7 @@ class SemaphoreClient:
         return applied
 
     def _write_grant(self, g: ClientGrant, now: int) -> None:
-        self.storage.exec(
-            f"INSERT INTO {GRANTS}(key, grant_id, group_name, permits, claimed, released, confirmed,"
-            " claim_by, status, sent_claimed, sent_released, updated_at, report_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(key, grant_id) DO UPDATE SET"
-            " group_name = excluded.group_name, permits = excluded.permits, claimed = excluded.claimed,"
-            " released = excluded.released, confirmed = excluded.confirmed, claim_by = excluded.claim_by,"
-            " status = excluded.status, sent_claimed = excluded.sent_claimed,"
-            " sent_released = excluded.sent_released, updated_at = excluded.updated_at",
-            g.key, g.grant_id, g.group, g.permits, g.claimed, g.released, g.confirmed, g.claim_by,
-            g.status, g.sent_claimed, g.sent_released, now, now)
+        self.rows.write_grant(g, now)
 
     def _apply_grant(self, key: str, s: GrantState, now: int, applied: AppliedReply) -> None:
         merge = merge_grant(key, self.grant(key, s.grant_id), s)  # R8, R13, R15, R17
@@ -635,20 +585,7 @@ class SemaphoreClient:
                 ids.append(s.grant_id)
 
     def _write_lease(self, x: ClientLease, now: int) -> None:
-        self.storage.exec(
-            f"INSERT INTO {LEASES}(key, lease_id, group_name, permits, drawn, released, stopped, status,"
-            " expires_at, heartbeat_at, sent_drawn, sent_released, sent_stopped, updated_at, report_at,"
-            " reusable)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(key, lease_id) DO UPDATE SET"
-            " group_name = excluded.group_name, permits = excluded.permits, drawn = excluded.drawn,"
-            " released = excluded.released, stopped = excluded.stopped, status = excluded.status,"
-            " expires_at = excluded.expires_at, heartbeat_at = excluded.heartbeat_at,"
-            " sent_drawn = excluded.sent_drawn, sent_released = excluded.sent_released,"
-            " sent_stopped = excluded.sent_stopped, updated_at = excluded.updated_at,"
-            " reusable = excluded.reusable",
-            x.key, x.lease_id, x.group, x.permits, x.drawn, x.released, int(x.stopped), x.status,
-            x.expires_at, x.heartbeat_at, x.sent_drawn, x.sent_released, int(x.sent_stopped), now, now,
-            int(x.reusable))
+        self.rows.write_lease(x, now)
 
     def _apply_lease(self, key: str, s: LeaseState, now: int, applied: AppliedReply) -> None:
         merge = merge_lease(key, self.lease(key, s.lease_id), s, now)  # R8, R13, R31, R33
@@ -660,11 +597,7 @@ class SemaphoreClient:
                 ids.append(s.lease_id)
 
     def _prune(self, key: str, now: int) -> None:
-        # Through the tombstone indexes (literal status: SQLite then uses the partial index).
-        cutoff = now - self.tombstone_ms
-        self.storage.exec(f"DELETE FROM {GRANTS} WHERE key = ? AND status = '{GONE}' AND updated_at < ?", key, cutoff)
-        self.storage.exec(f"DELETE FROM {LEASES} WHERE key = ? AND status = '{_SETTLED}' AND updated_at < ?",
-                          key, cutoff)
+        self.rows.prune(key, now - self.tombstone_ms)
 
 
 class KeyUnit:

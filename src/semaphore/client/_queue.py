@@ -98,18 +98,13 @@ from ..errors import ConfigurationError, PermitTimeoutError, SemaphoreError
 from ..runtime import Storage, TableWatch, install_schema, migrate_tables
 from ..scheduler import DurabilityScheduler
 from ._client import AppliedReply, KeyUnit, SemaphoreClient
+from ._queue_store import BLOCKED, PENDING, WAKEUPS, QueueMarks
 
 __all__ = ["ItemState", "PermitKind", "Permit", "QueueItem", "SemaphoreQueue", "QUEUE_TABLES"]
 
 log = logging.getLogger("semaphore.queue")
 
 ITEMS = "durability_semaphore_client_items"
-WAKEUPS = "durability_semaphore_client_wakeups"
-#: Per key, since when releases wait to be reported (``report_releases_within_ms``). Durable, so
-#: an object evicted more often than the bound still reports them on time.
-PENDING = "durability_semaphore_client_pending_releases"
-#: Per ``(key, group)``: the holder's latest ``blocked`` entry (why its queued items wait, R23).
-BLOCKED = "durability_semaphore_client_blocked"
 #: Tables owned by :class:`SemaphoreQueue`.
 QUEUE_TABLES = (ITEMS, WAKEUPS, PENDING, BLOCKED)
 
@@ -438,6 +433,10 @@ class SemaphoreQueue:
         self._init_memory()
         self._ready = False
         self._wakeups = TableWatch(self.storage, WAKEUPS)  # for the wake-up's next_due
+        self.marks = QueueMarks(self.storage)
+        if self.storage is not client.storage:  # a rollback of either forgets both copies
+            self.storage.on_rollback(client.rows.forget)
+            client.storage.on_rollback(self.marks.forget)
         if self.TIMER in scheduler.participants:
             raise ConfigurationError(
                 "scheduler: it already has a SemaphoreQueue; make one queue per object (one queue serves"
@@ -844,7 +843,7 @@ class SemaphoreQueue:
 
     def wake_at(self, key: str) -> int | None:
         """When the queue next wants to work on ``key``, if at all."""
-        self.ensure_schema()
+        self.ensure_schema()  # read from SQL: what is stored, not the instance's copy
         row = self.storage.one(f"SELECT wake_at FROM {WAKEUPS} WHERE key = ?", key)
         return None if row is None else int(row["wake_at"])
 
@@ -881,8 +880,10 @@ class SemaphoreQueue:
         """Schedule the key's next wake-up, and forget the holder's ``blocked`` word on it once
         nothing of the key is queued (nothing waits: the reason is stale)."""
         self._set_wake(key, self._next_wake(key, now))
-        self.storage.exec(f"DELETE FROM {BLOCKED} WHERE key = ? AND NOT EXISTS (SELECT 1 FROM {ITEMS}"
-                          " WHERE key = ? AND state = 'queued')", key, key)
+        if self.marks.has_blocked(key) and self.storage.one(
+                f"SELECT 1 AS x FROM {ITEMS} WHERE key = ? AND state = 'queued' LIMIT 1", key) is None:
+            self.storage.exec(f"DELETE FROM {BLOCKED} WHERE key = ?", key)
+            self.marks.set_blocked(key, False)
 
     # ================================================================== wake-ups
     def _wake_due(self) -> int | None:
@@ -923,16 +924,7 @@ class SemaphoreQueue:
             self.storage.transaction(lambda: self._set_wake(key, retry_at))
 
     def _set_wake(self, key: str, at: int | None, *, earlier_only: bool = False) -> None:
-        if at is None:
-            self.storage.exec(f"DELETE FROM {WAKEUPS} WHERE key = ?", key)
-        elif earlier_only:
-            self.storage.exec(
-                f"INSERT INTO {WAKEUPS}(key, wake_at) VALUES (?, ?)"
-                " ON CONFLICT(key) DO UPDATE SET wake_at = MIN(wake_at, excluded.wake_at)", key, int(at))
-        else:
-            self.storage.exec(
-                f"INSERT INTO {WAKEUPS}(key, wake_at) VALUES (?, ?)"
-                " ON CONFLICT(key) DO UPDATE SET wake_at = excluded.wake_at", key, int(at))
+        self.marks.set_wake(key, at, earlier_only=earlier_only)
 
     # ================================================================== items
     def _item(self, item_id: str) -> QueueItem | None:
@@ -959,11 +951,11 @@ class SemaphoreQueue:
         else:
             if item.state is ItemState.RUNNING:
                 self._release_permit(item)
-            self._finish(item.item_id, now)
+            self._finish(item.key, item.item_id, now)
         self._set_wake(item.key, now, earlier_only=True)
         return True
 
-    def _finish(self, item_id: str, now: int) -> None:
+    def _finish(self, key: str, item_id: str, now: int) -> None:
         """Mark ``item`` done (inside the caller's transaction; the caller wakes the key). With
         ``on_done`` its hook is only recorded as pending, due at once: it runs later in a
         transaction of its own (:meth:`_run_done_hook`), never in this shared step, so a failing
@@ -971,6 +963,7 @@ class SemaphoreQueue:
         self.storage.exec(  # a permit() item's caller knows when it is done: no hook for it
             f"UPDATE {ITEMS} SET state = 'done', finished_at = ?, done_pending = (owner = '' AND ?), done_attempts = 0,"
             " done_retry_at = ? WHERE item_id = ?", now, 0 if self.on_done is None else 1, now, item_id)
+        self.marks.finished(key, now)
 
     def _run_done_hooks(self, key: str) -> None:
         """Call the pending ``on_done`` hooks of ``key`` that are due (each on its own)."""
@@ -1055,10 +1048,10 @@ class SemaphoreQueue:
                                       int(r["slot"]), bool(r["cancel"]), not r["owner"], int(r["enqueued_at"]))
                          for r in self._rows_in(key, "claiming", "item_id, group_name, seq, permit_id, slot,"
                                                 " cancel, owner, enqueued_at"))
-        pending = self.storage.one(f"SELECT since FROM {PENDING} WHERE key = ?", key)
+        pending = self.marks.pending(key)
         return KeySnapshot(
             now, queued, claiming, tuple(unit.grants()), {c.grant_id: unit.grant(c.grant_id) for c in claiming},
-            tuple(unit.leases()), unit.state(), None if pending is None else int(pending["since"]),
+            tuple(unit.leases()), unit.state(), pending,
             self._admit_room(key))
 
     def _rows_in(self, key: str, state: str, columns: str) -> list[dict[str, Any]]:
@@ -1074,7 +1067,7 @@ class SemaphoreQueue:
             else:
                 if r.action is Resolve.RELEASE:
                     unit.release(r.grant_id, 1)
-                self._finish(r.item_id, now)
+                self._finish(unit.key, r.item_id, now)
         if wake_now:
             self._set_wake(unit.key, now, earlier_only=True)  # a hook is due, even if this instance dies
 
@@ -1090,7 +1083,7 @@ class SemaphoreQueue:
         # 1,000, R7): then the rest stays due since the same time, so the pump's next exchange
         # sends the next window at once (claims are due at once anyway: items stay claiming).
         if not applied.more:
-            self.storage.exec(f"DELETE FROM {PENDING} WHERE key = ?", applied.key)
+            self.marks.clear_pending(applied.key)
         unit = self.client.unit(applied.key)
         step = plan.plan_reply(self._snapshot(applied.key, applied.now), self._options(),
                                contended=applied.contended)
@@ -1101,8 +1094,10 @@ class SemaphoreQueue:
     def _on_request_reply(self, applied: AppliedReply) -> None:
         """A reply to a request: keep its ``blocked`` entries as the key's latest word on why
         its groups wait (one statement; replaces the previous reply's), then as any reply."""
-        self.storage.exec(f"DELETE FROM {BLOCKED} WHERE key = ?", applied.key)
+        if self.marks.has_blocked(applied.key):
+            self.storage.exec(f"DELETE FROM {BLOCKED} WHERE key = ?", applied.key)
         entries = [[b.group, b.reason.value, b.waiting] for b in applied.response.blocked]
+        self.marks.set_blocked(applied.key, bool(entries))
         if entries:
             self.storage.exec(
                 f"INSERT OR REPLACE INTO {BLOCKED}(key, group_name, reason, waiting, at)"
@@ -1135,22 +1130,24 @@ class SemaphoreQueue:
             unit.stop_lease(lease_id)
         for give_back in step.give_backs:  # no item runs under them: claimed to be released at once
             unit.release(give_back.grant_id, len(unit.claim(give_back.grant_id, give_back.count)))
-        if step.purge_done_before is not None:  # an item whose hook has not run yet is kept
-            kept = "" if self.on_done is None else " AND done_pending = 0"
+        if step.purge_done_before is not None and self.marks.purge_due(ITEMS, step.purge_done_before):
+            kept = "" if self.on_done is None else " AND done_pending = 0"  # its hook has not run yet
             self.storage.exec(f"DELETE FROM {ITEMS} WHERE state = 'done' AND finished_at < ?{kept}",
                               step.purge_done_before)
+            self.marks.purged()
         # A finished permit() item is never enqueued again (its id is random): nothing to keep.
-        self.storage.exec(f"DELETE FROM {ITEMS} WHERE key = ? AND state = 'done' AND owner != ''", key)
+        if self.marks.permits_done(key):
+            self.storage.exec(f"DELETE FROM {ITEMS} WHERE key = ? AND state = 'done' AND owner != ''", key)
+            self.marks.permits_deleted(key)
 
     def _report_due(self, key: str, snap: KeySnapshot) -> plan.ReportDue:
         """:func:`~semaphore.core.queue_plan.report_due`, keeping the key's "releases waiting
         since" mark (durable, so evictions do not restart the wait)."""
         due = plan.report_due(snap, self._options())
         if due.pending is PendingReleases.START and snap.pending_since is None:
-            self.storage.exec(f"INSERT INTO {PENDING}(key, since) VALUES (?, ?) ON CONFLICT(key) DO NOTHING",
-                              key, snap.now)
+            self.marks.start_pending(key, snap.now)
         elif due.pending is PendingReleases.CLEAR and snap.pending_since is not None:
-            self.storage.exec(f"DELETE FROM {PENDING} WHERE key = ?", key)
+            self.marks.clear_pending(key)
         return due
 
     async def _pump(self, key: str) -> None:
@@ -1182,7 +1179,12 @@ class SemaphoreQueue:
                 else:
                     return
             except SemaphoreError as exc:
-                log.warning("holder %r: %s; retrying in %d ms", key, exc, self.retry_ms)
+                if isinstance(exc, ConfigurationError):  # a wrong binding or holder class: not down
+                    log.error("holder %r: %s; waiting permit() calls fail with it", key, exc)
+                    for fut in [f for f in self._waiters.values() if not f.done()]:
+                        fut.set_exception(exc)
+                else:
+                    log.warning("holder %r: %s; retrying in %d ms", key, exc, self.retry_ms)
                 self._backoff[key] = self._now() + self.retry_ms
                 return
             self._backoff.pop(key, None)

@@ -317,6 +317,9 @@ class DurabilitySemaphore:
             return exc.to_wire()
         try:
             await self._ensure_ready()
+        except ConfigurationError as exc:  # e.g. no SQLite storage: the client raises it, never retries
+            log.error("semaphore storage is not usable: %s", exc)
+            return exc.to_wire()
         except Exception as exc:  # storage unusable: nothing was written
             log.exception("semaphore storage is not usable")
             return RoundFailedError(f"storage error: {exc}").to_wire()

@@ -1,0 +1,144 @@
+"""The queue's per-key marks in SQL, with an in-memory copy (as :mod:`._store` for the client).
+
+:class:`QueueMarks` reads and writes the queue's small per-key tables: the wake time
+(``durability_semaphore_client_wakeups``), since when releases wait to be reported
+(``..._pending_releases``) and whether the holder's ``blocked`` entries are kept
+(``..._blocked``). A key's mark is read once (a point read) and then answered from memory; a
+write that would change nothing (a wake time set no earlier, a mark set that is set, a mark
+cleared that is clear) is not sent. A rolled back transaction forgets the copy
+(:meth:`QueueMarks.forget`, hooked to the storage's rollbacks).
+
+The wake-up participant's ``next_due`` and the keys due at a wake-up are still read from SQL
+(they must see a table removed by ``migrate(ctx, None)`` while an instance lives).
+
+It also knows when a purge of finished items would delete nothing (the earliest finished item
+is younger than the cutoff; no permit item of the key finished since the last delete), so the
+admission step sends no such statement.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..runtime import Storage
+
+__all__ = ["QueueMarks", "WAKEUPS", "PENDING", "BLOCKED"]
+
+WAKEUPS = "durability_semaphore_client_wakeups"
+#: Per key, since when releases wait to be reported (``report_releases_within_ms``). Durable, so
+#: an object evicted more often than the bound still reports them on time.
+PENDING = "durability_semaphore_client_pending_releases"
+#: Per ``(key, group)``: the holder's latest ``blocked`` entry (why its queued items wait, R23).
+BLOCKED = "durability_semaphore_client_blocked"
+
+_UNREAD: Any = object()
+
+
+class QueueMarks:
+    """Wake times, pending-release marks and kept ``blocked`` entries per key."""
+
+    def __init__(self, storage: Storage) -> None:
+        self.storage = storage
+        self._wake: dict[str, int | None] = {}
+        self._pending: dict[str, int | None] = {}
+        self._blocked: dict[str, bool] = {}
+        #: The earliest ``finished_at`` of a done item (any key; ``None``: none), and the keys
+        #: that may have finished permit items not yet deleted.
+        self._done_min: Any = _UNREAD
+        self._permits_done: dict[str, bool] = {}
+        storage.on_rollback(self.forget)
+
+    def forget(self) -> None:
+        """Drop every copy (a transaction rolled back)."""
+        self._wake.clear()
+        self._pending.clear()
+        self._blocked.clear()
+        self._done_min = _UNREAD
+        self._permits_done.clear()
+
+    # ------------------------------------------------------------------ wake times
+    def wake(self, key: str) -> int | None:
+        """When the queue next wants to work on ``key`` (``None``: no row)."""
+        at = self._wake.get(key, _UNREAD)
+        if at is _UNREAD:
+            row = self.storage.one(f"SELECT wake_at FROM {WAKEUPS} WHERE key = ?", key)
+            at = self._wake[key] = None if row is None else int(row["wake_at"])
+        return at  # type: ignore[no-any-return]
+
+    def set_wake(self, key: str, at: int | None, *, earlier_only: bool = False) -> None:
+        """Set (``earlier_only``: lower) the key's wake time; ``None`` removes it."""
+        current = self.wake(key)
+        if at is None:
+            if current is not None:
+                self.storage.exec(f"DELETE FROM {WAKEUPS} WHERE key = ?", key)
+            self._wake[key] = None
+            return
+        at = int(at)
+        new = min(current, at) if earlier_only and current is not None else at
+        if new != current:
+            self.storage.exec(
+                f"INSERT INTO {WAKEUPS}(key, wake_at) VALUES (?, ?)"
+                " ON CONFLICT(key) DO UPDATE SET wake_at = excluded.wake_at", key, new)
+        self._wake[key] = new
+
+    # ------------------------------------------------------------------ pending releases
+    def pending(self, key: str) -> int | None:
+        """Since when the key's releases wait to be reported (``None``: none)."""
+        since = self._pending.get(key, _UNREAD)
+        if since is _UNREAD:
+            row = self.storage.one(f"SELECT since FROM {PENDING} WHERE key = ?", key)
+            since = self._pending[key] = None if row is None else int(row["since"])
+        return since  # type: ignore[no-any-return]
+
+    def start_pending(self, key: str, now: int) -> None:
+        """Releases wait from ``now`` on, unless they waited already."""
+        if self.pending(key) is None:
+            self.storage.exec(f"INSERT INTO {PENDING}(key, since) VALUES (?, ?) ON CONFLICT(key) DO NOTHING",
+                              key, now)
+            self._pending[key] = now
+
+    def clear_pending(self, key: str) -> None:
+        """No release waits any more."""
+        if self.pending(key) is not None:
+            self.storage.exec(f"DELETE FROM {PENDING} WHERE key = ?", key)
+        self._pending[key] = None
+
+    # ------------------------------------------------------------------ blocked entries
+    def has_blocked(self, key: str) -> bool:
+        """Some ``blocked`` entry of the holder is kept for ``key``."""
+        kept = self._blocked.get(key)
+        if kept is None:
+            kept = self._blocked[key] = self.storage.one(
+                f"SELECT 1 AS x FROM {BLOCKED} WHERE key = ? LIMIT 1", key) is not None
+        return kept
+
+    def set_blocked(self, key: str, kept: bool) -> None:
+        """Whether entries are kept for ``key`` now (the caller wrote or deleted them)."""
+        self._blocked[key] = kept
+
+    # ------------------------------------------------------------------ finished items
+    def purge_due(self, items_table: str, cutoff: int) -> bool:
+        """Some done item finished before ``cutoff`` (a purge would delete something): one read
+        of the done items' index, then known until the next purge."""
+        if self._done_min is _UNREAD:
+            row = self.storage.one(f"SELECT MIN(finished_at) AS at FROM {items_table} WHERE state = 'done'")
+            self._done_min = None if row is None or row["at"] is None else int(row["at"])
+        return self._done_min is not None and bool(self._done_min < cutoff)
+
+    def purged(self) -> None:
+        """A purge ran: the earliest finished item is read again when next needed."""
+        self._done_min = _UNREAD
+
+    def finished(self, key: str, now: int) -> None:
+        """An item of ``key`` turned done at ``now``."""
+        if self._done_min is not _UNREAD:
+            self._done_min = now if self._done_min is None else min(self._done_min, now)
+        self._permits_done[key] = True
+
+    def permits_done(self, key: str) -> bool:
+        """Finished permit items of ``key`` may wait to be deleted (unknown: yes)."""
+        return self._permits_done.get(key, True)
+
+    def permits_deleted(self, key: str) -> None:
+        """The key's finished permit items were deleted."""
+        self._permits_done[key] = False

@@ -1,0 +1,273 @@
+"""The client's grant, lease and key rows in SQL, with an in-memory copy per key (SPEC R35).
+
+:class:`ClientRows` is the only code that reads or writes the client's tables
+(``durability_semaphore_client_grants``, ``..._leases``, ``..._keys``). The first use of a key
+loads its live grants, its live leases and its key row (three indexed reads); from then on every
+read of the key is answered from memory, and every change is written through to SQL at once
+(in the caller's storage transaction) and to the copy. A tombstone (a dropped grant, a settled
+lease) is read only when a reply names it (a point read, remembered), so tombstones cost
+nothing while they wait.
+
+The copy is only ever a copy: the object is the only writer of its storage, so what SQL holds
+and what the copy holds are the same rows, as long as
+
+* every write of these tables goes through this class (the client's, and the queue's through
+  the client's per-key unit of work), and
+* a storage transaction that raises (rolled back) forgets the copy: :meth:`ClientRows.forget`
+  is hooked to every rollback of the object's storage adapters (:meth:`Storage.on_rollback`),
+  and the next read loads again.
+
+A new object instance (after eviction) starts with no copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.client_state import GONE, ClientGrant, ClientLease
+from ..core.wire import LeaseStatus
+from ..runtime import Storage
+
+__all__ = ["ClientRows", "GRANTS", "LEASES", "KEYS", "KEY_COLUMNS"]
+
+GRANTS = "durability_semaphore_client_grants"
+LEASES = "durability_semaphore_client_leases"
+KEYS = "durability_semaphore_client_keys"
+
+_SETTLED = LeaseStatus.SETTLED.value
+_LIVE = LeaseStatus.LIVE.value
+#: The key row's columns besides ``key`` and ``updated_at``, with their defaults.
+KEY_COLUMNS = {"next_request_at": 0, "contended": 0, "needs_sync": 0, "check_at": 0, "claim_ttl_ms": 0,
+               "replied_at": 0, "lease_recheck_ms": 0}
+_LIVE_GRANTS = f"status <> '{GONE}'"
+_LIVE_LEASES = f"status <> '{_SETTLED}'"
+
+
+def grant_dirty(r: dict[str, Any]) -> bool:
+    """Something to report (unacknowledged claims or releases)."""
+    return bool(r["claimed"] > r["sent_claimed"] or r["released"] > r["sent_released"])
+
+
+def lease_dirty(r: dict[str, Any]) -> bool:
+    """Something to report (unacknowledged draws, releases or stop)."""
+    return bool(r["drawn"] > r["sent_drawn"] or r["released"] > r["sent_released"]
+                or (r["stopped"] != 0 and r["sent_stopped"] == 0))
+
+
+def lease_due(r: dict[str, Any], now: int) -> bool:
+    """:func:`lease_dirty`, or a live lease's heartbeat is due (R31)."""
+    return lease_dirty(r) or (r["status"] == _LIVE and r["stopped"] == 0 and r["heartbeat_at"] <= now)
+
+
+@dataclass
+class _Key:
+    """The copy of one key: live rows by id, tombstones (or absence) read so far, the key row."""
+
+    grants: dict[str, dict[str, Any]]
+    leases: dict[str, dict[str, Any]]
+    row: dict[str, Any] | None
+    grant_tombs: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    lease_tombs: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+
+
+class ClientRows:
+    """The client's rows of every key it has used, over ``storage`` (see the module
+    documentation)."""
+
+    def __init__(self, storage: Storage) -> None:
+        self.storage = storage
+        self._keys: dict[str, _Key] = {}
+        storage.on_rollback(self.forget)
+
+    def forget(self) -> None:
+        """Drop the copy of every key (a transaction rolled back; the next read loads again)."""
+        self._keys.clear()
+
+    def _key(self, key: str) -> _Key:
+        k = self._keys.get(key)
+        if k is None:
+            s = self.storage
+            grants = s.exec(f"SELECT * FROM {GRANTS} WHERE key = ? AND {_LIVE_GRANTS}"
+                            " ORDER BY claim_by, grant_id", key)
+            leases = s.exec(f"SELECT * FROM {LEASES} WHERE key = ? AND {_LIVE_LEASES}"
+                            " ORDER BY expires_at, lease_id", key)
+            row = s.one(f"SELECT * FROM {KEYS} WHERE key = ?", key)
+            k = _Key({str(r["grant_id"]): dict(r) for r in grants}, {str(r["lease_id"]): dict(r) for r in leases},
+                     None if row is None else {**KEY_COLUMNS, **{c: v for c, v in row.items() if v is not None}})
+            self._keys[key] = k
+        return k
+
+    # ------------------------------------------------------------------ reads
+    def grant_rows(self, key: str) -> list[dict[str, Any]]:
+        """The live grant rows of ``key``, earliest claim deadline first."""
+        return sorted(self._key(key).grants.values(), key=lambda r: (r["claim_by"], r["grant_id"]))
+
+    def lease_rows(self, key: str) -> list[dict[str, Any]]:
+        """The live lease rows of ``key``, earliest expiry first."""
+        return sorted(self._key(key).leases.values(), key=lambda r: (r["expires_at"], r["lease_id"]))
+
+    def grant_row(self, key: str, grant_id: str) -> dict[str, Any] | None:
+        """One grant row (a tombstone included: read once from SQL), or ``None``."""
+        k = self._key(key)
+        r = k.grants.get(grant_id)
+        if r is not None:
+            return r
+        if grant_id not in k.grant_tombs:
+            k.grant_tombs[grant_id] = self.storage.one(
+                f"SELECT * FROM {GRANTS} WHERE key = ? AND grant_id = ?", key, grant_id)
+        return k.grant_tombs[grant_id]
+
+    def lease_row(self, key: str, lease_id: str) -> dict[str, Any] | None:
+        """One lease row (a tombstone included: read once from SQL), or ``None``."""
+        k = self._key(key)
+        r = k.leases.get(lease_id)
+        if r is not None:
+            return r
+        if lease_id not in k.lease_tombs:
+            k.lease_tombs[lease_id] = self.storage.one(
+                f"SELECT * FROM {LEASES} WHERE key = ? AND lease_id = ?", key, lease_id)
+        return k.lease_tombs[lease_id]
+
+    def grants(self, key: str) -> list[ClientGrant]:
+        """The live grants of ``key`` (:meth:`grant_rows` as rows of the core)."""
+        return [ClientGrant._from_row(r) for r in self.grant_rows(key)]
+
+    def leases(self, key: str) -> list[ClientLease]:
+        """The live leases of ``key`` (:meth:`lease_rows` as rows of the core)."""
+        return [ClientLease._from_row(r) for r in self.lease_rows(key)]
+
+    def key_row(self, key: str) -> dict[str, Any] | None:
+        """The key row (``None``: never written)."""
+        return self._key(key).row
+
+    # ------------------------------------------------------------------ writes
+    def _put(self, kind: str, key: str, row_id: str, row: dict[str, Any]) -> None:
+        k = self._key(key)
+        live, tombs, gone = (k.grants, k.grant_tombs, GONE) if kind == "grant" else (k.leases, k.lease_tombs, _SETTLED)
+        if row["status"] == gone:
+            live.pop(row_id, None)
+            tombs[row_id] = row
+        else:
+            tombs.pop(row_id, None)
+            live[row_id] = row
+
+    def change(self, kind: str, key: str, row_id: str, column: str, value: int, now: int) -> None:
+        """Set one count of a row (a local change, SPEC R13): a clean row that turns dirty has
+        had something to report since ``now`` (report order)."""
+        r = self.grant_row(key, row_id) if kind == "grant" else self.lease_row(key, row_id)
+        if r is None:
+            return  # no such row (the SQL UPDATE would match none)
+        dirty = grant_dirty(r) if kind == "grant" else lease_dirty(r)
+        report_at = r["report_at"] if dirty else now
+        table, id_column = (GRANTS, "grant_id") if kind == "grant" else (LEASES, "lease_id")
+        self.storage.exec(f"UPDATE {table} SET {column} = ?, updated_at = ?, report_at = ?"
+                          f" WHERE key = ? AND {id_column} = ?", value, now, report_at, key, row_id)
+        self._put(kind, key, row_id, {**r, column: value, "updated_at": now, "report_at": report_at})
+
+    def delivered(self, kind: str, key: str, row_id: str, sent: dict[str, int], stamp: int) -> None:
+        """The holder applied a report of the row: raise its acknowledged counts to ``sent``
+        and move it behind every entry still waiting to be reported (``report_at = stamp``)."""
+        r = self.grant_row(key, row_id) if kind == "grant" else self.lease_row(key, row_id)
+        if r is None:
+            return  # the SQL UPDATE would match no row
+        new = {**r, **{c: max(int(r[c]), v) for c, v in sent.items()}, "report_at": stamp}
+        table, id_column = (GRANTS, "grant_id") if kind == "grant" else (LEASES, "lease_id")
+        sets = ", ".join(f"{c} = ?" for c in sent)
+        self.storage.exec(f"UPDATE {table} SET {sets}, report_at = ? WHERE key = ? AND {id_column} = ?",
+                          *(new[c] for c in sent), stamp, key, row_id)
+        self._put(kind, key, row_id, new)
+
+    def write_grant(self, g: ClientGrant, now: int) -> None:
+        """Insert or update a grant as merged from a reply (a new row reports from ``now``)."""
+        old = self.grant_row(g.key, g.grant_id)
+        self.storage.exec(
+            f"INSERT INTO {GRANTS}(key, grant_id, group_name, permits, claimed, released, confirmed,"
+            " claim_by, status, sent_claimed, sent_released, updated_at, report_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(key, grant_id) DO UPDATE SET"
+            " group_name = excluded.group_name, permits = excluded.permits, claimed = excluded.claimed,"
+            " released = excluded.released, confirmed = excluded.confirmed, claim_by = excluded.claim_by,"
+            " status = excluded.status, sent_claimed = excluded.sent_claimed,"
+            " sent_released = excluded.sent_released, updated_at = excluded.updated_at",
+            g.key, g.grant_id, g.group, g.permits, g.claimed, g.released, g.confirmed, g.claim_by,
+            g.status, g.sent_claimed, g.sent_released, now, now)
+        self._put("grant", g.key, g.grant_id, {
+            "key": g.key, "grant_id": g.grant_id, "group_name": g.group, "permits": g.permits,
+            "claimed": g.claimed, "released": g.released, "confirmed": g.confirmed, "claim_by": g.claim_by,
+            "status": g.status, "sent_claimed": g.sent_claimed, "sent_released": g.sent_released,
+            "updated_at": now, "report_at": now if old is None else old["report_at"]})
+
+    def write_lease(self, x: ClientLease, now: int) -> None:
+        """Insert or update a lease as merged from a reply (a new row reports from ``now``)."""
+        old = self.lease_row(x.key, x.lease_id)
+        self.storage.exec(
+            f"INSERT INTO {LEASES}(key, lease_id, group_name, permits, drawn, released, stopped, status,"
+            " expires_at, heartbeat_at, sent_drawn, sent_released, sent_stopped, updated_at, report_at,"
+            " reusable)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(key, lease_id) DO UPDATE SET"
+            " group_name = excluded.group_name, permits = excluded.permits, drawn = excluded.drawn,"
+            " released = excluded.released, stopped = excluded.stopped, status = excluded.status,"
+            " expires_at = excluded.expires_at, heartbeat_at = excluded.heartbeat_at,"
+            " sent_drawn = excluded.sent_drawn, sent_released = excluded.sent_released,"
+            " sent_stopped = excluded.sent_stopped, updated_at = excluded.updated_at,"
+            " reusable = excluded.reusable",
+            x.key, x.lease_id, x.group, x.permits, x.drawn, x.released, int(x.stopped), x.status,
+            x.expires_at, x.heartbeat_at, x.sent_drawn, x.sent_released, int(x.sent_stopped), now, now,
+            int(x.reusable))
+        self._put("lease", x.key, x.lease_id, {
+            "key": x.key, "lease_id": x.lease_id, "group_name": x.group, "permits": x.permits, "drawn": x.drawn,
+            "released": x.released, "stopped": int(x.stopped), "status": x.status, "expires_at": x.expires_at,
+            "heartbeat_at": x.heartbeat_at, "sent_drawn": x.sent_drawn, "sent_released": x.sent_released,
+            "sent_stopped": int(x.sent_stopped), "updated_at": now,
+            "report_at": now if old is None else old["report_at"], "reusable": int(x.reusable)})
+
+    def touch_key(self, key: str, now: int, **values: int) -> None:
+        """Set columns of the key row (others kept, or their defaults for a new row)."""
+        current = dict(KEY_COLUMNS)
+        row = self.key_row(key)
+        if row is not None:
+            current.update({c: int(row.get(c) or 0) for c in KEY_COLUMNS})
+        current.update(values)
+        self.storage.exec(
+            f"INSERT INTO {KEYS}(key, next_request_at, contended, needs_sync, check_at, claim_ttl_ms, replied_at,"
+            " lease_recheck_ms, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(key) DO UPDATE SET"
+            " next_request_at = excluded.next_request_at, contended = excluded.contended,"
+            " needs_sync = excluded.needs_sync, check_at = excluded.check_at,"
+            " claim_ttl_ms = excluded.claim_ttl_ms, replied_at = excluded.replied_at,"
+            " lease_recheck_ms = excluded.lease_recheck_ms, updated_at = excluded.updated_at",
+            key, *(current[c] for c in KEY_COLUMNS), now)
+        self._key(key).row = {"key": key, **current, "updated_at": now}
+
+    def prune(self, key: str, cutoff: int) -> None:
+        """Delete the key's tombstones last changed before ``cutoff`` (through the tombstone
+        indexes: literal status, so SQLite uses the partial index)."""
+        self.storage.exec(f"DELETE FROM {GRANTS} WHERE key = ? AND status = '{GONE}' AND updated_at < ?", key, cutoff)
+        self.storage.exec(f"DELETE FROM {LEASES} WHERE key = ? AND status = '{_SETTLED}' AND updated_at < ?",
+                          key, cutoff)
+        k = self._key(key)
+        for tombs in (k.grant_tombs, k.lease_tombs):
+            for row_id in [i for i, r in tombs.items() if r is not None and r["updated_at"] < cutoff]:
+                tombs[row_id] = None
+
+    # ------------------------------------------------------------------ report windows
+    def window(self, key: str, now: int, limit: int, *, leases: bool) -> tuple[
+            list[dict[str, Any]], bool, list[dict[str, Any]], bool]:
+        """Per list, the rows with something to report first (longest waiting first, by
+        ``report_at``), then the least recently reported others: ``(grants, grants cut,
+        leases, leases cut)`` of at most ``limit`` each; "cut": a row with something to
+        report did not fit."""
+        grants = sorted(self._key(key).grants.values(),
+                        key=lambda r: (not grant_dirty(r), r["report_at"], r["claim_by"], r["grant_id"]))
+        lease_list: list[dict[str, Any]] = []
+        if leases:
+            lease_list = sorted(self._key(key).leases.values(),
+                                key=lambda r: (not lease_due(r, now), r["report_at"], r["expires_at"], r["lease_id"]))
+        return (grants[:limit], len(grants) > limit and grant_dirty(grants[limit]),
+                lease_list[:limit], len(lease_list) > limit and lease_due(lease_list[limit], now))
+
+    def waiting(self, key: str, now: int, *, leases: bool) -> int:
+        """The most entries of one list with something to report (:meth:`window`)."""
+        grants = sum(1 for r in self._key(key).grants.values() if grant_dirty(r))
+        due = sum(1 for r in self._key(key).leases.values() if lease_due(r, now)) if leases else 0
+        return max(grants, due)
+
