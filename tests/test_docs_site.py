@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SNIPPET = re.compile(r'^--8<-- "(?P<path>[^"]+)"$')
 #: Programs a shell block may run (besides this repository's scripts/...).
 PROGRAMS = {"python", "python3", "pip", "npx", "npm", "uv", "curl", "mkdir", "cd", "echo", "ls", "grep",
-            "wait", "export", "chmod", "exec", "shift", "[", ".venv/bin/python", ".venv/bin/mkdocs"}
+            "wait", "export", "chmod", "exec", "shift", "[", "printf", "cp", ".venv/bin/python", ".venv/bin/mkdocs"}
 #: Shell words that start or end a compound command rather than run a program.
 SHELL_WORDS = {"for", "do", "done", "then", "fi", "if", "while"}
 

@@ -62,7 +62,7 @@ from semaphore.testing import (
     async_test,
 )
 from semaphore.testing import blocked as blocked_of
-from test_wrangler import _run_dry_run, _setup_problem
+from test_wrangler import _run_dry_run, _setup_problem, _uploaded
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -281,7 +281,7 @@ async def test_the_readme_worker_holds_the_limit_across_objects(clock: SimClock,
     configured = []
     monkeypatch.setattr(logging, "basicConfig", lambda **kw: configured.append(kw))
     names = run_sync_defs(block("README.md", WORKER_HEADING))
-    assert configured == [{"level": logging.INFO}]
+    assert configured == [{"stream": sys.stdout, "level": logging.INFO}]  # stdout: console.log in workerd
     running: dict[str, set[str]] = {"acme": set(), "beta": set()}
     most = {"acme": 0, "beta": 0}
 
@@ -328,6 +328,11 @@ def test_wrangler_bundles_the_readme_worker(tmp_path_factory):
     for line in ("env.ACCOUNT_LIMIT (AccountLimit)", "env.EXPORTS (Exports)", 'env.EXPORTS_PER_ACCOUNT ("2")'):
         assert line in proc.stdout, f"{line!r} not in wrangler's output:\n{proc.stdout}"
     assert (outdir / "entry.py").read_text(encoding="utf-8") == readme_worker()["src/entry.py"]
+    uploaded = _uploaded(outdir)
+    assert "python_modules/semaphore/holder/_semaphore.py" in uploaded  # the library is uploaded ...
+    kept_out = [f for f in uploaded if f.startswith(("python_modules/semaphore/testing/",
+                                                       "python_modules/semaphore/simulate/"))]
+    assert not kept_out, kept_out  # ... but not the test kit and the simulator it never imports
 
 
 def test_the_testing_guides_example_passes() -> None:
