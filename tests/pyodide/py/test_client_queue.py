@@ -11,7 +11,6 @@ objects and exceptions. Client state lives in the client object's own SQLite
 import asyncio
 import time
 
-from pyodide.ffi import JsException
 from standins import Runtime
 from workers import DurableObject
 from workers.rpc import JsDict
