@@ -293,12 +293,19 @@ class SemaphoreQueue(_QueuePump):
         ``report_releases_within_ms``).
 
         :param timeout_ms: give up after this long without a permit (``None``: wait as long as
-            it takes): raises :class:`~semaphore.errors.PermitTimeoutError` (with the holder's
+            it takes; ``0``: a try, see below): raises :class:`~semaphore.errors.PermitTimeoutError` (with the holder's
             latest ``blocked`` entry) and withdraws the request, leaving nothing charged (a
             claim already sent is released as soon as the holder answers it; a grant answering
             a request already on its way is given back at once). Measured on the
             queue's clock (a :class:`~semaphore.testing.VirtualClock` drives it in tests).
         :param payload: JSON-compatible value stored with the item (shown in :meth:`items`).
+
+        ``timeout_ms=0`` is a try, like ``asyncio.Semaphore`` with no waiting or Redisson's
+        ``tryAcquire()``: a live lease serves it at once, else one request goes to the holder
+        at once (``noWait``, SPEC R9b), which answers it from a round run at once; if that
+        round serves it, the block runs (after the claim's confirming sync), else
+        :class:`~semaphore.errors.PermitTimeoutError` is raised with the holder's ``blocked``
+        entry. It never waits for a later round.
 
         Durable across eviction: the item belongs to this queue instance; if the object is
         evicted while the caller waits for or holds the permit, the next instance completes
@@ -317,22 +324,57 @@ class SemaphoreQueue(_QueuePump):
         self._waiters[item_id] = fut
         self._permits.add(item_id)
         try:
-            self.storage.transaction(lambda: self._insert(key, group, item_id, text, now, owner=self._token))
-            self.storage.transaction(lambda: self._admit_locally(key, now))  # a live lease serves it at once
-            self._hand_over(key)
-            await self.scheduler.arm()  # the item's wake-ups (its orphan check, a lease heartbeat)
-            if not fut.done():
-                self._kick(key)
-            item = await self._await_permit(fut, key, group, now, timeout_ms)
+            item = await self._acquire(fut, key, group, item_id, text, now, timeout_ms)
         except BaseException:
             self._waiters.pop(item_id, None)
+            self._tries.remove(key, item_id)
             await self._withdraw(item_id)
             raise
         self._waiters.pop(item_id, None)
+        self._tries.remove(key, item_id)
         try:
             yield item
         finally:
             await self._withdraw(item_id)
+
+    async def _acquire(self, fut: asyncio.Future[QueueItem], key: str, group: str, item_id: str, text: str,
+                       now: int, timeout_ms: int | None) -> QueueItem:
+        """:meth:`permit`'s item, queued and admitted: at once from a live lease, else when the
+        holder's answer serves it (a try: its one answer, R9b)."""
+        answered = self._tries.add(key, item_id) if timeout_ms == 0 else None
+        self.storage.transaction(lambda: self._insert(key, group, item_id, text, now, owner=self._token))
+        self.storage.transaction(lambda: self._admit_locally(key, now))  # a live lease serves it at once
+        self._hand_over(key)
+        await self.scheduler.arm()  # the item's wake-ups (its orphan check, a lease heartbeat)
+        if not fut.done():
+            self._kick(key)
+            if answered is not None:
+                self._start_side_request(key)  # a request in flight: the try must not wait for it
+        if answered is not None:
+            return await self._await_try(fut, answered, key, item_id, group)
+        return await self._await_permit(fut, key, group, now, timeout_ms)
+
+    async def _await_try(self, fut: asyncio.Future[QueueItem], answered: asyncio.Event, key: str,
+                         item_id: str, group: str) -> QueueItem:
+        """A try (R9b): the item's admission, or the holder's answer to the try's request
+        without it (then :class:`PermitTimeoutError` with the ``blocked`` entry, or the error of
+        the request). An answer that gave the item a grant waits for its confirming sync."""
+        waiter: asyncio.Future[Any] = asyncio.ensure_future(answered.wait())
+        try:
+            await asyncio.wait({fut, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if fut.done():
+            return fut.result()
+        item = self.item(item_id)
+        if item is not None and item.state is ItemState.CLAIMING:
+            return await fut  # served: its claim is being confirmed (R15a)
+        error = self._tries.error(item_id)
+        if error is not None:
+            raise error
+        blocked = self.blocked(key).get(group)
+        why = "" if blocked is None else f" (holder: {blocked.reason.value}, {blocked.waiting} waiting)"
+        raise PermitTimeoutError(f"no permit free now for key {key!r}, group {group!r}{why}", blocked=blocked)
 
     async def _await_permit(self, fut: asyncio.Future[QueueItem], key: str, group: str, now: int,
                             timeout_ms: int | None) -> QueueItem:
