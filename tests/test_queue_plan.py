@@ -279,3 +279,79 @@ def test_r31_r33_lease_merge_clamps_retires_and_moves_the_heartbeat():
     settled = merge_lease(KEY, local, replace(live, status=LeaseStatus.SETTLED), NOW)
     assert settled.settled and settled.row is not None and settled.row.status == "settled"
     assert merge_lease(KEY, settled.row, live, NOW).row is None
+
+
+# ----------------------------------------------------------------------------- admitted items
+def item_row(item_id: str, state: str = "running", *, owner: str = "", admitted: int = 0, attempts: int = 0,
+             retry_at: int = NOW, checked_at: int = NOW, started_at: int = NOW, cancel: int = 0,
+             done_pending: int = 0, done_retry_at: int = 0) -> dict[str, object]:
+    return {"item_id": item_id, "state": state, "owner": owner, "admitted": admitted, "attempts": attempts,
+            "retry_at": retry_at, "checked_at": checked_at, "started_at": started_at, "cancel": cancel,
+            "done_pending": done_pending, "done_retry_at": done_retry_at}
+
+
+def test_r37_a_callback_retry_waits_for_an_answer_of_the_holder_since_it_came_due():
+    # R37: the first call never waits; a retry waits until a reply stamped checked_at at or
+    # after its retry_at (a force-settled permit would show in that reply)
+    assert not plan.retry_waits_for_holder(0, checked_at=0, retry_at=NOW)
+    assert plan.retry_waits_for_holder(1, checked_at=NOW - 1, retry_at=NOW)
+    assert not plan.retry_waits_for_holder(1, checked_at=NOW, retry_at=NOW)
+
+
+def test_r37_a_permit_is_gone_when_its_grant_is_unknown_or_gone_or_its_lease_unknown_or_settled():
+    assert plan.permit_gone("grant", None, None) and plan.permit_gone("grant", grant(status=GONE), None)
+    assert not plan.permit_gone("grant", grant(status="active"), None)
+    assert not plan.permit_gone("grant", grant(status="expired"), None)  # still claimable state known
+    assert plan.permit_gone("lease", None, None) and plan.permit_gone("lease", None, lease(status="settled"))
+    assert not plan.permit_gone("lease", None, lease(status="live"))
+    assert not plan.permit_gone("lease", grant(status=GONE), lease())  # the item's own kind decides
+
+
+def test_r37_work_is_completed_after_its_last_attempt_failed():
+    assert not plan.work_exhausted(2, 3) and plan.work_exhausted(3, 3) and plan.work_exhausted(4, 3)
+
+
+def test_r37_a_pump_with_work_left_after_its_exchanges_pauses_requests_only_if_it_requested():
+    assert plan.MAX_EXCHANGES == 8
+    assert plan.pause_after_exchanges(True) is plan.Pause.REQUESTS
+    assert plan.pause_after_exchanges(False) is plan.Pause.ALL
+
+
+def test_r37_item_times_of_callbacks_hooks_reconciliation_and_permit_checks():
+    rows = [
+        item_row("first", retry_at=NOW + 50),                                  # a first call, due later
+        item_row("retry-waits", attempts=1, retry_at=NOW - 5, checked_at=NOW - 10),  # due, waits for the holder
+        item_row("retry-later", attempts=1, retry_at=NOW + 30, checked_at=NOW - 10),  # not due yet: its time counts
+        item_row("admitted", admitted=1, started_at=NOW - 100, checked_at=NOW - 40),
+        item_row("hook", "done", done_pending=1, done_retry_at=NOW + 7),
+        item_row("mine", owner="me", checked_at=NOW - 1),
+        item_row("mine-withdrawn", owner="me", checked_at=NOW - 90, cancel=1),  # its claim's answer resolves it
+        item_row("theirs", owner="other", checked_at=NOW - 99),                 # handled at every pump's start
+        item_row("queued", "queued", checked_at=NOW - 80),
+    ]
+    times = plan.item_times(rows, now=NOW, owner="me", orphan_check_ms=1000, done_hook=True, reconcile=True)
+    assert times == ItemTimes(admit_retry_at=NOW + 30, done_retry_at=NOW + 7, last_checked_at=NOW - 40,
+                              permit_check_at=NOW - 1 + 1000)
+    off = plan.item_times(rows, now=NOW, owner="me", orphan_check_ms=1000, done_hook=False, reconcile=False)
+    assert off.done_retry_at is None and off.last_checked_at is None
+    assert plan.item_times([], now=NOW, owner="me", orphan_check_ms=1000, done_hook=True,
+                           reconcile=True) == ItemTimes()
+
+
+def test_r37_admit_room_is_the_bound_less_the_busy_callbacks_never_below_zero():
+    assert plan.admit_room(None, 5) is None
+    assert plan.admit_room(3, 1) == 2 and plan.admit_room(3, 3) == 0 and plan.admit_room(3, 7) == 0
+
+
+def test_r10_demand_beside_a_held_request_only_when_some_group_asks_for_more():
+    assert not plan.demand_grew([("a", 2)], [("a", 2), ("b", 1)])
+    assert not plan.demand_grew([("a", 1)], [("a", 2)])  # drawn or finished meanwhile
+    assert plan.demand_grew([("a", 3)], [("a", 2)])
+    assert plan.demand_grew([("c", 1)], [("a", 2)])  # a new group
+    assert not plan.demand_grew([], [])
+
+
+def test_r37_reconciliation_checks_items_running_and_unchecked_for_the_bound():
+    assert plan.reconcile_due(NOW - 100, NOW - 100, now=NOW, reconcile_after_ms=100)
+    assert not plan.reconcile_due(NOW - 99, NOW - 100, now=NOW, reconcile_after_ms=100)
+    assert not plan.reconcile_due(NOW - 100, NOW - 99, now=NOW, reconcile_after_ms=100)

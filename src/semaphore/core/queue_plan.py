@@ -13,14 +13,20 @@ storage or awaits:
 * :func:`plan_reply`: what a reply changes (claims resolved, leases stopped when contended, R29).
 * :func:`plan_exchange`: whether to send a ``sync``, a ``request`` (with which demand), or nothing.
 * :func:`report_due`: when the key's reports need a message of their own (R37 decision).
-* :func:`next_wake`: when the queue next wants to work on the key.
+* :func:`next_wake`: when the queue next wants to work on the key (its items' times:
+  :func:`item_times`).
+* Admitted items: a callback's retry waits for the holder (:func:`retry_waits_for_holder`), a
+  permit gone at the holder (:func:`permit_gone`), ``work`` attempts used up
+  (:func:`work_exhausted`), the pause after :data:`MAX_EXCHANGES` exchanges
+  (:func:`pause_after_exchanges`).
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from .client_state import ClientGrant, ClientLease, KeyState
 from .wire import MAX_LIST_LENGTH
@@ -31,6 +37,8 @@ __all__ = [
     "PendingReleases", "ReportDue", "Exchange", "ItemTimes",
     "resolve_claims", "admissible", "demand_of", "leases_to_stop", "plan_admission", "plan_reply", "report_due",
     "heartbeat_due", "plan_exchange", "next_wake", "covered_groups", "wants_round", "recheck_due",
+    "MAX_EXCHANGES", "Pause", "pause_after_exchanges", "retry_waits_for_holder", "permit_gone", "work_exhausted",
+    "item_times", "admit_room", "demand_grew", "reconcile_due",
 ]
 
 
@@ -553,3 +561,104 @@ def next_wake(snap: KeySnapshot, opts: QueueOptions, *, backoff_until: int = 0,
     if items.permit_check_at is not None:
         times.append(max(now, items.permit_check_at))
     return min(times) if times else None
+
+
+# ---------------------------------------------------------------------- admitted items (R37)
+#: Most holder exchanges one pump makes for a key; with work still left after them the pump
+#: pauses (:func:`pause_after_exchanges`) instead of spinning.
+MAX_EXCHANGES = 8
+
+
+class Pause(str, enum.Enum):
+    """What a pump that made :data:`MAX_EXCHANGES` exchanges pauses for ``retry_ms``."""
+
+    #: Requests were among them: only requests pause, so a report due meanwhile (a contended
+    #: release) still goes at once.
+    REQUESTS = "requests"
+    #: Syncs alone: every exchange pauses (the key's network backoff).
+    ALL = "all"
+
+
+def pause_after_exchanges(requested: bool) -> Pause:
+    """SPEC R37 decision: what a pump with work left after :data:`MAX_EXCHANGES` exchanges
+    pauses."""
+    return Pause.REQUESTS if requested else Pause.ALL
+
+
+def retry_waits_for_holder(attempts: int, checked_at: int, retry_at: int) -> bool:
+    """SPEC R37 decision: a retry of an item's callback (an earlier call was made) starts only
+    once the holder has answered since it came due (``checked_at``, stamped by every reply, at
+    or after ``retry_at``): if the item's permit is gone meanwhile (an operator's force-settle)
+    that answer says so, and the item goes back to the queue instead of starting under it."""
+    return attempts > 0 and checked_at < retry_at
+
+
+def permit_gone(kind: str, grant: ClientGrant | None, lease: ClientLease | None) -> bool:
+    """SPEC R37 decision: the permit an admitted item holds (``kind`` ``grant`` or ``lease``)
+    is gone at the holder: its grant is unknown or ``gone`` (``not_found``), its lease unknown
+    or ``settled``. Normal operation never gets here (a grant or lease is gone only once
+    everything under it was released); the item is queued again for a fresh admission."""
+    if kind == "grant":
+        return grant is None or grant.status == "gone"
+    return lease is None or lease.status == "settled"
+
+
+def work_exhausted(attempts: int, work_attempts: int) -> bool:
+    """SPEC R37 decision: a failed ``work`` call that was the item's ``work_attempts``-th (or
+    later) call completes the item anyway (its permit released) instead of retrying it."""
+    return attempts >= work_attempts
+
+
+def item_times(rows: Iterable[Mapping[str, Any]], *, now: int, owner: str, orphan_check_ms: int,
+               done_hook: bool, reconcile: bool) -> ItemTimes:
+    """The key's :class:`ItemTimes` from its kept item rows (live items and pending hooks;
+    columns of ``durability_semaphore_client_items``); ``owner``: this queue instance's token.
+
+    * ``admit_retry_at``: a callback item (no owner) running and not admitted is due at its
+      ``retry_at`` (a call in flight too: if this instance died, the next one calls it again),
+      except a retry waiting for the holder's answer (:func:`retry_waits_for_holder`) that is due
+      already: the exchange that answers it wakes the key.
+    * ``done_retry_at``: the earliest retry of a pending ``on_done`` hook (with a hook).
+    * ``last_checked_at``: reconciliation's clock of admitted callback items (with it).
+    * ``permit_check_at``: this instance's live, not withdrawn permit items are checked
+      ``orphan_check_ms`` after their last check (another owner's are handled at every pump's
+      start)."""
+    admit, done, checked, mine = [], [], [], []
+    for r in rows:
+        state, attempts, retry_at, checked_at = r["state"], int(r["attempts"]), int(r["retry_at"]), int(r["checked_at"])
+        if state == "running" and not r["owner"]:
+            if not r["admitted"]:
+                if not retry_waits_for_holder(attempts, checked_at, retry_at) or retry_at > now:
+                    admit.append(retry_at)
+            else:
+                checked.append(max(int(r["started_at"]), checked_at))
+        if r["done_pending"]:
+            done.append(int(r["done_retry_at"]))
+        if r["owner"] and r["owner"] == owner and state != "done" and not r["cancel"]:
+            mine.append(checked_at)
+    return ItemTimes(
+        admit_retry_at=min(admit, default=None),
+        done_retry_at=min(done, default=None) if done_hook else None,
+        last_checked_at=min(checked, default=None) if reconcile else None,
+        permit_check_at=None if not mine else min(mine) + orphan_check_ms)
+
+
+def admit_room(admit_concurrency: int | None, busy: int) -> int | None:
+    """SPEC R37 decision (``admit_concurrency``): how many more callback items of a key may be
+    admitted while ``busy`` of them are claiming or running with their callback not returned
+    (``None``: no bound)."""
+    return None if admit_concurrency is None else max(0, admit_concurrency - busy)
+
+
+def demand_grew(demand: Iterable[tuple[str, int]], sent: Iterable[tuple[str, int]]) -> bool:
+    """SPEC R37, R10: the key's demand ``(group, count)`` asks for more in some group than the
+    request in flight (``sent``), so it goes in a request of its own beside a held one (items
+    drawn or finished meanwhile need none)."""
+    asked = dict(sent)
+    return any(count > asked.get(group, 0) for group, count in demand)
+
+
+def reconcile_due(started_at: int, checked_at: int, *, now: int, reconcile_after_ms: int) -> bool:
+    """SPEC R37 decision (reconciliation): an admitted item running for ``reconcile_after_ms``
+    and not checked for as long is checked with ``check_running``."""
+    return started_at <= now - reconcile_after_ms and checked_at <= now - reconcile_after_ms

@@ -36,13 +36,13 @@ statements instead of one per 99 ids (the 100-binding limit) or per 11 rows.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..core.ledger import Changes, Reads, Snapshot
 from ..core.rows import AGGREGATES, GRANT_COLUMNS, GRANT_MUTABLE, LEASE_COLUMNS, LEASE_MUTABLE, GrantRow, LeaseRow
 from ..errors import SemaphoreError
-from ..runtime import Storage, install_schema
+from ..runtime import JSON_IDS, JSON_ROWS, Storage, chunks, install_schema, json_list
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -133,23 +133,6 @@ def read_meta(storage: Storage) -> dict[str, int]:
 def drop_schema(storage: Storage) -> None:
     for table in TABLES:
         storage.exec(f"DROP TABLE IF EXISTS {table}")
-
-
-#: Rows or ids per statement when a list travels as one JSON binding (``json_each``): one
-#: statement per round instead of one per 99 ids or 11 rows, while a worst-case binding
-#: (1,000 ids of 256 characters, or 500 rows) stays far below the runtime's 2 MB value limit.
-JSON_IDS = 1000
-JSON_ROWS = 500
-
-
-def json_list(values: Sequence[Any]) -> str:
-    """One binding carrying a list, read in SQL with ``json_each(?)``."""
-    return json.dumps(list(values), separators=(",", ":"), ensure_ascii=False)
-
-
-def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
-    for i in range(0, len(items), size):
-        yield items[i:i + size]
 
 
 class SqlStore:

@@ -1,0 +1,221 @@
+"""The queue's items in SQL, with an in-memory copy per key (as :mod:`._store` for the client).
+
+:class:`QueueItems` is the only code of the queue's pump that reads or writes its items table
+(``durability_semaphore_client_items``; the public views :meth:`SemaphoreQueue.item` and
+:meth:`SemaphoreQueue.items` still read SQL, which every write reaches at once). The first use
+of a key loads its live items (queued, claiming or running) and its finished items whose
+``on_done`` hook is still pending (one or two indexed reads); from then on the pump's reads of
+the key are answered from memory, and every change is written through to SQL at once (in the
+caller's storage transaction, if any) and to the copy: one statement per change of a step,
+whatever the number of items it changes (their ids travel as one JSON binding read with
+``json_each``, per-item values likewise).
+
+Payloads are kept in the copy only up to :data:`PAYLOAD_KEPT` bytes of JSON; a longer one is
+read when an item is handed to a callback (:meth:`QueueItems.payloads`, one read for all the
+items of a step), so a long queue of large payloads is not held in memory.
+
+The copy is only a copy: the object is the only writer of its storage, so it holds what SQL
+holds as long as every write of the items goes through this class and a storage transaction
+that raises forgets the copy (:meth:`QueueItems.forget`, hooked to the storage's rollbacks;
+the queue hooks it to the client's storage too). A new object instance starts with no copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..runtime import JSON_IDS, Storage, chunks, json_list
+
+__all__ = ["QueueItems", "ITEMS", "PAYLOAD_KEPT"]
+
+ITEMS = "durability_semaphore_client_items"
+
+#: Longest payload (bytes of JSON text) kept in the copy; a longer one is read when needed.
+PAYLOAD_KEPT = 1024
+
+#: The columns of an item row besides ``payload`` (in the table's order).
+COLUMNS = ("item_id", "key", "group_name", "enqueued_at", "seq", "state", "permit_kind", "permit_id", "slot",
+           "started_at", "admitted", "attempts", "retry_at", "checked_at", "finished_at", "cancel",
+           "done_pending", "done_attempts", "done_retry_at", "owner", "error")
+_SELECT = (", ".join(COLUMNS) + f", CASE WHEN length(CAST(payload AS BLOB)) <= {PAYLOAD_KEPT}"
+           " THEN payload END AS payload")
+
+
+def kept(row: Mapping[str, Any]) -> bool:
+    """Whether the copy keeps ``row``: a live item, or a finished one whose hook is pending."""
+    return row["state"] != "done" or bool(row["done_pending"])
+
+
+@dataclass
+class _Key:
+    """The copy of one key: its kept rows by item id (insertion order is not relied on)."""
+
+    rows: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+class QueueItems:
+    """The items of every key the queue has used, over ``storage`` (see the module
+    documentation). ``done_hooks``: the queue has an ``on_done`` hook (finished items whose
+    hook is pending are kept too)."""
+
+    def __init__(self, storage: Storage, *, done_hooks: bool) -> None:
+        self.storage = storage
+        self.done_hooks = done_hooks
+        self._keys: dict[str, _Key] = {}
+        storage.on_rollback(self.forget)
+
+    def forget(self) -> None:
+        """Drop the copy of every key (a transaction rolled back; the next read loads again)."""
+        self._keys.clear()
+
+    def _key(self, key: str) -> _Key:
+        k = self._keys.get(key)
+        if k is None:
+            rows = self.storage.exec(f"SELECT {_SELECT} FROM {ITEMS} WHERE key = ?"
+                                     " AND state IN ('queued', 'claiming', 'running')", key)
+            if self.done_hooks:  # the partial index of pending hooks
+                rows += self.storage.exec(f"SELECT {_SELECT} FROM {ITEMS} WHERE key = ? AND done_pending = 1", key)
+            k = self._keys[key] = _Key({str(r["item_id"]): dict(r) for r in rows})
+        return k
+
+    # ------------------------------------------------------------------ reads
+    def rows(self, key: str, state: str | None = None) -> list[dict[str, Any]]:
+        """The kept rows of ``key`` (in ``state``), in enqueue order (copies: a caller may
+        compare them with a later read)."""
+        rows = [dict(r) for r in self._key(key).rows.values() if state is None or r["state"] == state]
+        rows.sort(key=lambda r: int(r["seq"]))
+        return rows
+
+    def row(self, key: str, item_id: str) -> dict[str, Any] | None:
+        """The kept row of ``item_id`` of ``key`` (a copy), or ``None`` (finished, or unknown)."""
+        r = self._key(key).rows.get(item_id)
+        return None if r is None else dict(r)
+
+    def find(self, item_id: str) -> dict[str, Any] | None:
+        """The row of ``item_id`` of any key, finished or not: from a loaded copy, else one point
+        read (its payload left out when long)."""
+        for k in self._keys.values():
+            r = k.rows.get(item_id)
+            if r is not None:
+                return dict(r)
+        return self.storage.one(f"SELECT {_SELECT} FROM {ITEMS} WHERE item_id = ?", item_id)
+
+    def find_with_seq(self, item_id: str) -> tuple[dict[str, Any] | None, int]:
+        """:meth:`find` and the next item's ``seq`` (one more than the largest), in one read."""
+        row = self.storage.one(
+            f"SELECT n.seq AS next_seq, i.* FROM (SELECT COALESCE(MAX(seq), 0) + 1 AS seq FROM {ITEMS}) n"
+            f" LEFT JOIN (SELECT {_SELECT} FROM {ITEMS} WHERE item_id = ?) i ON 1 = 1", item_id)
+        assert row is not None
+        seq = int(row.pop("next_seq"))
+        return (row if row.get("item_id") is not None else None), seq
+
+    def payloads(self, rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """``rows`` with their payloads: those the copy does not keep are read, one statement
+        for all of them."""
+        missing = [str(r["item_id"]) for r in rows if r["payload"] is None]
+        texts: dict[str, str] = {}
+        for part in chunks(missing, JSON_IDS):
+            texts.update((str(r["item_id"]), str(r["payload"])) for r in self.storage.exec(
+                f"SELECT item_id, payload FROM {ITEMS} WHERE item_id IN (SELECT value FROM json_each(?))",
+                json_list(part)))
+        return [dict(r) if r["payload"] is not None else {**r, "payload": texts.get(str(r["item_id"]), "null")}
+                for r in rows]
+
+    # ------------------------------------------------------------------ writes
+    def insert(self, row: dict[str, Any]) -> None:
+        """A new item (``row`` holds every column, ``payload`` included)."""
+        cols = (*COLUMNS, "payload")
+        self.storage.exec(f"INSERT INTO {ITEMS}({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})",
+                          *(row[c] for c in cols))
+        k = self._keys.get(str(row["key"]))
+        if k is not None:
+            text = str(row["payload"])
+            k.rows[str(row["item_id"])] = {**row, "payload": text if len(text.encode()) <= PAYLOAD_KEPT else None}
+
+    def update(self, key: str, item_ids: Iterable[str], values: Mapping[str, Any],
+               each: Mapping[str, Sequence[Any]] | None = None) -> None:
+        """Set ``values`` (the same for every item) and ``each`` (a value per item, in the order
+        of ``item_ids``) on the items ``item_ids`` of ``key``: one statement (per 1,000 items).
+        A value may be a :class:`Add` (``column = column + n``) or :class:`DonePending`."""
+        ids = list(item_ids)
+        if not ids:
+            return
+        each = dict(each or {})
+        assert len(set(ids)) == len(ids) and all(len(v) == len(ids) for v in each.values())
+        k = self._key(key)
+        for start in range(0, len(ids), JSON_IDS):
+            part = ids[start:start + JSON_IDS]
+            per_item = {c: list(v[start:start + JSON_IDS]) for c, v in each.items()}
+            self._write(part, values, per_item)
+        for i, item_id in enumerate(ids):
+            r = k.rows.get(item_id)
+            if r is None:
+                continue  # finished (or unknown): only SQL had it
+            for column, value in values.items():
+                r[column] = value.apply(r, column) if isinstance(value, (Add, DonePending)) else value
+            for column, per in each.items():
+                r[column] = per[i]
+            if not kept(r):
+                del k.rows[item_id]
+
+    def _write(self, ids: list[str], values: Mapping[str, Any], each: Mapping[str, list[Any]]) -> None:
+        sets: list[str] = []
+        args: list[Any] = []
+        for column, value in values.items():
+            if isinstance(value, (Add, DonePending)):
+                sets.append(f"{column} = {value.sql(column)}")
+                args.extend(value.args())
+            else:
+                sets.append(f"{column} = ?")
+                args.append(value)
+        if len(ids) == 1:
+            sets += [f"{column} = ?" for column in each]
+            args += [v[0] for v in each.values()]
+            self.storage.exec(f"UPDATE {ITEMS} SET {', '.join(sets)} WHERE item_id = ?", *args, ids[0])
+            return
+        rows = json_list([[item_id, *(each[c][i] for c in each)] for i, item_id in enumerate(ids)])
+        for n, column in enumerate(each, start=1):
+            sets.append(f"{column} = (SELECT json_extract(value, '$[{n}]') FROM json_each(?)"
+                        " WHERE json_extract(value, '$[0]') = item_id)")
+            args.append(rows)
+        self.storage.exec(f"UPDATE {ITEMS} SET {', '.join(sets)}"
+                          " WHERE item_id IN (SELECT json_extract(value, '$[0]') FROM json_each(?))", *args, rows)
+
+    def delete_done(self, where: str, *args: Any) -> None:
+        """Delete finished items (``state = 'done' AND <where>``); the copy keeps none of them
+        unless its hook is pending, which ``where`` must exclude."""
+        self.storage.exec(f"DELETE FROM {ITEMS} WHERE state = 'done' AND {where}", *args)
+
+
+@dataclass(frozen=True)
+class Add:
+    """``column = column + n`` in :meth:`QueueItems.update`."""
+
+    n: int
+
+    def sql(self, column: str) -> str:
+        return f"{column} + ?"
+
+    def args(self) -> list[Any]:
+        return [self.n]
+
+    def apply(self, row: Mapping[str, Any], column: str) -> int:
+        return int(row[column]) + self.n
+
+
+@dataclass(frozen=True)
+class DonePending:
+    """``done_pending``: ``1`` for a callback item (no ``owner``) when the queue has a hook."""
+
+    hook: bool
+
+    def sql(self, column: str) -> str:
+        return "(owner = '' AND ?)"
+
+    def args(self) -> list[Any]:
+        return [1 if self.hook else 0]
+
+    def apply(self, row: Mapping[str, Any], column: str) -> int:
+        return int(not row["owner"] and self.hook)

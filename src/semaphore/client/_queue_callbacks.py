@@ -1,0 +1,209 @@
+"""The queue's callbacks and permit hand-overs (SPEC R37): ``on_admit`` / ``work`` of each
+admitted item (at least once, always under its one permit, retried after a failure or an
+eviction), the hand-over of admitted :meth:`~semaphore.client.SemaphoreQueue.permit` items to
+their waiting callers, the release of permit items whose caller is gone, reconciliation
+(``check_running``), and an admitted item whose permit is gone going back to the queue."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Awaitable
+from typing import Any, cast
+
+from ..core import queue_plan as plan
+from ._item_store import Add
+from ._queue_items import _QueueItemsPart
+from ._queue_model import AdmitCallback, ItemState, PermitKind, QueueItem, _call
+
+log = logging.getLogger("semaphore.queue")
+
+
+class _QueueCallbacks(_QueueItemsPart):
+    """Callbacks, hand-overs, orphans and reconciliation (see the module documentation)."""
+
+    def _calls_due(self, key: str, now: int) -> list[QueueItem]:
+        """The admitted callback items of ``key`` whose call is due now and not in flight, their
+        attempt persisted (one write for all of them, before any is called, so an eviction
+        during a call retries it after ``admit_retry_ms`` under the same permit). On the way:
+        a call still in flight here is due again only if this instance dies (its retry moved
+        ``orphan_check_ms`` on); an item whose permit is gone goes back to the queue; a retry
+        waits for an answer of the holder since it came due (if the permit is gone meanwhile,
+        an operator's force-settle, that answer says so and the item is queued again instead
+        of starting under it)."""
+        calls: list[dict[str, Any]] = []
+        in_flight: list[str] = []
+        for r in self._live(key, ItemState.RUNNING, admitted=0, owner=""):
+            if int(r["retry_at"]) > now:
+                continue
+            if str(r["item_id"]) in self._inflight:
+                in_flight.append(str(r["item_id"]))
+            elif self._requeue_if_gone(r):
+                continue
+            elif plan.retry_waits_for_holder(int(r["attempts"]), int(r["checked_at"]), int(r["retry_at"])):
+                self.client.ask_holder(key)
+            else:
+                calls.append(r)
+        self._items.update(key, in_flight, {"retry_at": now + self.orphan_check_ms})
+        ids = [str(r["item_id"]) for r in calls]
+        self._items.update(key, ids, {"attempts": Add(1), "retry_at": now + self.admit_retry_ms})
+        rows = [r for r in (self._items.row(key, item_id) for item_id in ids) if r is not None]
+        return [QueueItem._from_row(r) for r in self._items.payloads(rows)]
+
+    def _still_due(self, item: QueueItem) -> bool:
+        """``item`` (its attempt persisted by :meth:`_calls_due`) is still to be called: running,
+        not admitted, the same attempts, no call in flight. A pass that awaited (a failing
+        callback's hook) may find an item another pass has started or finished meanwhile: it
+        must not call it again."""
+        r = self._items.row(item.key, item.item_id)
+        return r is not None and r["state"] == ItemState.RUNNING.value and not r["admitted"] \
+            and int(r["attempts"]) == item.attempts and item.item_id not in self._inflight
+
+    def _admitted(self, item: QueueItem) -> None:
+        """``item``'s callback returned: it counts as admitted (if it still runs)."""
+        r = self._items.row(item.key, item.item_id)
+        if r is not None and r["state"] == ItemState.RUNNING.value:
+            self._items.update(item.key, [item.item_id], {"admitted": 1})
+
+    async def _run_callbacks(self, key: str, now: int) -> bool:
+        """Hand admitted permit items to their callers, and start the callback (``on_admit`` or
+        ``work``) of every admitted item of ``key`` whose call is due and not in flight
+        (:meth:`_calls_due`): a sync ``on_admit`` runs here, an awaitable (any ``work``) as a
+        task of its own that this pump does not wait for (it writes the outcome itself).
+        Returns whether a callback returned here (synchronously), freeing its slot."""
+        self._hand_over(key)
+        if self.on_admit is None and self.work is None:
+            return False
+        spawned = freed = False
+        for item in self._calls_due(key, now):
+            if not self._still_due(item):
+                continue  # changed since (another pass started or finished it)
+            try:
+                result = self.work(item) if self.work is not None else cast(AdmitCallback, self.on_admit)(item)
+            except Exception as exc:  # noqa: BLE001 - a failing callback only delays its item
+                await self._callback_failed(item, exc)
+                continue
+            if inspect.isawaitable(result):
+                self._inflight[item.item_id] = asyncio.ensure_future(self._await_callback(item, result))
+                spawned = True
+            else:
+                self._admitted(item)
+                if self.work is not None:  # a synchronous work function: it is done when it returns
+                    await self._complete_logged(item.item_id)
+                freed = True
+        if spawned:
+            await asyncio.sleep(0)  # let the new tasks take their first step (a quick one is done)
+        return freed
+
+    async def _await_callback(self, item: QueueItem, awaitable: Awaitable[Any]) -> None:
+        """The task of one awaitable callback: on return the item counts as admitted (with
+        ``work``: it is completed, its permit released); on failure it is retried later (or,
+        with ``work``, completed after ``work_attempts`` calls). Then the key is pumped again:
+        its callback slot is free."""
+        try:
+            try:
+                await awaitable
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a failing callback only delays its item
+                await self._callback_failed(item, exc)
+            else:
+                self._admitted(item)
+                if self.work is not None:
+                    await self._complete_logged(item.item_id)
+        finally:
+            if self._inflight.get(item.item_id) is asyncio.current_task():
+                del self._inflight[item.item_id]
+        self._kick(item.key)
+
+    async def _callback_failed(self, item: QueueItem, exc: Exception) -> None:
+        retry_at = self._now() + self.admit_retry_ms
+        self._items.update(item.key, [item.item_id], {"error": repr(exc)[:1000], "retry_at": retry_at})
+        if self.work is not None and plan.work_exhausted(item.attempts, self.work_attempts):
+            log.error("work failed for item %r (attempt %d of %d): %r; completing it, its permit is released",
+                      item.item_id, item.attempts, self.work_attempts, exc, exc_info=exc)
+            await self._complete_logged(item.item_id)
+            return
+        what = "work" if self.work is not None else "on_admit"
+        log.error("%s failed for item %r (attempt %d): %r; retrying in %d ms under the same permit",
+                  what, item.item_id, item.attempts, exc, self.admit_retry_ms, exc_info=exc)
+        self.storage.transaction(lambda: self._set_wake(item.key, retry_at, earlier_only=True))
+        await self.scheduler.arm()
+
+    async def _complete_logged(self, item_id: str) -> None:
+        try:
+            await self.complete(item_id)
+        except Exception:  # noqa: BLE001 - e.g. an on_done that returned an awaitable: logged, left to the pump
+            log.exception("completing item %r after its work failed; the pump retries its hook", item_id)
+
+    def _requeue_if_gone(self, r: dict[str, Any]) -> bool:
+        """An admitted item whose work has not started yet (its callback never returned, or its
+        permit caller was not handed it) while its permit is gone at the holder (the grant
+        answered ``not_found``, the lease ``settled``: an operator's force-settle, or a lost
+        holder storage): back to the queue for a fresh admission, with its original age. Normal
+        operation never gets here (a grant or lease is gone only once everything under it was
+        released)."""
+        key = str(r["key"])
+        unit, kind, permit_id = self.client.unit(key), str(r["permit_kind"]), str(r["permit_id"])
+        grant = unit.grant(permit_id) if kind == PermitKind.GRANT.value else None  # read only the permit's own row
+        lease = None if kind == PermitKind.GRANT.value else unit.lease(permit_id)
+        if not plan.permit_gone(kind, grant, lease):
+            return False
+        log.warning("the %s permit of item %r is gone at the holder (force-settled?); the item is queued again"
+                    " for a fresh admission", r["permit_kind"], str(r["item_id"]))
+        def body() -> None:
+            # a fresh admission: the failed calls under the gone permit do not count (work_attempts)
+            self._requeue(key, [str(r["item_id"])], attempts=0)
+            self._set_wake(key, self._now(), earlier_only=True)
+
+        self.storage.transaction(body)
+        return True
+
+    def _hand_over(self, key: str) -> None:
+        """Give every admitted permit item of this instance to its waiting caller."""
+        for r in self._live(key, ItemState.RUNNING, owner=self._token, admitted=0):
+            item_id = str(r["item_id"])
+            fut = self._waiters.get(item_id)
+            if fut is None or fut.done():
+                continue  # withdrawn meanwhile: its caller completes it
+            if self._requeue_if_gone(r):
+                continue
+            self._items.update(key, [item_id], {"admitted": 1})
+            fut.set_result(self._item_of({**r, "admitted": 1}))
+
+    def _release_orphans(self, key: str, now: int) -> None:
+        """Complete the live permit items of ``key`` whose caller is gone: items of another
+        (dead) instance of this queue, and items of this one with no caller (a withdrawal that
+        failed). Their permits are released, nothing stays charged for them. Items of live
+        callers are marked checked (the next check is ``orphan_check_ms`` later)."""
+        # a cancelled one was withdrawn already: its claim is released once the holder answers
+        for r in self._live(key, owner=True, cancel=0):
+            item_id = str(r["item_id"])
+            if r["state"] == ItemState.DONE.value or (r["owner"] == self._token and item_id in self._permits):
+                continue
+            log.warning("permit item %r has no caller any more (evicted); releasing it", item_id)
+            self.storage.transaction(lambda: self._complete(item_id, now))  # noqa: B023 (run at once)
+        self._items.update(key, [str(r["item_id"]) for r in self._live(key, owner=self._token)
+                                 if r["state"] != ItemState.DONE.value
+                                 and int(r["checked_at"]) <= now - self.orphan_check_ms], {"checked_at": now})
+
+    async def _reconcile(self, key: str, now: int) -> None:
+        if self.reconcile_after_ms is None or self.check_running is None:
+            return
+        rows = [r for r in self._live(key, ItemState.RUNNING, admitted=1, owner="") if plan.reconcile_due(
+            int(r["started_at"]), int(r["checked_at"]), now=now, reconcile_after_ms=self.reconcile_after_ms)]
+        for item in [QueueItem._from_row(r) for r in self._items.payloads(rows)]:
+            try:
+                running = bool(await _call(self.check_running, item))
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("check_running failed for item %r", item.item_id)
+                running = True
+            at = self._now()
+            if running:
+                self._items.update(key, [item.item_id], {"checked_at": at})
+            else:
+                log.warning("item %r is no longer running (completion notice lost); releasing it", item.item_id)
+                self.storage.transaction(lambda: self._complete(item.item_id, at))  # noqa: B023 (run at once)

@@ -1,0 +1,176 @@
+"""The queue's item transitions (SPEC R37): insert, start, requeue, finish (with its
+``on_done`` hook recorded, run and retried), the permit release of a completed item, and the
+reads the pump decides over (queued items, callback room), all through the key's copy of its
+items (:class:`~._item_store.QueueItems`)."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from ..core import queue_plan as plan
+from ..core.queue_plan import QueuedItem
+from ..core.wire import Demand
+from ..errors import ConfigurationError
+from ..scheduler import DurabilityScheduler
+from ._item_store import DonePending
+from ._queue_base import _QueueBase
+from ._queue_model import ItemState, PermitKind, QueueItem
+
+log = logging.getLogger("semaphore.queue")
+
+
+class _QueueItemsPart(_QueueBase):
+    """Item transitions and reads (see the module documentation)."""
+
+    def _insert(self, key: str, group: str, item_id: str, payload: str, now: int, *, owner: str) -> QueueItem:
+        """Queue a new item (or return the existing one of ``item_id``) and wake its key."""
+        existing, seq = self._items.find_with_seq(item_id)
+        if existing is not None:
+            return self._item_of(existing)
+        row = {"item_id": item_id, "key": key, "group_name": group, "payload": payload, "enqueued_at": now,
+               "seq": seq, "state": ItemState.QUEUED.value, "permit_kind": "", "permit_id": "", "slot": 0,
+               "started_at": 0, "admitted": 0, "attempts": 0, "retry_at": 0, "checked_at": now, "finished_at": 0,
+               "cancel": 0, "done_pending": 0, "done_attempts": 0, "done_retry_at": 0, "owner": owner, "error": ""}
+        self._items.insert(row)
+        self._set_wake(key, now, earlier_only=True)
+        return QueueItem._from_row(row)
+
+    def _item_of(self, row: dict[str, Any]) -> QueueItem:
+        """The item of a row of :attr:`_items` (its payload read if the copy does not keep it)."""
+        return QueueItem._from_row(self._items.payloads([row])[0])
+
+    def _release_permit(self, key: str, row: Mapping[str, Any]) -> None:
+        if not row["permit_kind"]:
+            return
+        unit = self.client.unit(key)
+        if row["permit_kind"] == PermitKind.GRANT.value:
+            unit.release(str(row["permit_id"]), 1)
+        else:
+            unit.release_lease(str(row["permit_id"]), 1)
+
+    def _complete(self, item_id: str, now: int) -> bool:
+        return self._complete_key(item_id, now) is not None
+
+    def _complete_key(self, item_id: str, now: int) -> str | None:
+        """Complete ``item_id`` (see :meth:`complete`); its key, or ``None`` when it is unknown
+        or finished already."""
+        row = self._items.find(item_id)
+        if row is None or row["state"] == ItemState.DONE.value:
+            return None
+        key = str(row["key"])
+        if row["state"] == ItemState.CLAIMING.value:
+            # The claim may be confirmed: resolve it first, then release at once.
+            self._items.update(key, [item_id], {"cancel": 1})
+        else:
+            if row["state"] == ItemState.RUNNING.value:
+                self._release_permit(key, row)
+            self._finish(key, [item_id], now)
+        self._set_wake(key, now, earlier_only=True)
+        return key
+
+    def _finish(self, key: str, item_ids: list[str], now: int) -> None:
+        """Mark the items done (inside the caller's transaction; the caller wakes the key). With
+        ``on_done`` their hooks are only recorded as pending, due at once: each runs later in a
+        transaction of its own (:meth:`_run_done_hook`), never in this shared step, so a failing
+        hook cannot roll back the key's admissions or replies."""
+        if not item_ids:
+            return
+        self._items.update(key, item_ids, {  # a permit() item's caller knows when it is done: no hook for it
+            "state": ItemState.DONE.value, "finished_at": now, "done_pending": DonePending(self.on_done is not None),
+            "done_attempts": 0, "done_retry_at": now})
+        self.marks.finished(key, now)
+
+    def _run_done_hooks(self, key: str) -> None:
+        """Call the pending ``on_done`` hooks of ``key`` that are due (each on its own)."""
+        if self.on_done is None:
+            return
+        now = self._now()
+        rows = [r for r in self._items.rows(key) if r["done_pending"] and int(r["done_retry_at"]) <= now]
+        rows.sort(key=lambda r: (int(r["done_retry_at"]), int(r["seq"])))
+        for r in rows:
+            self._run_done_hook(str(r["item_id"]), raise_misuse=False)
+
+    def _run_done_hook(self, item_id: str, *, raise_misuse: bool) -> None:
+        """``on_done(item)`` for ``item_id`` if its hook is pending, in one transaction with
+        clearing the flag. A failure rolls back the hook's writes, is logged and backed off; a
+        hook returning an awaitable (:class:`ConfigurationError`) is re-raised if
+        ``raise_misuse``."""
+        hook = self.on_done
+        assert hook is not None
+
+        def body() -> None:
+            r = self._items.find(item_id)
+            if r is None or not r["done_pending"]:
+                return  # not pending (any more)
+            result = hook(self._item_of(r))
+            if inspect.isawaitable(result):
+                if inspect.iscoroutine(result):
+                    result.close()  # never awaited: say so here instead of a RuntimeWarning
+                raise ConfigurationError("on_done: returned an awaitable; it must be synchronous"
+                                         " (it runs inside a storage transaction)", field="on_done")
+            self._items.update(str(r["key"]), [item_id], {"done_pending": 0})
+
+        try:
+            self.storage.transaction(body)
+        except Exception as exc:  # noqa: BLE001 - any hook failure only delays this item
+            self._done_hook_failed(item_id, exc)
+            if raise_misuse and isinstance(exc, ConfigurationError):
+                raise
+
+    def _done_hook_failed(self, item_id: str, exc: Exception) -> None:
+        now = self._now()
+
+        def body() -> tuple[int, int]:
+            r = self._items.find(item_id)
+            if r is None:  # gone meanwhile (migrated away): nothing to retry
+                return 0, 0
+            attempts = int(r["done_attempts"]) + 1
+            delay = DurabilityScheduler.backoff_ms(attempts)
+            self._items.update(str(r["key"]), [item_id], {"done_attempts": attempts, "done_retry_at": now + delay})
+            self._set_wake(str(r["key"]), now + delay, earlier_only=True)
+            return attempts, delay
+
+        attempts, delay = self.storage.transaction(body)
+        log.warning("on_done failed for item %r (attempt %d): %r; the item is done, its hook is"
+                    " retried in %d ms", item_id, attempts, exc, delay, exc_info=exc)
+
+    def _start(self, key: str, item_ids: list[str], now: int, **permit: Any) -> None:
+        """The items run from ``now`` (under ``permit``: columns set with them, ``slot`` a list
+        of one slot per item)."""
+        slots = permit.pop("slot", None)
+        self._items.update(key, item_ids, {**permit, "state": ItemState.RUNNING.value, "started_at": now,
+                                           "admitted": 0, "retry_at": now, "checked_at": now},
+                           None if slots is None else {"slot": slots})
+
+    def _requeue(self, key: str, item_ids: list[str], **also: Any) -> None:
+        self._items.update(key, item_ids, {"state": ItemState.QUEUED.value, "permit_kind": "", "permit_id": "",
+                                           "slot": 0, **also})
+
+    def _live(self, key: str, state: ItemState | None = None, **where: Any) -> list[dict[str, Any]]:
+        """The key's kept items (in ``state``) whose columns equal ``where`` (``owner=True``:
+        any owner but none), in enqueue order."""
+        rows = self._items.rows(key, None if state is None else state.value)
+        for column, value in where.items():
+            if value is True:
+                rows = [r for r in rows if r[column]]
+            else:
+                rows = [r for r in rows if r[column] == value]
+        return rows
+
+    def _demand(self, queued: tuple[QueuedItem, ...], room: int | None) -> list[Demand]:
+        return [Demand(group, count, oldest) for group, count, oldest in plan.demand_of(queued, room)]
+
+    def _queued(self, key: str) -> tuple[QueuedItem, ...]:
+        return tuple(QueuedItem(str(r["item_id"]), str(r["group_name"]), int(r["seq"]), not r["owner"],
+                                int(r["enqueued_at"])) for r in self._live(key, ItemState.QUEUED))
+
+    def _admit_room(self, key: str) -> int | None:
+        """How many more callback items of ``key`` may be admitted (``admit_concurrency``)."""
+        if self.admit_concurrency is None:
+            return None
+        busy = len(self._live(key, ItemState.CLAIMING, owner="")) \
+            + len(self._live(key, ItemState.RUNNING, owner="", admitted=0))
+        return plan.admit_room(self.admit_concurrency, busy)

@@ -1,0 +1,421 @@
+"""The queue's pump (SPEC R37): per key, load a snapshot, let
+:mod:`semaphore.core.queue_plan` decide, carry the plan out (claims, draws, resolutions, lease
+stops), and exchange with the holder (at most 8 exchanges a pump, then a pause); beside a
+request that waits for its round, the side syncs and side requests that must not wait behind
+it; the wake-up participant of the scheduler's alarm, and the key's next wake time."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import replace
+
+from ..core import queue_plan as plan
+from ..core.queue_plan import ClaimingItem, Exchange, KeySnapshot, PendingReleases, Resolve
+from ..core.wire import Demand
+from ..errors import ConfigurationError, SemaphoreError
+from ._client import AppliedReply, KeyUnit
+from ._item_store import ITEMS
+from ._queue_callbacks import _QueueCallbacks
+from ._queue_model import ItemState, PermitKind
+from ._queue_store import BLOCKED, WAKEUPS
+
+log = logging.getLogger("semaphore.queue")
+
+
+class _QueuePump(_QueueCallbacks):
+    """The pump, its side traffic and the wake-ups (see the module documentation)."""
+
+    async def pump(self, key: str) -> None:
+        """Do everything that is due for ``key`` now: resolve claims, draw from leases, claim
+        from grants (and confirm with a sync), start admitted items, heartbeat/stop leases,
+        reconcile, and ask for permits when ``nextRequestAt`` has come (this waits for the
+        holder's round). Then schedule the next wake-up. Called by the wake-up (the scheduler's
+        alarm); may be called directly."""
+        self.ensure_schema()
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        if lock.locked() and key in self._requesting:
+            # The key's pump waits for its request's round (or holds it, request_wait_ms): do
+            # beside it what needs no holder and leave the rest to that pump, which schedules
+            # the key's next wake-up once answered; waiting for it here would hold up the
+            # wake-up run, and so every other key of this object, for as long.
+            if self.request_wait_ms > 0 or self._tries.unsent(key):
+                self._start_side_request(key)  # new demand (a try) must not wait out a held request
+            await self._draw_beside_request(key)
+            # Looks again then, should that pump die with its instance (its answer comes by then).
+            at = self._now() + self.request_wait_ms + self.retry_ms
+            self.storage.transaction(lambda: self._set_wake(key, at))
+            await self.scheduler.arm()
+            return
+        async with lock:
+            try:
+                await self._pump(key)
+            finally:
+                now = self._now()
+                self.storage.transaction(lambda: self._after_pump(key, now))
+                await self.scheduler.arm()
+
+    def _after_pump(self, key: str, now: int) -> None:
+        """Schedule the key's next wake-up, and forget the holder's ``blocked`` word on it once
+        nothing of the key is queued (nothing waits: the reason is stale)."""
+        self._set_wake(key, self._next_wake(key, now))
+        if self.marks.has_blocked(key) and not self._live(key, ItemState.QUEUED):
+            self.storage.exec(f"DELETE FROM {BLOCKED} WHERE key = ?", key)
+            self.marks.set_blocked(key, False)
+
+    async def _complete_item(self, item_id: str) -> bool:
+        self.ensure_schema()
+        now = self._now()
+        key = self.storage.transaction(lambda: self._complete_key(item_id, now))
+        done = key is not None
+        try:
+            if done and self.on_done is not None:
+                self._run_done_hook(item_id, raise_misuse=True)
+        finally:
+            if done:
+                await self.scheduler.arm()
+        if key is not None and (self._requesting or self._paused):
+            # A release ends the key's request pause: the next request is no longer one of
+            # the identical ones the pause stops, and a waiter may take the freed permit.
+            self._paused.pop(key, None)
+            if key in self._requesting:
+                self._start_side_sync(key)
+            # The key is pumped in the background: a freed lease slot is drawn beside its own
+            # request (R34a), another key's admission does not wait for the wake-up run a
+            # request in flight may hold; never inline, where a synchronous callback's own
+            # complete() would re-enter.
+            if self._requesting:
+                self._kick(key)
+        return done
+
+    def _start_side_sync(self, key: str) -> None:
+        """Start :meth:`_side_syncs_of` for ``key`` in the background (the caller, e.g.
+        :meth:`complete`, never waits for the holder) unless one runs (it looks again after its
+        sync)."""
+        if self._dead:
+            return
+        task = self._side_syncs.get(key)
+        if task is None or task.done():  # a running one looks again after its sync
+            self._side_syncs[key] = asyncio.ensure_future(self._side_syncs_of(key))
+
+    def _start_side_request(self, key: str) -> None:
+        """While the key's request may be held at the holder (``request_wait_ms``), demand that
+        changed since it was sent (a new item, e.g. a :meth:`permit` of another group) goes in
+        a request of its own in the background: the holder joins it to the held one (R10:
+        both calls get the next round's answer), so it does not wait out the hold."""
+        if self._dead or key not in self._requesting:
+            return
+        task = self._side_requests.get(key)
+        if task is not None and not task.done():
+            return
+        snap = self._snapshot(key, self._now())
+        demand = self._demand(snap.queued, snap.admit_room)
+        trying = self._tries.unsent(key)  # R9b: a try makes it urgent: the holder answers both at once
+        if not trying and not plan.demand_grew(((d.group, d.count) for d in demand),
+                                               ((d.group, d.count) for d in self._sent_demand.get(key, ()))):
+            return  # nothing new: items drawn or finished meanwhile need no request of their own
+        self._sent_demand[key] = demand
+        self._side_requests[key] = asyncio.ensure_future(self._side_request(key, demand, trying))
+
+    async def _side_request(self, key: str, demand: list[Demand], trying: set[str]) -> None:
+        try:
+            await self.client.request(key, demand, leases=self.leases, force=True,
+                                      on_reply=self._on_request_reply, wait_ms=self.request_wait_ms,
+                                      no_wait=bool(trying))
+            self._tries.sent(key, trying)
+        except SemaphoreError as exc:
+            self._tries.sent(key, trying, exc)
+            log.warning("holder %r: %s; the demand goes with the next request", key, exc)
+        except Exception:  # noqa: BLE001 - the pump asks again; never an unretrieved error
+            log.exception("side request for key %r failed", key)
+        finally:
+            self._side_requests.pop(key, None)
+        self._kick(key)  # admit what the answer brought
+
+    def _side_release_due(self, key: str) -> bool:
+        """Releases of a contended key due now (R29, R37), judged without the request's own
+        "contact the holder" mark (it is in flight: that is the request itself)."""
+        now = self._now()
+        if self._backoff.get(key, 0) > now:
+            return False
+        snap = self._snapshot(key, now)
+        if not snap.key.contended and self.request_wait_ms <= 0:
+            return False
+        # A request that may be held waits because the key is blocked: treat it as contended.
+        snap = replace(snap, key=replace(snap.key, needs_sync=False, contended=True))
+        due = self.storage.transaction(lambda: self._report_due(key, snap))
+        return due.at is not None and due.at <= now
+
+    async def _side_syncs_of(self, key: str) -> None:
+        """SPEC R37 decision: while the key's request waits for its round (the pump holds the
+        key's lock meanwhile), releases due then (the last reply was contended) go in a
+        ``sync`` of their own instead of waiting behind the request, so the round that request
+        waits for already counts the capacity they free; again while more came due during the
+        previous one (one in flight per key). A failure leaves them to the pump (logged)."""
+        try:
+            while key in self._requesting and not self._dead:
+                recheck = plan.recheck_due(self._snapshot(key, self._now()), self._options())
+                if not (recheck or self._side_release_due(key)):
+                    return
+                try:
+                    await self.client.sync(key, leases=self.leases, on_reply=self._on_reply)
+                except SemaphoreError as exc:
+                    log.warning("holder %r: %s; the releases go after the waiting request", key, exc)
+                    return
+                if recheck:
+                    self._kick(key)  # R33a: draw what the confirmed leases hold beside the request
+        except Exception:  # noqa: BLE001 - the pump sends them later; never an unretrieved error
+            log.exception("side sync for key %r failed", key)
+        finally:
+            self._side_syncs.pop(key, None)
+
+    def _wake_due(self) -> int | None:
+        """The wake-up participant's ``next_due`` (SPEC R37): the earliest per-key wake time, one
+        read; ``None`` when there is no wake-up table (not created yet, or removed by
+        :meth:`migrate` ``(ctx, None)``: nothing to wake, and nothing re-created)."""
+        row = self._wakeups.read(lambda: self.storage.one(f"SELECT MIN(wake_at) AS at FROM {WAKEUPS}"))
+        return None if row is None or row["at"] is None else int(row["at"])
+
+    async def _on_wake(self, name: str, due_at: int) -> None:
+        """The wake-up participant's run: pump every key due at the time of the run (never before
+        ``due_at``), again while keys are due by then (at most :attr:`WAKE_PASSES` passes: a pump
+        may leave its key due at once), so that no key is left due at the time this run is for
+        (the scheduler's no-progress rule). A pump that raises retries its key after
+        ``retry_ms``. A queue migrated away since the alarm listed its work creates nothing."""
+        if not self._ready and not self._wakeups.exists(fresh=True):
+            return  # migrated away (only a row left by an earlier release is due): create nothing
+        self.ensure_schema()
+        # One bound for every pass: what is due at the time of this run (never before the time
+        # the scheduler ran it for); keys that come due later get the next alarm.
+        at = max(self._now(), int(due_at))
+        for _ in range(self.WAKE_PASSES):
+            keys = [str(r["key"]) for r in self.storage.exec(
+                f"SELECT key FROM {WAKEUPS} WHERE wake_at <= ? ORDER BY wake_at, key", at)]
+            if not keys:
+                return
+            for key in keys:
+                await self._wake_key(key)
+
+    async def _wake_key(self, key: str) -> None:
+        try:
+            await self.pump(key)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("queue pump for key %r failed", key)
+            retry_at = self._now() + self.retry_ms
+            self.storage.transaction(lambda: self._set_wake(key, retry_at))
+
+    def _kick(self, key: str) -> None:
+        """Pump ``key`` soon in the background (once more if a kicked pump is running already)."""
+        if self._dead:
+            return
+        task = self._kicks.get(key)
+        if task is not None and not task.done():
+            self._rekick.add(key)
+            return
+        self._kicks[key] = asyncio.ensure_future(self._kick_loop(key))
+
+    async def _kick_loop(self, key: str) -> None:
+        while True:
+            self._rekick.discard(key)
+            await self._wake_key(key)
+            if key not in self._rekick:
+                return
+
+    def _snapshot(self, key: str, now: int) -> KeySnapshot:
+        """What the planner decides over for ``key`` at ``now`` (live rows only)."""
+        unit = self.client.unit(key)
+        queued = self._queued(key)
+        claiming = tuple(ClaimingItem(str(r["item_id"]), str(r["group_name"]), int(r["seq"]), str(r["permit_id"]),
+                                      int(r["slot"]), bool(r["cancel"]), not r["owner"], int(r["enqueued_at"]))
+                         for r in self._live(key, ItemState.CLAIMING))
+        pending = self.marks.pending(key)
+        return KeySnapshot(
+            now, queued, claiming, tuple(unit.grants()), {c.grant_id: unit.grant(c.grant_id) for c in claiming},
+            tuple(unit.leases()), unit.state(), pending,
+            self._admit_room(key))
+
+    def _resolve(self, unit: KeyUnit, resolutions: tuple[plan.Resolution, ...], wake_now: bool, now: int) -> None:
+        """Carry out claim resolutions (SPEC R15a): one write per kind of resolution."""
+        for r in resolutions:
+            if r.action is Resolve.RELEASE:
+                unit.release(r.grant_id, 1)
+        self._start(unit.key, [r.item_id for r in resolutions if r.action is Resolve.START], now)
+        self._requeue(unit.key, [r.item_id for r in resolutions if r.action is Resolve.REQUEUE])
+        self._finish(unit.key, [r.item_id for r in resolutions if r.action not in (Resolve.START, Resolve.REQUEUE)],
+                     now)
+        if wake_now:
+            self._set_wake(unit.key, now, earlier_only=True)  # a hook is due, even if this instance dies
+
+    def _on_reply(self, applied: AppliedReply) -> None:
+        # The holder has answered: admitted items still to be (re)started have their permit
+        # checked by this reply (a retry waits for one, see _run_callbacks).
+        self._items.update(applied.key, [str(r["item_id"]) for r in self._live(
+            applied.key, ItemState.RUNNING, admitted=0, owner="")], {"checked_at": applied.now})
+        self._apply_reply(applied)
+
+    def _apply_reply(self, applied: AppliedReply) -> None:
+        # What was pending went with this message, unless it could not carry every report (over
+        # 1,000, R7): then the rest stays due since the same time, so the pump's next exchange
+        # sends the next window at once (claims are due at once anyway: items stay claiming).
+        if not applied.more:
+            self.marks.clear_pending(applied.key)
+        unit = self.client.unit(applied.key)
+        step = plan.plan_reply(self._snapshot(applied.key, applied.now), self._options(),
+                               contended=applied.contended)
+        self._resolve(unit, step.resolutions, step.wake_now, applied.now)
+        for lease_id in step.stops:
+            unit.stop_lease(lease_id)
+
+    def _on_request_reply(self, applied: AppliedReply) -> None:
+        """A reply to a request: keep its ``blocked`` entries as the key's latest word on why
+        its groups wait (one statement; replaces the previous reply's), then as any reply."""
+        if self.marks.has_blocked(applied.key):
+            self.storage.exec(f"DELETE FROM {BLOCKED} WHERE key = ?", applied.key)
+        entries = [[b.group, b.reason.value, b.waiting] for b in applied.response.blocked]
+        self.marks.set_blocked(applied.key, bool(entries))
+        if entries:
+            self.storage.exec(
+                f"INSERT OR REPLACE INTO {BLOCKED}(key, group_name, reason, waiting, at)"
+                " SELECT ?, json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'), ?"
+                " FROM json_each(?)", applied.key, applied.now, json.dumps(entries))
+        self._on_reply(applied)
+
+    def _admit_locally(self, key: str, now: int, *, claims: bool = True) -> None:
+        """Resolve claims, claim from grants (pending confirmation; not if ``claims`` is false),
+        draw from leases, stop leases, give back grant permits nothing can use
+        (:func:`~semaphore.core.queue_plan.plan_admission`)."""
+        step = plan.plan_admission(self._snapshot(key, now), self._options(), with_claims=claims)
+        unit = self.client.unit(key)
+        self._resolve(unit, step.resolutions, step.wake_now, now)
+        for claim in step.claims:
+            slots = unit.claim(claim.grant_id, len(claim.item_ids))
+            self._items.update(key, claim.item_ids[:len(slots)], {
+                "state": ItemState.CLAIMING.value, "permit_kind": PermitKind.GRANT.value, "permit_id": claim.grant_id},
+                {"slot": slots})
+        for draw in step.draws:
+            drawn: list[int] = []
+            for _ in draw.item_ids:
+                slot = unit.draw(draw.lease_id, margin_ms=self.lease_margin_ms, now=now)
+                if slot is None:
+                    break
+                drawn.append(slot)
+            self._start(key, list(draw.item_ids[:len(drawn)]), now, permit_kind=PermitKind.LEASE.value,
+                        permit_id=draw.lease_id, slot=drawn)
+        for lease_id in step.stops:
+            unit.stop_lease(lease_id)
+        for give_back in step.give_backs:  # no item runs under them: claimed to be released at once
+            unit.release(give_back.grant_id, len(unit.claim(give_back.grant_id, give_back.count)))
+        if step.purge_done_before is not None and self.marks.purge_due(ITEMS, step.purge_done_before):
+            kept = "" if self.on_done is None else " AND done_pending = 0"  # its hook has not run yet
+            self._items.delete_done(f"finished_at < ?{kept}", step.purge_done_before)
+            self.marks.purged()
+        # A finished permit() item is never enqueued again (its id is random): nothing to keep.
+        if self.marks.permits_done(key):
+            self._items.delete_done("key = ? AND owner != ''", key)
+            self.marks.permits_deleted(key)
+
+    def _report_due(self, key: str, snap: KeySnapshot) -> plan.ReportDue:
+        """:func:`~semaphore.core.queue_plan.report_due`, keeping the key's "releases waiting
+        since" mark (durable, so evictions do not restart the wait)."""
+        due = plan.report_due(snap, self._options())
+        if due.pending is PendingReleases.START and snap.pending_since is None:
+            self.marks.start_pending(key, snap.now)
+        elif due.pending is PendingReleases.CLEAR and snap.pending_since is not None:
+            self.marks.clear_pending(key)
+        return due
+
+    async def _pump(self, key: str) -> None:
+        before = self._tries.waiting(key)  # tries made before this pump: its end answers them (R9b)
+        try:
+            await self._pump_exchanges(key)
+        finally:
+            self._tries.signal_replied(key)
+            self._tries.signal(key, before)
+
+    async def _pump_exchanges(self, key: str) -> None:
+        self._release_orphans(key, self._now())
+        requested = False
+        for _ in range(plan.MAX_EXCHANGES):
+            now = await self._admit_and_call(key)
+            self._tries.signal_replied(key)  # what their answer brought is admitted now (R9b)
+            await self._reconcile(key, now)
+            self._run_done_hooks(key)  # no holder message is ever sent for them
+            trying = self._tries.unsent(key)  # R9b: a try's request goes at once, unpaced
+            if self._backoff.get(key, 0) > now and not trying:
+                return
+            snap = self._snapshot(key, now)
+            demand = self._demand(snap.queued, snap.admit_room)
+            paused = self._paused.get(key, 0) > now and not trying  # requests only: due reports still go
+            exchange = plan.plan_exchange(snap, self._options(), demand=bool(demand) and not paused,
+                                          due=self._report_due(key, snap), urgent=bool(trying))
+            requested = requested or exchange is Exchange.REQUEST
+            try:
+                if exchange is Exchange.SYNC:
+                    await self.client.sync(key, leases=self.leases, on_reply=self._on_reply)
+                elif exchange is Exchange.REQUEST:
+                    self._sent_demand[key] = demand
+                    self._requesting.add(key)
+                    try:
+                        await self.client.request(key, demand, leases=self.leases, force=True,
+                                                  on_reply=self._on_request_reply, wait_ms=self.request_wait_ms,
+                                                  no_wait=bool(trying))
+                    finally:
+                        self._requesting.discard(key)
+                    self._tries.sent(key, trying)
+                else:
+                    return
+            except SemaphoreError as exc:
+                self._tries.sent(key, trying if exchange is Exchange.REQUEST else set(), exc)
+                if isinstance(exc, ConfigurationError):  # a wrong binding or holder class: not down
+                    log.error("holder %r: %s; waiting permit() calls fail with it", key, exc)
+                    for fut in [f for f in self._waiters.values() if not f.done()]:
+                        fut.set_exception(exc)
+                else:
+                    log.warning("holder %r: %s; retrying in %d ms", key, exc, self.retry_ms)
+                self._backoff[key] = self._now() + self.retry_ms
+                return
+            self._backoff.pop(key, None)
+        # Still work left after MAX_EXCHANGES exchanges: pause instead of spinning
+        # (plan.pause_after_exchanges). What the last reply confirmed is still handed over and
+        # started now (a permit caller would otherwise wait for an unrelated wake-up).
+        await self._admit_and_call(key)
+        self._run_done_hooks(key)  # items the last reply finished
+        if plan.pause_after_exchanges(requested) is plan.Pause.REQUESTS:
+            self._paused[key] = self._now() + self.retry_ms
+        else:
+            self._backoff[key] = self._now() + self.retry_ms
+
+    async def _draw_beside_request(self, key: str) -> None:
+        """While the key's request waits for its round (or is held, ``request_wait_ms``), draw
+        queued items from its live leases and start them: a draw needs no holder (R30), so
+        it does not wait behind the request (a released slot of a reusable lease, R34a, is
+        reused at once). Claims wait for the pump: a claim needs a confirming sync (R15a)."""
+        now = self._now()
+        self.storage.transaction(lambda: self._admit_locally(key, now, claims=False))
+        await self._run_callbacks(key, now)
+        if plan.recheck_due(self._snapshot(key, self._now()), self._options()):
+            self._start_side_sync(key)  # R33a: the leases are confirmed live by a sync, then drawn
+
+    async def _admit_and_call(self, key: str) -> int:
+        """Admit locally (resolve claims, claim, draw) and start the due callbacks and hand-overs;
+        again while a synchronous callback returned and so freed an ``admit_concurrency`` slot
+        (it would otherwise wait for the next request period). Returns the time of the last
+        step."""
+        while True:
+            now = self._now()
+            self.storage.transaction(lambda: self._admit_locally(key, now))  # noqa: B023 (run at once)
+            freed = await self._run_callbacks(key, now)
+            if not freed or self.admit_concurrency is None:
+                return now
+
+    def _next_wake(self, key: str, now: int) -> int | None:
+        snap = self._snapshot(key, now)
+        times = plan.item_times(self._items.rows(key), now=now, owner=self._token,
+                                orphan_check_ms=self.orphan_check_ms, done_hook=self.on_done is not None,
+                                reconcile=self.reconcile_after_ms is not None)
+        return plan.next_wake(snap, self._options(), backoff_until=self._backoff.get(key, 0), items=times,
+                              requests_from=self._paused.get(key, 0),
+                              due=self._report_due(key, snap))

@@ -1,0 +1,98 @@
+"""The queue's items copy (:class:`semaphore.client._item_store.QueueItems`) over real SQLite:
+what the copy answers is what SQL holds, after batched writes and after a rolled back
+transaction, and a long payload is read back when asked for."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from semaphore.client._item_store import COLUMNS, ITEMS, PAYLOAD_KEPT, Add, DonePending, QueueItems
+from semaphore.client._queue import SemaphoreQueue
+from semaphore.runtime import Storage
+from semaphore.testing import LocalContext, LocalStorage
+
+
+def _row(item_id: str, seq: int, *, key: str = "k", owner: str = "", payload: str = "null") -> dict[str, object]:
+    return {**{c: 0 for c in COLUMNS}, "item_id": item_id, "key": key, "group_name": "g", "seq": seq,
+            "state": "queued", "permit_kind": "", "permit_id": "", "owner": owner, "error": "", "payload": payload}
+
+
+@pytest.fixture
+def store() -> tuple[Storage, QueueItems]:
+    storage = Storage(LocalContext(LocalStorage()))
+    SemaphoreQueue.migrate(storage, 1)
+    return storage, QueueItems(storage, done_hooks=True)
+
+
+def _sql_rows(storage: Storage, key: str) -> list[dict[str, object]]:
+    rows = storage.exec(f"SELECT {', '.join(COLUMNS)} FROM {ITEMS} WHERE key = ? AND state != 'done'"
+                        " OR done_pending = 1 ORDER BY seq", key)
+    return [dict(r) for r in rows]
+
+
+def _copy_rows(items: QueueItems, key: str) -> list[dict[str, object]]:
+    return [{c: r[c] for c in COLUMNS} for r in items.rows(key)]
+
+
+def test_a_batched_update_is_one_statement_and_the_copy_matches_sql(store):
+    storage, items = store
+    for i in range(5):
+        items.insert(_row(f"i{i}", i + 1))
+    assert len(items.rows("k")) == 5  # loaded (after the inserts: SQL had them)
+    before = storage.statements
+    items.update("k", ["i0", "i2", "i4"], {"state": "claiming", "permit_kind": "grant", "permit_id": "g1"},
+                 {"slot": [7, 3, 5]})
+    items.update("k", ["i1", "i3"], {"attempts": Add(2), "retry_at": 99})
+    assert storage.statements - before == 2
+    assert _copy_rows(items, "k") == _sql_rows(storage, "k")
+    assert [r["slot"] for r in items.rows("k", "claiming")] == [7, 3, 5]
+    assert {r["attempts"] for r in items.rows("k", "queued")} == {2}
+
+
+def test_a_finished_item_leaves_the_copy_unless_its_hook_is_pending(store):
+    storage, items = store
+    items.insert(_row("cb", 1))
+    items.insert(_row("permit", 2, owner="tok"))
+    items.rows("k")
+    items.update("k", ["cb", "permit"], {"state": "done", "done_pending": DonePending(True)})
+    assert [r["item_id"] for r in items.rows("k")] == ["cb"]  # a permit item has no hook
+    assert _copy_rows(items, "k") == _sql_rows(storage, "k")
+    items.update("k", ["cb"], {"done_pending": 0})
+    assert items.rows("k") == [] and items.find("cb") is not None  # still in SQL, finished
+
+
+def test_a_rolled_back_transaction_forgets_the_copy(store):
+    storage, items = store
+    items.insert(_row("a", 1))
+    items.rows("k")
+
+    def body() -> None:
+        items.update("k", ["a"], {"state": "running"})
+        raise RuntimeError("fail")
+
+    with pytest.raises(RuntimeError):
+        storage.transaction(body)
+    assert [r["state"] for r in items.rows("k")] == ["queued"]
+
+
+def test_a_long_payload_is_read_when_asked_for(store):
+    storage, items = store
+    long = json.dumps("x" * PAYLOAD_KEPT)
+    items.insert(_row("big", 1, payload=long))
+    items.insert(_row("small", 2, payload='{"n": 1}'))
+    rows = items.rows("k")
+    assert [r["payload"] for r in rows] == [None, '{"n": 1}']
+    before = storage.statements
+    assert [r["payload"] for r in items.payloads(rows)] == [long, '{"n": 1}']
+    assert storage.statements - before == 1
+
+
+def test_find_with_seq_answers_the_next_seq_and_an_existing_row_in_one_read(store):
+    storage, items = store
+    assert items.find_with_seq("a") == (None, 1)
+    items.insert(_row("a", 1))
+    before = storage.statements
+    row, seq = items.find_with_seq("a")
+    assert storage.statements - before == 1 and seq == 2 and row is not None and row["item_id"] == "a"
