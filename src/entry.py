@@ -56,7 +56,9 @@ What the routes expose and create (docs/reference/http.md):
 
 Configuration (``[vars]`` in wrangler.toml, all optional): ``ACCOUNT_CONCURRENCY`` (default limit
 per account, 10), ``GRANT_TIMEOUT_MS``, ``ROUND_WAIT_MS``, ``ROUND_PERIOD_MS``,
-``JOB_RETENTION_MS`` (how long finished jobs are remembered, default one day), ``LEASES`` (JSON
+``FREE_AT_ONCE`` (the holder's ``free_at_once``, ``true`` by default; ``false``: every round
+batched, the seed's timing), ``JOB_RETENTION_MS`` (how long finished jobs are remembered,
+default one day), ``LEASES`` (JSON
 text of the holder's ``leases=`` options, as :meth:`semaphore.LeaseConfig.parse` takes them; empty
 or absent: no leases), ``HOLD_BLOCKED_MS`` and ``REQUEST_WAIT_MS`` (waiting requests: the
 holder's ``hold_blocked_ms`` and each JobQueue's ``request_wait_ms``; ``0``, the default, is off;
@@ -266,6 +268,18 @@ class VarError(ValueError):
         return error_value(CONFIG_ERROR, self.message, self.field)
 
 
+def env_flag(env: Any, name: str, default: bool) -> bool:
+    """Read a boolean ``[vars]`` entry (``true``/``false``, any case; a TOML boolean too); a
+    missing one gives ``default``; anything else raises :class:`VarError` naming it."""
+    raw = getattr(env, name, None)
+    if raw is None or str(raw).strip() == "":
+        return default
+    text = str(raw).strip().lower()
+    if text not in ("true", "false"):
+        raise VarError(name, f"{name} must be true or false, got {raw!r}")
+    return text == "true"
+
+
 def env_int(env: Any, name: str, default: int, minimum: int = 0, maximum: int = MAX_INT) -> int:
     """Read an integer ``[vars]`` entry; a missing one gives ``default``; a malformed one, or one
     outside ``minimum`` .. ``maximum`` (by default below 2**53, the wire's bound: the same as
@@ -432,6 +446,7 @@ class Settings:
     job_retention_ms: int
     leases: LeaseConfig | None
     hold_blocked_ms: int = 0
+    free_at_once: bool = True
     request_wait_ms: int = 0
     orphan_check_ms: int = DEFAULT_ORPHAN_CHECK_MS
 
@@ -457,6 +472,7 @@ def read_settings(env: Any) -> Settings:
         job_retention_ms=env_int(env, "JOB_RETENTION_MS", DEFAULT_JOB_RETENTION_MS, 1),
         leases=env_leases(env),
         hold_blocked_ms=env_int(env, "HOLD_BLOCKED_MS", 0),
+        free_at_once=env_flag(env, "FREE_AT_ONCE", True),
         request_wait_ms=env_int(env, "REQUEST_WAIT_MS", 0),
         orphan_check_ms=env_int(env, "ORPHAN_CHECK_MS", DEFAULT_ORPHAN_CHECK_MS, 1),
     )
@@ -508,6 +524,7 @@ class AccountLimit(DurableObject):
             leases=settings.leases,
             on_round=self._count_round,
             hold_blocked_ms=settings.hold_blocked_ms,
+            free_at_once=settings.free_at_once,
         )
         # ping()'s tally of the permits messages this instance handled (memory only).
         self._started_at = int(self.scheduler.clock())

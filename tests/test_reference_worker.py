@@ -364,6 +364,8 @@ ROUTES = [  # (method, path, body), every route of the front
     ("REQUEST_WAIT_MS", str(2**53)),
     ("REQUEST_WAIT_MS", "1.5"),
     ("ORPHAN_CHECK_MS", "0"),
+    ("FREE_AT_ONCE", "maybe"),
+    ("FREE_AT_ONCE", "1"),
 ])
 def test_an_invalid_var_is_a_configuration_error_value_on_every_route(entry, var, value):
     world = World(entry, **{var: value})
@@ -392,6 +394,13 @@ def test_an_invalid_var_is_a_configuration_error_value_on_every_route(entry, var
 
     run(scenario())
     assert world.env.ACCOUNT_LIMIT.tables("a") == [] and world.env.ACCOUNT_LIMIT.tables("b") == []
+
+
+def test_r9a_free_at_once_var_reaches_the_holder(entry):
+    # FREE_AT_ONCE -> the holder's free_at_once (default true; "false", any case: the seed's timing)
+    for value, want in ((None, True), ("", True), ("true", True), ("FALSE", False), (" false ", False)):
+        world = World(entry) if value is None else World(entry, FREE_AT_ONCE=value)
+        assert world.env.ACCOUNT_LIMIT.getByName("a").semaphore.timing.free_at_once is want, value
 
 
 def test_waiting_request_vars_reach_the_holder_and_the_queues_with_a_timeout_above_the_wait(entry):

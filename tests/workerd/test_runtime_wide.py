@@ -55,6 +55,7 @@ SHARED_VARS = {
     "GRANT_TIMEOUT_MS": "3000",
     # Long enough for requests sent together from threads to join one round (R9).
     "ROUND_WAIT_MS": "150",
+    "FREE_AT_ONCE": "false",  # requests sent together share one batched round (R9), not R9a's at once
     "ROUND_PERIOD_MS": "150",
 }
 ROUND_S = 0.15
