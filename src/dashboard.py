@@ -10,12 +10,13 @@ the Worker's JSON routes:
   poll (the history is kept in the page, so it starts when the page is opened);
 * ``GET /accounts/{account}/queues/{queue}`` (public) for each queue named in the URL: job states
   and, for queued jobs, the holder's latest ``blocked`` reason;
-* with the admin token only (``Authorization: Bearer ...``): ``GET .../holders`` (the holders
-  table), ``GET .../audit`` and ``POST .../holders/{clientId}/settle`` (the table's "Force
-  settle" button).
+* with a token (``Authorization: Bearer ...``): ``GET .../holders`` (the holders table) and
+  ``GET .../audit`` with the read token (secret ``READ_TOKEN``) or the admin token, and
+  ``POST .../holders/{clientId}/settle`` (the table's "Force settle" button) with the admin
+  token only (the read token is answered 403 there).
 
 What is shown comes from the URL: ``/?account=acme,beta&queues=q1,q2&interval=2000`` (``account``
-may repeat; ``interval`` is the poll period in ms, default 2000). The admin token is typed into a
+may repeat; ``interval`` is the poll period in ms, default 2000). The token is typed into a
 field and kept in ``sessionStorage`` (gone with the tab), never put in the URL.
 
 Stable hooks for tests and scripts: every account is a ``section[data-account]``; its numbers are
@@ -113,8 +114,8 @@ BODY = """
     <input id="queues-input" name="queues" placeholder="q1, q2" autocomplete="off">
     <button type="submit">Show</button>
   </form>
-  <form id="token-form" aria-label="Admin token">
-    <label for="token-input">Admin token</label>
+  <form id="token-form" aria-label="Token">
+    <label for="token-input">Token (READ_TOKEN or ADMIN_TOKEN)</label>
     <input id="token-input" type="password" autocomplete="off" placeholder="kept in this tab only">
     <button type="submit">Use</button>
     <button type="button" id="token-forget">Forget</button>
@@ -444,9 +445,9 @@ SCRIPT = """
   function renderHolders(v, r) {
     var tbody = field(v.root, "holders");
     tbody.textContent = "";
-    if (!token()) { emptyRow(tbody, 6, "Enter the admin token above to see the holders."); return; }
+    if (!token()) { emptyRow(tbody, 6, "Enter a token (READ_TOKEN or ADMIN_TOKEN) above to see the holders."); return; }
     if (!r || r.status !== 200) {
-      emptyRow(tbody, 6, r && r.status === 401 ? "The admin token was refused (HTTP 401)." :
+      emptyRow(tbody, 6, r && r.status === 401 ? "The token was refused (HTTP 401)." :
         r && r.status === 404 ? "This Worker has no holders view." : "Holders unavailable: " + (r ? problem(r) : ""));
       return;
     }
@@ -474,7 +475,9 @@ SCRIPT = """
   function renderAudit(v, r) {
     var tbody = field(v.root, "audit");
     tbody.textContent = "";
-    if (!token()) { emptyRow(tbody, 6, "Enter the admin token above to see the audit log."); return; }
+    if (!token()) {
+      emptyRow(tbody, 6, "Enter a token (READ_TOKEN or ADMIN_TOKEN) above to see the audit log."); return;
+    }
     if (!r || r.status !== 200) {
       emptyRow(tbody, 6, r && r.status === 404 ? "This Worker has no audit log." :
         "Audit log unavailable: " + (r ? problem(r) : ""));

@@ -23,6 +23,10 @@ What the routes expose and create (README, "The reference Worker"):
 
 * Every route that writes needs the admin token (secret ``ADMIN_TOKEN``, sent as
   ``Authorization: Bearer ...``). Only they create storage.
+* The operator's reading routes (``GET /metrics``, ``.../holders``, ``.../audit``,
+  ``.../scheduler``, ``.../queues/{queue}/runs``, ``.../ping``) need the read token (secret
+  ``READ_TOKEN``) or the admin token; the read token is refused (403) on every route that
+  writes. With neither secret set they answer 401 saying which secret to set.
 * The reading routes (``GET .../usage``, ``GET .../queues/{queue}``) need no token and never
   create storage: an object without the tables of its part answers the empty state (default
   limit, nothing outstanding, no jobs) without a ``CREATE TABLE``, an alarm or a write, so
@@ -38,7 +42,8 @@ What the routes expose and create (README, "The reference Worker"):
   (``allow_nan=False``).
 * The public queue view's payloads never cross the RPC (``JobQueue.status(with_payloads=False)``);
   the admin view carries at most ``MAX_VIEW_PAYLOAD_BYTES`` of them in all.
-* ``ADMIN_TOKEN`` is read without surrounding whitespace; blank means not configured.
+* ``ADMIN_TOKEN`` and ``READ_TOKEN`` are read without surrounding whitespace; blank means not
+  configured.
 * The job directory (job id -> queue, in the account's holder) forgets a job
   ``JOB_RETENTION_MS`` after its completion, the same time the queue keeps the finished job (by a
   scheduler timer on the holder's alarm), so it holds only live and recently finished jobs. The
@@ -60,7 +65,8 @@ requests are held only when both are above 0), ``ORPHAN_CHECK_MS`` (each JobQueu
 default 60000). Integers must be below 2**53. An invalid var
 never crashes an object's constructor: every route (and every RPC method of the objects)
 answers the error value ``{"v": 1, "error": {"code": "configuration_error", "field": <the var>,
-"message"}}``, the front with status 500. Secret ``ADMIN_TOKEN`` guards every request that changes state.
+"message"}}``, the front with status 500. Secret ``ADMIN_TOKEN`` guards every request that changes
+state; secret ``READ_TOKEN`` (optional) opens the operator's reading routes without it.
 """
 
 from __future__ import annotations
@@ -1326,28 +1332,63 @@ def json_response(data: Any, status: int = 200) -> Response:
     return Response(text, status=status, headers={"content-type": "application/json"})
 
 
-def admin_token(env: Any) -> str:
-    """The secret ``ADMIN_TOKEN`` without surrounding whitespace (a secret set with a stray
-    newline is the token without it); ``""`` when absent or blank: not configured."""
-    token = getattr(env, "ADMIN_TOKEN", None)
+def secret_token(env: Any, name: str) -> str:
+    """The secret ``name`` (``ADMIN_TOKEN`` or ``READ_TOKEN``) without surrounding whitespace (a
+    secret set with a stray newline is the token without it); ``""`` when absent or blank: not
+    configured."""
+    token = getattr(env, name, None)
     return "" if token is None else str(token).strip()
+
+
+def admin_token(env: Any) -> str:
+    """The secret ``ADMIN_TOKEN`` as :func:`secret_token` reads it."""
+    return secret_token(env, "ADMIN_TOKEN")
+
+
+def bearer(request: Any) -> bytes:
+    """The request's ``Authorization`` header without its own surrounding whitespace (as HTTP
+    does), as bytes for a constant-time comparison."""
+    return (request.headers.get("authorization") or "").strip().encode()
+
+
+def sends_token(request: Any, token: str) -> bool:
+    """Whether the request carries ``Authorization: Bearer <token>`` (never for a blank token)."""
+    return bool(token) and hmac.compare_digest(bearer(request), f"Bearer {token}".encode())
 
 
 def require_admin(request: Any, env: Any) -> None:
     """401 unless the request carries ``Authorization: Bearer <ADMIN_TOKEN>`` (the token as
-    :func:`admin_token` reads it; the header's own surrounding whitespace ignored, as HTTP does)."""
+    :func:`admin_token` reads it); 403 for the read token, which changes nothing."""
     token = admin_token(env)
     if not token:
         raise HttpError(401, "unauthorized", "ADMIN_TOKEN is not configured; state changes are disabled")
-    header = (request.headers.get("authorization") or "").strip()
-    if not hmac.compare_digest(header.encode(), f"Bearer {token}".encode()):
-        raise HttpError(401, "unauthorized", "missing or wrong Authorization: Bearer token")
+    if sends_token(request, token):
+        return
+    if sends_token(request, secret_token(env, "READ_TOKEN")):
+        raise HttpError(403, "forbidden", "READ_TOKEN allows reads only; this route needs ADMIN_TOKEN")
+    raise HttpError(401, "unauthorized", "missing or wrong Authorization: Bearer token")
+
+
+def require_reader(request: Any, env: Any) -> None:
+    """For the operator's reading routes (holders, audit, metrics, scheduler, runs, ping): 401
+    unless the request carries ``Authorization: Bearer`` the read token (secret ``READ_TOKEN``)
+    or the admin token. With neither configured the answer says which secret to set."""
+    admin, reader = admin_token(env), secret_token(env, "READ_TOKEN")
+    if not admin and not reader:
+        raise HttpError(401, "unauthorized", "no token is configured for this read: set the secret READ_TOKEN "
+                        "(reads only) or ADMIN_TOKEN (reads and state changes), e.g. in .dev.vars under wrangler dev")
+    if not (sends_token(request, admin) or sends_token(request, reader)):
+        raise HttpError(401, "unauthorized", "missing or wrong Authorization: Bearer token "
+                        "(READ_TOKEN or ADMIN_TOKEN)")
 
 
 def is_admin(request: Any, env: Any) -> bool:
-    """For reading routes: ``False`` without an ``Authorization`` header (the public view),
-    ``True`` with the right admin token, 401 with any other header value."""
+    """For public reading routes: ``False`` without an ``Authorization`` header (the public
+    view) or with the read token, ``True`` with the right admin token, 401 with any other header
+    value."""
     if not request.headers.get("authorization"):
+        return False
+    if sends_token(request, secret_token(env, "READ_TOKEN")):
         return False
     require_admin(request, env)
     return True
@@ -1583,9 +1624,9 @@ class Default(WorkerEntrypoint):
         return json_response({"ok": True})
 
     async def route_metrics(self, request: Any) -> Response:
-        """Admin (it names every account): Prometheus text of the accounts the ``AccountIndex``
+        """Read token or admin (it names every account): Prometheus text of the accounts the ``AccountIndex``
         lists, at most ``METRICS_MAX_ACCOUNTS`` (:func:`render_metrics`). Creates no storage."""
-        require_admin(request, self.env)
+        require_reader(request, self.env)
         index = getattr(self.env, "ACCOUNT_INDEX", None)
         listed = {"accounts": [], "total": 0}
         if index is not None:
@@ -1601,15 +1642,15 @@ class Default(WorkerEntrypoint):
         return Response(dashboard.PAGE, status=200, headers=dict(dashboard.HEADERS))
 
     async def route_holders(self, request: Any, account: str) -> Response:
-        """Admin: one page of the account's holders (``?cursor=&limit=``). Creates no storage."""
-        require_admin(request, self.env)
+        """Read token or admin: one page of the account's holders (``?cursor=&limit=``). Creates no storage."""
+        require_reader(request, self.env)
         cursor, limit = page_query(request, int_cursor=False)
         result = checked(await holder(self.env, account).holders(cursor, limit))
         return json_response(result, 400 if "error" in result else 200)
 
     async def route_audit(self, request: Any, account: str) -> Response:
-        """Admin: one page of the account's audit log, newest first. Creates no storage."""
-        require_admin(request, self.env)
+        """Read token or admin: one page of the account's audit log, newest first. Creates no storage."""
+        require_reader(request, self.env)
         cursor, limit = page_query(request, int_cursor=True)
         result = checked(await holder(self.env, account).audit(cursor, limit))
         return json_response(result, 400 if "error" in result else 200)
@@ -1627,10 +1668,10 @@ class Default(WorkerEntrypoint):
         return json_response(result)
 
     async def route_ping(self, request: Any, account: str) -> Response:
-        """Admin, a benchmark and diagnostics aid: one no-op RPC to the account's holder
+        """Read token or admin, a benchmark and diagnostics aid: one no-op RPC to the account's holder
         (:meth:`AccountLimit.ping`: no storage read or written, nothing created), answering its
         instance's tally of ``permits`` messages. ``scripts/bench_runtime.py`` measures against it."""
-        require_admin(request, self.env)
+        require_reader(request, self.env)
         return json_response(checked(await holder(self.env, account).ping()))
 
     async def route_usage(self, request: Any, account: str) -> Response:
@@ -1690,15 +1731,15 @@ class Default(WorkerEntrypoint):
         return json_response({"account": account, "queue": queue, **result})
 
     async def route_queue_runs(self, request: Any, account: str, queue: str) -> Response:
-        """Admin: the queue's run records of in-Worker jobs and its alarm (:meth:`JobQueue.runs`).
+        """Read token or admin: the queue's run records of in-Worker jobs and its alarm (:meth:`JobQueue.runs`).
         Creates no storage."""
-        require_admin(request, self.env)
+        require_reader(request, self.env)
         return json_response(checked(await job_queue(self.env, account, queue).runs(account)))
 
     async def route_scheduler(self, request: Any, account: str) -> Response:
-        """Admin, a diagnostics aid: the account's holder's alarm and what is due on it
+        """Read token or admin, a diagnostics aid: the account's holder's alarm and what is due on it
         (:meth:`AccountLimit.scheduler_state`). Creates no storage."""
-        require_admin(request, self.env)
+        require_reader(request, self.env)
         return json_response(checked(await holder(self.env, account).scheduler_state()))
 
     async def route_permits(self, request: Any, account: str) -> Response:

@@ -1,16 +1,17 @@
-"""The sample Worker of README "Use it in your Worker", built the way a user builds it.
+"""The sample Worker (``examples/worker/``, shown in README "Use it in your Worker"), built the way
+a user builds it.
 
 Shared by ``tests/test_sample_worker.py`` (tier 1: the README's blocks are ``examples/worker/``'s
 files, and ``wrangler deploy --dry-run`` bundles the sample) and
 ``tests/workerd/test_sample_worker.py`` (tier 3: the sample runs on workerd):
 
 * :func:`readme_files` reads the sample's files out of the README section (each block whose
-  first line is ``# <path>`` of :data:`SAMPLE_FILES`): the README is the source;
+  first line is ``# <path>`` of :data:`README_FILES`); ``examples/worker/`` is the source;
 * :func:`built_wheel` builds the distribution's wheel once per session, offline, from a copy of
   the project (the venv's setuptools, no build isolation, no index: as
   ``tests/test_packaging.py`` does);
-* :func:`create_sample` writes a FRESH project from those blocks into an empty folder (outside
-  the checkout, so neither wrangler nor the workerd harness can see the project's ``src/``) and
+* :func:`create_sample` copies ``examples/worker/`` into a FRESH, empty folder (outside the
+  checkout, so neither wrangler nor the workerd harness can see the project's ``src/``) and
   vendors it with the README's offline route: ``pip install --target python_modules --no-deps``
   of the wheel and of the pinned Workers SDK (``scripts/setup``'s ``SDK_PIN``).
 """
@@ -30,8 +31,14 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 EXAMPLE = ROOT / "examples" / "worker"
 SECTION = "## Use it in your Worker"
-#: The sample's files, each a README block whose first line is ``# <path>``.
-SAMPLE_FILES = ("wrangler.toml", "pyproject.toml", "src/entry.py")
+#: The sample's files the README shows, each a block whose first line is ``# <path>``.
+README_FILES = ("wrangler.toml", "pyproject.toml", "src/entry.py")
+#: Every file of the sample (``examples/worker/``): the README's, the pinned npm tooling, the one
+#: command that runs it (``dev``) and its notes.
+SAMPLE_FILES = (*README_FILES, "package.json", "package-lock.json", "dev", "README.md")
+#: What the sample's ``[python_modules] exclude`` keeps out of the upload: the library's test kit
+#: and simulator, which a Worker never imports.
+NOT_UPLOADED = ("semaphore/testing/", "semaphore/simulate/")
 
 
 def sdk_pin() -> str:
@@ -56,7 +63,7 @@ def readme_files() -> dict[str, str]:
     for match in re.finditer(r"^```[a-z]*\n(.*?)^```$", readme_section(), re.MULTILINE | re.DOTALL):
         body = match.group(1)
         first = body.split("\n", 1)[0]
-        if first.startswith("# ") and first[2:].strip() in SAMPLE_FILES:
+        if first.startswith("# ") and first[2:].strip() in README_FILES:
             path = first[2:].strip()
             assert path not in found, f"two README blocks for {path}"
             found[path] = body
@@ -102,6 +109,11 @@ def wheel_modules(wheel: Path) -> dict[str, bytes]:
         return {n: zf.read(n) for n in zf.namelist() if n.startswith("semaphore/")}
 
 
+def uploaded_library(wheel: Path) -> dict[str, bytes]:
+    """The wheel's package files the sample uploads: all but :data:`NOT_UPLOADED`."""
+    return {n: c for n, c in wheel_modules(wheel).items() if not n.startswith(NOT_UPLOADED)}
+
+
 @dataclass(frozen=True)
 class Sample:
     root: Path
@@ -128,16 +140,23 @@ def _copy_project_sdk(target: Path) -> None:
         shutil.copy2(source / name, target / name)
 
 
-def create_sample(dest: Path, wheel: Path) -> Sample:
-    """A fresh sample project in the empty (or absent) folder ``dest``, from the README's blocks,
-    vendored with the README's route 2. ``dest`` must be outside the checkout."""
+def copy_sample(dest: Path) -> Path:
+    """``examples/worker/``'s files (:data:`SAMPLE_FILES`, modes kept) into the empty (or absent)
+    folder ``dest`` outside the checkout, as a user copies the sample; returns ``dest``."""
     dest = dest.resolve()
     assert not dest.is_relative_to(ROOT), f"{dest} is inside the project"
     dest.mkdir(parents=True, exist_ok=True)
     assert not any(dest.iterdir()), f"{dest} is not empty"
-    for path, content in readme_files().items():
+    for path in SAMPLE_FILES:
         (dest / path).parent.mkdir(parents=True, exist_ok=True)
-        (dest / path).write_text(content, encoding="utf-8")
+        shutil.copy2(EXAMPLE / path, dest / path)
+    return dest
+
+
+def create_sample(dest: Path, wheel: Path) -> Sample:
+    """A fresh sample project in the empty (or absent) folder ``dest``: ``examples/worker/``'s
+    files, vendored with the README's route 2. ``dest`` must be outside the checkout."""
+    dest = copy_sample(dest)
     pip = (sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-compile",
            "--target", "python_modules", "--no-deps")
     # README route 2: the wheel and the pinned SDK, into python_modules/ (PyPI for the SDK).

@@ -16,8 +16,8 @@ from test_spec_coverage import SPEC, spec_rules
 ROOT = Path(__file__).resolve().parents[1]
 MAP = ROOT / "docs" / "ARCHITECTURE.md"
 LIBRARY = ROOT / "src" / "semaphore"
-ROW = re.compile(r"^\| (R\d+a?|I\d+) \| ([\w/.]+\.py) \|", re.MULTILINE)
-FULL_ROW = re.compile(r"^\| (R\d+a?|I\d+) \| ([\w/.]+\.py) \| (.*) \|$", re.MULTILINE)
+ROW = re.compile(r"^\| (R\d+[a-z]?|I\d+) \| ([\w/.]+\.py) \|", re.MULTILINE)
+FULL_ROW = re.compile(r"^\| (R\d+[a-z]?|I\d+) \| ([\w/.]+\.py) \| (.*) \|$", re.MULTILINE)
 #: A module named inside a row (``core/queue_plan.py``) or dotted (``core.rounds.Pending``).
 MODULE_TOKEN = re.compile(r"^[\w/]+\.py$")
 

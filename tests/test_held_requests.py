@@ -48,7 +48,8 @@ async def test_r9_a_blocked_request_is_held_until_a_release_frees_capacity_then_
 
 @async_test
 async def test_r9_the_round_a_release_starts_keeps_round_period_ms_from_the_previous_one():
-    bed = Bed(limit=1, hold_blocked_ms=HOLD, round_wait_ms=100, round_period_ms=3000)
+    # batched rounds (R9): rounds run at once (R9a) do not space the batched ones
+    bed = Bed(limit=1, hold_blocked_ms=HOLD, round_wait_ms=100, round_period_ms=3000, free_at_once=False)
     [ra] = await bed.round(request("a", {"g": 1}))
     (ga,) = ra["grants"]
     first_round = bed.now
@@ -350,7 +351,8 @@ async def test_a_release_behind_a_held_request_of_an_uncontended_key_waits_out_t
     side sync (a held request means its round was contended): e.g. in ``_side_release_due``
     use ``snap.key.contended or (key in self._requesting and self.request_wait_ms > 0)``."""
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=1, hold_blocked_ms=HOLD)
+    # the seed's timing: with free_at_once a round leaving no permit free says contended (R29)
+    holder = HolderSide(clock, limit=1, hold_blocked_ms=HOLD, free_at_once=False)
     net = Net(holder, clock)
     admitted: dict[str, int] = {}
     side = ClientSide("c1", clock, net, on_admit=lambda s, i: admitted.setdefault(i.item_id, clock.now),

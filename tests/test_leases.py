@@ -313,9 +313,12 @@ async def test_r29_contended_on_every_reply_of_a_round_with_unserved_need():
     ra, rb = await bed2.round(request("a", {"g": 2}, oldest_at=1), request("b", {"h": 1}, leases=[], oldest_at=2))
     assert ra["contended"] is False and rb["contended"] is False
     # Need served by a lease is not unserved: 3 wanted, grant 2 + lease... limit 4: grant 3, lease 1.
-    bed3 = Bed(4, leases=leases("strict"))
+    bed3 = Bed(4, leases=leases("strict"))  # lease footprint filling the limit is not "full"
     (r,) = await bed3.round(request("a", {"g": 3}, leases=[], oldest_at=1))
     assert r["contended"] is False
+    bed4 = Bed(4, leases=leases("strict"), name="full")  # R29 decision: grants left no permit free
+    (r,) = await bed4.round(request("a", {"g": 4}, oldest_at=1))
+    assert r["contended"] is True
 
 
 def fail_commit_once(storage) -> list[str]:

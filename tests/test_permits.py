@@ -376,9 +376,8 @@ async def test_permit_cost_does_not_grow_with_finished_items():
             return 0
 
         conn.set_progress_handler(count, 100)
-        with pytest.raises(PermitTimeoutError):
-            async with s.queue.permit(KEY, timeout_ms=0):
-                pass
+        async with s.queue.permit(KEY, timeout_ms=0):  # a try on a free holder (R9b): served at once
+            pass
         conn.set_progress_handler(None, 0)
         await s.clock.advance(5000)
         return steps[0] * 100

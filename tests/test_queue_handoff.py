@@ -200,14 +200,13 @@ async def test_after_eight_exchanges_a_due_release_is_held_back_for_retry_ms():
     assert sent_release - left < 100, (f"release sent {sent_release - left} ms after A left", f"burst of {burst}")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13, known limit: a release made while the key's request waits for"
-                   " its round goes at once only when the key's last reply was contended (R37 decision); the"
-                   " first contention is learned from that very round, so its waiter pays one round period")
 @async_test
-async def test_a_release_made_while_the_keys_request_waits_for_its_round_misses_that_round():
-    # Leftover (2), default holder settings: the pump lock holds A's release behind B's request,
-    # so B's round runs without it (B blocked, contended), the release goes after it, and B waits
-    # a whole extra round period: B gets the permit ~4 s after A left instead of at B's round.
+async def test_a_release_made_while_the_keys_request_waits_for_its_round_reaches_that_round():
+    # R29 decision (a full round is contended, with free_at_once): A's round left no permit
+    # free, so A's reply said contended and A's release goes at once, though B's request waits
+    # for its round. Before (the seed's timing, a known limit kept as a strict xfail): the pump
+    # lock held the release behind B's request, B's round ran without it, and B got the permit
+    # ~4 s after A left instead of at B's round.
     log, left, got = await _handoff()
     assert got is not None
     sent_release = min(t for t, _kind, grants in log if any(r for _c, r in grants))

@@ -1059,6 +1059,84 @@ def test_surrounding_whitespace_of_the_admin_token_is_stripped(entry):
             assert status == 401 and "wrong" in body["error"]["message"], (wrong, body)
 
 
+READ = "r3ad"
+#: The operator's reading routes: the read token or the admin token opens them.
+READER_ROUTES = ("/metrics", "/accounts/a/holders", "/accounts/a/audit", "/accounts/a/scheduler",
+                 "/accounts/a/queues/q/runs", "/accounts/a/ping")
+
+
+def test_reads_take_the_read_token_or_the_admin_token(entry):
+    world = World(entry, READ_TOKEN=f" {READ}\n")
+
+    async def scenario():
+        for path in READER_ROUTES:
+            for headers in ({"authorization": f"Bearer {READ}"}, AUTH):
+                status, body = await world.fetch("GET", path, headers=headers) if path != "/metrics" \
+                    else (await metrics_status(world, headers), None)
+                assert status == 200, (path, headers, body)
+            for headers in ({}, {"authorization": "Bearer nope"}, {"authorization": f"Bearer {READ}x"}):
+                status, body = await world.fetch("GET", path, headers=headers)
+                assert status == 401 and "READ_TOKEN or ADMIN_TOKEN" in body["error"]["message"], (path, body)
+
+    run(scenario())
+    assert world.env.ACCOUNT_LIMIT.tables("a") == [] and world.env.JOB_QUEUE.tables(json.dumps(["a", "q"])) == []
+
+
+async def metrics_status(world, headers) -> int:
+    req = _Request("http://w/metrics", "GET", headers)
+    return (await world.entry.Default(None, world.env).fetch(req)).status
+
+
+def test_the_read_token_changes_nothing_and_sees_no_payloads(entry):
+    world = World(entry, READ_TOKEN=READ)
+    reader = {"authorization": f"Bearer {READ}"}
+
+    async def scenario():
+        for method, path, data in BODY_ROUTES:
+            status, body = await world.fetch(method, path, data, headers=reader)
+            assert status == 403 and body["error"]["code"] == "forbidden", (path, body)
+            assert "needs ADMIN_TOKEN" in body["error"]["message"], body
+        assert world.env.ACCOUNT_LIMIT.tables("a") == [] and world.env.JOB_QUEUE.tables(json.dumps(["a", "q"])) == []
+        status, _ = await world.fetch("POST", "/accounts/a/queues/q/jobs", {"id": "j1", "payload": {"k": 1}},
+                                      headers=AUTH)
+        assert status == 201
+        status, body = await world.fetch("GET", "/accounts/a/queues/q", headers=reader)  # the public view
+        assert status == 200 and body["jobs"][0]["id"] == "j1" and "payload" not in body["jobs"][0], body
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("configured", [{}, {"ADMIN_TOKEN": " "}])
+def test_with_no_token_configured_reads_name_the_secret_to_set(entry, configured):
+    world = World(entry, **configured)
+    if not configured:
+        del world.env.ADMIN_TOKEN
+
+    async def scenario():
+        for path in READER_ROUTES:
+            for headers in ({}, AUTH):
+                status, body = await world.fetch("GET", path, headers=headers)
+                message = body["error"]["message"]
+                assert status == 401 and "set the secret READ_TOKEN" in message and "ADMIN_TOKEN" in message, body
+                assert "state changes are disabled" not in message, body
+
+    run(scenario())
+
+
+def test_with_only_the_read_token_state_changes_stay_disabled(entry):
+    world = World(entry, READ_TOKEN=READ)
+    del world.env.ADMIN_TOKEN
+
+    async def scenario():
+        assert (await world.fetch("GET", "/accounts/a/holders", headers={"authorization": f"Bearer {READ}"}))[0] == 200
+        for method, path, data in BODY_ROUTES:
+            for headers in ({}, {"authorization": f"Bearer {READ}"}):
+                status, body = await world.fetch(method, path, data, headers=headers)
+                assert status == 401 and "ADMIN_TOKEN is not configured" in body["error"]["message"], (path, body)
+
+    run(scenario())
+
+
 # ------------------------------------------------------------------ in-Worker jobs and their runs
 class _Gates:
     """A JobQueue's ``sleep`` for in-Worker jobs, driven by the test: each call waits for its

@@ -191,3 +191,114 @@ async def test_r9a_with_the_seeds_timing_a_permit_on_an_idle_holder_waits_a_roun
     holder = HolderSide(clock, limit=10, free_at_once=False)
     one = ClientSide("c1", clock, Net(holder, clock))
     assert await _permit_waits([one], clock) == [1000]  # the comparison the R9a decision gives
+
+
+# ============================================================== tries (R9b)
+def try_request(client_id: str, demand: dict[str, int], **kw: Any) -> dict[str, Any]:
+    return {**request(client_id, demand, **kw), "noWait": True}
+
+
+@async_test
+async def test_r9b_a_try_on_a_contended_holder_is_answered_at_once_and_waiting_requests_join_its_round():
+    bed = Bed(limit=1)
+    await bed.one(request("a", {"g": 1}))
+    waiting = bed.send(request("b", {"g": 1}, oldest_at=T0 - 100))  # declined at once: waits for a batch
+    await bed.settle()
+    assert not waiting.done()
+    tried = bed.send(try_request("c", {"g": 1}))
+    await bed.settle()  # no virtual time passes
+    assert tried.done() and waiting.done() and bed.now == bed.t0
+    c, b = tried.result(), waiting.result()
+    assert granted(c) == 0 and c["blocked"][0]["reason"] == "limit" and granted(b) == 0
+
+
+@async_test
+async def test_r9b_a_try_replaces_a_waiting_batched_timer_and_oldest_demand_first_still_decides():
+    bed = Bed(limit=1, free_at_once=False)
+    older = bed.send(request("a", {"g": 1}, oldest_at=T0 - 5000))
+    await bed.settle()
+    tried = bed.send(try_request("b", {"g": 1}, oldest_at=T0))
+    await bed.settle()
+    assert tried.done() and older.done() and bed.now == bed.t0  # no timer failed, nobody waited
+    assert granted(older.result()) == 1 and granted(tried.result()) == 0
+    assert "error" not in older.result()
+    assert granted(await bed.one(try_request("c", {"h": 0}))) == 0  # a try with nothing to ask: answered
+
+
+@async_test
+async def test_r9b_a_try_is_never_held():
+    bed = Bed(limit=1, hold_blocked_ms=10_000)
+    await bed.one(request("a", {"g": 1}))
+    tried = bed.send({**try_request("b", {"g": 1}), "waitMs": 10_000})
+    await bed.settle()
+    assert tried.done() and tried.result()["blocked"][0]["reason"] == "limit"
+
+
+@async_test
+async def test_r9b_r7_no_wait_must_be_a_boolean():
+    bed = Bed(limit=1)
+    reply = await bed.one({**request("a", {"g": 1}), "noWait": "yes"})
+    assert reply["error"]["code"] == "invalid_message" and "noWait" in reply["error"]["message"]
+    assert bed.grants() == {}
+
+
+class _Queue:
+    def __init__(self, limit: int, **holder: Any) -> None:
+        self.clock = SimClock(T0)
+        self.holder = HolderSide(self.clock, limit=limit, **holder)
+        self.net = Net(self.holder, self.clock)
+        self.side = ClientSide("c1", self.clock, self.net)
+
+    async def run(self, coro: Any) -> Any:
+        task = self.side.spawn(coro)
+        while not task.done():
+            await self.clock.advance(10)
+        return task.result()
+
+
+@async_test
+async def test_r9b_a_try_on_free_capacity_runs_its_block_at_once_even_on_a_batched_holder():
+    q = _Queue(limit=2, free_at_once=False)
+
+    async def body() -> int:
+        asked = q.clock.now
+        async with q.side.queue.permit(KEY, group="g", timeout_ms=0):
+            return q.clock.now - asked
+
+    assert await q.run(body()) <= 50
+    assert [m.get("noWait") for m in q.net.sent if m["type"] == "request"] == [True]
+
+
+@async_test
+async def test_r9b_a_try_on_a_full_holder_raises_at_once_with_the_reason_and_leaves_nothing_charged():
+    from semaphore import PermitTimeoutError
+
+    q = _Queue(limit=1)
+    got, release = asyncio.Event(), asyncio.Event()
+
+    async def hold() -> None:
+        async with q.side.queue.permit(KEY, group="g"):
+            got.set()
+            await release.wait()
+
+    holder_task = q.side.spawn(hold())
+    while not got.is_set():
+        await q.clock.advance(10)
+
+    async def attempt() -> tuple[int, Any]:
+        asked = q.clock.now
+        try:
+            async with q.side.queue.permit(KEY, group="g", timeout_ms=0):
+                return q.clock.now - asked, None
+        except PermitTimeoutError as exc:
+            return q.clock.now - asked, exc
+
+    waited, exc = await q.run(attempt())
+    assert exc is not None and waited <= 50
+    assert exc.blocked is not None and exc.blocked.reason.value == "limit" and "free now" in str(exc)
+    release.set()
+    while not holder_task.done():
+        await q.clock.advance(10)
+    await q.clock.advance(30_000)
+    usage = await q.holder.usage()
+    assert usage["charged"] == 0 and usage["outstanding"] == 0

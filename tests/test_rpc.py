@@ -196,8 +196,58 @@ async def test_error_values_and_rpc_exceptions():
 
     bad = DurabilitySemaphore.client(binding="ACCOUNT_LIMIT", invoke=lambda stub, msg: 42)
     env.fail = False
-    with pytest.raises(HolderUnavailableError):
+    with pytest.raises(ConfigurationError) as wrong:  # not a holder's reply: never retried as if it were down
         await bad.request(env, "a", sync())
+    assert wrong.value.field == "invoke" and "env.ACCOUNT_LIMIT" in str(wrong.value), wrong.value
+
+
+class NotAHolder:
+    """A Durable Object class that is not a holder: it has no ``permits`` method."""
+
+    async def other(self, message: Any) -> Any:
+        return {"v": 1}
+
+
+class JsNoMethodStub:
+    """How workerd answers a call of a method the Python object's class lacks (seen on workerd
+    1.20261117.1: ``TypeError: Method permits does not exist``, as a JsException)."""
+
+    async def permits(self, message: Any) -> Any:
+        raise RuntimeError("JsException: TypeError: Method permits does not exist")
+
+
+class JsCalleeConfigStub:
+    """A callee whose constructor raised ConfigurationError: the JsException's message holds the
+    Python traceback, its last line the exception."""
+
+    async def permits(self, message: Any) -> Any:
+        raise RuntimeError("JsException: PythonError: Traceback (most recent call last):\n"
+                           '  File "/session/metadata/entry.py", line 20, in __init__\n'
+                           "semaphore.errors.ConfigurationError: env has no var 'LIMIT'\n")
+
+
+@pytest.mark.parametrize("stub", [NotAHolder(), JsNoMethodStub()], ids=["python-stand-in", "workerd"])
+@async_test
+async def test_a_binding_to_a_class_that_is_not_a_holder_is_a_configuration_error(stub):
+    env = Env(VirtualClock(T0))
+    env.ACCOUNT_LIMIT.getByName = lambda name: stub
+    helper = limits.with_(retry(5))  # a ConfigurationError is never retried
+    with pytest.raises(ConfigurationError) as err:
+        await helper.request(env, "a", sync())
+    assert err.value.field == "binding" and "env.ACCOUNT_LIMIT" in str(err.value), err.value
+    assert "no RPC method" in str(err.value), err.value
+
+
+@async_test
+async def test_a_configuration_error_raised_in_the_holder_reaches_the_client_as_one():
+    env = Env(VirtualClock(T0))
+    env.ACCOUNT_LIMIT.getByName = lambda name: JsCalleeConfigStub()
+    with pytest.raises(ConfigurationError) as err:
+        await limits.with_(retry(5)).request(env, "a", sync())
+    assert "env has no var 'LIMIT'" in str(err.value) and "env.ACCOUNT_LIMIT" in str(err.value), err.value
+    env.fail, env.ACCOUNT_LIMIT = True, Namespace(env)  # any other RPC failure stays a holder failure
+    with pytest.raises(HolderUnavailableError):
+        await limits.request(env, "a", sync())
 
 
 @async_test

@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "docs" / "SPEC.md"
-RULE_HEADING = re.compile(r"^- ((?:R\d+a?)|(?:I\d+))\.", re.MULTILINE)
+RULE_HEADING = re.compile(r"^- ((?:R\d+[a-z]?)|(?:I\d+))\.", re.MULTILINE)
 
 
 def spec_rules(text: str) -> list[str]:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -94,6 +95,40 @@ def _is_namespace(value: Any) -> bool:
         callable(getattr(value, "idFromName", None)) and callable(getattr(value, "get", None)))
 
 
+#: How the runtime says a stub's class has no RPC method of that name: workerd's Python objects
+#: ("Method permits does not exist"), its JavaScript ones ("The RPC receiver does not implement
+#: the method ...").
+_NO_METHOD = re.compile(r"Method \S+ does not exist|does not implement the method")
+#: The last line of a :class:`ConfigurationError` raised in the callee: it crosses RPC as a
+#: ``JsException`` whose message holds the Python traceback.
+_CALLEE_CONFIG = re.compile(r"(?:^|[\s.])ConfigurationError: (.*)$", re.MULTILINE)
+
+
+def misconfiguration(exc: BaseException, stub: Any, where: str) -> ConfigurationError | None:
+    """The :class:`ConfigurationError` an RPC failure ``exc`` stands for, or ``None`` (then it is a
+    holder failure, retried): the stub's class has no such method (``where``'s class is not a
+    holder; a Python stand-in's ``AttributeError`` on ``stub`` too), or the callee raised a
+    ``ConfigurationError`` (a holder class without its SQLite migration, an ``env`` without the
+    var its constructor reads)."""
+    text = str(exc)
+    if _NO_METHOD.search(text) or (isinstance(exc, AttributeError) and getattr(exc, "obj", None) is stub):
+        return ConfigurationError(
+            f"{where} has no RPC method that invoke= calls ({text.strip()}): bind the holder class (the one "
+            "whose method answers DurabilitySemaphore.handle(message))", field="binding")
+    found = _CALLEE_CONFIG.findall(text)
+    if found:
+        return ConfigurationError(f"{where}: {found[-1].strip()}", field="holder")
+    return None
+
+
+def _foreign_reply(reply: Any, where: str) -> ConfigurationError:
+    """The :class:`ConfigurationError` of a ``reply`` that is not a holder's (every reply and error
+    value of ``DurabilitySemaphore.handle`` is an object with ``"v"``)."""
+    return ConfigurationError(
+        f"{where} answered a {type(reply).__name__} without \"v\", not a holder's reply: invoke= must call "
+        "the holder's method that returns DurabilitySemaphore.handle(message)", field="invoke")
+
+
 @dataclass(frozen=True)
 class SemaphoreRpc:
     """The client helper returned by :meth:`DurabilitySemaphore.client` (immutable; ``with_``
@@ -146,8 +181,10 @@ class SemaphoreRpc:
         (never retried as if the holder were down) when the transport is made, not at the first
         permit."""
         namespace = self.resolve_namespace(env)
+        where = f"env.{self.binding}" if self.binding is not None else "namespace="
 
         async def rpc(key: str, message: dict[str, Any]) -> dict[str, Any]:
+            stub = None
             try:
                 stub = get_by_name(namespace, key)
                 if isinstance(self.invoke, str):
@@ -161,12 +198,16 @@ class SemaphoreRpc:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # JsException in the runtime: the callee's type is lost
+                wrong = misconfiguration(exc, stub, f"{where} (holder {key!r})")
+                if wrong is not None:
+                    raise wrong from exc
                 raise HolderUnavailableError(f"RPC to holder {key!r} failed: {exc}") from exc
             reply = plain(result)
-            if not isinstance(reply, dict):
-                raise HolderUnavailableError(
-                    f"holder {key!r} answered a {type(reply).__name__}, not an object")
+            if not isinstance(reply, dict) or "v" not in reply:
+                raise _foreign_reply(reply, f"{where} (holder {key!r})")
             error = error_from_reply(reply)
+            if isinstance(error, ConfigurationError):  # the holder's class is misconfigured: name which
+                raise ConfigurationError(f"{where} (holder {key!r}): {error.message}", field=error.field)
             if error is not None:
                 raise error
             return reply

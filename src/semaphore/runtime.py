@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain, repeat
 from typing import Any, TypeVar
 
+from .errors import ConfigurationError
+
 __all__ = ["Storage", "plain", "MAX_BINDINGS", "migrate_tables", "install_schema", "object_id", "TableWatch",
            "json_list", "chunks", "JSON_IDS", "JSON_ROWS"]
 
@@ -27,6 +29,13 @@ T = TypeVar("T")
 
 #: Durable Object SQL allows at most 100 bound parameters per statement.
 MAX_BINDINGS = 100
+#: What workerd answers ``ctx.storage.sql.exec`` of a class that is not SQLite-backed (its
+#: migration lists it under ``new_classes``, or under none).
+SQL_NOT_ENABLED = "SQL is not enabled for this Durable Object class"
+#: The :class:`ConfigurationError` of a Durable Object class without SQLite storage.
+NOT_SQLITE = ("this Durable Object class has no SQLite storage: list it under new_sqlite_classes in a "
+              "[[migrations]] entry of wrangler.toml (a class already deployed under new_classes cannot be "
+              "changed; add a new class)")
 
 
 def _is_js_null(value: Any) -> bool:
@@ -133,10 +142,7 @@ class Storage:
             raise TypeError("expected a Durable Object ctx with a .storage attribute")
         sql = getattr(storage, "sql", None)
         if sql is None:
-            raise TypeError(
-                "ctx.storage has no .sql: the Durable Object class must be SQLite-backed "
-                "(list it under new_sqlite_classes in wrangler.toml migrations)"
-            )
+            raise ConfigurationError(NOT_SQLITE, field="migrations")
         self._storage = storage
         self._sql = sql
         #: Number of SQL statements executed through this adapter (for benchmarks).
@@ -149,7 +155,12 @@ class Storage:
         if len(bindings) > MAX_BINDINGS:
             raise ValueError(f"{len(bindings)} bound parameters exceed the limit of {MAX_BINDINGS}")
         self.statements += 1
-        cursor = self._sql.exec(query, *bindings)
+        try:
+            cursor = self._sql.exec(query, *bindings)
+        except Exception as exc:
+            if SQL_NOT_ENABLED in str(exc):  # a class without its new_sqlite_classes migration
+                raise ConfigurationError(NOT_SQLITE, field="migrations") from exc
+            raise
         return self._rows(cursor)
 
     def one(self, query: str, *bindings: Any) -> dict[str, Any] | None:

@@ -494,6 +494,25 @@ def test_without_admin_token_state_changes_are_disabled(workerd_factory):
     assert app.call("GET", "/healthz", auth=False) == (200, {"ok": True})
 
 
+def test_reads_take_the_read_token_and_it_changes_nothing(workerd_factory):
+    """The operator's reading routes take the secret READ_TOKEN (as ``.dev.vars`` sets it under
+    wrangler dev) or the admin token; the read token is refused where state changes (403); with
+    neither secret set, reads say which secret to set."""
+    app = App(workerd_factory(vars_override=APP_VARS, secrets={**APP_SECRETS, "READ_TOKEN": "r3ad"}))
+    reader = {"authorization": "Bearer r3ad"}
+    for path in ("/accounts/a/holders", "/accounts/a/audit", "/accounts/a/scheduler"):
+        assert app.call("GET", path, auth=False, headers=reader)[0] == 200, path
+        assert app.call("GET", path)[0] == 200, path  # the admin token reads too
+        status, data = app.call("GET", path, auth=False)
+        assert status == 401 and "READ_TOKEN or ADMIN_TOKEN" in data["error"]["message"], data
+    status, data = app.call("PUT", "/accounts/a/limit", {"limit": 1}, auth=False, headers=reader)
+    assert status == 403 and data["error"]["code"] == "forbidden", data
+    assert app.usage("a")["limitOverride"] is None
+    bare = App(workerd_factory(vars_override=APP_VARS))
+    status, data = bare.call("GET", "/accounts/a/holders", auth=False)
+    assert status == 401 and "set the secret READ_TOKEN" in data["error"]["message"], data
+
+
 def strict_json(raw: bytes) -> Any:
     """``raw`` as JSON proper: a bare ``NaN``/``Infinity`` (which ``json.loads`` reads) fails."""
     def refuse(name: str) -> Any:

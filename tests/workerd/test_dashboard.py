@@ -422,7 +422,7 @@ def test_dashboard_shows_usage_blocked_reasons_and_holders_in_a_real_browser(
         assert seen[ACCOUNT]["chartSamples"] >= 3 and seen[ACCOUNT]["samples"] >= 3
 
         # Without a token the holders table asks for one; type it into the field (as a person would).
-        assert "admin token" in (seen[ACCOUNT]["holderNote"] or ""), seen[ACCOUNT]
+        assert "a token (READ_TOKEN or ADMIN_TOKEN)" in (seen[ACCOUNT]["holderNote"] or ""), seen[ACCOUNT]
         page.evaluate("document.getElementById('token-input').focus()")
         page.call("Input.insertText", text=TOKEN)
         page.evaluate("document.querySelector('#token-form button[type=submit]').click()")

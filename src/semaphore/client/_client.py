@@ -429,10 +429,12 @@ class SemaphoreClient:
         force: bool = False,
         on_reply: ReplyHook | None = None,
         wait_ms: int = 0,
+        no_wait: bool = False,
     ) -> AppliedReply:
         """Send a ``request`` with ``demand`` plus cumulative reports and apply the reply.
         ``wait_ms`` > 0 tells the holder how long the caller waits for an answer its round
-        cannot give at once (``waitMs``: a holder with ``hold_blocked_ms`` holds it open).
+        cannot give at once (``waitMs``: a holder with ``hold_blocked_ms`` holds it open);
+        ``no_wait`` makes it a try (``noWait``, SPEC R9b: answered by a round run at once).
 
         Waits until :meth:`not_before` first unless ``force`` (SPEC R35). ``leases=True``
         announces lease support (SPEC R5). ``on_reply`` runs inside the storage transaction
@@ -447,7 +449,8 @@ class SemaphoreClient:
                       for d in demand)
         now = self._now()
         grants, lease_reports, more = self._window(key, now, leases=leases)
-        message = PermitRequest(self.client_id, items, grants, lease_reports if leases else None, int(wait_ms))
+        message = PermitRequest(self.client_id, items, grants, lease_reports if leases else None, int(wait_ms),
+                                bool(no_wait))
         # A request may create a lease: until some reply arrives, we must contact the holder.
         self.storage.transaction(lambda: self._touch_key(key, now, needs_sync=1,
                                                          check_at=now + self.recheck_ms if self.recheck_ms else 0))

@@ -87,8 +87,8 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from ..core.config import option_int
-from ..core.wire import Blocked, BlockedReason, Demand
-from ..errors import ConfigurationError, PermitTimeoutError
+from ..core.wire import Demand
+from ..errors import ConfigurationError
 from ..runtime import Storage, TableWatch, migrate_tables
 from ..scheduler import DurabilityScheduler
 from ._client import SemaphoreClient
@@ -109,15 +109,15 @@ from ._queue_model import (
     _install_schema,
     _payload_text,
 )
-from ._queue_pump import _QueuePump
-from ._queue_store import BLOCKED, WAKEUPS
+from ._queue_permits import _QueuePermits
+from ._queue_store import WAKEUPS
 
 __all__ = ["ItemState", "PermitKind", "Permit", "QueueItem", "SemaphoreQueue", "QUEUE_TABLES"]
 
 log = logging.getLogger("semaphore.queue")
 
 
-class SemaphoreQueue(_QueuePump):
+class SemaphoreQueue(_QueuePermits):
     """Durable work items per ``(key, group)`` admitted under the semaphore of ``key``
     (SPEC R37). See the module documentation for the life of an item.
 
@@ -293,12 +293,19 @@ class SemaphoreQueue(_QueuePump):
         ``report_releases_within_ms``).
 
         :param timeout_ms: give up after this long without a permit (``None``: wait as long as
-            it takes): raises :class:`~semaphore.errors.PermitTimeoutError` (with the holder's
+            it takes; ``0``: a try, see below): raises :class:`~semaphore.errors.PermitTimeoutError` (with the holder's
             latest ``blocked`` entry) and withdraws the request, leaving nothing charged (a
             claim already sent is released as soon as the holder answers it; a grant answering
             a request already on its way is given back at once). Measured on the
             queue's clock (a :class:`~semaphore.testing.VirtualClock` drives it in tests).
         :param payload: JSON-compatible value stored with the item (shown in :meth:`items`).
+
+        ``timeout_ms=0`` is a try, like ``asyncio.Semaphore`` with no waiting or Redisson's
+        ``tryAcquire()``: a live lease serves it at once, else one request goes to the holder
+        at once (``noWait``, SPEC R9b), which answers it from a round run at once; if that
+        round serves it, the block runs (after the claim's confirming sync), else
+        :class:`~semaphore.errors.PermitTimeoutError` is raised with the holder's ``blocked``
+        entry. It never waits for a later round.
 
         Durable across eviction: the item belongs to this queue instance; if the object is
         evicted while the caller waits for or holds the permit, the next instance completes
@@ -317,62 +324,18 @@ class SemaphoreQueue(_QueuePump):
         self._waiters[item_id] = fut
         self._permits.add(item_id)
         try:
-            self.storage.transaction(lambda: self._insert(key, group, item_id, text, now, owner=self._token))
-            self.storage.transaction(lambda: self._admit_locally(key, now))  # a live lease serves it at once
-            self._hand_over(key)
-            await self.scheduler.arm()  # the item's wake-ups (its orphan check, a lease heartbeat)
-            if not fut.done():
-                self._kick(key)
-            item = await self._await_permit(fut, key, group, now, timeout_ms)
+            item = await self._acquire(fut, key, group, item_id, text, now, timeout_ms)
         except BaseException:
             self._waiters.pop(item_id, None)
+            self._tries.remove(key, item_id)
             await self._withdraw(item_id)
             raise
         self._waiters.pop(item_id, None)
+        self._tries.remove(key, item_id)
         try:
             yield item
         finally:
             await self._withdraw(item_id)
-
-    async def _await_permit(self, fut: asyncio.Future[QueueItem], key: str, group: str, now: int,
-                            timeout_ms: int | None) -> QueueItem:
-        if timeout_ms is None:
-            return await fut
-        sleep_until = getattr(self.clock, "sleep_until", None)
-        timer: asyncio.Future[Any] = asyncio.ensure_future(
-            sleep_until(now + timeout_ms) if sleep_until is not None else asyncio.sleep(timeout_ms / 1000))
-        try:
-            await asyncio.wait({fut, timer}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            timer.cancel()
-        if fut.done():
-            return fut.result()
-        blocked = self.blocked(key).get(group)
-        why = "" if blocked is None else f" (holder: {blocked.reason.value}, {blocked.waiting} waiting)"
-        raise PermitTimeoutError(f"no permit for key {key!r}, group {group!r} within {timeout_ms} ms{why}",
-                                 blocked=blocked)
-
-    async def _withdraw(self, item_id: str) -> None:
-        """Complete a permit item (cancel it, or release its permit); never raises over the
-        caller's own outcome (a failure is logged: the next instance or check releases it)."""
-        if self._dead:
-            return  # abandoned: a dead object writes nothing
-        try:
-            await self._complete_item(item_id)
-        except Exception:  # noqa: BLE001 - the caller's exception (or result) wins
-            log.exception("could not complete permit item %r; it is released by a later pump", item_id)
-        finally:
-            self._permits.discard(item_id)
-
-    def blocked(self, key: str) -> dict[str, Blocked]:
-        """Why ``key``'s queued items wait, per group: the holder's ``blocked`` entries of the
-        last reply to a request of the key (SPEC R23). Empty when the holder served everything
-        asked for (or was not asked yet)."""
-        self.ensure_schema()
-        return {str(r["group_name"]): Blocked(str(r["group_name"]), BlockedReason(str(r["reason"])),
-                                              int(r["waiting"]))
-                for r in self.storage.exec(f"SELECT group_name, reason, waiting FROM {BLOCKED} WHERE key = ?"
-                                           " ORDER BY group_name", key)}
 
     async def drain(self) -> None:
         """Wait until every callback task (``on_admit`` / ``work``) and background pump this

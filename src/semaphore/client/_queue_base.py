@@ -20,6 +20,7 @@ from ._client import SemaphoreClient
 from ._item_store import QueueItems
 from ._queue_model import AdmitCallback, CheckCallback, DoneCallback, QueueItem, WorkCallback, _install_schema
 from ._queue_store import QueueMarks
+from ._tries import Tries
 
 log = logging.getLogger("semaphore.queue")
 
@@ -94,6 +95,8 @@ class _QueueBase(abc.ABC):
         self._inflight: dict[str, asyncio.Task[None]] = {}
         #: permit() callers waiting for their item's admission, per item id.
         self._waiters: dict[str, asyncio.Future[QueueItem]] = {}
+        #: Tries (``permit(timeout_ms=0)``, SPEC R9b): see :class:`~semaphore.client._tries.Tries`.
+        self._tries = Tries()
         #: Background pumps (kicked by permit() and by returning callbacks), per key; a key in
         #: ``_rekick`` is pumped again once its running kick ends.
         self._kicks: dict[str, asyncio.Task[None]] = {}

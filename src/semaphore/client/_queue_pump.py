@@ -14,7 +14,7 @@ from dataclasses import replace
 from ..core import queue_plan as plan
 from ..core.queue_plan import ClaimingItem, Exchange, KeySnapshot, PendingReleases, Resolve
 from ..core.wire import Demand
-from ..errors import SemaphoreError
+from ..errors import ConfigurationError, SemaphoreError
 from ._client import AppliedReply, KeyUnit
 from ._item_store import ITEMS
 from ._queue_callbacks import _QueueCallbacks
@@ -40,8 +40,8 @@ class _QueuePump(_QueueCallbacks):
             # beside it what needs no holder and leave the rest to that pump, which schedules
             # the key's next wake-up once answered; waiting for it here would hold up the
             # wake-up run, and so every other key of this object, for as long.
-            if self.request_wait_ms > 0:
-                self._start_side_request(key)  # new demand must not wait out a held request
+            if self.request_wait_ms > 0 or self._tries.unsent(key):
+                self._start_side_request(key)  # new demand (a try) must not wait out a held request
             await self._draw_beside_request(key)
             # Looks again then, should that pump die with its instance (its answer comes by then).
             at = self._now() + self.request_wait_ms + self.retry_ms
@@ -111,17 +111,21 @@ class _QueuePump(_QueueCallbacks):
             return
         snap = self._snapshot(key, self._now())
         demand = self._demand(snap.queued, snap.admit_room)
-        if not plan.demand_grew(((d.group, d.count) for d in demand),
-                                ((d.group, d.count) for d in self._sent_demand.get(key, ()))):
+        trying = self._tries.unsent(key)  # R9b: a try makes it urgent: the holder answers both at once
+        if not trying and not plan.demand_grew(((d.group, d.count) for d in demand),
+                                               ((d.group, d.count) for d in self._sent_demand.get(key, ()))):
             return  # nothing new: items drawn or finished meanwhile need no request of their own
         self._sent_demand[key] = demand
-        self._side_requests[key] = asyncio.ensure_future(self._side_request(key, demand))
+        self._side_requests[key] = asyncio.ensure_future(self._side_request(key, demand, trying))
 
-    async def _side_request(self, key: str, demand: list[Demand]) -> None:
+    async def _side_request(self, key: str, demand: list[Demand], trying: set[str]) -> None:
         try:
             await self.client.request(key, demand, leases=self.leases, force=True,
-                                      on_reply=self._on_request_reply, wait_ms=self.request_wait_ms)
+                                      on_reply=self._on_request_reply, wait_ms=self.request_wait_ms,
+                                      no_wait=bool(trying))
+            self._tries.sent(key, trying)
         except SemaphoreError as exc:
+            self._tries.sent(key, trying, exc)
             log.warning("holder %r: %s; the demand goes with the next request", key, exc)
         except Exception:  # noqa: BLE001 - the pump asks again; never an unretrieved error
             log.exception("side request for key %r failed", key)
@@ -324,19 +328,29 @@ class _QueuePump(_QueueCallbacks):
         return due
 
     async def _pump(self, key: str) -> None:
+        before = self._tries.waiting(key)  # tries made before this pump: its end answers them (R9b)
+        try:
+            await self._pump_exchanges(key)
+        finally:
+            self._tries.signal_replied(key)
+            self._tries.signal(key, before)
+
+    async def _pump_exchanges(self, key: str) -> None:
         self._release_orphans(key, self._now())
         requested = False
         for _ in range(plan.MAX_EXCHANGES):
             now = await self._admit_and_call(key)
+            self._tries.signal_replied(key)  # what their answer brought is admitted now (R9b)
             await self._reconcile(key, now)
             self._run_done_hooks(key)  # no holder message is ever sent for them
-            if self._backoff.get(key, 0) > now:
+            trying = self._tries.unsent(key)  # R9b: a try's request goes at once, unpaced
+            if self._backoff.get(key, 0) > now and not trying:
                 return
             snap = self._snapshot(key, now)
             demand = self._demand(snap.queued, snap.admit_room)
-            paused = self._paused.get(key, 0) > now  # requests only: due reports still go
+            paused = self._paused.get(key, 0) > now and not trying  # requests only: due reports still go
             exchange = plan.plan_exchange(snap, self._options(), demand=bool(demand) and not paused,
-                                          due=self._report_due(key, snap))
+                                          due=self._report_due(key, snap), urgent=bool(trying))
             requested = requested or exchange is Exchange.REQUEST
             try:
                 if exchange is Exchange.SYNC:
@@ -346,14 +360,16 @@ class _QueuePump(_QueueCallbacks):
                     self._requesting.add(key)
                     try:
                         await self.client.request(key, demand, leases=self.leases, force=True,
-                                                  on_reply=self._on_request_reply, wait_ms=self.request_wait_ms)
+                                                  on_reply=self._on_request_reply, wait_ms=self.request_wait_ms,
+                                                  no_wait=bool(trying))
                     finally:
                         self._requesting.discard(key)
+                    self._tries.sent(key, trying)
                 else:
                     return
             except SemaphoreError as exc:
-                log.warning("holder %r: %s; retrying in %d ms", key, exc, self.retry_ms)
-                self._backoff[key] = self._now() + self.retry_ms
+                self._tries.sent(key, trying if exchange is Exchange.REQUEST else set(), exc)
+                self._holder_failed(key, exc)
                 return
             self._backoff.pop(key, None)
         # Still work left after MAX_EXCHANGES exchanges: pause instead of spinning
@@ -365,6 +381,18 @@ class _QueuePump(_QueueCallbacks):
             self._paused[key] = self._now() + self.retry_ms
         else:
             self._backoff[key] = self._now() + self.retry_ms
+
+    def _holder_failed(self, key: str, exc: SemaphoreError) -> None:
+        """An exchange with the holder failed: back off the key's exchanges ``retry_ms``; a
+        misconfiguration (a wrong binding or holder class: the holder is not down) fails the
+        waiting :meth:`permit` calls with it."""
+        if isinstance(exc, ConfigurationError):
+            log.error("holder %r: %s; waiting permit() calls fail with it", key, exc)
+            for fut in [f for f in self._waiters.values() if not f.done()]:
+                fut.set_exception(exc)
+        else:
+            log.warning("holder %r: %s; retrying in %d ms", key, exc, self.retry_ms)
+        self._backoff[key] = self._now() + self.retry_ms
 
     async def _draw_beside_request(self, key: str) -> None:
         """While the key's request waits for its round (or is held, ``request_wait_ms``), draw

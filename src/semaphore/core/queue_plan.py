@@ -492,16 +492,17 @@ class Exchange(str, enum.Enum):
 
 
 def plan_exchange(snap: KeySnapshot, opts: QueueOptions, *, demand: bool,
-                  due: ReportDue | None = None) -> Exchange:
+                  due: ReportDue | None = None, urgent: bool = False) -> Exchange:
     """A ``sync`` while claims await confirmation (R15a) or a lease draw its recheck (R33a), or
     when reports or a heartbeat are due and no request may go yet; a ``request`` for the queued
     ``demand`` once ``nextRequestAt`` has come (R11: it carries the reports too); else nothing.
-    ``due``: :func:`report_due` of ``snap`` if already computed."""
+    ``due``: :func:`report_due` of ``snap`` if already computed. ``urgent``: a try is queued
+    (R9b): its request goes now, whatever ``nextRequestAt`` and the leases covering it say."""
     claiming = bool(snap.claiming) or recheck_due(snap, opts)  # R33a: a sync, not a round, confirms
     beat = heartbeat_due(snap)
     # R34a: demand covered by reusable leases waits for their heartbeat (then goes with it).
-    request_due = demand and snap.now >= snap.key.next_request_at \
-        and (beat or not _all_covered(admissible(snap), snap, opts))
+    request_due = demand and (urgent or (snap.now >= snap.key.next_request_at
+                                         and (beat or not _all_covered(admissible(snap), snap, opts))))
     due = report_due(snap, opts) if due is None else due
     must_sync = claiming or (due.at is not None and due.at <= snap.now) or beat
     if must_sync and (claiming or not request_due):

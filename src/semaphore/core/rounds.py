@@ -131,6 +131,9 @@ class RoundOutcome:
     #: The round left need unserved (R29's first cause; a round run at once then commits
     #: nothing, R9a). ``contended`` is also true when it left no permit free (R29 decision).
     unserved: bool = False
+    #: A round run at once that would leave need unserved: decided no further, nothing to
+    #: persist, nobody to answer (R9a).
+    declined: bool = False
     #: Clients in the round (each with its latest demand, R10).
     requests: int = 0
     #: Permits granted in the round's new grants, and how many grants.
@@ -480,7 +483,7 @@ def _write_meta(ledger: Ledger, limit: Any, now: int, contended: bool, starving:
 
 
 def decide_round(ledger: Ledger, now: int, clients: Sequence[Pending], limits: Limits,
-                 policy: Policy) -> RoundOutcome:
+                 policy: Policy, *, must_fit: bool = False) -> RoundOutcome:
     """One allocation round (SPEC §4-§7) over the ledger ``round_reads`` loaded: every change
     goes into ``ledger``; returns each client's reply, the round's ``contended`` flag and what
     the round did (:class:`RoundOutcome`)."""
@@ -492,23 +495,27 @@ def decide_round(ledger: Ledger, now: int, clients: Sequence[Pending], limits: L
     entries = _entries(ledger, clients, limits.permitted)
     result = allocate(entries, limit=limits.limit, group_limits=limits.group_limits, usage=usage,
                       leases=policy.leases)
+    if must_fit and result.contended:  # R9a: declined before anything is issued (no lease-id secret)
+        return RoundOutcome({}, True, unserved=True, declined=True)
     _issue(ledger, views, result, now, policy)
     starving = _starving(ledger, result, policy)
     contended = result.contended or (policy.free_at_once and _left_full(ledger, limits))
     _write_meta(ledger, limits.limit, now, contended, starving)
-    next_at = next_request_at(policy.timing, now, last_round_at=now, contended=contended,
-                              round_at=None)  # R11: this round just began
+    # R11: this round just began; a round leaving only "full" (R29 decision) does not stop the
+    # next one running at once (R9a)
+    next_at = next_request_at(policy.timing, now, last_round_at=now, contended=result.contended, round_at=None)
     replies = _round_replies(ledger, clients, views, result, next_at, contended)
     return _outcome(ledger, replies, result, limits, live_before, starving, contended)
 
 
 def _left_full(ledger: Ledger, limits: Limits) -> bool:
-    """SPEC R29 decision (free means now, R9a): the round left no permit of the limit free (its
-    charged capacity is at or above an integer limit)."""
+    """SPEC R29 decision (free means now, R9a): the round's grants left no permit of an integer
+    limit free (outstanding grant permits at or above it). Lease footprint does not count: a
+    lease filling the rest of the limit is the usual state with leases, and a contended flag
+    would stop every idle lease (R31)."""
     if type(limits.limit) is not int:
         return False
-    totals = ledger.totals()
-    return totals["outstanding"] + totals["lease_footprint"] >= limits.limit
+    return ledger.totals()["outstanding"] >= limits.limit
 
 
 def _outcome(ledger: Ledger, replies: dict[str, dict[str, Any]], result: Allocation, limits: Limits,

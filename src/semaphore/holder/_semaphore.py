@@ -93,6 +93,12 @@ class _Waiting(Pending):
         return self.since + min(hold_ms, self.latest.wait_ms)
 
 
+def _is_try(p: Pending) -> bool:
+    """R9b: one of the client's waiting requests is a try (``noWait``); a later request of the
+    same client joined to it (R10) does not make it wait."""
+    return any(m.no_wait for m in p.messages)
+
+
 def _merged(older: _Waiting, newer: _Waiting) -> _Waiting:
     """One client's held and new requests as one (R10): the older arrival position, every call,
     the messages in order (the latest demand wins), the older ``since`` (the deadline never
@@ -308,6 +314,9 @@ class DurabilitySemaphore:
         #: R29 flag of the last committed round (durable in meta ``contended``; loaded by
         #: :meth:`_ensure_ready`, updated only after a round's commit). Syncs answer it.
         self._last_contended = False
+        #: The last committed round left need unserved (R29's first cause, without R29's
+        #: "full" decision): what R9a counts as contention.
+        self._last_unserved = False
         #: R31a count of the last committed round (durable in meta ``starving``, like the flag).
         self._last_starving = 0
         #: The last committed round's resolved limit (durable in meta ``last_limit``): a sync
@@ -332,6 +341,9 @@ class DurabilitySemaphore:
             return exc.to_wire()
         try:
             await self._ensure_ready()
+        except ConfigurationError as exc:  # e.g. no SQLite storage: the client raises it, never retries
+            log.error("semaphore storage is not usable: %s", exc)
+            return exc.to_wire()
         except Exception as exc:  # storage unusable: nothing was written
             log.exception("semaphore storage is not usable")
             return RoundFailedError(f"storage error: {exc}").to_wire()
@@ -485,7 +497,7 @@ class DurabilitySemaphore:
     def _contention(self) -> bool:
         """Contention the holder knows of (R9a): the last committed round left need unserved
         (R29), a round run at once was declined since, or requests are held."""
-        return self._last_contended or self._declined or bool(self._held)
+        return self._last_unserved or self._declined or bool(self._held)
 
     # ================================================================== lifecycle
     async def _ensure_ready(self) -> None:
@@ -500,6 +512,7 @@ class DurabilitySemaphore:
             self._last_batched_at = last_round_at  # not known: as if it were batched
         # R29: the last committed round's flag survives eviction (one read per instance).
         self._last_contended = bool(meta.get("contended", 0))
+        self._last_unserved = self._last_contended  # not stored apart: as if unserved
         self._last_starving = int(meta.get("starving", 0))
         last_limit = meta.get("last_limit")
         self._last_limit = None if last_limit is None else int(last_limit)
@@ -549,7 +562,7 @@ class DurabilitySemaphore:
         if self._round_task is not None or not self._pending:
             return
         contended = self._contention
-        urgent = any(p.latest.no_wait for p in self._pending.values())
+        urgent = any(_is_try(p) for p in self._pending.values())
         at = round_start(self.timing, int(self.clock()), first_since=min(p.since for p in self._pending.values()),
                          last_batched_at=self._last_batched_at, contended=contended, running=self._running > 0,
                          urgent=urgent)
@@ -613,6 +626,10 @@ class DurabilitySemaphore:
                 self._round_at = None
             self._fail(batch, str(exc) or type(exc).__name__)
             if isinstance(exc, asyncio.CancelledError):
+                if batch and self._round_task is None and self._running == 0:
+                    # requests that waited for this round's end (R9a) would wait for ever (R4)
+                    waiting, self._pending = self._pending, {}
+                    self._fail(waiting, "the round they waited for was cancelled; ask again")
                 raise
             self._start_pending()
 
@@ -638,7 +655,7 @@ class DurabilitySemaphore:
         try:  # load -> decide -> persist, in one transaction (R2)
             outcome = self.storage.transaction(
                 lambda: run_round(self.store, now, clients, limits, self.policy, immediate=immediate,
-                                  urgent=any(p.latest.no_wait for p in clients)))
+                                  urgent=any(_is_try(p) for p in clients)))
             if outcome is None:
                 self._decline(batch, last_round_at)
                 return
@@ -653,6 +670,7 @@ class DurabilitySemaphore:
                                   self.storage.statements - statements, outcome)
             replies, served = outcome.replies, outcome.served
             self._last_contended = outcome.contended  # R29: only a committed round changes the flag
+            self._last_unserved = outcome.unserved
             self._declined = False
             self._last_starving = outcome.starving
             if outcome.limit is not None:
@@ -703,7 +721,7 @@ class DurabilitySemaphore:
         """Hold ``p`` open instead of answering it (``hold_blocked_ms``): the round served it
         nothing, it is blocked, and its deadline has not come. Its reports are applied: the next
         round re-reads only its latest request."""
-        if (self.hold_blocked_ms <= 0 or p.latest.no_wait or p.client_id in served or not reply.get("blocked")
+        if (self.hold_blocked_ms <= 0 or _is_try(p) or p.client_id in served or not reply.get("blocked")
                 or now >= p.hold_until(self.hold_blocked_ms) or all(f.done() for f in p.futures)
                 or _news(reply, p.latest)):
             return False

@@ -125,8 +125,9 @@ def run_round(store: Store, now: int, clients: Sequence[Pending], limits: Limits
     (``urgent``, R9b)."""
     meta = store.meta()
     ledger = Ledger(store.load(round_reads(meta, now, clients, limits, policy), meta))
-    outcome = decide_round(ledger, now, clients, limits, policy)
-    if not round_may_commit(policy.timing, immediate=immediate, unserved=outcome.unserved, urgent=urgent):
+    must_fit = not round_may_commit(policy.timing, immediate=immediate, unserved=True, urgent=urgent)
+    outcome = decide_round(ledger, now, clients, limits, policy, must_fit=must_fit)
+    if outcome.declined:
         return None
     store.persist(ledger.changes())
     _seen(store, ledger, [p.client_id for p in clients], now, policy.claim_ttl_ms)

@@ -60,7 +60,7 @@ class Base(DurableObject):
         self.storage = Storage(ctx)
         self.clock = self.make_clock()
         self.scheduler = DurabilityScheduler(ctx, clock=self.clock)
-        self.client = SemaphoreClient(ctx, HELPER.with_(timeout(2000)).transport(env), clock=self.clock)
+        self.client = SemaphoreClient(ctx, HELPER.with_(timeout(30_000)).transport(env), clock=self.clock)
         self.queue = SemaphoreQueue(client=self.client, scheduler=self.scheduler, report_releases_within_ms=0,
                                     **self.options())
 

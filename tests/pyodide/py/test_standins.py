@@ -14,7 +14,7 @@ from workers import DurableObject, Response, WorkerEntrypoint  # noqa: F401  (im
 from workers.entrypoints import DurableObjectContext
 from workers.rpc import JsDict, _BindingWrapper, _EnvWrapper
 
-POLL_BOUND_S = 20  # how long an alarm firing by itself may take: a hang, not a slow machine
+POLL_BOUND_S = 60  # how long an alarm firing by itself may take: a hang, not a slow machine (seen: over 20 s beside busy loops)
 
 
 async def until(condition, what):

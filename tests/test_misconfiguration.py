@@ -1,0 +1,100 @@
+"""Misconfiguration fails at once with a ConfigurationError that names the thing, never retried as
+if the holder were down: a holder class without SQLite storage (its ``new_sqlite_classes``
+migration missing), a binding to a class that is not a holder, as a waiting ``permit()`` sees them.
+
+The storage stand-ins below answer as workerd does (its message for a class that is not
+SQLite-backed, seen on workerd 1.20261117.1); the holder, client and queue are the library's own,
+on real SQLite. tests/workerd/test_misconfiguration_runtime.py runs the same cases on workerd.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from semaphore import ConfigurationError, DurabilityScheduler, DurabilitySemaphore, retry
+from semaphore.runtime import NOT_SQLITE, SQL_NOT_ENABLED, Storage
+from semaphore.testing import T0, ClientSide, LocalContext, LocalStorage, SimClock, async_test
+
+WORKERD_NOT_SQLITE = (f"Error: {SQL_NOT_ENABLED}. To enable it, change `new_classes` to `new_sqlite_classes` within "
+                      "the 'migrations' field in your wrangler.jsonc or wrangler.toml file.")
+
+
+class KvSql:
+    """``ctx.storage.sql`` of a class that is not SQLite-backed: workerd has the attribute, and
+    every ``exec`` raises its error."""
+
+    def exec(self, query: str, *bindings: Any) -> Any:
+        raise RuntimeError(WORKERD_NOT_SQLITE)
+
+
+def kv_backed_context() -> LocalContext:
+    storage = LocalStorage()
+    storage.sql = KvSql()  # type: ignore[assignment]
+    return LocalContext(storage, name="holder")
+
+
+def sync() -> dict:
+    return {"type": "sync", "v": 1, "clientId": "c1", "grants": []}
+
+
+@async_test
+async def test_a_holder_class_without_sqlite_storage_answers_a_configuration_error():
+    ctx = kv_backed_context()
+    holder = DurabilitySemaphore(scheduler=DurabilityScheduler(ctx), limit=2)
+    reply = await holder.handle(sync())
+    assert reply["error"]["code"] == ConfigurationError.code and reply["error"]["field"] == "migrations", reply
+    assert "new_sqlite_classes" in reply["error"]["message"], reply
+
+    class Env:
+        BUDGET = type("Ns", (), {"getByName": staticmethod(lambda name: holder)})()
+
+    helper = DurabilitySemaphore.client(binding="BUDGET", invoke="handle").with_(retry(5))
+    with pytest.raises(ConfigurationError) as err:  # the client raises it, never retried
+        await helper.request(Env(), "k", sync())
+    assert err.value.field == "migrations" and "new_sqlite_classes" in str(err.value)
+    assert str(err.value).startswith("env.BUDGET (holder 'k'): "), err.value
+
+
+def test_storage_without_sql_is_a_configuration_error_naming_the_migration():
+    ctx = LocalContext(name="holder")
+    ctx.storage = type("KvStorage", (), {})()  # no .sql at all
+    with pytest.raises(ConfigurationError) as err:
+        Storage(ctx)
+    assert str(err.value) == NOT_SQLITE and err.value.field == "migrations"
+    with pytest.raises(ConfigurationError):
+        Storage(kv_backed_context()).exec("SELECT 1")
+
+
+class NotAHolder:
+    """A Durable Object class that is not a holder (no ``permits`` method)."""
+
+    async def status(self, job: str) -> dict:
+        return {"job": job}
+
+
+@async_test
+async def test_a_waiting_permit_fails_at_once_when_the_binding_is_not_a_holder():
+    clock = SimClock(T0)
+
+    class Env:
+        BUDGET = type("Ns", (), {"getByName": staticmethod(lambda name: NotAHolder())})()
+
+    helper = DurabilitySemaphore.client(binding="BUDGET", invoke=lambda stub, message: stub.permits(message))
+    side = ClientSide("c1", clock, helper.transport(Env()))
+
+    async def permit() -> None:
+        async with side.queue.permit("acct", timeout_ms=30_000):
+            raise AssertionError("admitted by a class that is not a holder")
+
+    task = side.spawn(permit())
+    for _ in range(20):  # no virtual time passes: the first exchange fails, and so does the waiter
+        await asyncio.sleep(0)
+        if task.done():
+            break
+    assert task.done(), "permit() kept waiting on a binding whose class is not a holder"
+    err = task.exception()
+    assert isinstance(err, ConfigurationError) and err.field == "binding" and "env.BUDGET" in str(err), err
+    assert clock() == T0
