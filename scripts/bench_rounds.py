@@ -190,6 +190,7 @@ async def _run_config(cfg: Config, template: str, per_group: dict[str, int], tot
         group_limit={LIMITED_GROUP: per_group.get(LIMITED_GROUP, 0) + 3},
         round_wait_ms=1000, round_period_ms=ROUND_PERIOD_MS,
         clock=clock, id_factory=lambda: next(ids),
+        free_at_once=False,  # every round batched: the cost of one round over all the clients
     )
     AlarmDriver(clock, local, sched.alarm)
 
@@ -200,13 +201,13 @@ async def _run_config(cfg: Config, template: str, per_group: dict[str, int], tot
     counting = {"on": False, "steps": 0}
     original = sem._run_round
 
-    async def timed_round(batch: Any) -> None:
+    async def timed_round(batch: Any, *args: Any) -> None:
         s0 = local.statements
         gc.collect()  # collect the previous round's garbage outside the measurement
         if profile is not None:
             profile.enable()
         c0, t0 = time.process_time(), time.perf_counter()
-        await original(batch)
+        await original(batch, *args)
         timings.append((time.perf_counter() - t0) * 1000)
         cpu.append((time.process_time() - c0) * 1000)
         if profile is not None:

@@ -19,7 +19,7 @@ itself (a stand-in for real work, used by ``scripts/chaos``): admitted, it waits
 completes itself, and every attempt leaves a durable run record (``app_job_runs``: attempt,
 permit, start, end), read by the admin route ``GET .../queues/{queue}/runs``.
 
-What the routes expose and create (README, "The reference Worker"):
+What the routes expose and create (docs/reference/http.md):
 
 * Every route that writes needs the admin token (secret ``ADMIN_TOKEN``, sent as
   ``Authorization: Bearer ...``). Only they create storage.

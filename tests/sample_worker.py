@@ -1,12 +1,14 @@
-"""The sample Worker (``examples/worker/``, shown in README "Use it in your Worker"), built the way
-a user builds it.
+"""The sample Worker (``examples/worker/``, shown in the tutorial's "A fuller sample"), built the
+way a user builds it.
 
-Shared by ``tests/test_sample_worker.py`` (tier 1: the README's blocks are ``examples/worker/``'s
+Shared by ``tests/test_sample_worker.py`` (tier 1: the tutorial's blocks are ``examples/worker/``'s
 files, and ``wrangler deploy --dry-run`` bundles the sample) and
 ``tests/workerd/test_sample_worker.py`` (tier 3: the sample runs on workerd):
 
-* :func:`readme_files` reads the sample's files out of the README section (each block whose
-  first line is ``# <path>`` of :data:`README_FILES`); ``examples/worker/`` is the source;
+* :func:`readme_files` reads the sample's files out of that section of ``docs/tutorial.md``
+  (each block that includes ``examples/worker/<path>`` of :data:`README_FILES` with a ``--8<--``
+  snippet line, resolved as MkDocs does, or whose first line is ``# <path>``);
+  ``examples/worker/`` is the source;
 * :func:`built_wheel` builds the distribution's wheel once per session, offline, from a copy of
   the project (the venv's setuptools, no build isolation, no index: as
   ``tests/test_packaging.py`` does);
@@ -29,9 +31,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+#: The page that shows the sample's files, and the guide that gives both install routes.
+TUTORIAL = ROOT / "docs" / "tutorial.md"
+DEPLOYING = ROOT / "docs" / "guides" / "deploying.md"
 EXAMPLE = ROOT / "examples" / "worker"
-SECTION = "## Use it in your Worker"
-#: The sample's files the README shows, each a block whose first line is ``# <path>``.
+SECTION = "## A fuller sample"
+SNIPPET = re.compile(r'^--8<-- "(?P<path>[^"]+)"$')
+#: The sample's files the tutorial shows, each a block that includes the file (or starts ``# <path>``).
 README_FILES = ("wrangler.toml", "pyproject.toml", "src/entry.py")
 #: Every file of the sample (``examples/worker/``): the README's, the pinned npm tooling, the one
 #: command that runs it (``dev``) and its notes.
@@ -49,24 +55,46 @@ def sdk_pin() -> str:
 
 
 def readme_section() -> str:
-    """The text of README's "Use it in your Worker" section (up to the next ``## `` heading)."""
-    text = README.read_text(encoding="utf-8")
+    """The text of the tutorial's "A fuller sample" section (up to the next ``## `` heading)."""
+    text = TUTORIAL.read_text(encoding="utf-8")
     start = text.find("\n" + SECTION + "\n")
-    assert start >= 0, f"README.md has no {SECTION!r} section"
+    assert start >= 0, f"docs/tutorial.md has no {SECTION!r} section"
     end = text.find("\n## ", start + 1)
     return text[start + 1:end if end >= 0 else len(text)]
 
 
+def deploying_guide() -> str:
+    """The text of the deploying guide (both install routes, the import-name check)."""
+    return DEPLOYING.read_text(encoding="utf-8")
+
+
+def included(body: str) -> str:
+    """A block's text with its ``--8<-- "path"`` snippet lines replaced by the files (paths from
+    the project root, as ``mkdocs.yml``'s ``pymdownx.snippets`` reads them)."""
+    out = []
+    for line in body.splitlines(keepends=True):
+        match = SNIPPET.match(line.rstrip("\n"))
+        out.append((ROOT / match["path"]).read_text(encoding="utf-8") if match else line)
+    return "".join(out)
+
+
 def readme_files() -> dict[str, str]:
-    """``{path: content}`` of the section's blocks that start with ``# <path>`` (a sample file)."""
+    """``{path: content}`` of the section's blocks that include ``examples/worker/<path>`` or start
+    with ``# <path>`` (a sample file)."""
     found: dict[str, str] = {}
+    prefix = EXAMPLE.relative_to(ROOT).as_posix() + "/"
     for match in re.finditer(r"^```[a-z]*\n(.*?)^```$", readme_section(), re.MULTILINE | re.DOTALL):
         body = match.group(1)
         first = body.split("\n", 1)[0]
-        if first.startswith("# ") and first[2:].strip() in README_FILES:
+        snippet = SNIPPET.match(first)
+        if snippet and snippet["path"].startswith(prefix) and snippet["path"][len(prefix):] in README_FILES:
+            path, body = snippet["path"][len(prefix):], included(body)
+        elif first.startswith("# ") and first[2:].strip() in README_FILES:
             path = first[2:].strip()
-            assert path not in found, f"two README blocks for {path}"
-            found[path] = body
+        else:
+            continue
+        assert path not in found, f"two blocks for {path}"
+        found[path] = body
     return found
 
 
@@ -153,13 +181,27 @@ def copy_sample(dest: Path) -> Path:
     return dest
 
 
-def create_sample(dest: Path, wheel: Path) -> Sample:
+def write_files(dest: Path, files: dict[str, str]) -> Path:
+    """``files`` (``{path: content}``, e.g. the README's Worker) into the empty (or absent) folder
+    ``dest`` outside the checkout; returns ``dest``."""
+    dest = dest.resolve()
+    assert not dest.is_relative_to(ROOT), f"{dest} is inside the project"
+    dest.mkdir(parents=True, exist_ok=True)
+    assert not any(dest.iterdir()), f"{dest} is not empty"
+    for path, content in files.items():
+        (dest / path).parent.mkdir(parents=True, exist_ok=True)
+        (dest / path).write_text(content, encoding="utf-8")
+    return dest
+
+
+def create_sample(dest: Path, wheel: Path, files: dict[str, str] | None = None) -> Sample:
     """A fresh sample project in the empty (or absent) folder ``dest``: ``examples/worker/``'s
-    files, vendored with the README's route 2. ``dest`` must be outside the checkout."""
-    dest = copy_sample(dest)
+    files (or ``files``: ``{path: content}``, e.g. the README's Worker), vendored the offline way
+    (``pip install --target python_modules``). ``dest`` must be outside the checkout."""
+    dest = copy_sample(dest) if files is None else write_files(dest, files)
     pip = (sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-compile",
            "--target", "python_modules", "--no-deps")
-    # README route 2: the wheel and the pinned SDK, into python_modules/ (PyPI for the SDK).
+    # The offline route: the wheel and the pinned SDK, into python_modules/ (PyPI for the SDK).
     proc = _run(*pip, str(wheel), sdk_pin(), cwd=dest, check=False)
     sdk_source = f"pip install {sdk_pin()}"
     if proc.returncode != 0:  # no index reachable: the wheel alone, the SDK from the project's copy

@@ -1,9 +1,10 @@
 """The examples run and still show their point (issue 10).
 
-Each of ``examples/*.py`` runs as the README says (``python examples/<file>.py``: in a
-subprocess of this interpreter, from the project root, with a timeout) and must exit 0 AND print
-the lines that make its point, so an example that silently stops showing it fails. The README
-names every example (its "Examples" list), and every example here is named in it.
+Each of ``examples/*.py`` runs as the docs say (``python examples/<file>.py``: in a subprocess
+of this interpreter, from the project root, with a timeout) and must exit 0 AND print the lines
+that make its point, so an example that silently stops showing it fails. The README and the
+testing guide (``docs/guides/testing.md``, its "Examples" list) name every example, and every
+example here is named in them.
 """
 
 from __future__ import annotations
@@ -53,12 +54,13 @@ EXPECTED: dict[str, list[str]] = {
 }
 
 
-def test_every_example_is_checked_and_named_in_the_readme():
+def test_every_example_is_checked_and_named_in_the_readme_and_the_testing_guide():
     on_disk = sorted(p.name for p in EXAMPLES.glob("*.py"))
     assert on_disk == sorted(EXPECTED), f"examples/*.py {on_disk}: add each to EXPECTED"
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    for name in EXPECTED:
-        assert f"python examples/{name}" in readme, f"README.md does not say how to run examples/{name}"
+    for page in ("README.md", "docs/guides/testing.md"):
+        text = (ROOT / page).read_text(encoding="utf-8")
+        for name in EXPECTED:
+            assert f"python examples/{name}" in text, f"{page} does not say how to run examples/{name}"
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

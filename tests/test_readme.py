@@ -1,21 +1,18 @@
-"""The README's Python blocks run (issue 10): every fenced ```python block of README.md is run
-here against the test kit, or is a file of the sample Worker (``tests/test_sample_worker.py``
-checks those), or is marked as not runnable, with a reason, by a comment right before it::
-
-    <!-- readme-test: not run: <why> -->
-
-A new block that is none of these fails :func:`test_every_python_block_is_run_or_marked`, so
-the README cannot rot. Blocks are known by the heading they stand under (:data:`RUN_BY`).
+"""The Python blocks of the README and the docs run: each block :data:`RUN_BY` names is run here
+against the test kit, and the README's complete Worker is run, its ``wrangler.toml`` checked
+against its classes, and the two bundled by ``wrangler deploy --dry-run`` in a fresh folder.
+(Every other code block of the pages is compiled and import-checked, or parsed, by
+``tests/test_docs_site.py``.) Blocks are known by the page and the heading they stand under.
 
 How they run: blocks that define Durable Object classes import ``workers``, so a tiny stand-in
-module (:func:`workers_standin`: a ``DurableObject`` that keeps ``ctx`` and ``env``) is put in
-``sys.modules`` for the test only. The blocks construct ``DurabilityScheduler(ctx)`` and
-``SemaphoreClient(ctx, ...)`` with no clock (the wall clock in a Worker); :func:`clock` makes a
-:class:`~semaphore.testing.SimClock` their default for the test, so rounds, claim windows and
-alarms run on virtual time, and each test asserts the objects really got it. Fragments that use
-names from their context (the teaser, ``async with self.queue.permit(...)``) run with top-level
-``await`` in a namespace that provides those names (a small client object against a
-:class:`~semaphore.testing.HolderSide`). Error tracebacks point at README.md's own lines.
+module (:func:`workers_standin`: a ``DurableObject`` and a ``WorkerEntrypoint`` that keep
+``ctx`` and ``env``, a ``Response`` that keeps its body) is put in ``sys.modules`` for the test
+only. The blocks construct ``DurabilityScheduler(ctx)`` and ``SemaphoreClient(ctx, ...)`` with
+no clock (the wall clock in a Worker); :func:`clock` makes a :class:`~semaphore.testing.SimClock`
+their default for the test, so rounds, claim windows and alarms run on virtual time, and each
+test asserts the objects really got it. Fragments that use names from their context
+(``async with self.queue.permit(...)``) run with top-level ``await`` in a namespace that
+provides those names. Error tracebacks point at the page's own lines.
 """
 
 from __future__ import annotations
@@ -23,8 +20,10 @@ from __future__ import annotations
 import ast
 import asyncio
 import inspect
+import logging
 import re
 import sys
+import tomllib
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,10 +31,9 @@ from typing import Any
 
 import pytest
 
-import semaphore
 import semaphore.client._client as client_module
 import semaphore.scheduler as scheduler_module
-from sample_worker import README_FILES, readme_files
+from sample_worker import built_wheel, create_sample
 from semaphore import (
     BlockedReason,
     DurabilityScheduler,
@@ -64,95 +62,71 @@ from semaphore.testing import (
     async_test,
 )
 from semaphore.testing import blocked as blocked_of
+from test_wrangler import _run_dry_run, _setup_problem, _uploaded
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-MARKER = re.compile(r"^<!--\s*readme-test:\s*not run:\s*(?P<reason>.*?)\s*-->$")
+TUTORIAL = ROOT / "docs" / "tutorial.md"
+WORKER_HEADING = "## A complete Worker"
 
-#: heading a ```python block stands under -> the test of this module that runs it.
+#: (page, heading a ```python block stands under) -> the test of this module that runs it.
 RUN_BY = {
-    "# durability-semaphore": "test_the_teaser_runs_in_a_client_object",
-    "## The holder: `DurabilitySemaphore`": "test_the_holder_class_grants_under_its_limits_and_reclaims",
-    "### Wire format (v1)": "test_the_wire_format_is_what_the_holder_answers",
-    "## Leases": "test_the_lease_options_construct",
-    "## The client side": "test_the_client_object_admits_jobs_under_the_limit",
-    "### Permits: `async with queue.permit(...)`": "test_the_permit_fragment_holds_and_releases_a_permit",
+    ("README.md", WORKER_HEADING): "test_the_readme_worker_holds_the_limit_across_objects",
+    ("docs/reference/holder.md", "# The holder: `DurabilitySemaphore`"):
+        "test_the_holder_class_grants_under_its_limits_and_reclaims",
+    ("docs/reference/wire.md", "# Wire format"): "test_the_wire_format_is_what_the_holder_answers",
+    ("docs/reference/leases.md", "# Leases"): "test_the_lease_options_construct",
+    ("docs/reference/client.md", "# The client side"): "test_the_client_object_admits_jobs_under_the_limit",
+    ("docs/reference/client.md", "## Permits: `async with queue.permit(...)`"):
+        "test_the_permit_fragment_holds_and_releases_a_permit",
+    ("docs/guides/testing.md", "# Testing your Worker"): "test_the_testing_guides_example_passes",
 }
-#: heading of the sample Worker's blocks (each starts with ``# <path>``).
-SAMPLE_HEADING = "### The sample"
 
 pytestmark = pytest.mark.usefixtures("quiet_logs")
 
 
-# ================================================================== the README's blocks
+# ================================================================== the pages' blocks
 @dataclass(frozen=True)
 class Block:
-    line: int  #: README line of the first line of code (after the fence)
+    page: Path
+    line: int  #: the page's line of the first line of code (after the fence)
     lang: str
     text: str
     heading: str
-    marker: str | None  #: the reason of a ``readme-test: not run`` comment right before it
-
-    @property
-    def sample_file(self) -> str | None:
-        first = self.text.split("\n", 1)[0]
-        return first[2:].strip() if first.startswith("# ") and first[2:].strip() in README_FILES else None
 
 
-def blocks(text: str) -> list[Block]:
+def blocks(text: str, page: Path = README) -> list[Block]:
     """The fenced blocks of a Markdown text, with the heading each stands under."""
     found: list[Block] = []
-    heading, fence, body, start, marker, previous = "", None, [], 0, None, ""
+    heading, fence, body, start = "", None, [], 0
     for number, line in enumerate(text.splitlines(), 1):
         if fence is None:
             if line.startswith("```"):
                 fence, body, start = line[3:].strip(), [], number + 1
-                match = MARKER.match(previous.strip())
-                marker = match.group("reason") if match else None
             elif line.startswith("#"):
                 heading = line.strip()
-            if line.strip():
-                previous = line
         elif line.startswith("```"):
-            found.append(Block(start, fence, "\n".join(body) + "\n", heading, marker))
-            fence, previous = None, ""
+            found.append(Block(page, start, fence, "\n".join(body) + "\n", heading))
+            fence = None
         else:
             body.append(line)
     return found
 
 
-def python_blocks(text: str | None = None) -> list[Block]:
-    return [b for b in blocks(README.read_text(encoding="utf-8") if text is None else text) if b.lang == "python"]
+def page_blocks(page: str | Path) -> list[Block]:
+    path = ROOT / page
+    return blocks(path.read_text(encoding="utf-8"), path)
 
 
-def problems(found: list[Block], run_by: dict[str, str]) -> list[str]:
-    """Why blocks are neither run, nor sample files, nor marked (empty: all accounted for)."""
-    out = []
-    for b in found:
-        if b.marker is not None:
-            if not b.marker:
-                out.append(f"README.md:{b.line}: 'readme-test: not run' needs a reason")
-        elif b.sample_file is not None:
-            if b.heading != SAMPLE_HEADING:
-                out.append(f"README.md:{b.line}: sample file {b.sample_file} outside {SAMPLE_HEADING!r}")
-        elif b.heading not in run_by:
-            out.append(f"README.md:{b.line} (under {b.heading!r}): a python block no test runs; run it in "
-                       "tests/test_readme.py (RUN_BY) or mark it <!-- readme-test: not run: <why> -->")
-    for heading in run_by:
-        n = sum(1 for b in found if b.heading == heading and b.marker is None)
-        if n != 1:
-            out.append(f"{run_by[heading]} runs the python block under {heading!r}, but there are {n}")
-    return out
-
-
-def block(heading: str) -> Block:
-    (found,) = [b for b in python_blocks() if b.heading == heading and b.marker is None]
-    return found
+def block(page: str, heading: str, lang: str = "python") -> Block:
+    found = [b for b in page_blocks(page) if b.heading == heading and b.lang == lang]
+    assert len(found) == 1, f"{page}: {len(found)} {lang} blocks under {heading!r}, expected 1"
+    return found[0]
 
 
 def _compile(b: Block, tree: ast.Module) -> types.CodeType:
-    ast.increment_lineno(tree, b.line - 1)  # tracebacks point at README.md's lines
-    return compile(tree, str(README), "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    ast.increment_lineno(tree, b.line - 1)  # tracebacks point at the page's lines
+    return compile(tree, str(b.page), "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
 
 
 async def run(b: Block, namespace: dict[str, Any], statements: slice = slice(None)) -> dict[str, Any]:
@@ -169,17 +143,18 @@ def values(b: Block, namespace: dict[str, Any]) -> list[Any]:
     """The value of each expression statement of the block."""
     out = []
     for stmt in ast.parse(b.text).body:
-        assert isinstance(stmt, ast.Expr), f"README.md:{b.line + stmt.lineno - 1}: not an expression"
+        assert isinstance(stmt, ast.Expr), f"{b.page}:{b.line + stmt.lineno - 1}: not an expression"
         expr = ast.Expression(stmt.value)
         ast.increment_lineno(expr, b.line - 1)
-        out.append(eval(compile(expr, str(README), "eval"), namespace))
+        out.append(eval(compile(expr, str(b.page), "eval"), namespace))
     return out
 
 
 # ================================================================== what the blocks need
 @pytest.fixture
 def workers_standin(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
-    """A ``workers`` module for the test: ``DurableObject`` keeps ``ctx`` and ``env``."""
+    """A ``workers`` module for the test: ``DurableObject`` and ``WorkerEntrypoint`` keep ``ctx``
+    and ``env``; ``Response`` keeps its body and status."""
     module = types.ModuleType("workers")
 
     class DurableObject:
@@ -187,7 +162,13 @@ def workers_standin(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
             self.ctx = ctx
             self.env = env
 
+    class Response:
+        def __init__(self, body: Any = None, status: int = 200, headers: Any = None) -> None:
+            self.body, self.status, self.headers = body, status, headers
+
     module.DurableObject = DurableObject
+    module.WorkerEntrypoint = DurableObject
+    module.Response = Response
     monkeypatch.setitem(sys.modules, "workers", module)
     return module
 
@@ -227,79 +208,141 @@ def run_sync_defs(b: Block) -> dict[str, Any]:
     return namespace
 
 
-# ================================================================== coverage of the blocks
-def test_every_python_block_is_run_or_marked():
-    found = python_blocks()
-    assert found, "README.md has no python blocks"
-    assert not problems(found, RUN_BY), "\n".join(problems(found, RUN_BY))
-    for name in RUN_BY.values():
+# ================================================================== every named block exists
+def test_every_block_run_by_names_exists_and_its_test_is_defined():
+    for (page, heading), name in RUN_BY.items():
+        block(page, heading)  # exactly one python block there
         assert callable(globals().get(name)), f"RUN_BY names {name}, which this module does not define"
 
 
-def test_an_unmarked_block_that_nothing_runs_fails_the_check():
-    text = ("# T\n\n```python\nx = 1\n```\n\n## Other\n\n<!-- readme-test: not run: a shape -->\n"
-            "```python\n{...}\n```\n\n## Third\n\n<!-- readme-test: not run: -->\n```python\ny\n```\n")
-    found = python_blocks(text)
-    assert [(b.heading, b.marker) for b in found] == [("# T", None), ("## Other", "a shape"), ("## Third", "")]
-    assert problems(found, {"# T": "t"}) == ["README.md:18: 'readme-test: not run' needs a reason"]
-    (unrun,) = problems(found[:1], {})
-    assert "a python block no test runs" in unrun and "README.md:4" in unrun
-    assert problems(found[:1], {"# T": "t", "## Gone": "g"}) == [
-        "g runs the python block under '## Gone', but there are 0"]
+def test_a_missing_or_doubled_block_fails_the_lookup(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# T\n\n```python\nx = 1\n```\n\n```python\ny = 2\n```\n\n## U\n\n```toml\na = 1\n```\n")
+    found = page_blocks(page)
+    assert [(b.heading, b.lang, b.line) for b in found] == [("# T", "python", 4), ("# T", "python", 8),
+                                                            ("## U", "toml", 14)]
+    with pytest.raises(AssertionError, match="2 python blocks under '# T'"):
+        block(str(page), "# T")
+    with pytest.raises(AssertionError, match="0 python blocks under '## U'"):
+        block(str(page), "## U")
 
 
-def test_the_sample_worker_blocks_are_covered_by_test_sample_worker():
-    samples = [b for b in python_blocks() if b.sample_file is not None]
-    assert [b.sample_file for b in samples] == ["src/entry.py"]
-    files = readme_files()
-    for b in samples:  # tests/test_sample_worker.py checks these ARE examples/worker's files
-        assert files[b.sample_file] == b.text
-    checks = (ROOT / "tests" / "test_sample_worker.py").read_text(encoding="utf-8")
-    assert "def test_the_readme_blocks_are_the_example_files" in checks
+# ================================================================== the README's complete Worker
+def readme_worker() -> dict[str, str]:
+    """``{path: content}`` of the README's Worker: each block's first line is ``# <path>``."""
+    files = {}
+    for lang in ("toml", "python"):
+        b = block("README.md", WORKER_HEADING, lang)
+        first = b.text.split("\n", 1)[0]
+        assert first.startswith("# "), f"README.md:{b.line}: the block does not start with # <path>"
+        files[first[2:].strip()] = b.text
+    assert sorted(files) == ["src/entry.py", "wrangler.toml"], sorted(files)
+    return files
 
 
-# ================================================================== the blocks, run
+def test_the_tutorial_shows_the_readme_worker_unchanged():
+    tutorial = {b.text.split("\n", 1)[0][2:].strip(): b.text for b in page_blocks("docs/tutorial.md")
+                if b.heading == "## 1. An empty folder and two files" and b.lang in ("toml", "python")}
+    assert tutorial == readme_worker()
+
+
+def _do_classes(workers_standin: types.ModuleType, names: dict[str, Any]) -> set[str]:
+    return {n for n, v in names.items() if isinstance(v, type) and issubclass(v, workers_standin.DurableObject)
+            and v is not workers_standin.DurableObject and n != "Default"}
+
+
+def test_the_readme_wrangler_toml_binds_and_migrates_the_classes(workers_standin, monkeypatch):
+    monkeypatch.setattr(logging, "basicConfig", lambda **kw: None)
+    files = readme_worker()
+    config = tomllib.loads(files["wrangler.toml"])
+    names = run_sync_defs(block("README.md", WORKER_HEADING))
+    classes = _do_classes(workers_standin, names)
+    assert config["main"] == "src/entry.py" and "python_workers" in config["compatibility_flags"]
+    bindings = {b["name"]: b["class_name"] for b in config["durable_objects"]["bindings"]}
+    assert set(bindings.values()) == classes == {"AccountLimit", "Exports"}
+    (migration,) = config["migrations"]
+    assert set(migration["new_sqlite_classes"]) == classes  # both SQLite-backed
+    code = files["src/entry.py"]
+    used_bindings = set(re.findall(r'binding="(\w+)"', code)) | set(re.findall(r"self\.env\.([A-Z_]+)", code))
+    assert used_bindings == set(bindings), (used_bindings, bindings)
+    assert set(re.findall(r"env\.([A-Z_]+)\)", code)) <= set(config["vars"])  # the vars it reads
+    assert config["observability"]["enabled"] is True
+
+
+class Request:
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+
 @async_test
-async def test_the_teaser_runs_in_a_client_object(clock: SimClock) -> None:
-    """The three lines at the top: two client objects, three exports each, limit 2."""
-    b = block("# durability-semaphore")
-    holder = HolderSide(clock, limit=2)
-    env = Env(ACCOUNT_LIMIT=Namespace(lambda name: holder))
-    limits = DurabilitySemaphore.client(binding="ACCOUNT_LIMIT", invoke="handle")
-    running: set[str] = set()
-    most = [0]
+async def test_the_readme_worker_holds_the_limit_across_objects(clock: SimClock, workers_standin, monkeypatch) -> None:
+    """Six exports of one account and one of another, each in its own client object: at most
+    EXPORTS_PER_ACCOUNT (2) of an account's run at once, the other account is not held up."""
+    configured = []
+    monkeypatch.setattr(logging, "basicConfig", lambda **kw: configured.append(kw))
+    names = run_sync_defs(block("README.md", WORKER_HEADING))
+    assert configured == [{"stream": sys.stdout, "level": logging.INFO}]  # stdout: console.log in workerd
+    running: dict[str, set[str]] = {"acme": set(), "beta": set()}
+    most = {"acme": 0, "beta": 0}
 
-    async def export(job: str) -> None:
-        running.add(job)
-        most[0] = max(most[0], len(running))
-        await clock.sleep(3_000)
-        running.discard(job)
+    async def do_export(account: str, name: str) -> str:  # the README's stands for real work
+        running[account].add(name)
+        most[account] = max(most[account], len(running[account]))
+        await clock.sleep(2_000)
+        running[account].discard(name)
+        return f"{account}/{name} exported"
 
-    class ClientObject:  # the object the three lines live in
-        def __init__(self, name: str) -> None:
-            self.ctx = LocalContext(name=name)
-            self.names = dict(semaphore.__dict__, self=self, ctx=self.ctx, env=env, limits=limits, export=export)
+    names["do_export"] = do_export
 
-    objects = [ClientObject("exports-1"), ClientObject("exports-2")]
-    for obj in objects:
-        await run(b, obj.names, slice(0, 1))  # the constructor's line
-        assert obj.queue.scheduler.clock is clock and obj.queue.client.clock is clock
-        TaskAlarmDriver(clock, obj.ctx.storage, obj.queue.scheduler.alarm)
+    def make(cls: type) -> Any:
+        def made(name: str) -> Any:
+            obj = cls(LocalContext(name=name), env)
+            driver = AlarmDriver if cls is names["AccountLimit"] else TaskAlarmDriver
+            driver(clock, obj.ctx.storage, obj.alarm)
+            return obj
+        return made
 
-    async def job(obj: ClientObject, name: str) -> None:
-        await run(b, dict(obj.names, account_id="acct-1", job=name), slice(1, None))  # async with ...
-
-    tasks = [asyncio.ensure_future(job(obj, f"{obj.ctx.id.name}-{n}")) for obj in objects for n in range(3)]
-    await until(clock, lambda: all(t.done() for t in tasks))
-    assert [t.exception() for t in tasks] == [None] * 6
-    assert most[0] == 2  # at most the account's limit at once, across both objects
+    env = Env(EXPORTS_PER_ACCOUNT="2", ACCOUNT_LIMIT=Namespace(make(names["AccountLimit"])),
+              EXPORTS=Namespace(make(names["Exports"])))
+    front = names["Default"](None, env)
+    urls = [f"https://exports.example/exports/acme/e{n}" for n in range(1, 7)] + ["https://exports.example/exports/beta/e1"]
+    tasks = [asyncio.ensure_future(front.fetch(Request(url))) for url in urls]
+    await until(clock, lambda: all(t.done() for t in tasks), within_ms=120_000)
+    assert [t.result().body for t in tasks] == [url.split("/exports/", 1)[1] + " exported" for url in urls]
+    assert most == {"acme": 2, "beta": 1}  # the account's limit, across six objects
+    assert sorted(env.EXPORTS.objects) == sorted(url.split("/exports/", 1)[1] for url in urls)
+    exports = next(iter(env.EXPORTS.objects.values()))
+    assert exports.queue.scheduler.clock is clock and exports.queue.client.clock is clock
     await clock.advance(15_000)
-    assert (await holder.usage())["charged"] == 0
+    for account in ("acme", "beta"):
+        assert (await env.ACCOUNT_LIMIT.getByName(account).semaphore.usage())["charged"] == 0
+
+
+def test_wrangler_bundles_the_readme_worker(tmp_path_factory):
+    problem = _setup_problem()
+    if problem is not None:
+        pytest.fail(problem, pytrace=False)
+    sample = create_sample(tmp_path_factory.mktemp("readme-worker") / "exports", built_wheel(), readme_worker())
+    proc, outdir = _run_dry_run(sample.root, tmp_path_factory.mktemp("readme-wrangler"))
+    assert proc.returncode == 0, f"wrangler deploy --dry-run failed\n{proc.stdout}\n{proc.stderr}"
+    for line in ("env.ACCOUNT_LIMIT (AccountLimit)", "env.EXPORTS (Exports)", 'env.EXPORTS_PER_ACCOUNT ("2")'):
+        assert line in proc.stdout, f"{line!r} not in wrangler's output:\n{proc.stdout}"
+    assert (outdir / "entry.py").read_text(encoding="utf-8") == readme_worker()["src/entry.py"]
+    uploaded = _uploaded(outdir)
+    assert "python_modules/semaphore/holder/_semaphore.py" in uploaded  # the library is uploaded ...
+    kept_out = [f for f in uploaded if f.startswith(("python_modules/semaphore/testing/",
+                                                       "python_modules/semaphore/simulate/"))]
+    assert not kept_out, kept_out  # ... but not the test kit and the simulator it never imports
+
+
+def test_the_testing_guides_example_passes() -> None:
+    names = run_sync_defs(block("docs/guides/testing.md", "# Testing your Worker"))
+    names["test_the_limit_holds"]()  # an @async_test function: it runs on a loop of its own
 
 
 @async_test
 async def test_the_holder_class_grants_under_its_limits_and_reclaims(clock: SimClock, workers_standin) -> None:
-    AccountLimit = holder_class(block("## The holder: `DurabilitySemaphore`"))
+    AccountLimit = holder_class(block("docs/reference/holder.md", "# The holder: `DurabilitySemaphore`"))
     env = Env(ACCOUNT_CONCURRENCY="3")
     holder = AccountLimit(LocalContext(name="acct-1"), env)
     assert holder.ctx is not None and holder.env is env  # the stand-in DurableObject's
@@ -320,7 +363,7 @@ async def test_the_holder_class_grants_under_its_limits_and_reclaims(clock: SimC
 
 @async_test
 async def test_the_wire_format_is_what_the_holder_answers() -> None:
-    b = block("### Wire format (v1)")
+    b = block("docs/reference/wire.md", "# Wire format")
     message, shape = values(b, {})
     assert parse_message(message).client_id == "queue-7"
     bed = Bed(limit=5, clock=VirtualClock(1_764_500_000_000), leases={"provisioning": {"mode": "strict"}})
@@ -390,7 +433,7 @@ def _lease_variants(b: Block, base: dict[str, Any]) -> list[dict[str, Any]]:
 
 @async_test
 async def test_the_lease_options_construct() -> None:
-    b = block("## Leases")
+    b = block("docs/reference/leases.md", "# Leases")
     s = DurabilityScheduler(LocalContext())
     (sem,) = values(b, {"DurabilitySemaphore": DurabilitySemaphore, "s": s})
     assert isinstance(sem, DurabilitySemaphore) and isinstance(sem.leases, LeaseConfig)
@@ -416,8 +459,8 @@ def _strip_comments(text: str) -> str:
 
 @async_test
 async def test_the_client_object_admits_jobs_under_the_limit(clock: SimClock, workers_standin) -> None:
-    AccountLimit = holder_class(block("## The holder: `DurabilitySemaphore`"))
-    names = run_sync_defs(block("## The client side"))
+    AccountLimit = holder_class(block("docs/reference/holder.md", "# The holder: `DurabilitySemaphore`"))
+    names = run_sync_defs(block("docs/reference/client.md", "# The client side"))
     JobQueue = names["JobQueue"]
 
     def make_holder(name: str) -> Any:
@@ -452,7 +495,7 @@ async def test_the_client_object_admits_jobs_under_the_limit(clock: SimClock, wo
 
 @async_test
 async def test_the_permit_fragment_holds_and_releases_a_permit() -> None:
-    b = block("### Permits: `async with queue.permit(...)`")
+    b = block("docs/reference/client.md", "## Permits: `async with queue.permit(...)`")
     clock = SimClock(T0)
     holder = HolderSide(clock, limit=1)
     side = ClientSide("c1", clock, Net(holder, clock))

@@ -1,15 +1,16 @@
-"""README "Use it in your Worker", tier 1: the sample Worker a user writes from the README bundles.
+"""The tutorial's fuller sample, tier 1: the sample Worker a user copies from the docs bundles.
 
-* The README's blocks ARE ``examples/worker/``'s files (``wrangler.toml``, ``pyproject.toml``,
-  ``src/entry.py``), and the section names both routes (``pywrangler sync``; ``pip install
-  --target python_modules --no-deps`` with the SDK pin of ``scripts/setup``).
+* The tutorial's blocks ARE ``examples/worker/``'s files (``wrangler.toml``, ``pyproject.toml``,
+  ``src/entry.py``, included with ``--8<--`` snippet lines), and the deploying guide names both
+  routes (``pywrangler sync``; ``pip install --target python_modules --no-deps`` with the SDK
+  pin of ``scripts/setup``).
 * A fresh sample is created from those blocks in an empty folder outside the checkout, vendored
   with route 2 from the wheel built offline (``tests/sample_worker.py``), and
   ``wrangler deploy --dry-run --outdir`` bundles it: the upload is the sample's ``entry.py``,
   the library's modules under ``python_modules/semaphore/`` byte for byte from the wheel
   (nothing from this checkout's ``src/``) and the Workers SDK.
 * The sample imports only names the library exports, makes ONE ``SemaphoreQueue`` (with
-  ``work=``) that serves both ``permit()`` and ``enqueue()``, and the README's check of the import name
+  ``work=``) that serves both ``permit()`` and ``enqueue()``, and the deploying guide's check of the import name
   (``semaphore.__distribution__``) answers ``durability-semaphore`` from its ``python_modules/``.
 
 Needs ``scripts/setup`` (wrangler, the venv's Node 24); the tier-3 twin is
@@ -35,8 +36,8 @@ from sample_worker import (
     SAMPLE_FILES,
     built_wheel,
     create_sample,
+    deploying_guide,
     readme_files,
-    readme_section,
     sdk_pin,
     uploaded_library,
     wheel_modules,
@@ -57,15 +58,13 @@ def dry_run(sample, tmp_path_factory):
     return _run_dry_run(sample.root, tmp_path_factory.mktemp("sample-wrangler"))
 
 
-@pytest.mark.xfail(strict=True, reason="README.md's sample blocks predate examples/worker/'s many-objects "
-                   "sample; the README rewrite must copy (or include) examples/worker/'s files")
-def test_the_readme_blocks_are_the_example_files():
+def test_the_tutorials_blocks_are_the_example_files():
     blocks = readme_files()
-    assert sorted(blocks) == sorted(README_FILES), f"README blocks found: {sorted(blocks)}"
+    assert sorted(blocks) == sorted(README_FILES), f"docs/tutorial.md blocks found: {sorted(blocks)}"
     for path in README_FILES:
         assert blocks[path] == (EXAMPLE / path).read_text(encoding="utf-8"), (
-            f"README block {path} differs from examples/worker/{path}: examples/worker/ is the source, "
-            "copy it into the README")
+            f"docs/tutorial.md block {path} differs from examples/worker/{path}: examples/worker/ is the "
+            "source, include it with a --8<-- snippet line")
 
 
 def test_the_example_folder_is_the_sample():
@@ -121,13 +120,13 @@ def test_the_front_spreads_an_account_over_many_client_objects():
     assert by_binding == {"self.env.BUDGET": "account", "env.JOBS": "f'{account}:{shard}'"}, by_binding
 
 
-def test_the_readme_gives_both_routes():
-    text = " ".join(readme_section().split())
+def test_the_deploying_guide_gives_both_routes():
+    text = " ".join(deploying_guide().split())
     for step in ('dependencies = ["durability-semaphore"]', "uv add durability-semaphore",
                  "uv run pywrangler sync", "uv run pywrangler deploy",
                  "pip install --target python_modules --no-deps", sdk_pin(),
                  "semaphore.__distribution__"):
-        assert step in text, f"{step!r} not in README's Use it in your Worker"
+        assert step in text, f"{step!r} not in docs/guides/deploying.md"
 
 
 def test_the_sample_uses_the_permit_api_and_only_exported_names():
@@ -164,10 +163,10 @@ def test_the_fresh_sample_holds_the_wheel_not_the_checkout(sample):
     print(f"\nsample {sample.root}: wheel {sample.wheel.name}; SDK {sample.sdk_source}")
 
 
-def test_the_readmes_import_name_check_answers_this_distribution(sample):
-    # README "The import name semaphore": its command, run in the project folder, names this
+def test_the_deploying_guides_import_name_check_answers_this_distribution(sample):
+    # docs/guides/deploying.md "The import name semaphore": its command, run in the project folder, names this
     # distribution and the vendored file; only this distribution's RECORD lists semaphore/.
-    (command,) = [line for line in readme_section().splitlines() if line.startswith('python -I -c "')]
+    (command,) = [line for line in deploying_guide().splitlines() if line.startswith('python -I -c "')]
     argv = shlex.split(command)
     proc = subprocess.run([sys.executable, *argv[1:]], cwd=sample.root, stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=60)

@@ -2,13 +2,13 @@
 
 One holder Durable Object per key owns a limit (:class:`DurabilitySemaphore`), with optional
 per-group ceilings; many client Durable Objects get permits from it in batched allocation rounds
-or as leases. See ``docs/SPEC.md`` for the contract and the README for a tour.
+or as leases. See ``docs/SPEC.md`` for the contract and the docs site (``docs/``) for a tour.
 
 The import name ``semaphore`` is short and other distributions on PyPI install a top-level
 ``semaphore`` package too; installed into the same ``python_modules/`` one overwrites the other's
 files. ``__distribution__`` marks this one: every subpackage checks it on import and raises a
 clear :class:`ImportError` when the ``semaphore/__init__.py`` in front of it is another
-distribution's (see the README, "Use it in your Worker").
+distribution's (see docs/guides/deploying.md, "The import name semaphore").
 """
 
 #: The distribution this package belongs to (checked by every subpackage on import).

@@ -2,7 +2,7 @@
 through its one command, ``./dev``.
 
 The sample is copied fresh, outside the checkout, from ``examples/worker/`` and vendored with
-the README's route 2 from the wheel built offline (``tests/sample_worker.py``, shared with the
+the offline route (pip install --target) from the wheel built offline (``tests/sample_worker.py``, shared with the
 tier-1 ``tests/test_sample_worker.py``). On raw workerd the config is generated from the sample's
 own ``wrangler.toml`` (its modules are the sample's ``entry.py`` and ``python_modules/`` minus
 its ``[python_modules] exclude``, nothing of this checkout's ``src/``):

@@ -369,7 +369,13 @@ class _QueuePump(_QueueCallbacks):
                     return
             except SemaphoreError as exc:
                 self._tries.sent(key, trying if exchange is Exchange.REQUEST else set(), exc)
-                self._holder_failed(key, exc)
+                if isinstance(exc, ConfigurationError):  # a wrong binding or holder class: not down
+                    log.error("holder %r: %s; waiting permit() calls fail with it", key, exc)
+                    for fut in [f for f in self._waiters.values() if not f.done()]:
+                        fut.set_exception(exc)
+                else:
+                    log.warning("holder %r: %s; retrying in %d ms", key, exc, self.retry_ms)
+                self._backoff[key] = self._now() + self.retry_ms
                 return
             self._backoff.pop(key, None)
         # Still work left after MAX_EXCHANGES exchanges: pause instead of spinning
@@ -381,18 +387,6 @@ class _QueuePump(_QueueCallbacks):
             self._paused[key] = self._now() + self.retry_ms
         else:
             self._backoff[key] = self._now() + self.retry_ms
-
-    def _holder_failed(self, key: str, exc: SemaphoreError) -> None:
-        """An exchange with the holder failed: back off the key's exchanges ``retry_ms``; a
-        misconfiguration (a wrong binding or holder class: the holder is not down) fails the
-        waiting :meth:`permit` calls with it."""
-        if isinstance(exc, ConfigurationError):
-            log.error("holder %r: %s; waiting permit() calls fail with it", key, exc)
-            for fut in [f for f in self._waiters.values() if not f.done()]:
-                fut.set_exception(exc)
-        else:
-            log.warning("holder %r: %s; retrying in %d ms", key, exc, self.retry_ms)
-        self._backoff[key] = self._now() + self.retry_ms
 
     async def _draw_beside_request(self, key: str) -> None:
         """While the key's request waits for its round (or is held, ``request_wait_ms``), draw

@@ -4,7 +4,7 @@ Pure: the holder reads its aggregate rows (never the grant or lease tables) and 
 limits; :func:`measure` turns them into a :class:`SemaphoreUsage`, whose :meth:`~SemaphoreUsage.
 to_wire` is the dict ``DurabilitySemaphore.usage()`` returns (camelCase keys, like the wire).
 
-Definitions (the README's "The holder" section explains them for users):
+Definitions (docs/reference/holder.md explains them for users):
 
 * ``charged`` = ``outstanding + leaseFootprint``: grant permits not yet released (``permits -
   released``, claimed or not) plus the footprint of live and retired leases (SPEC R19, R30), in
@@ -113,7 +113,7 @@ class SemaphoreUsage:
     ``SemaphoreUsage.from_wire(await sem.usage())``.
 
     It is what the holder knows as of its last committed round, sync or reclaim: an upper bound
-    of what is really running, which may lag (see the README, "Why usage may lag").
+    of what is really running, which may lag (see docs/reference/holder.md, "Why usage may lag").
 
     :ivar limit: the limit; ``None`` when it could not be resolved (SPEC R12).
     :ivar outstanding: grant permits not yet released (``permits - released``, claimed or not).

@@ -55,7 +55,8 @@ if getattr(_sys.modules.get(__name__.rpartition(".")[0]), "__distribution__", No
     raise ImportError(
         "semaphore/__init__.py is not durability-semaphore's: another distribution installed a top-level "
         "'semaphore' package into the same folder (python_modules/ or site-packages) and overwrote it. "
-        "Uninstall it, or install durability-semaphore into a folder of its own (README: 'Use it in your Worker').")
+        "Uninstall it, or install durability-semaphore into a folder of its own "
+        "(docs/guides/deploying.md: 'The import name semaphore').")
 
 from .engine import (
     KEY,

@@ -61,9 +61,11 @@ def request(
     ``(group, count)``, ``(group, count, oldestAt)`` or dicts; ``grants`` a list of
     ``(grantId, claimed, released)`` or dicts; ``leases`` ``None`` (the client does not support
     leases: no ``leases`` field) or a list of ``(leaseId, drawn, released[, stopped])`` or dicts.
+    For example::
 
-    >>> request("c1", {"g": 2})["demand"]
-    [{'group': 'g', 'count': 2, 'oldestAt': 0}]"""
+        >>> request("c1", {"g": 2})["demand"]
+        [{'group': 'g', 'count': 2, 'oldestAt': 0}]
+    """
     message: dict[str, Any] = {
         "type": "request",
         "v": 1,
