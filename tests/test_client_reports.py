@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from semaphore import Demand, ItemState, QueueItem, SemaphoreClient
-from semaphore.client._client import GONE, GRANTS, LEASES, ClientGrant, ClientLease
+from semaphore.client._client import GRANTS, LEASES, ClientGrant, ClientLease
+from semaphore.core.client_state import GONE
 from semaphore.testing import (
     T0,
     ClientSide,

@@ -17,10 +17,9 @@ A client Durable Object talks to one holder per semaphore *key*. The client:
 The transport is any coroutine function ``(key, message_dict) -> reply_dict``; the RPC helper of
 :mod:`semaphore.rpc` provides one, tests use an in-memory one.
 
-**Per-key unit of work.** :meth:`SemaphoreClient.unit` returns a :class:`KeyUnit`: the same
-local changes (claim, release, draw, release a draw, stop a lease) and reads of one key, run in
-the caller's storage transaction, so a caller (the queue) commits them with its own rows. The
-row types and the merge of a reply into them (R8, R13) live in :mod:`semaphore.core.client_state`.
+**Per-key unit of work.** :meth:`SemaphoreClient.unit` returns a :class:`KeyUnit`
+(:mod:`._key_unit`). The schema, its upgrades and :class:`AppliedReply` are in
+:mod:`._client_model`.
 
 Claims are *local* until confirmed (SPEC R15a): :meth:`SemaphoreClient.claim` records the claim
 and returns the claimed slot numbers; a slot ``k`` of a grant is confirmed once
@@ -28,10 +27,7 @@ and returns the claimed slot numbers; a slot ``k`` of a grant is confirmed once
 ``confirmed`` of a grant that is no longer active (expired or dropped) will never be confirmed.
 
 Dropped grants and settled leases are kept for a while as tombstones (``status`` ``gone`` /
-``settled``) so that a stale reply cannot bring them back. Tombstones cost nothing while they
-wait: every read of live rows and the pruning go through partial indexes that leave them out
-(``..._live`` over live rows, ``..._gone``/``..._settled`` over tombstones), so a client's work
-grows with its live grants and leases only.
+``settled``) so that a stale reply cannot bring them back (:mod:`._client_model`).
 
 **Loaded once per key.** The rows live in :class:`~semaphore.client._store.ClientRows`: a key's
 live grants, live leases and key row are read once per instance (three indexed reads), then
@@ -49,22 +45,16 @@ could not carry every such entry has :attr:`AppliedReply.more` set; :meth:`Semap
 (and the queue) then send the next window at once. Replies list every grant of the client (R8),
 reported or not; an unreported grant's state is merged like a reported one (claims beyond what
 the holder shows are never confirmed by it).
-
-**Schema upgrades** happen on first use (:meth:`SemaphoreClient.ensure_schema`, also run by
-``migrate(ctx, 1)``): tables of an older release gain the ``report_at`` column (``ALTER TABLE ...
-ADD COLUMN``, default 0: such rows are reported first) and the indexes (``CREATE INDEX IF NOT
-EXISTS``); nothing else changes.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..clock import sleep_until, system_clock
-from ..core.client_state import GONE, ClientGrant, ClientLease, KeyState, merge_grant, merge_lease
+from ..core.client_state import ClientGrant, ClientLease, KeyState, merge_grant, merge_lease
 from ..core.wire import (
     MAX_LIST_LENGTH,
     Demand,
@@ -72,14 +62,24 @@ from ..core.wire import (
     GrantState,
     LeaseReport,
     LeaseState,
-    LeaseStatus,
     PermitRequest,
     PermitResponse,
     SyncMessage,
 )
 from ..errors import HolderUnavailableError, SemaphoreError, error_from_reply
-from ..rpc import Call
-from ..runtime import Storage, install_schema, migrate_tables, object_id, plain
+from ..runtime import Storage, migrate_tables, plain
+from ._client_model import (
+    _LIVE_GRANTS,
+    _LIVE_LEASES,
+    _SCHEMA,
+    CLIENT_TABLES,
+    AppliedReply,
+    ReplyHook,
+    Transport,
+    _default_client_id,
+    _install_schema,
+)
+from ._key_unit import KeyUnit
 from ._store import GRANTS, KEYS, LEASES, ClientRows
 
 __all__ = [
@@ -94,111 +94,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("semaphore.client")
-
-#: ``async (key, message) -> reply``: sends one wire message to the holder of ``key``. The same
-#: type as :data:`semaphore.rpc.Call` (what ``SemaphoreRpc.transport(env)`` returns).
-Transport = Call
-
-#: Tables owned by :class:`SemaphoreClient` (the queue adds its own, same prefix).
-CLIENT_TABLES = (GRANTS, LEASES, KEYS)
-
-_SETTLED = LeaseStatus.SETTLED.value
-
-_SCHEMA = (
-    f"CREATE TABLE IF NOT EXISTS {GRANTS} ("
-    " key TEXT NOT NULL, grant_id TEXT NOT NULL, group_name TEXT NOT NULL,"
-    " permits INTEGER NOT NULL, claimed INTEGER NOT NULL, released INTEGER NOT NULL,"
-    " confirmed INTEGER NOT NULL, claim_by INTEGER NOT NULL, status TEXT NOT NULL,"
-    " sent_claimed INTEGER NOT NULL, sent_released INTEGER NOT NULL, updated_at INTEGER NOT NULL,"
-    " report_at INTEGER NOT NULL DEFAULT 0,"
-    " PRIMARY KEY (key, grant_id))",
-    f"CREATE TABLE IF NOT EXISTS {LEASES} ("
-    " key TEXT NOT NULL, lease_id TEXT NOT NULL, group_name TEXT NOT NULL,"
-    " permits INTEGER NOT NULL, drawn INTEGER NOT NULL, released INTEGER NOT NULL,"
-    " stopped INTEGER NOT NULL, status TEXT NOT NULL, expires_at INTEGER NOT NULL,"
-    " heartbeat_at INTEGER NOT NULL, sent_drawn INTEGER NOT NULL, sent_released INTEGER NOT NULL,"
-    " sent_stopped INTEGER NOT NULL, updated_at INTEGER NOT NULL,"
-    " report_at INTEGER NOT NULL DEFAULT 0, reusable INTEGER NOT NULL DEFAULT 0,"
-    " PRIMARY KEY (key, lease_id))",
-    f"CREATE TABLE IF NOT EXISTS {KEYS} ("
-    " key TEXT PRIMARY KEY, next_request_at INTEGER NOT NULL, contended INTEGER NOT NULL,"
-    " needs_sync INTEGER NOT NULL, check_at INTEGER NOT NULL, updated_at INTEGER NOT NULL)",
-)
-
-#: Columns added after the first release: ``(table, column, declaration)``; tables created by an
-#: older release gain them on first use (``ALTER TABLE ... ADD COLUMN``).
-_ADDED_COLUMNS = (
-    (GRANTS, "report_at", "INTEGER NOT NULL DEFAULT 0"),
-    (LEASES, "report_at", "INTEGER NOT NULL DEFAULT 0"),
-    # the holder's claimTtlMs and when its last reply was applied (claim heartbeats)
-    (KEYS, "claim_ttl_ms", "INTEGER NOT NULL DEFAULT 0"),
-    (KEYS, "replied_at", "INTEGER NOT NULL DEFAULT 0"),
-    # the holder's leaseRecheckMs (R33a)
-    (KEYS, "lease_recheck_ms", "INTEGER NOT NULL DEFAULT 0"),
-    # the lease's slots are reusable (SPEC R34a)
-    (LEASES, "reusable", "INTEGER NOT NULL DEFAULT 0"),
-)
-
-# Partial indexes: live rows (what every read wants, in the order it wants them) apart from
-# tombstones (what pruning wants), so neither ever walks the other. The queries that use them
-# repeat the index's WHERE term literally (SQLite uses a partial index only then).
-_LIVE_GRANTS = f"status <> '{GONE}'"
-_LIVE_LEASES = f"status <> '{_SETTLED}'"
-_INDEXES = (
-    f"CREATE INDEX IF NOT EXISTS {GRANTS}_live ON {GRANTS}(key, claim_by, grant_id) WHERE {_LIVE_GRANTS}",
-    f"CREATE INDEX IF NOT EXISTS {GRANTS}_gone ON {GRANTS}(key, updated_at) WHERE status = '{GONE}'",
-    f"CREATE INDEX IF NOT EXISTS {LEASES}_live ON {LEASES}(key, expires_at, lease_id) WHERE {_LIVE_LEASES}",
-    f"CREATE INDEX IF NOT EXISTS {LEASES}_settled ON {LEASES}(key, updated_at) WHERE status = '{_SETTLED}'",
-)
-
-
-def _install_schema(storage: Storage) -> None:
-    """The client tables, their columns added since the first release, and their indexes
-    (:func:`~semaphore.runtime.install_schema`)."""
-    install_schema(storage, _SCHEMA, _ADDED_COLUMNS, _INDEXES)
-
-
-@dataclass
-class AppliedReply:
-    """What applying one reply changed locally (passed to ``on_reply`` hooks).
-
-    :ivar response: the typed reply.
-    :ivar dropped: grant ids dropped (``not_found``, or settled).
-    :ivar expired: grant ids clamped by an ``expired`` answer.
-    :ivar adopted_grants: / :ivar adopted_leases: ids learnt from this reply (R8).
-    :ivar retired: lease ids the holder retired (the client stopped drawing from them).
-    :ivar settled: lease ids settled (deleted at the holder).
-    :ivar more: the message could not carry every grant or lease with something to report (over
-        1,000 in a list, SPEC R7): send another message (the next window) soon, e.g. with
-        :meth:`SemaphoreClient.flush`.
-    """
-
-    key: str
-    response: PermitResponse
-    now: int
-    dropped: list[str] = field(default_factory=list)
-    expired: list[str] = field(default_factory=list)
-    adopted_grants: list[str] = field(default_factory=list)
-    adopted_leases: list[str] = field(default_factory=list)
-    retired: list[str] = field(default_factory=list)
-    settled: list[str] = field(default_factory=list)
-    more: bool = False
-
-    @property
-    def contended(self) -> bool:
-        """The reply said ``contended`` (SPEC R29): some demand of the round went unserved."""
-        return self.response.contended
-
-
-ReplyHook = Callable[[AppliedReply], None]
-
-
-def _default_client_id(ctx: Any) -> str:
-    ident = object_id(ctx)
-    if ident is None:
-        raise SemaphoreError("ctx has no id; pass client_id=")
-    return ident
-
 
 class SemaphoreClient:
     """Durable client state for any number of semaphore keys (SPEC R35).
@@ -601,84 +496,3 @@ class SemaphoreClient:
 
     def _prune(self, key: str, now: int) -> None:
         self.rows.prune(key, now - self.tombstone_ms)
-
-
-class KeyUnit:
-    """The unit of work of one key of a :class:`SemaphoreClient` (:meth:`SemaphoreClient.unit`).
-
-    Its changes are local (reported with the next message, SPEC R13) and run in the caller's
-    storage transaction: it opens none, so a caller composes them with its own writes in one
-    ``client.storage.transaction(...)``. Outside a transaction each statement commits on its
-    own; prefer the client's one-call methods (:meth:`SemaphoreClient.claim`, ...) then."""
-
-    def __init__(self, client: SemaphoreClient, key: str) -> None:
-        self.client = client
-        self.key = key
-
-    # ------------------------------------------------------------------ reads
-    def grant(self, grant_id: str) -> ClientGrant | None:
-        """One grant (tombstones included), or ``None``."""
-        return self.client.grant(self.key, grant_id)
-
-    def lease(self, lease_id: str) -> ClientLease | None:
-        """One lease (tombstones included), or ``None``."""
-        return self.client.lease(self.key, lease_id)
-
-    def grants(self) -> list[ClientGrant]:
-        """The live grants, earliest claim deadline first (:meth:`SemaphoreClient.grants`)."""
-        return self.client.grants(self.key)
-
-    def leases(self) -> list[ClientLease]:
-        """The live leases, earliest expiry first (:meth:`SemaphoreClient.leases`)."""
-        return self.client.leases(self.key)
-
-    def state(self) -> KeyState:
-        """The key's :class:`~semaphore.core.client_state.KeyState` (defaults if never used)."""
-        return self.client.key_state(self.key)
-
-    # ------------------------------------------------------------------ changes
-    def claim(self, grant_id: str, count: int = 1) -> list[int]:
-        """As :meth:`SemaphoreClient.claim`: the claimed slots, confirmed later (SPEC R15a)."""
-        g = self.grant(grant_id)
-        n = 0 if g is None or count <= 0 else min(count, g.unclaimed)
-        if g is None or n <= 0:
-            return []
-        self.client._change_grant(self.key, grant_id, "claimed", g.claimed + n)
-        return list(range(g.claimed + 1, g.claimed + n + 1))
-
-    def release(self, grant_id: str, count: int = 1) -> int:
-        """As :meth:`SemaphoreClient.release`: how many claimed permits were released."""
-        g = self.grant(grant_id)
-        n = 0 if g is None or g.status == GONE or count <= 0 else min(count, g.releasable)
-        if g is None or n <= 0:
-            return 0
-        self.client._change_grant(self.key, grant_id, "released", g.released + n)
-        return n
-
-    def draw(self, lease_id: str, *, margin_ms: int = 0, now: int | None = None) -> int | None:
-        """As :meth:`SemaphoreClient.draw` (SPEC R30, R34), judged at ``now`` (default: the
-        client's clock): the drawn slot, or ``None``."""
-        lease = self.lease(lease_id)
-        at = self.client._now() if now is None else now
-        if lease is None or not lease.drawable(at, margin_ms):
-            return None
-        self.client._change_lease(self.key, lease_id, "drawn", lease.drawn + 1)
-        return lease.drawn + 1
-
-    def release_lease(self, lease_id: str, count: int = 1) -> int:
-        """As :meth:`SemaphoreClient.release_lease` (SPEC R34): how many were released."""
-        lease = self.lease(lease_id)
-        n = 0 if lease is None or lease.status == _SETTLED or count <= 0 else min(count, lease.in_use)
-        if lease is None or n <= 0:
-            return 0
-        self.client._change_lease(self.key, lease_id, "released", lease.released + n)
-        return n
-
-    def stop_lease(self, lease_id: str) -> bool:
-        """As :meth:`SemaphoreClient.stop_lease` (SPEC R29, R37): False if already stopped or
-        unknown."""
-        lease = self.lease(lease_id)
-        if lease is None or lease.stopped or lease.status == _SETTLED:
-            return False
-        self.client._change_lease(self.key, lease_id, "stopped", 1)
-        return True

@@ -1,0 +1,133 @@
+"""The client's durable model (SPEC R35): its tables, their upgrades and indexes, and what
+applying a reply changed (:class:`AppliedReply`).
+
+Dropped grants and settled leases are kept for a while as tombstones (``status`` ``gone`` /
+``settled``) so that a stale reply cannot bring them back. Tombstones cost nothing while they
+wait: every read of live rows and the pruning go through partial indexes that leave them out
+(``..._live`` over live rows, ``..._gone``/``..._settled`` over tombstones), so a client's work
+grows with its live grants and leases only.
+
+**Schema upgrades** happen on first use (:meth:`SemaphoreClient.ensure_schema`, also run by
+``migrate(ctx, 1)``): tables of an older release gain the ``report_at`` column (``ALTER TABLE ...
+ADD COLUMN``, default 0: such rows are reported first) and the indexes (``CREATE INDEX IF NOT
+EXISTS``); nothing else changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.client_state import GONE
+from ..core.wire import LeaseStatus, PermitResponse
+from ..errors import SemaphoreError
+from ..rpc import Call
+from ..runtime import Storage, install_schema, object_id
+from ._store import GRANTS, KEYS, LEASES
+
+__all__ = ["AppliedReply", "CLIENT_TABLES", "ReplyHook", "Transport"]
+
+#: ``async (key, message) -> reply``: sends one wire message to the holder of ``key``. The same
+#: type as :data:`semaphore.rpc.Call` (what ``SemaphoreRpc.transport(env)`` returns).
+Transport = Call
+
+#: Tables owned by :class:`SemaphoreClient` (the queue adds its own, same prefix).
+CLIENT_TABLES = (GRANTS, LEASES, KEYS)
+
+_SETTLED = LeaseStatus.SETTLED.value
+
+_SCHEMA = (
+    f"CREATE TABLE IF NOT EXISTS {GRANTS} ("
+    " key TEXT NOT NULL, grant_id TEXT NOT NULL, group_name TEXT NOT NULL,"
+    " permits INTEGER NOT NULL, claimed INTEGER NOT NULL, released INTEGER NOT NULL,"
+    " confirmed INTEGER NOT NULL, claim_by INTEGER NOT NULL, status TEXT NOT NULL,"
+    " sent_claimed INTEGER NOT NULL, sent_released INTEGER NOT NULL, updated_at INTEGER NOT NULL,"
+    " report_at INTEGER NOT NULL DEFAULT 0,"
+    " PRIMARY KEY (key, grant_id))",
+    f"CREATE TABLE IF NOT EXISTS {LEASES} ("
+    " key TEXT NOT NULL, lease_id TEXT NOT NULL, group_name TEXT NOT NULL,"
+    " permits INTEGER NOT NULL, drawn INTEGER NOT NULL, released INTEGER NOT NULL,"
+    " stopped INTEGER NOT NULL, status TEXT NOT NULL, expires_at INTEGER NOT NULL,"
+    " heartbeat_at INTEGER NOT NULL, sent_drawn INTEGER NOT NULL, sent_released INTEGER NOT NULL,"
+    " sent_stopped INTEGER NOT NULL, updated_at INTEGER NOT NULL,"
+    " report_at INTEGER NOT NULL DEFAULT 0, reusable INTEGER NOT NULL DEFAULT 0,"
+    " PRIMARY KEY (key, lease_id))",
+    f"CREATE TABLE IF NOT EXISTS {KEYS} ("
+    " key TEXT PRIMARY KEY, next_request_at INTEGER NOT NULL, contended INTEGER NOT NULL,"
+    " needs_sync INTEGER NOT NULL, check_at INTEGER NOT NULL, updated_at INTEGER NOT NULL)",
+)
+
+#: Columns added after the first release: ``(table, column, declaration)``; tables created by an
+#: older release gain them on first use (``ALTER TABLE ... ADD COLUMN``).
+_ADDED_COLUMNS = (
+    (GRANTS, "report_at", "INTEGER NOT NULL DEFAULT 0"),
+    (LEASES, "report_at", "INTEGER NOT NULL DEFAULT 0"),
+    # the holder's claimTtlMs and when its last reply was applied (claim heartbeats)
+    (KEYS, "claim_ttl_ms", "INTEGER NOT NULL DEFAULT 0"),
+    (KEYS, "replied_at", "INTEGER NOT NULL DEFAULT 0"),
+    # the holder's leaseRecheckMs (R33a)
+    (KEYS, "lease_recheck_ms", "INTEGER NOT NULL DEFAULT 0"),
+    # the lease's slots are reusable (SPEC R34a)
+    (LEASES, "reusable", "INTEGER NOT NULL DEFAULT 0"),
+)
+
+# Partial indexes: live rows (what every read wants, in the order it wants them) apart from
+# tombstones (what pruning wants), so neither ever walks the other. The queries that use them
+# repeat the index's WHERE term literally (SQLite uses a partial index only then).
+_LIVE_GRANTS = f"status <> '{GONE}'"
+_LIVE_LEASES = f"status <> '{_SETTLED}'"
+_INDEXES = (
+    f"CREATE INDEX IF NOT EXISTS {GRANTS}_live ON {GRANTS}(key, claim_by, grant_id) WHERE {_LIVE_GRANTS}",
+    f"CREATE INDEX IF NOT EXISTS {GRANTS}_gone ON {GRANTS}(key, updated_at) WHERE status = '{GONE}'",
+    f"CREATE INDEX IF NOT EXISTS {LEASES}_live ON {LEASES}(key, expires_at, lease_id) WHERE {_LIVE_LEASES}",
+    f"CREATE INDEX IF NOT EXISTS {LEASES}_settled ON {LEASES}(key, updated_at) WHERE status = '{_SETTLED}'",
+)
+
+
+def _install_schema(storage: Storage) -> None:
+    """The client tables, their columns added since the first release, and their indexes
+    (:func:`~semaphore.runtime.install_schema`)."""
+    install_schema(storage, _SCHEMA, _ADDED_COLUMNS, _INDEXES)
+
+
+@dataclass
+class AppliedReply:
+    """What applying one reply changed locally (passed to ``on_reply`` hooks).
+
+    :ivar response: the typed reply.
+    :ivar dropped: grant ids dropped (``not_found``, or settled).
+    :ivar expired: grant ids clamped by an ``expired`` answer.
+    :ivar adopted_grants: / :ivar adopted_leases: ids learnt from this reply (R8).
+    :ivar retired: lease ids the holder retired (the client stopped drawing from them).
+    :ivar settled: lease ids settled (deleted at the holder).
+    :ivar more: the message could not carry every grant or lease with something to report (over
+        1,000 in a list, SPEC R7): send another message (the next window) soon, e.g. with
+        :meth:`SemaphoreClient.flush`.
+    """
+
+    key: str
+    response: PermitResponse
+    now: int
+    dropped: list[str] = field(default_factory=list)
+    expired: list[str] = field(default_factory=list)
+    adopted_grants: list[str] = field(default_factory=list)
+    adopted_leases: list[str] = field(default_factory=list)
+    retired: list[str] = field(default_factory=list)
+    settled: list[str] = field(default_factory=list)
+    more: bool = False
+
+    @property
+    def contended(self) -> bool:
+        """The reply said ``contended`` (SPEC R29): some demand of the round went unserved."""
+        return self.response.contended
+
+
+ReplyHook = Callable[[AppliedReply], None]
+
+
+def _default_client_id(ctx: Any) -> str:
+    ident = object_id(ctx)
+    if ident is None:
+        raise SemaphoreError("ctx has no id; pass client_id=")
+    return ident

@@ -1,0 +1,98 @@
+"""The per-key unit of work of a :class:`~semaphore.client.SemaphoreClient` (SPEC R35):
+:meth:`SemaphoreClient.unit` returns a :class:`KeyUnit`, the same local changes (claim, release,
+draw, release a draw, stop a lease) and reads of one key, run in the caller's storage
+transaction, so a caller (the queue) commits them with its own rows. The row types and the merge
+of a reply into them (R8, R13) live in :mod:`semaphore.core.client_state`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..core.client_state import GONE, ClientGrant, ClientLease, KeyState
+from ._client_model import _SETTLED
+
+if TYPE_CHECKING:
+    from ._client import SemaphoreClient
+
+__all__ = ["KeyUnit"]
+
+
+class KeyUnit:
+    """The unit of work of one key of a :class:`SemaphoreClient` (:meth:`SemaphoreClient.unit`).
+
+    Its changes are local (reported with the next message, SPEC R13) and run in the caller's
+    storage transaction: it opens none, so a caller composes them with its own writes in one
+    ``client.storage.transaction(...)``. Outside a transaction each statement commits on its
+    own; prefer the client's one-call methods (:meth:`SemaphoreClient.claim`, ...) then."""
+
+    def __init__(self, client: SemaphoreClient, key: str) -> None:
+        self.client = client
+        self.key = key
+
+    # ------------------------------------------------------------------ reads
+    def grant(self, grant_id: str) -> ClientGrant | None:
+        """One grant (tombstones included), or ``None``."""
+        return self.client.grant(self.key, grant_id)
+
+    def lease(self, lease_id: str) -> ClientLease | None:
+        """One lease (tombstones included), or ``None``."""
+        return self.client.lease(self.key, lease_id)
+
+    def grants(self) -> list[ClientGrant]:
+        """The live grants, earliest claim deadline first (:meth:`SemaphoreClient.grants`)."""
+        return self.client.grants(self.key)
+
+    def leases(self) -> list[ClientLease]:
+        """The live leases, earliest expiry first (:meth:`SemaphoreClient.leases`)."""
+        return self.client.leases(self.key)
+
+    def state(self) -> KeyState:
+        """The key's :class:`~semaphore.core.client_state.KeyState` (defaults if never used)."""
+        return self.client.key_state(self.key)
+
+    # ------------------------------------------------------------------ changes
+    def claim(self, grant_id: str, count: int = 1) -> list[int]:
+        """As :meth:`SemaphoreClient.claim`: the claimed slots, confirmed later (SPEC R15a)."""
+        g = self.grant(grant_id)
+        n = 0 if g is None or count <= 0 else min(count, g.unclaimed)
+        if g is None or n <= 0:
+            return []
+        self.client._change_grant(self.key, grant_id, "claimed", g.claimed + n)
+        return list(range(g.claimed + 1, g.claimed + n + 1))
+
+    def release(self, grant_id: str, count: int = 1) -> int:
+        """As :meth:`SemaphoreClient.release`: how many claimed permits were released."""
+        g = self.grant(grant_id)
+        n = 0 if g is None or g.status == GONE or count <= 0 else min(count, g.releasable)
+        if g is None or n <= 0:
+            return 0
+        self.client._change_grant(self.key, grant_id, "released", g.released + n)
+        return n
+
+    def draw(self, lease_id: str, *, margin_ms: int = 0, now: int | None = None) -> int | None:
+        """As :meth:`SemaphoreClient.draw` (SPEC R30, R34), judged at ``now`` (default: the
+        client's clock): the drawn slot, or ``None``."""
+        lease = self.lease(lease_id)
+        at = self.client._now() if now is None else now
+        if lease is None or not lease.drawable(at, margin_ms):
+            return None
+        self.client._change_lease(self.key, lease_id, "drawn", lease.drawn + 1)
+        return lease.drawn + 1
+
+    def release_lease(self, lease_id: str, count: int = 1) -> int:
+        """As :meth:`SemaphoreClient.release_lease` (SPEC R34): how many were released."""
+        lease = self.lease(lease_id)
+        n = 0 if lease is None or lease.status == _SETTLED or count <= 0 else min(count, lease.in_use)
+        if lease is None or n <= 0:
+            return 0
+        self.client._change_lease(self.key, lease_id, "released", lease.released + n)
+        return n
+
+    def stop_lease(self, lease_id: str) -> bool:
+        """As :meth:`SemaphoreClient.stop_lease` (SPEC R29, R37): False if already stopped or
+        unknown."""
+        lease = self.lease(lease_id)
+        if lease is None or lease.stopped or lease.status == _SETTLED:
+            return False
+        self.client._change_lease(self.key, lease_id, "stopped", 1)
+        return True
