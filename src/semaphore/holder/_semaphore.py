@@ -208,6 +208,13 @@ class DurabilitySemaphore:
         serves the client, or the first round at or after its deadline (``blocked``). Held
         requests live in memory: an eviction fails them like any waiting request
         (``round_failed``, the client asks again).
+    :param free_at_once: free means now (SPEC R9a), ``True`` by default: while the holder knows
+        of no contention (its last committed round left no need unserved, none was declined
+        since, none is held), a request that finds no round waiting is served by a round run at
+        once instead of after ``round_wait_ms``; such a round commits only if it leaves no need
+        unserved, else it writes nothing and its requests wait for a batched round. A try
+        (``noWait``, R9b: the queue's ``permit(..., timeout_ms=0)``) always gets a round at
+        once. ``False`` keeps the seed's timing: every round batched (R9).
     :param claim_ttl_ms: crash expiry of claimed permits, ``None`` (the default: off, the seed's
         contract: claimed permits stay charged until released, R18). With a value, the claimed,
         unreleased permits of a client that sends no request or sync for this long after a reply
