@@ -281,6 +281,20 @@ def test_r31_r33_lease_merge_clamps_retires_and_moves_the_heartbeat():
     assert merge_lease(KEY, settled.row, live, NOW).row is None
 
 
+def test_r34a_an_extension_of_a_reusable_lease_keeps_the_heartbeat_that_is_due_earlier():
+    # R34a: the heartbeat of a reusable lease asks again for the demand it covers; an extension
+    # heard in another reply (a recheck sync, R33a) does not move it later, only one at or after
+    # it does (then half the new lifetime, R37). A one-shot lease moves it as before.
+    local = replace(lease(heartbeat_at=NOW + 10_000), reusable=True)
+    extended = LeaseState("l1", "g", 4, 1, 0, NOW + 4_000 + 40_000, LeaseStatus.LIVE, reusable=True)
+    row = merge_lease(KEY, local, extended, NOW + 4_000).row
+    assert row is not None and (row.expires_at, row.heartbeat_at) == (NOW + 44_000, NOW + 10_000)
+    row = merge_lease(KEY, local, replace(extended, expires_at=NOW + 50_000), NOW + 10_000).row
+    assert row is not None and row.heartbeat_at == NOW + 30_000
+    one_shot = merge_lease(KEY, lease(heartbeat_at=NOW + 10_000), replace(extended, reusable=False), NOW + 4_000).row
+    assert one_shot is not None and one_shot.heartbeat_at == NOW + 24_000
+
+
 # ----------------------------------------------------------------------------- admitted items
 def item_row(item_id: str, state: str = "running", *, owner: str = "", admitted: int = 0, attempts: int = 0,
              retry_at: int = NOW, checked_at: int = NOW, started_at: int = NOW, cancel: int = 0,

@@ -887,6 +887,43 @@ async def test_r28a_r31a_through_the_queue_a_client_without_leases_is_served_wit
     stop_all({"a": a, "b": b})
 
 
+@async_test
+async def test_r34a_r37_a_recheck_that_extends_a_reusable_lease_does_not_postpone_the_heartbeat_asking_for_more():
+    # One client under a standing backlog, limit 4: the first round (at once, R9a) gives a
+    # reusable lease of 3 (permitsPerLease) and a grant of 1, and leaves nothing free, so the
+    # key is contended (R29) and the demand the lease covers is asked again only at the
+    # lease's heartbeat (R34a). The grant's permit frees after 1 s. The recheck syncs of the
+    # lease's draws (R33a, every 4 s) extend it; before, each extension also moved the
+    # heartbeat (half the new lifetime) so it never came, and 3 of the 4 permits ran for ever.
+    clock = SimClock(T0)
+    holder = HolderSide(clock, limit=4, leases=REUSE_FIRST)
+    net = Net(holder, clock)
+    running = [0]
+    peak_after: list[int] = []
+
+    async def work(item) -> None:
+        running[0] += 1
+        try:
+            await clock.sleep(1000)
+        finally:
+            running[0] -= 1
+
+    a = ClientSide("a", clock, net, work=work)
+    feeder = asyncio.ensure_future(keep_busy(clock, a.queue, "g"))
+    await clock.advance(3000)
+    assert running[0] == 3  # the grant's permit is free again; the lease runs 3
+    first = a.client.leases("acct")[0]
+    # the heartbeat is due within half the lifetime, and recheck syncs come before it
+    await clock.advance(first.heartbeat_at - clock.now + 2000)
+    for _ in range(20):
+        await clock.advance(500)
+        peak_after.append(running[0])
+    assert min(peak_after) == 4, f"running after the heartbeat: {peak_after}"
+    assert holder.charged()[0] == 4
+    feeder.cancel()
+    stop_all({"a": a})
+
+
 # ====================================================================== a storage reset (R32, R33a)
 @async_test
 async def test_r32_a_reusable_leases_id_says_so_and_a_reset_charges_it_every_slot_whatever_the_option_is_now():

@@ -298,6 +298,11 @@ def merge_lease(key: str, local: ClientLease | None, s: LeaseState, now: int) ->
             # heartbeat at half of what is left (at least 1 s on), never at once again (each
             # would be a sync).
             heartbeat_at = now + max(1000, (expires_at - now) // 2)
+    elif local.reusable and now < local.heartbeat_at:
+        # R34a: an extension by another message (a recheck sync, R33a) does not postpone the
+        # heartbeat that asks again for the demand the lease covers: it comes at least once per
+        # half lifetime, so capacity that frees while that demand waits is asked for.
+        heartbeat_at = min(heartbeat_at, local.heartbeat_at)
     x = replace(local, drawn=drawn, released=released,
                 # R34a: reused only while the holder says so (a holder of an earlier release, or
                 # one that does not know the lease, answers without the flag: no slot is reused)
