@@ -185,6 +185,44 @@ async def test_r31a_r23_a_newcomer_the_limit_blocks_starves_though_its_group_lim
     bed.check()
 
 
+# ====================================================================== R34a room
+async def _full_with_a_grant(leases: dict, **options: Any) -> tuple[Bed, str, str]:
+    """Limit 4: ``b`` (no leases, oldest) holds a claimed grant of 1 and ``a`` a lease of 3, with
+    more need unserved: nothing free, the round was contended (R29)."""
+    bed = Bed(4, leases=leases, **options)
+    (ra, rb) = await bed.round(request("a", {"g": 5}, leases=[], oldest_at=2), request("b", {"g": 1}, oldest_at=1))
+    assert ra["contended"] and len(ra["leases"]) == 1 and ra["leases"][0]["permits"] == 3
+    (grant,) = rb["grants"]
+    await bed.one(sync("b", grants=[(grant["grantId"], 1, 0)]))
+    return bed, only(ra)["leaseId"], grant["grantId"]
+
+
+@async_test
+async def test_r34a_a_sync_says_room_once_capacity_frees_while_nobody_waits_until_the_next_round():
+    bed, lid, gid = await _full_with_a_grant(REUSE_FIRST)
+    assert "room" not in await bed.one(sync("a", leases=[(lid, 3, 0)]))  # nothing freed yet
+    freeing = await bed.one(sync("b", grants=[(gid, 1, 1)]))  # b's release frees 1
+    assert freeing.get("room") is True and freeing["contended"] is True  # R29 unchanged
+    assert (await bed.one(sync("a", leases=[(lid, 4, 1)]))).get("room") is True
+    await bed.round(request("a", {"g": 5}, leases=[(lid, 4, 1)], oldest_at=1))  # a round takes it
+    assert "room" not in await bed.one(sync("a", leases=[(lid, 4, 1)]))
+    bed.check()
+
+
+@async_test
+async def test_r34a_no_room_without_reusable_leases_nor_while_a_request_waits_at_the_holder():
+    bed, lid, gid = await _full_with_a_grant({**REUSE_FIRST, "reusable": False})
+    assert "room" not in await bed.one(sync("b", grants=[(gid, 1, 1)]))  # one-shot leases: asked anyway
+    bed, lid, gid = await _full_with_a_grant(REUSE_FIRST, hold_blocked_ms=10_000)
+    held = bed.send(request("c", {"g": 2}, oldest_at=3))  # blocked, held open (R9 held requests)
+    await bed.settle()
+    assert not held.done()
+    freeing = await bed.one(sync("b", grants=[(gid, 1, 1)]))
+    assert "room" not in freeing  # the held request takes what frees, in the round it starts
+    (reply,) = await bed.finish(held)
+    assert reply["grants"] and reply["grants"][0]["permits"] == 1
+
+
 # ====================================================================== R28a
 @async_test
 async def test_r28a_lease_first_shares_the_budget_as_leases_before_grants_each_at_most_its_need():
@@ -887,41 +925,84 @@ async def test_r28a_r31a_through_the_queue_a_client_without_leases_is_served_wit
     stop_all({"a": a, "b": b})
 
 
-@async_test
-async def test_r34a_r37_a_recheck_that_extends_a_reusable_lease_does_not_postpone_the_heartbeat_asking_for_more():
-    # One client under a standing backlog, limit 4: the first round (at once, R9a) gives a
-    # reusable lease of 3 (permitsPerLease) and a grant of 1, and leaves nothing free, so the
-    # key is contended (R29) and the demand the lease covers is asked again only at the
-    # lease's heartbeat (R34a). The grant's permit frees after 1 s. The recheck syncs of the
-    # lease's draws (R33a, every 4 s) extend it; before, each extension also moved the
-    # heartbeat (half the new lifetime) so it never came, and 3 of the 4 permits ran for ever.
+def freed_beside(ttl_ms: int):
+    """Limit 4, reusable lease-first leases of 3 (``ttl_ms``): ``b`` (no leases) takes one permit
+    as a grant for an item of 3 s; then ``a`` keeps a backlog of 1 s items in the same group and
+    takes the other 3 as a reusable lease, which leaves nothing free: the key is contended (R29)
+    and the demand ``a``'s lease covers is not asked again before its heartbeat (R34a)."""
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=4, leases=REUSE_FIRST)
+    holder = HolderSide(clock, limit=4, leases={**REUSE_FIRST, "ttlMs": ttl_ms})
     net = Net(holder, clock)
-    running = [0]
-    peak_after: list[int] = []
+    running: Counter[str] = Counter()
 
     async def work(item) -> None:
-        running[0] += 1
+        running[item.item_id[0]] += 1
         try:
-            await clock.sleep(1000)
+            await clock.sleep(3000 if item.item_id.startswith("b") else 1000)
         finally:
-            running[0] -= 1
+            running[item.item_id[0]] -= 1
 
-    a = ClientSide("a", clock, net, work=work)
-    feeder = asyncio.ensure_future(keep_busy(clock, a.queue, "g"))
-    await clock.advance(3000)
-    assert running[0] == 3  # the grant's permit is free again; the lease runs 3
-    first = a.client.leases("acct")[0]
-    # the heartbeat is due within half the lifetime, and recheck syncs come before it
-    await clock.advance(first.heartbeat_at - clock.now + 2000)
-    for _ in range(20):
+    replies: list[dict[str, Any]] = []
+
+    async def transport(key: str, message: dict[str, Any]) -> Any:
+        reply = await net(key, message)
+        replies.append(reply)
+        return reply
+
+    a = ClientSide("a", clock, transport, work=work)
+    b = ClientSide("b", clock, transport, work=work, leases=False, report_releases_within_ms=0)
+    return clock, holder, replies, running, a, b
+
+
+async def sample(clock: SimClock, running: Counter[str], n: int = 10) -> list[int]:
+    out = []
+    for _ in range(n):
         await clock.advance(500)
-        peak_after.append(running[0])
-    assert min(peak_after) == 4, f"running after the heartbeat: {peak_after}"
-    assert holder.charged()[0] == 4
+        out.append(running["a"])
+    return out
+
+
+@async_test
+async def test_r34a_capacity_freed_beside_a_drawn_reusable_lease_is_asked_for_by_its_next_sync():
+    # b's release frees 1 permit while a's key is contended and its lease covers its backlog.
+    # The reply to a's next sync (a recheck of its draws, R33a) says `room` (nobody waits at
+    # the holder), so a asks now and runs 4; before, it ran 3 until its lease's heartbeat (30 s
+    # here; 15 min at the default ttlMs).
+    clock, holder, replies, running, a, b = freed_beside(60_000)
+    await b.queue.enqueue("acct", "g", "b0")
+    await clock.advance(500)
+    feeder = asyncio.ensure_future(keep_busy(clock, a.queue, "g"))
+    await clock.advance(2000)
+    assert (running["a"], running["b"]) == (3, 1)
+    heartbeat_at = a.client.leases("acct")[0].heartbeat_at
+    await clock.advance(8000)  # b's item ended at 3.5 s; a rechecks within 4 s and asks
+    assert clock.now < heartbeat_at - 10_000
+    assert min(await sample(clock, running)) == 4 and holder.charged()[0] == 4
+    assert any(r.get("room") is True for r in replies), "no reply said room"
     feeder.cancel()
-    stop_all({"a": a})
+    stop_all({"a": a, "b": b})
+
+
+@async_test
+async def test_r34a_r37_a_recheck_that_extends_a_reusable_lease_does_not_postpone_its_heartbeat():
+    # The same, but the holder is evicted after b's release, so no reply says `room` (it is
+    # kept in memory only): a's lease heartbeat, at half its lifetime, asks for the demand it
+    # covers. a's recheck syncs extend the lease meanwhile; before, each extension moved the
+    # heartbeat on too, so it never came, and a ran 3 of 4 for ever.
+    clock, holder, replies, running, a, b = freed_beside(TTL)
+    await b.queue.enqueue("acct", "g", "b0")
+    await clock.advance(500)
+    feeder = asyncio.ensure_future(keep_busy(clock, a.queue, "g"))
+    await clock.advance(3200)  # b's item ends at 3.5 s: its release goes at once
+    holder.evict()
+    await clock.advance(1000)
+    heartbeat_at = a.client.leases("acct")[0].heartbeat_at
+    assert running["a"] == 3 and holder.charged()[0] == 3
+    await clock.advance(heartbeat_at - clock.now)
+    # the heartbeat goes as a request carrying a's demand; it joins a batched round (R9)
+    assert max(await sample(clock, running)) == 4, "a's covered demand was not asked at its heartbeat"
+    feeder.cancel()
+    stop_all({"a": a, "b": b})
 
 
 # ====================================================================== a storage reset (R32, R33a)

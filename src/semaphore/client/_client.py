@@ -464,7 +464,7 @@ class SemaphoreClient:
                         # freshness); a slower reply of an earlier message never moves it back
                         replied_at=max(now if sent_at is None else sent_at,
                                        0 if row is None else int(row.get("replied_at") or 0)),
-                        lease_recheck_ms=response.lease_recheck_ms or 0)
+                        lease_recheck_ms=response.lease_recheck_ms or 0, room=int(response.room))
         self._prune(key, now)
         if on_reply is not None:
             on_reply(applied)

@@ -68,6 +68,8 @@ _ADDED_COLUMNS = (
     (KEYS, "replied_at", "INTEGER NOT NULL DEFAULT 0"),
     # the holder's leaseRecheckMs (R33a)
     (KEYS, "lease_recheck_ms", "INTEGER NOT NULL DEFAULT 0"),
+    # the holder's last reply said there is room (SPEC R34a room)
+    (KEYS, "room", "INTEGER NOT NULL DEFAULT 0"),
     # the lease's slots are reusable (SPEC R34a)
     (LEASES, "reusable", "INTEGER NOT NULL DEFAULT 0"),
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Timing", "next_request_at", "round_may_commit", "round_start"]
+__all__ = ["Timing", "next_request_at", "round_may_commit", "round_start", "sync_room"]
 
 
 @dataclass(frozen=True)
@@ -68,3 +68,15 @@ def next_request_at(timing: Timing, now: int, *, last_round_at: int | None, cont
     if timing.immediate(contended) or last_round_at is None:
         return now
     return max(now, last_round_at + timing.round_period_ms)
+
+
+
+def sync_room(*, freed: bool, waiting: bool) -> bool:
+    """SPEC R34a (room): whether a sync's reply says ``room``: with reusable leases, capacity
+    freed since the last committed or declined round (``freed``: a report released some, a
+    reclaim, a crash expiry or a force-settle freed some, or the limit rose) while no request
+    waits at the holder (``waiting``: held, waiting for its round, or in a running round). A
+    client whose demand its reusable lease covers then asks for it now, instead of at the
+    lease's heartbeat (half its lifetime); every other behaviour of the reply (``contended``,
+    R29) is unchanged. Requests that wait already take the freed capacity in their round."""
+    return freed and not waiting

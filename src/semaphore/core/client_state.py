@@ -182,6 +182,8 @@ class KeyState:
         lists every lease of the client (R8), so it is also when each was last confirmed live.
     :ivar lease_recheck_ms: the holder's ``leaseRecheckMs`` of its last reply (0: not set): no
         new item is drawn from a lease once ``replied_at`` is that old (R33a).
+    :ivar room: the last reply said ``room`` (SPEC R34a room): demand a reusable lease covers is
+        asked for now, contended or not.
     """
 
     next_request_at: int = 0
@@ -191,6 +193,7 @@ class KeyState:
     claim_ttl_ms: int = 0
     replied_at: int = 0
     lease_recheck_ms: int = 0
+    room: bool = False
 
     def leases_confirmed(self, now: int) -> bool:
         """SPEC R33a: the last reply is recent enough to draw from the leases it showed live."""
@@ -202,7 +205,7 @@ class KeyState:
             return cls()
         return cls(int(r["next_request_at"]), bool(r["contended"]), bool(r["needs_sync"]), int(r["check_at"]),
                    int(r.get("claim_ttl_ms") or 0), int(r.get("replied_at") or 0),
-                   int(r.get("lease_recheck_ms") or 0))
+                   int(r.get("lease_recheck_ms") or 0), bool(r.get("room") or 0))
 
 
 @dataclass(frozen=True)

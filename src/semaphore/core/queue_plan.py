@@ -196,8 +196,10 @@ def covered_groups(snap: KeySnapshot, opts: QueueOptions) -> set[str]:
     the lease's heartbeat, which then goes as a request carrying it (a round can still grow
     the key's share when room frees). Without contention every demand is asked for, and so it
     is when requests may be held at the holder (``request_wait_ms``): a held request costs one
-    call per hold and is answered by the first round that frees room."""
-    if not snap.key.contended or opts.held_requests:
+    call per hold and is answered by the first round that frees room. Nor is it when the last
+    reply said ``room`` (a sync's, R34a room: capacity freed since the last round, nobody waits
+    at the holder): the demand is asked for now, and the round that takes it answers without."""
+    if not snap.key.contended or snap.key.room or opts.held_requests:
         return set()
     return {x.group for x in snap.leases
             if x.reusable and x.active and snap.now < x.expires_at - opts.lease_margin_ms}

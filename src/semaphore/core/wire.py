@@ -593,10 +593,14 @@ class PermitResponse:
     #: leases are configured with one): the client draws from a lease only while its last reply
     #: is younger than this. ``None``: no recheck (an older holder, or the option 0).
     lease_recheck_ms: int | None = None
+    #: A sync's reply only (reply key ``room``, sent only when true; SPEC R34a room): with
+    #: reusable leases, capacity freed since the last round and no request waits at the holder,
+    #: so a client whose demand its reusable lease covers asks for it now, not at its heartbeat.
+    room: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         """The reply dict: ``{"v", "grants", "leases", "blocked", "contended", "nextRequestAt"}``
-        (and ``"claimTtlMs"``, ``"joinInMs"``, ``"leaseRecheckMs"`` when set)."""
+        (and ``"claimTtlMs"``, ``"joinInMs"``, ``"leaseRecheckMs"``, ``"room"`` when set)."""
         reply = permit_response([g.to_wire() for g in self.grants], [x.to_wire() for x in self.leases],
                                 [b.to_wire() for b in self.blocked], self.contended, self.next_request_at)
         if self.claim_ttl_ms is not None:
@@ -605,6 +609,8 @@ class PermitResponse:
             reply["joinInMs"] = self.join_in_ms
         if self.lease_recheck_ms is not None:
             reply["leaseRecheckMs"] = self.lease_recheck_ms
+        if self.room:
+            reply["room"] = True
         return reply
 
     def ask_at(self, now: int) -> int:
@@ -629,4 +635,5 @@ class PermitResponse:
             int(d["claimTtlMs"]) if d.get("claimTtlMs") else None,
             int(d["joinInMs"]) if d.get("joinInMs") is not None else None,
             int(d["leaseRecheckMs"]) if d.get("leaseRecheckMs") else None,
+            d.get("room") is True,
         )

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..clock import sleep_until
 from ..core.allocation import LIMIT_ERROR
-from ..core.batching import Timing, next_request_at, round_start
+from ..core.batching import Timing, next_request_at, round_start, sync_room
 from ..core.config import LeaseConfig, option_int
 from ..core.lease_ids import LEASE_KEY_WORDS, configured_secret, holder_key
 from ..core.rounds import Limits, Pending, Policy, limit_lowered
@@ -324,6 +324,9 @@ class DurabilitySemaphore:
         #: The last committed round left need unserved (R29's first cause, without R29's
         #: "full" decision): what R9a counts as contention.
         self._last_unserved = False
+        #: Capacity freed since the last committed or declined round, with reusable leases
+        #: (R34a room; in memory only: after an eviction the heartbeat bounds the wait).
+        self._room = False
         #: R31a count of the last committed round (durable in meta ``starving``, like the flag).
         self._last_starving = 0
         #: The last committed round's resolved limit (durable in meta ``last_limit``): a sync
@@ -449,7 +452,7 @@ class DurabilitySemaphore:
         # R18 decision, R9: a force-settle frees capacity, like a releasing sync: a held request
         # is served by the next round the period allows, not at its own deadline.
         if record["grantPermits"] or record["leasePermits"]:
-            self.start_round()
+            self._freed()
         try:
             await self.scheduler.arm()
         except Exception:  # the commit stands; the next instance start re-arms
@@ -677,6 +680,7 @@ class DurabilitySemaphore:
                                   self.storage.statements - statements, outcome)
             replies, served = outcome.replies, outcome.served
             self._last_contended = outcome.contended  # R29: only a committed round changes the flag
+            self._room = False
             self._last_unserved = outcome.unserved
             self._declined = False
             self._last_starving = outcome.starving
@@ -695,6 +699,7 @@ class DurabilitySemaphore:
         not count as a round for ``round_period_ms``."""
         self._last_round_at = last_round_at
         self._declined = True
+        self._room = False  # R34a: what was free did not fit this round's demand
         for client_id, p in self._pending.items():
             older = batch.get(client_id)
             batch[client_id] = p if older is None else _merged(older, p)
@@ -813,9 +818,23 @@ class DurabilitySemaphore:
                                  and self._last_limit is not None and limits.limit > self._last_limit):
             # it freed capacity, or the limit rose since the last round: a held request may
             # wait for it (none held: no-op)
-            self.start_round()
+            self._freed()
+        if "contended" in reply and self._sync_room():  # R34a room: ask for what is free now
+            reply["room"] = True
         await self.scheduler.arm()
         return reply
+
+    def _freed(self, room: bool = True) -> None:
+        """Capacity freed (or the limit rose): a held request may wait for it (R9, R18), and
+        with reusable leases the syncs that follow say there is room (R34a)."""
+        if room and self.leases is not None and self.leases.reusable:
+            self._room = True
+        self.start_round()
+
+    def _sync_room(self) -> bool:
+        """Whether a sync's reply says ``room`` (:func:`~semaphore.core.batching.sync_room`)."""
+        waiting = bool(self._held or self._pending or self._round_task is not None or self._running)
+        return sync_room(freed=self._room, waiting=waiting)
 
     async def _sync_limits(self, message: SyncMessage) -> Limits | None:
         """SPEC R33a: for a sync that reports leases, the limit, the group limits of the client's
@@ -857,11 +876,12 @@ class DurabilitySemaphore:
         now = max(int(self.clock()), int(due_at))
         # The reclaim's next due time follows from the grants written: the scheduler's arm()
         # after the run reads it (_reclaim_due).
-        self.storage.transaction(lambda: run_reclaim(self.store, now))
-        self.start_round()  # reclaimed permits may serve a held request
+        change = self.storage.transaction(lambda: run_reclaim(self.store, now))
+        self._freed(room=change < 0)  # reclaimed permits may serve a held request
         if self.claim_ttl_ms is not None:
             freed = self.storage.transaction(lambda: run_claim_expiry(self.store, now))
             if freed:
+                self._freed()
                 log.warning("claim_ttl_ms: released %d claimed permits of %d grants (first: %r): their clients"
                             " sent nothing for %d ms; work still running under them is no longer charged",
                             sum(n for _, _, n in freed), len(freed), freed[0][0], self.claim_ttl_ms)

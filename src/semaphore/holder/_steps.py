@@ -149,12 +149,16 @@ def run_sync(store: Store, now: int, message: SyncMessage, policy: Policy, conte
     return reply, totals.get("outstanding", 0) + totals.get("lease_footprint", 0)
 
 
-def run_reclaim(store: Store, now: int) -> None:
-    """The reclaim alarm's transaction body (SPEC R15, R16). Reads no meta row."""
+def run_reclaim(store: Store, now: int) -> int:
+    """The reclaim alarm's transaction body (SPEC R15, R16). Reads no meta row. Returns how much
+    it changed the charged capacity (below 0: it freed some)."""
     ledger = Ledger(store.load(reclaim_reads(now), None))
     decide_reclaim(ledger, now)
-    store.persist(ledger.changes())
+    changes = ledger.changes()
+    store.persist(changes)
     _forget(store, ledger)
+    totals = changes.totals()
+    return totals.get("outstanding", 0) + totals.get("lease_footprint", 0)
 
 
 def _seen(store: Store, ledger: Ledger, client_ids: Sequence[str], now: int, claim_ttl_ms: int | None) -> None:
