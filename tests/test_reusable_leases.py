@@ -606,9 +606,9 @@ async def test_a_client_refused_by_can_grant_does_not_stop_every_reusable_lease_
 
 # ====================================================================== 4. idle capacity
 @pytest.mark.xfail(strict=True, reason=(
-    "design trade-off, documented (SPEC R31a, README Reusable leases): without request_wait_ms a "
-    "contended key served by a reusable lease asks again only at its lease heartbeat (half the "
-    "lifetime; its lease rechecks, R33a, are syncs, which carry no demand), which keeps a "
+    "design trade-off, documented (SPEC R31a, R34a room): without request_wait_ms a contended key "
+    "served by a reusable lease that draws nothing (every slot busy) sends no sync, so it hears no "
+    "`room` and asks again only at its lease heartbeat (half the lifetime), which keeps a "
     "standing backlog at ~0.2 holder calls per item (~0.03 with recheckMs 0); capacity freed "
     "elsewhere meanwhile waits for it. Pair reusable leases with request_wait_ms (the held request "
     "is served by the round the release starts) or a short ttlMs."))
@@ -979,6 +979,13 @@ async def test_r34a_capacity_freed_beside_a_drawn_reusable_lease_is_asked_for_by
     assert clock.now < heartbeat_at - 10_000
     assert min(await sample(clock, running)) == 4 and holder.charged()[0] == 4
     assert any(r.get("room") is True for r in replies), "no reply said room"
+    # the reply to the request that took the room says nothing of it: a's key forgets it, and
+    # a asks no more until its heartbeat (no request at every pump)
+    assert not a.client.key_state("acct").room
+    requests = sum(1 for r in replies if "room" not in r)
+    await clock.advance(8000)
+    asked = [r for r in replies[requests:] if r.get("grants") or r.get("blocked")]
+    assert len(asked) <= 2, f"a asked {len(asked)} times in 8 s once the room was taken"
     feeder.cancel()
     stop_all({"a": a, "b": b})
 

@@ -73,7 +73,7 @@ def next_request_at(timing: Timing, now: int, *, last_round_at: int | None, cont
 
 def sync_room(*, freed: bool, waiting: bool) -> bool:
     """SPEC R34a (room): whether a sync's reply says ``room``: with reusable leases, capacity
-    freed since the last committed or declined round (``freed``: a report released some, a
+    freed since the last committed round (``freed``: a report released some, a
     reclaim, a crash expiry or a force-settle freed some, or the limit rose) while no request
     waits at the holder (``waiting``: held, waiting for its round, or in a running round). A
     client whose demand its reusable lease covers then asks for it now, instead of at the

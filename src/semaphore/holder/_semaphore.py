@@ -324,7 +324,7 @@ class DurabilitySemaphore:
         #: The last committed round left need unserved (R29's first cause, without R29's
         #: "full" decision): what R9a counts as contention.
         self._last_unserved = False
-        #: Capacity freed since the last committed or declined round, with reusable leases
+        #: Capacity freed since the last committed round, with reusable leases
         #: (R34a room; in memory only: after an eviction the heartbeat bounds the wait).
         self._room = False
         #: R31a count of the last committed round (durable in meta ``starving``, like the flag).
@@ -699,7 +699,6 @@ class DurabilitySemaphore:
         not count as a round for ``round_period_ms``."""
         self._last_round_at = last_round_at
         self._declined = True
-        self._room = False  # R34a: what was free did not fit this round's demand
         for client_id, p in self._pending.items():
             older = batch.get(client_id)
             batch[client_id] = p if older is None else _merged(older, p)
