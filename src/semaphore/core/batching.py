@@ -70,7 +70,6 @@ def next_request_at(timing: Timing, now: int, *, last_round_at: int | None, cont
     return max(now, last_round_at + timing.round_period_ms)
 
 
-
 def sync_room(*, freed: bool, waiting: bool) -> bool:
     """SPEC R34a (room): whether a sync's reply says ``room``: with reusable leases, capacity
     freed since the last committed round (``freed``: a report released some, a
