@@ -145,8 +145,7 @@ def run_sync(store: Store, now: int, message: SyncMessage, policy: Policy, conte
     changes = ledger.changes()
     store.persist(changes)
     _seen(store, ledger, [message.client_id], now, policy.claim_ttl_ms)
-    totals = changes.totals()
-    return reply, totals.get("outstanding", 0) + totals.get("lease_footprint", 0)
+    return reply, _charge_change(changes)
 
 
 def run_reclaim(store: Store, now: int) -> int:
@@ -157,8 +156,13 @@ def run_reclaim(store: Store, now: int) -> int:
     changes = ledger.changes()
     store.persist(changes)
     _forget(store, ledger)
+    return _charge_change(changes)
+
+
+def _charge_change(changes: Changes) -> int:
+    """How much ``changes`` move the charged capacity (``outstanding + lease_footprint``, R19)."""
     totals = changes.totals()
-    return totals.get("outstanding", 0) + totals.get("lease_footprint", 0)
+    return int(totals.get("outstanding", 0) + totals.get("lease_footprint", 0))
 
 
 def _seen(store: Store, ledger: Ledger, client_ids: Sequence[str], now: int, claim_ttl_ms: int | None) -> None:
