@@ -78,7 +78,7 @@ from hypothesis import strategies as st
 from honest_client import GROUPS, Client, Reports
 from semaphore.core.allocation import LIMIT_ERROR, ceiling, grant_ceiling
 from semaphore.core.config import LeaseConfig, LimitedGroups, Provisioning
-from semaphore.core.rounds import Pending, Policy, RoundOutcome
+from semaphore.core.rounds import Pending, Policy, RoundOutcome, fair_share
 from semaphore.core.rows import GrantRow, LeaseRow
 from semaphore.core.wire import (
     Demand,
@@ -213,6 +213,11 @@ class Model:
         """R31a: the last round's count, as the holder keeps it (meta ``starving``)."""
         return int(self.store.meta().get("starving", 0))
 
+    def share(self) -> int | None:
+        """R31b: the fair share as a fresh holder instance computes it from meta."""
+        meta = self.store.meta()
+        return fair_share(meta.get("last_limit"), int(meta.get("live_leases", 0)), self.starving())
+
     def next_request_at(self) -> int:
         return self.now if self.last_round_at is None else max(self.now, self.last_round_at + PERIOD)
 
@@ -224,14 +229,15 @@ class Model:
             leases_configured=self.lease_config is not None, can_grant=lambda c, g: (c, g) not in self.denied)
 
     def sync(self, c: Client, message: SyncMessage | None = None,
-             limits: tuple[Any, bool] | None = None) -> dict[str, Any]:
+             limits: tuple[Any, bool] | None = None, *, fair: bool = True) -> dict[str, Any]:
         """A sync (R6) of ``c``'s reports, answered with the last round's flag (R29), retiring
-        what a lowered limit makes ineligible (R33a; ``limits``: as resolved for it)."""
+        what a lowered limit makes ineligible (R33a; ``limits``: as resolved for it) and, with
+        ``fair``, reusable leases above the fair share (R31b)."""
         message = message or sync_of(c, c.reports())
         contended = bool(self.store.meta().get("contended", 0))
         resolved, lowered = self.sync_limits(message) if limits is None else limits
         reply, _ = run_sync(self.store, self.now, message, self.policy(), contended, self.next_request_at(),
-                         self.starving(), resolved, lowered)
+                         self.starving(), resolved, lowered, share=self.share() if fair else None)
         self.check_reply_lists_everything(c.cid, reply)
         c.absorb(reply)
         c.confirm(reply)
@@ -349,7 +355,9 @@ class Model:
         limits = self.sync_limits(message)  # the same limits for both (R33a retires alike)
         run_sync(reference, self.now, sync_of(c, ((), ())), self.policy(), contended, self.next_request_at(),
                  self.starving(), *limits)
-        reply = self.sync(c, message, limits)
+        # a replay reports leases an empty sync does not: judged without R31b's share (a
+        # retirement there frees nothing, R30a, but would differ from the reference)
+        reply = self.sync(c, message, limits, fair=False)
         heartbeats = {lid for lid, *_ in stale[1]}
         assert strip(self.store.state(), heartbeats) == strip(reference.state(), heartbeats), "I2: a replay changed state"
         for s in reply["grants"]:  # R13: answered with the holder's marks, never the stale ones
@@ -408,7 +416,7 @@ class Model:
             message = sync_of(c, hostile)
             limits = self.sync_limits(message)
             run_sync(reference, self.now, sync_of(c, (grants, leases)), policy, contended, self.next_request_at(),
-                     self.starving(), *limits)
+                     self.starving(), *limits, share=self.share())
             reply = self.sync(c, message, limits)
         assert self.store.state() == reference.state(), "R14/R32: a foreign or unknown report changed state"
         answers = {s["grantId"]: s for s in reply["grants"]}
@@ -445,7 +453,7 @@ class Model:
         message = sync_of(c, inflated)
         limits = self.sync_limits(message)
         run_sync(reference, self.now, sync_of(c, (grants, leases)), policy, contended, self.next_request_at(),
-                 self.starving(), *limits)
+                 self.starving(), *limits, share=self.share())
         self.sync(c, message, limits)
         assert self.store.state() == reference.state(), "R13/R30: an inflated report was not clamped"
         self.after_reply(c)

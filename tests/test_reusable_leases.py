@@ -185,6 +185,102 @@ async def test_r31a_r23_a_newcomer_the_limit_blocks_starves_though_its_group_lim
     bed.check()
 
 
+# ====================================================================== R31b
+SHARE = {**REUSE_FIRST, "permitsPerLease": 4}
+
+
+def states(bed: Bed) -> dict[str, str]:
+    return {lid: row["status"] for lid, row in bed.leases().items()}
+
+
+@async_test
+async def test_r31b_while_a_request_starves_a_reusable_lease_above_the_fair_share_is_retired_at_its_report():
+    # Limit 4: a's reusable lease holds all 4; b asks 1 and gets nothing (starving 1, R31a).
+    # Fair share = max(1, 4 // (1 live lease + 1 starving)) = 2 < 4: a's next report is
+    # answered `retired` (R31b), not at ttlMs (R31). The lease keeps every slot charged until
+    # a's stop report (R30a), then charges what still runs, and b is served from what frees.
+    bed = Bed(4, leases=SHARE)
+    (r,) = await bed.round(request("a", {"g": 9}, leases=[], oldest_at=1))
+    lid = only(r)["leaseId"]
+    assert only(r)["permits"] == 4
+    await bed.clock.advance(2000)
+    (rb,) = await bed.round(request("b", {"g": 1}, leases=[], oldest_at=2))
+    assert rb["leases"] == [] and rb["grants"] == [] and blocked(rb) == {"g": ("limit", 1)}
+    bed.evict()  # the share is not lost with the instance (recomputed from meta)
+    await bed.clock.advance(1000)
+    reply = await bed.one(sync("a", leases=[(lid, 6, 2)]))
+    assert only(reply)["status"] == "retired" and states(bed) == {lid: "retired"}
+    assert await charged(bed) == 4  # R30a: every slot until the stop report
+    await bed.one(sync("a", leases=[(lid, 6, 3, True)]))
+    assert await charged(bed) == 3  # min(4, 6 - 3): what still runs
+    await bed.clock.advance(1000)
+    (rb,) = await bed.round(request("b", {"g": 1}, leases=[], oldest_at=2))
+    assert [x["permits"] for x in rb["leases"]] == [1]
+    bed.check()
+
+
+@async_test
+async def test_r31b_only_the_leases_above_the_share_are_retired_the_largest_first():
+    # Limit 6. a holds a reusable lease of 1; c holds two, of 4 then 1 (its second round's,
+    # R26: every slot of the first busy); b asks and starves. Live leases 3, starving 1:
+    # share = max(1, 6 // 4) = 1. a's 1 is within it and stays live; of c's 5, the 4 goes
+    # (5 - 4 = 1 left, within the share) and the 1 stays.
+    bed = Bed(6, leases=SHARE)
+    (ra,) = await bed.round(request("a", {"g": 1}, leases=[], oldest_at=1))
+    la = only(ra)["leaseId"]
+    await bed.clock.advance(2000)
+    (rc,) = await bed.round(request("c", {"g": 4}, leases=[], oldest_at=2))
+    big = only(rc)["leaseId"]
+    await bed.clock.advance(2000)
+    (rc,) = await bed.round(request("c", {"g": 5}, leases=[(big, 4, 0)], oldest_at=2))
+    small = next(x["leaseId"] for x in rc["leases"] if x["leaseId"] != big)
+    assert bed.leases()[small]["permits"] == 1 and await charged(bed) == 6
+    await bed.clock.advance(2000)
+    (rb,) = await bed.round(request("b", {"g": 1}, leases=[], oldest_at=3))
+    assert blocked(rb) == {"g": ("limit", 1)}
+    await bed.clock.advance(1000)
+    ra = await bed.one(sync("a", leases=[(la, 3, 2)]))
+    assert only(ra)["status"] == "live"
+    rc = await bed.one(sync("c", leases=[(big, 4, 0), (small, 1, 0)]))
+    assert {x["leaseId"]: x["status"] for x in rc["leases"]} == {big: "retired", small: "live"}
+    bed.check()
+
+
+@async_test
+async def test_r31b_nothing_is_retired_while_nothing_starves():
+    # Limit 4: a's lease of 3 and c's of 1 fill it, and nobody waits. a holds more than an
+    # even split (2), but no request starves: its report extends the lease (R31), retires nothing.
+    bed = Bed(4, leases=SHARE)
+    (r,) = await bed.round(request("a", {"g": 3}, leases=[], oldest_at=1))
+    lid = only(r)["leaseId"]
+    await bed.clock.advance(2000)
+    (rc,) = await bed.round(request("c", {"g": 1}, leases=[], oldest_at=2))
+    assert only(rc)["permits"] == 1 and await charged(bed) == 4
+    await bed.clock.advance(3000)
+    reply = await bed.one(sync("a", leases=[(lid, 6, 2)]))
+    assert only(reply)["status"] == "live" and bed.leases()[lid]["expires_at"] == bed.now + TTL
+    bed.check()
+
+
+@async_test
+async def test_r31b_through_the_queue_a_newcomer_behind_a_reusable_lease_of_the_whole_limit_starts_within_seconds():
+    # a's queue keeps more work than the limit and holds the whole limit (3) as one reusable
+    # lease with the default lifetime (30 min); b's queue asks for one item. b starves, a's
+    # next recheck (recheckMs) hears `retired` (R31b), and b's item starts once one of a's
+    # 1 s items ends. Before, it waited for a's lease to end: the whole ttlMs.
+    clock, a, b, starts = backlog(3, {**SHARE, "ttlMs": 1_800_000}, {})
+    feeder = asyncio.ensure_future(keep_busy(clock, a.queue, "g"))
+    await clock.advance(3000)
+    asked = clock.now
+    await b.queue.enqueue("acct", "g", "b0")
+    await clock.advance(15_000)
+    assert "b0" in starts and starts["b0"] - asked <= 15_000, starts.get("b0")
+    await clock.advance(10_000)
+    assert len([i for i in starts if i.startswith("a") and starts[i] > asked + 15_000]) > 5  # a runs on
+    feeder.cancel()
+    stop_all({"a": a, "b": b})
+
+
 # ====================================================================== R34a room
 async def _full_with_a_grant(leases: dict, **options: Any) -> tuple[Bed, str, str]:
     """Limit 4: ``b`` (no leases, oldest) holds a claimed grant of 1 and ``a`` a lease of 3, with

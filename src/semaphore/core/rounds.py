@@ -15,7 +15,7 @@ R31, R32), write meta (R9, R29, R33), answer every client (R8, R11, R23, R29).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,6 +145,8 @@ class RoundOutcome:
     #: Leases that stopped being live in the round (TTL R31, R33, stopped by a report R30),
     #: settled ones included.
     leases_retired: int = 0
+    #: SPEC R31b: the fair share while entries starve (:func:`fair_share`; ``None``: no bound).
+    share: int | None = None
     #: Blocked reason -> permits left waiting (the sum of the round's ``blocked`` entries, R23).
     blocked: Mapping[str, int] = field(default_factory=dict)
     #: Charged capacity after the round (``outstanding + leaseFootprint``, R19), and the limit
@@ -294,26 +296,62 @@ def _retire_ineligible(ledger: Ledger, limits: Limits, policy: Policy, owners: I
 
 
 def _open(ledger: Ledger, now: int, messages: Mapping[str, Sequence[Message]], policy: Policy,
-          starving: int) -> dict[str, View]:
+          starving: int, share: int | None = None) -> dict[str, View]:
     """The start of every round and sync: reclaim (R15) and retire (R31) what is due, then
-    apply every client's reports in order (``starving``: the last round's count, R31a); returns
-    each client's view."""
+    apply every client's reports in order (``starving``: the last round's count, R31a;
+    ``share``: its fair share, above which a reusable lease is retired, R31b); returns each
+    client's view."""
     decide_reclaim(ledger, now)
     _retire_expired(ledger, now)
-    return {client_id: _apply_reports(ledger, client_id, ms, now, policy, not starving)
+    return {client_id: _apply_reports(ledger, client_id, ms, now, policy, not starving, share)
             for client_id, ms in messages.items()}
 
 
+def fair_share(limit: Any, live_leases: int, starving: int) -> int | None:
+    """SPEC R31b: while ``starving`` entries wait (R31a), the most permits a client's live
+    reusable leases in one group may hold: ``max(1, floor(limit / (live_leases + starving)))``,
+    every live lease and every starving entry counted once. ``None`` (no bound) while nothing
+    starves or the limit is not a resolved integer."""
+    if not starving or type(limit) is not int:
+        return None
+    return max(1, limit // max(1, live_leases + starving))
+
+
+def above_share(leases: Iterable[LeaseRow], share: int | None) -> set[str]:
+    """SPEC R31b: of one client's live reusable leases (those its message reports), the ones
+    to retire so that what stays in each group holds at most ``share`` permits: the largest
+    first (ties: the later issued, then the id), so the fewest leases end."""
+    if share is None:
+        return set()
+    by_group: dict[str, list[LeaseRow]] = {}
+    for lease in leases:
+        if lease.status == "live" and lease.reusable and not lease.stopped:
+            by_group.setdefault(lease.group_name, []).append(lease)
+    out: set[str] = set()
+    for group_leases in by_group.values():
+        total = sum(x.permits for x in group_leases)
+        for lease in sorted(group_leases, key=lambda x: (-x.permits, -x.issued_at, x.lease_id)):
+            if total <= share:
+                break
+            out.add(lease.lease_id)
+            total -= lease.permits
+    return out
+
+
 def _apply_reports(ledger: Ledger, client_id: str, messages: Sequence[Message], now: int,
-                   policy: Policy, extend_reusable: bool) -> View:
+                   policy: Policy, extend_reusable: bool, share: int | None = None) -> View:
     """Apply every grant and lease report of a client's messages, in order (SPEC R13, R14,
     R30-R32; a report extends a reusable lease only if ``extend_reusable``: no request waited
-    unserved in the last round, R31a), and return what the client is told about them."""
+    unserved in the last round, R31a; a reusable lease above ``share`` is retired, R31b), and
+    return what the client is told about them."""
     view = View()
     for message in messages:
         _apply_grant_reports(ledger, client_id, message.grants, view)
-        _apply_lease_reports(ledger, client_id, message.leases or (), view, now, policy.ttl_ms,
-                             extend_reusable)
+        reports = message.leases or ()
+        mine = [ledger.leases.get(r.lease_id) for r in reports]
+        trim = above_share({x.lease_id: x for x in mine if x is not None and x.client_id == client_id}.values(),
+                           share)
+        _apply_lease_reports(ledger, client_id, reports, view, now, policy.ttl_ms, extend_reusable, trim)
     return view
 
 
@@ -352,11 +390,12 @@ def _unknown_lease(r: LeaseReport, view: View) -> None:
 
 
 def _apply_lease_reports(ledger: Ledger, client_id: str, reports: Iterable[LeaseReport], view: View,
-                         now: int, ttl_ms: int, extend_reusable: bool) -> None:
+                         now: int, ttl_ms: int, extend_reusable: bool, trim: Set[str] = frozenset()) -> None:
     """SPEC R30-R32: a lease report raises ``drawn`` (clamped to ``permits``, or unbounded for a
     reusable lease, R34a; final once stopped, R30) and ``released`` (clamped to ``drawn``),
-    heartbeats a live lease (R31; a reusable one only if ``extend_reusable``, R31a) and settles
-    a stopped, fully released one (R30)."""
+    heartbeats a live lease (R31; a reusable one only if ``extend_reusable``, R31a), retires
+    the live leases in ``trim`` (above the fair share, R31b) and settles a stopped, fully
+    released one (R30)."""
     for r in reports:
         lease = ledger.leases.get(r.lease_id)
         if lease is None or lease.client_id != client_id:  # SPEC R32
@@ -367,6 +406,8 @@ def _apply_lease_reports(ledger: Ledger, client_id: str, reports: Iterable[Lease
         lease.drawn, lease.released = raise_counts(lease.drawn, lease.released, r.drawn, r.released, cap)
         if lease.status == "live" and (extend_reusable or not lease.reusable):
             lease.expires_at = now + ttl_ms
+        if lease.lease_id in trim and lease.status == "live":
+            lease.status = "retired"  # SPEC R31b: above the fair share while requests starve
         if r.stopped:
             lease.stopped = True
             lease.status = "retired"
@@ -488,8 +529,9 @@ def decide_round(ledger: Ledger, now: int, clients: Sequence[Pending], limits: L
     goes into ``ledger``; returns each client's reply, the round's ``contended`` flag and what
     the round did (:class:`RoundOutcome`)."""
     live_before = [lid for lid, x in ledger.leases.items() if x.status == "live"]
-    views = _open(ledger, now, {p.client_id: p.messages for p in clients}, policy,
-                  ledger.meta().get("starving", 0))
+    starving_before = ledger.meta().get("starving", 0)
+    views = _open(ledger, now, {p.client_id: p.messages for p in clients}, policy, starving_before,
+                  fair_share(limits.limit, ledger.totals()["live_leases"], starving_before))
     _retire_ineligible(ledger, limits, policy, [p.client_id for p in clients])
     usage = _usage(ledger, views, limits, policy, {d.group for p in clients for d in p.latest.demand})
     entries = _entries(ledger, clients, limits.permitted)
@@ -536,20 +578,21 @@ def _outcome(ledger: Ledger, replies: dict[str, dict[str, Any]], result: Allocat
         charged=totals["outstanding"] + totals["lease_footprint"],
         limit=limits.limit if type(limits.limit) is int else None,
         served=frozenset(c for c, _ in result.grants) | frozenset(c for c, _ in result.leases),
-        starving=starving,
+        starving=starving, share=fair_share(limits.limit, totals["live_leases"], starving),
     )
 
 
 def decide_sync(ledger: Ledger, now: int, message: SyncMessage, policy: Policy, contended: bool,
                 next_request_at: int, starving: int, limits: Limits | None = None,
-                lowered: bool = False) -> dict[str, Any]:
+                lowered: bool = False, *, share: int | None = None) -> dict[str, Any]:
     """SPEC R6: apply a sync's reports and answer at once, with the ``contended`` flag of the
     last committed round (R29) and ``nextRequestAt`` (R11); ``starving``: the last committed
-    round's count (R31a). With ``limits`` (resolved by the holder for a sync that reports
-    leases, R33a) the sync retires what R33 would at the next round: every live lease if the
-    limit was ``lowered`` below the last round's (then meta ``last_limit`` follows), and the
-    client's leases in groups R33 makes ineligible or of pairs ``canGrant`` refuses."""
-    views = _open(ledger, now, {message.client_id: [message]}, policy, starving)
+    round's count (R31a), ``share`` its fair share (R31b: :attr:`RoundOutcome.share`). With
+    ``limits`` (resolved by the holder for a sync that reports leases, R33a) the sync retires
+    what R33 would at the next round: every live lease if the limit was ``lowered`` below the
+    last round's (then meta ``last_limit`` follows), and the client's leases in groups R33
+    makes ineligible or of pairs ``canGrant`` refuses."""
+    views = _open(ledger, now, {message.client_id: [message]}, policy, starving, share)
     if limits is not None:
         _retire_ineligible(ledger, limits, policy, [message.client_id], lowered=lowered)
         if lowered:

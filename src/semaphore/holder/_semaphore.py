@@ -22,7 +22,7 @@ from ..core.allocation import LIMIT_ERROR
 from ..core.batching import Timing, next_request_at, round_start, sync_room
 from ..core.config import LeaseConfig, option_int
 from ..core.lease_ids import LEASE_KEY_WORDS, configured_secret, holder_key
-from ..core.rounds import Limits, Pending, Policy, limit_lowered
+from ..core.rounds import Limits, Pending, Policy, fair_share, limit_lowered
 from ..core.usage import measure
 from ..core.wire import MAX_LIST_LENGTH, LeaseStatus, PermitRequest, SyncMessage, parse_message, valid_count
 from ..errors import ConfigurationError, InvalidMessageError, RoundFailedError
@@ -329,6 +329,8 @@ class DurabilitySemaphore:
         self._room = False
         #: R31a count of the last committed round (durable in meta ``starving``, like the flag).
         self._last_starving = 0
+        #: R31b fair share of that round (``None``: no bound); recomputed from meta at start.
+        self._last_share: int | None = None
         #: The last committed round's resolved limit (durable in meta ``last_limit``): a sync
         #: retires leases when the limit is now below it (R33a).
         self._last_limit: int | None = None
@@ -526,6 +528,7 @@ class DurabilitySemaphore:
         self._last_starving = int(meta.get("starving", 0))
         last_limit = meta.get("last_limit")
         self._last_limit = None if last_limit is None else int(last_limit)
+        self._last_share = fair_share(self._last_limit, int(meta.get("live_leases", 0)), self._last_starving)
         self._ready = True
         # Repairs an alarm lost between a commit and its setAlarm (e.g. an eviction).
         await self.scheduler.arm()
@@ -684,6 +687,7 @@ class DurabilitySemaphore:
             self._last_unserved = outcome.unserved
             self._declined = False
             self._last_starving = outcome.starving
+            self._last_share = outcome.share
             if outcome.limit is not None:
                 self._last_limit = outcome.limit  # meta last_limit (R33, R33a)
             try:
@@ -804,10 +808,11 @@ class DurabilitySemaphore:
         now = int(self.clock())
         lowered = limits is not None and limit_lowered(self._last_limit, limits.limit)
         contended, next_at, starving = self._last_contended, self.next_request_at(), self._last_starving
+        share = self._last_share
         try:
             reply, charge_change = self.storage.transaction(
                 lambda: run_sync(self.store, now, message, self.policy, contended, next_at, starving, limits,
-                                 lowered))
+                                 lowered, share=share))
         except Exception as exc:
             log.exception("sync transaction failed; nothing was written")
             return RoundFailedError(f"sync failed, nothing was written: {exc}").to_wire()

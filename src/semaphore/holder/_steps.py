@@ -136,12 +136,13 @@ def run_round(store: Store, now: int, clients: Sequence[Pending], limits: Limits
 
 def run_sync(store: Store, now: int, message: SyncMessage, policy: Policy, contended: bool,
              next_request_at: int, starving: int, limits: Limits | None = None,
-             lowered: bool = False) -> tuple[dict[str, Any], int]:
+             lowered: bool = False, *, share: int | None = None) -> tuple[dict[str, Any], int]:
     """One sync's transaction body (SPEC R6; with ``limits``, R33a: ``lowered`` says the limit
     is below the last round's); returns the reply and how much it changed the charged capacity
     (``outstanding + lease_footprint``, R19: below 0, it freed some). Reads no meta row."""
     ledger = Ledger(store.load(sync_reads(now, message, limits, lowered, policy), None))
-    reply = decide_sync(ledger, now, message, policy, contended, next_request_at, starving, limits, lowered)
+    reply = decide_sync(ledger, now, message, policy, contended, next_request_at, starving, limits, lowered,
+                        share=share)
     changes = ledger.changes()
     store.persist(changes)
     _seen(store, ledger, [message.client_id], now, policy.claim_ttl_ms)
