@@ -78,7 +78,7 @@ from hypothesis import strategies as st
 from honest_client import GROUPS, Client, Reports
 from semaphore.core.allocation import LIMIT_ERROR, ceiling, grant_ceiling
 from semaphore.core.config import LeaseConfig, LimitedGroups, Provisioning
-from semaphore.core.rounds import Pending, Policy, RoundOutcome, fair_share
+from semaphore.core.rounds import Pending, Policy, RoundOutcome, stored_share
 from semaphore.core.rows import GrantRow, LeaseRow
 from semaphore.core.wire import (
     Demand,
@@ -214,9 +214,8 @@ class Model:
         return int(self.store.meta().get("starving", 0))
 
     def share(self) -> int | None:
-        """R31b: the fair share as a fresh holder instance computes it from meta."""
-        meta = self.store.meta()
-        return fair_share(meta.get("last_limit"), int(meta.get("live_leases", 0)), self.starving())
+        """R31b: the last round's fair share, as the holder keeps it (meta ``lease_share``)."""
+        return stored_share(self.store.meta())
 
     def next_request_at(self) -> int:
         return self.now if self.last_round_at is None else max(self.now, self.last_round_at + PERIOD)

@@ -262,6 +262,112 @@ async def test_r31b_nothing_is_retired_while_nothing_starves():
     bed.check()
 
 
+@pytest.mark.parametrize("evicted", [False, True], ids=["same_instance", "fresh_instance"])
+@async_test
+async def test_r31b_the_share_is_the_last_rounds_whether_or_not_the_holder_was_evicted(evicted: bool):
+    # Limit 12: a holds 7, c 5, b starves: share = 12 // (2 live + 1 starving) = 4, stored by
+    # the round (meta lease_share). a's sync retires a's lease (7 > 4); c's 5 > 4 is retired
+    # too, by the same instance or a fresh one: the share is the round's, not recounted after
+    # a sync retired a lease (which would give 12 // 2 = 6 and keep c's).
+    bed = Bed(12, leases={**SHARE, "permitsPerLease": 8})
+    (ra,) = await bed.round(request("a", {"g": 7}, leases=[], oldest_at=1))
+    la = only(ra)["leaseId"]
+    await bed.clock.advance(2000)
+    (rc,) = await bed.round(request("c", {"g": 5}, leases=[], oldest_at=2))
+    lc = only(rc)["leaseId"]
+    await bed.clock.advance(2000)
+    (rb,) = await bed.round(request("b", {"g": 1}, leases=[], oldest_at=3))
+    assert blocked(rb) == {"g": ("limit", 1)} and read_meta(bed.sem.storage)["lease_share"] == 4
+    await bed.clock.advance(500)
+    assert only(await bed.one(sync("a", leases=[(la, 7, 0)])))["status"] == "retired"
+    if evicted:
+        bed.evict()
+    assert only(await bed.one(sync("c", leases=[(lc, 5, 0)])))["status"] == "retired"
+    bed.check()
+
+
+@async_test
+async def test_r31b_a_report_inside_a_round_is_judged_too_and_one_shot_leases_never_are():
+    # Limit 4, a's reusable lease of 4; b starves (share 2). a's next
+    # request reports the lease: its round answers it retired (the round's own reports, R31b).
+    bed = Bed(4, leases=SHARE)
+    (r,) = await bed.round(request("a", {"g": 9}, leases=[], oldest_at=1))
+    lid = only(r)["leaseId"]
+    await bed.clock.advance(2000)
+    await bed.round(request("b", {"g": 1}, leases=[], oldest_at=2))
+    await bed.clock.advance(2000)
+    (r,) = await bed.round(request("a", {"g": 9}, leases=[(lid, 5, 1)], oldest_at=1))
+    assert {x["leaseId"]: x["status"] for x in r["leases"]}[lid] == "retired"
+    # The same with one-shot leases: never retired so (they end by themselves).
+    bed = Bed(4, leases={**SHARE, "reusable": False})
+    (r,) = await bed.round(request("a", {"g": 9}, leases=[], oldest_at=1))
+    lid = only(r)["leaseId"]
+    await bed.clock.advance(2000)
+    (rb,) = await bed.round(request("b", {"g": 1}, leases=[], oldest_at=2))
+    assert blocked(rb) == {"g": ("limit", 1)}
+    await bed.clock.advance(1000)
+    assert only(await bed.one(sync("a", leases=[(lid, 2, 1)])))["status"] == "live"
+    bed.check()
+
+
+@async_test
+async def test_r31b_an_entry_its_group_limit_blocks_retires_no_lease_in_another_group():
+    # Limit 10, group g1 limited to 2 (withinGroupLimit): c's lease holds g1's 2; b asks 1 in
+    # g1 and starves on the group limit (R31a counts it). a's lease of 6 in g2 could never
+    # serve b: it stays live at a's report (before, it was retired at every report).
+    bed = Bed(10, leases={**SHARE, "permitsPerLease": 8, "limitedGroups": "withinGroupLimit"},
+              group_limit={"g1": 2})
+    (rc,) = await bed.round(request("c", {"g1": 2}, leases=[], oldest_at=1))
+    assert only(rc)["permits"] == 2
+    await bed.clock.advance(2000)
+    (ra,) = await bed.round(request("a", {"g2": 6}, leases=[], oldest_at=2))
+    la = only(ra)["leaseId"]
+    await bed.clock.advance(2000)
+    (rb,) = await bed.round(request("b", {"g1": 1}, leases=[], oldest_at=3))
+    assert blocked(rb) == {"g1": ("group_limit", 1)} and read_meta(bed.sem.storage)["starving"] == 1
+    await bed.clock.advance(500)
+    assert only(await bed.one(sync("a", leases=[(la, 6, 6)])))["status"] == "live"
+    bed.check()
+
+
+@async_test
+async def test_r31b_a_lease_stopped_in_the_same_message_does_not_count_and_ties_retire_the_later_one():
+    # Limit 12: a holds x (2) then y (3), c holds 7; b starves: share = 12 // (3 + 1) = 3.
+    # a stops x in the message that reports y: y alone is within the share and stays live.
+    bed = Bed(12, leases={**SHARE, "permitsPerLease": 8})
+    (ra,) = await bed.round(request("a", {"g": 2}, leases=[], oldest_at=1))
+    x = only(ra)["leaseId"]
+    await bed.clock.advance(2000)
+    (ra,) = await bed.round(request("a", {"g": 3}, leases=[(x, 2, 0)], oldest_at=1))
+    y = next(v["leaseId"] for v in ra["leases"] if v["leaseId"] != x)
+    await bed.clock.advance(2000)
+    await bed.round(request("c", {"g": 7}, leases=[], oldest_at=2))
+    await bed.clock.advance(2000)
+    (rb,) = await bed.round(request("b", {"g": 1}, leases=[], oldest_at=3))
+    assert blocked(rb) == {"g": ("limit", 1)} and await charged(bed) == 12
+    await bed.clock.advance(500)
+    r = await bed.one(sync("a", leases=[(x, 2, 1, True), (y, 0, 0)]))
+    assert {v["leaseId"]: v["status"] for v in r["leases"]} == {x: "retired", y: "live"}
+    # Ties: d holds two leases of 2 and e a grant of 2 (limit 6); f starves: share =
+    # 6 // (2 live + 1 starving) = 2. Of d's equal leases the later issued goes.
+    bed = Bed(6, leases={**SHARE, "permitsPerLease": 2})
+    (rd,) = await bed.round(request("d", {"g": 2}, leases=[], oldest_at=1))
+    first = only(rd)["leaseId"]
+    await bed.clock.advance(2000)
+    (rd,) = await bed.round(request("d", {"g": 2}, leases=[(first, 2, 0)], oldest_at=1))
+    second = next(v["leaseId"] for v in rd["leases"] if v["leaseId"] != first)
+    await bed.clock.advance(2000)
+    (re_,) = await bed.round(request("e", {"g": 2}, oldest_at=2))
+    assert [g["permits"] for g in re_["grants"]] == [2] and re_["leases"] == [], (re_, bed.leases())
+    await bed.clock.advance(2000)
+    (rf,) = await bed.round(request("f", {"g": 1}, leases=[], oldest_at=3))
+    assert blocked(rf) == {"g": ("limit", 1)} and read_meta(bed.sem.storage)["lease_share"] == 2
+    await bed.clock.advance(500)
+    r = await bed.one(sync("d", leases=[(first, 2, 0), (second, 2, 0)]))
+    assert {v["leaseId"]: v["status"] for v in r["leases"]} == {first: "live", second: "retired"}
+    bed.check()
+
+
 @async_test
 async def test_r31b_through_the_queue_a_newcomer_behind_a_reusable_lease_of_the_whole_limit_starts_within_seconds():
     # a's queue keeps more work than the limit and holds the whole limit (3) as one reusable

@@ -308,19 +308,25 @@ def _open(ledger: Ledger, now: int, messages: Mapping[str, Sequence[Message]], p
 
 
 def fair_share(limit: Any, live_leases: int, starving: int) -> int | None:
-    """SPEC R31b: while ``starving`` entries wait (R31a), the most permits a client's live
-    reusable leases in one group may hold: ``max(1, floor(limit / (live_leases + starving)))``,
-    every live lease and every starving entry counted once. ``None`` (no bound) while nothing
-    starves or the limit is not a resolved integer."""
+    """SPEC R31b: while ``starving`` entries wait that the account's limit blocked (R31a), the
+    most permits a client's live reusable leases in one group may hold:
+    ``max(1, floor(limit / (live_leases + starving)))``, every live lease and every such entry
+    counted once. ``None`` (no bound) while none starves or the limit is not a resolved
+    integer. A round decides it and stores it (meta ``lease_share``, :func:`stored_share`)."""
     if not starving or type(limit) is not int:
         return None
     return max(1, limit // max(1, live_leases + starving))
 
 
+def stored_share(meta: Mapping[str, int]) -> int | None:
+    """SPEC R31b: the last committed round's fair share (meta ``lease_share``; 0: no bound)."""
+    return meta.get("lease_share", 0) or None
+
+
 def above_share(leases: Iterable[LeaseRow], share: int | None) -> set[str]:
     """SPEC R31b: of one client's live reusable leases (those its message reports), the ones
     to retire so that what stays in each group holds at most ``share`` permits: the largest
-    first (ties: the later issued, then the id), so the fewest leases end."""
+    first (ties: the later issued, then the lower id), so the fewest leases end."""
     if share is None:
         return set()
     by_group: dict[str, list[LeaseRow]] = {}
@@ -348,7 +354,7 @@ def _apply_reports(ledger: Ledger, client_id: str, messages: Sequence[Message], 
     for message in messages:
         _apply_grant_reports(ledger, client_id, message.grants, view)
         reports = message.leases or ()
-        mine = [ledger.leases.get(r.lease_id) for r in reports]
+        mine = [ledger.leases.get(r.lease_id) for r in reports if not r.stopped]  # a stop ends it anyway
         trim = above_share({x.lease_id: x for x in mine if x is not None and x.client_id == client_id}.values(),
                            share)
         _apply_lease_reports(ledger, client_id, reports, view, now, policy.ttl_ms, extend_reusable, trim)
@@ -494,26 +500,32 @@ def _issue(ledger: Ledger, views: dict[str, View], result: Allocation, now: int,
         views[client_id].leases = {lease.lease_id: _lease_wire(lease), **views[client_id].leases}
 
 
-def _starving(ledger: Ledger, result: Allocation, policy: Policy) -> int:
+def _starving(ledger: Ledger, result: Allocation, policy: Policy) -> tuple[int, int]:
     """SPEC R31a: the round's entries left with need that it served nothing and that hold no
     live lease in their group (a client drawing from a lease is served, if not in full), blocked
     by capacity leases may hold: ``limit``, or ``group_limit`` where lease footprint counts
     against group limits (``withinGroupLimit``). Not an entry ``can_grant`` refuses, whose limit
-    failed to resolve, or whose group limit no lease shares: no lease's end would serve it."""
+    failed to resolve, or whose group limit no lease shares: no lease's end would serve it.
+    Second, how many of them the account's limit blocked (``limit``): those R31b's fair share
+    is for (a lease in another group ending would not serve an entry its own group limit
+    blocks)."""
     if not result.blocked:  # the common uncontended round: no scan of its leases
-        return 0
+        return 0, 0
     capacity = {BlockedReason.LIMIT}
     if not _exclude_limited(policy):
         capacity.add(BlockedReason.GROUP_LIMIT)
     leased = {(x.client_id, x.group_name) for x in ledger.leases.values() if x.status == "live"}
     served = set(result.grants) | set(result.leases)
-    return sum(1 for c, g, reason, _w in result.blocked
-               if reason in capacity and (c, g) not in served and (c, g) not in leased)
+    starving = [reason for c, g, reason, _w in result.blocked
+                if reason in capacity and (c, g) not in served and (c, g) not in leased]
+    return len(starving), sum(1 for reason in starving if reason is BlockedReason.LIMIT)
 
 
-def _write_meta(ledger: Ledger, limit: Any, now: int, contended: bool, starving: int) -> None:
-    """Meta ``last_limit`` (R33), ``last_round_at`` (R9), ``contended`` (R29) and ``starving``
-    (R31a; both only when they change), in the round's one meta upsert."""
+def _write_meta(ledger: Ledger, limit: Any, now: int, contended: bool, starving: int,
+                share: int | None) -> None:
+    """Meta ``last_limit`` (R33), ``last_round_at`` (R9), ``contended`` (R29), ``starving``
+    (R31a) and ``lease_share`` (R31b, 0 for no bound; the last three only when they change),
+    in the round's one meta upsert."""
     if isinstance(limit, int):
         ledger.set_meta("last_limit", limit)
     ledger.set_meta("last_round_at", now)
@@ -521,6 +533,8 @@ def _write_meta(ledger: Ledger, limit: Any, now: int, contended: bool, starving:
         ledger.set_meta("contended", int(contended))
     if starving != ledger.meta().get("starving", 0):
         ledger.set_meta("starving", starving)
+    if (share or 0) != ledger.meta().get("lease_share", 0):
+        ledger.set_meta("lease_share", share or 0)
 
 
 def decide_round(ledger: Ledger, now: int, clients: Sequence[Pending], limits: Limits,
@@ -529,9 +543,8 @@ def decide_round(ledger: Ledger, now: int, clients: Sequence[Pending], limits: L
     goes into ``ledger``; returns each client's reply, the round's ``contended`` flag and what
     the round did (:class:`RoundOutcome`)."""
     live_before = [lid for lid, x in ledger.leases.items() if x.status == "live"]
-    starving_before = ledger.meta().get("starving", 0)
-    views = _open(ledger, now, {p.client_id: p.messages for p in clients}, policy, starving_before,
-                  fair_share(limits.limit, ledger.totals()["live_leases"], starving_before))
+    views = _open(ledger, now, {p.client_id: p.messages for p in clients}, policy,
+                  ledger.meta().get("starving", 0), stored_share(ledger.meta()))
     _retire_ineligible(ledger, limits, policy, [p.client_id for p in clients])
     usage = _usage(ledger, views, limits, policy, {d.group for p in clients for d in p.latest.demand})
     entries = _entries(ledger, clients, limits.permitted)
@@ -540,14 +553,15 @@ def decide_round(ledger: Ledger, now: int, clients: Sequence[Pending], limits: L
     if must_fit and result.contended:  # R9a: declined before anything is issued (no lease-id secret)
         return RoundOutcome({}, True, unserved=True, declined=True)
     _issue(ledger, views, result, now, policy)
-    starving = _starving(ledger, result, policy)
+    starving, by_limit = _starving(ledger, result, policy)
+    share = fair_share(limits.limit, ledger.totals()["live_leases"], by_limit)
     contended = result.contended or (policy.free_at_once and _left_full(ledger, limits))
-    _write_meta(ledger, limits.limit, now, contended, starving)
+    _write_meta(ledger, limits.limit, now, contended, starving, share)
     # R11: this round just began; a round leaving only "full" (R29 decision) does not stop the
     # next one running at once (R9a)
     next_at = next_request_at(policy.timing, now, last_round_at=now, contended=result.contended, round_at=None)
     replies = _round_replies(ledger, clients, views, result, next_at, contended)
-    return _outcome(ledger, replies, result, limits, live_before, starving, contended)
+    return _outcome(ledger, replies, result, limits, live_before, (starving, share), contended)
 
 
 def _left_full(ledger: Ledger, limits: Limits) -> bool:
@@ -561,7 +575,7 @@ def _left_full(ledger: Ledger, limits: Limits) -> bool:
 
 
 def _outcome(ledger: Ledger, replies: dict[str, dict[str, Any]], result: Allocation, limits: Limits,
-             live_before: Iterable[str], starving: int, contended: bool) -> RoundOutcome:
+             live_before: Iterable[str], starving: tuple[int, int | None], contended: bool) -> RoundOutcome:
     """The round's :class:`RoundOutcome`: its replies and what it did, from the allocation and
     the ledger (the leases live before it that are not any more, the totals after it)."""
     blocked: dict[str, int] = {}
@@ -578,7 +592,7 @@ def _outcome(ledger: Ledger, replies: dict[str, dict[str, Any]], result: Allocat
         charged=totals["outstanding"] + totals["lease_footprint"],
         limit=limits.limit if type(limits.limit) is int else None,
         served=frozenset(c for c, _ in result.grants) | frozenset(c for c, _ in result.leases),
-        starving=starving, share=fair_share(limits.limit, totals["live_leases"], starving),
+        starving=starving[0], share=starving[1],
     )
 
 

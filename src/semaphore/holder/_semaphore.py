@@ -22,7 +22,7 @@ from ..core.allocation import LIMIT_ERROR
 from ..core.batching import Timing, next_request_at, round_start, sync_room
 from ..core.config import LeaseConfig, option_int
 from ..core.lease_ids import LEASE_KEY_WORDS, configured_secret, holder_key
-from ..core.rounds import Limits, Pending, Policy, fair_share, limit_lowered
+from ..core.rounds import Limits, Pending, Policy, limit_lowered, stored_share
 from ..core.usage import measure
 from ..core.wire import MAX_LIST_LENGTH, LeaseStatus, PermitRequest, SyncMessage, parse_message, valid_count
 from ..errors import ConfigurationError, InvalidMessageError, RoundFailedError
@@ -329,7 +329,7 @@ class DurabilitySemaphore:
         self._room = False
         #: R31a count of the last committed round (durable in meta ``starving``, like the flag).
         self._last_starving = 0
-        #: R31b fair share of that round (``None``: no bound); recomputed from meta at start.
+        #: R31b fair share of that round (``None``: no bound; durable in meta ``lease_share``).
         self._last_share: int | None = None
         #: The last committed round's resolved limit (durable in meta ``last_limit``): a sync
         #: retires leases when the limit is now below it (R33a).
@@ -528,7 +528,7 @@ class DurabilitySemaphore:
         self._last_starving = int(meta.get("starving", 0))
         last_limit = meta.get("last_limit")
         self._last_limit = None if last_limit is None else int(last_limit)
-        self._last_share = fair_share(self._last_limit, int(meta.get("live_leases", 0)), self._last_starving)
+        self._last_share = stored_share(meta)
         self._ready = True
         # Repairs an alarm lost between a commit and its setAlarm (e.g. an eviction).
         await self.scheduler.arm()
