@@ -193,6 +193,25 @@ def states(bed: Bed) -> dict[str, str]:
     return {lid: row["status"] for lid, row in bed.leases().items()}
 
 
+async def take(bed: Bed, client: str, demand: dict[str, int], oldest_at: int) -> str:
+    """``client``'s first request: the one lease its round issues, by id."""
+    (r,) = await bed.round(request(client, demand, leases=[], oldest_at=oldest_at))
+    return str(only(r)["leaseId"])
+
+
+async def take_more(bed: Bed, client: str, demand: dict[str, int], held: tuple[str, int], oldest_at: int) -> str:
+    """``client`` asks again reporting ``held`` (its lease, every slot drawn, none released):
+    the new lease its round issues, by id."""
+    (r,) = await bed.round(request(client, demand, leases=[(held[0], held[1], 0)], oldest_at=oldest_at))
+    return str(next(x["leaseId"] for x in r["leases"] if x["leaseId"] != held[0]))
+
+
+async def starve(bed: Bed, client: str, group: str, oldest_at: int) -> None:
+    """``client`` asks 1 in ``group`` and gets nothing: the limit blocks it (R31a: starving)."""
+    (r,) = await bed.round(request(client, {group: 1}, leases=[], oldest_at=oldest_at))
+    assert r["grants"] == [] and r["leases"] == [] and blocked(r) == {group: ("limit", 1)}
+
+
 @async_test
 async def test_r31b_while_a_request_starves_a_reusable_lease_above_the_fair_share_is_retired_at_its_report():
     # Limit 4: a's reusable lease holds all 4; b asks 1 and gets nothing (starving 1, R31a).
@@ -200,12 +219,10 @@ async def test_r31b_while_a_request_starves_a_reusable_lease_above_the_fair_shar
     # answered `retired` (R31b), not at ttlMs (R31). The lease keeps every slot charged until
     # a's stop report (R30a), then charges what still runs, and b is served from what frees.
     bed = Bed(4, leases=SHARE)
-    (r,) = await bed.round(request("a", {"g": 9}, leases=[], oldest_at=1))
-    lid = only(r)["leaseId"]
-    assert only(r)["permits"] == 4
+    lid = await take(bed, "a", {"g": 9}, 1)
+    assert bed.leases()[lid]["permits"] == 4
     await bed.clock.advance(2000)
-    (rb,) = await bed.round(request("b", {"g": 1}, leases=[], oldest_at=2))
-    assert rb["leases"] == [] and rb["grants"] == [] and blocked(rb) == {"g": ("limit", 1)}
+    await starve(bed, "b", "g", 2)
     bed.evict()  # the share is not lost with the instance (recomputed from meta)
     await bed.clock.advance(1000)
     reply = await bed.one(sync("a", leases=[(lid, 6, 2)]))
@@ -226,18 +243,14 @@ async def test_r31b_only_the_leases_above_the_share_are_retired_the_largest_firs
     # share = max(1, 6 // 4) = 1. a's 1 is within it and stays live; of c's 5, the 4 goes
     # (5 - 4 = 1 left, within the share) and the 1 stays.
     bed = Bed(6, leases=SHARE)
-    (ra,) = await bed.round(request("a", {"g": 1}, leases=[], oldest_at=1))
-    la = only(ra)["leaseId"]
+    la = await take(bed, "a", {"g": 1}, 1)
     await bed.clock.advance(2000)
-    (rc,) = await bed.round(request("c", {"g": 4}, leases=[], oldest_at=2))
-    big = only(rc)["leaseId"]
+    big = await take(bed, "c", {"g": 4}, 2)
     await bed.clock.advance(2000)
-    (rc,) = await bed.round(request("c", {"g": 5}, leases=[(big, 4, 0)], oldest_at=2))
-    small = next(x["leaseId"] for x in rc["leases"] if x["leaseId"] != big)
+    small = await take_more(bed, "c", {"g": 5}, (big, 4), 2)
     assert bed.leases()[small]["permits"] == 1 and await charged(bed) == 6
     await bed.clock.advance(2000)
-    (rb,) = await bed.round(request("b", {"g": 1}, leases=[], oldest_at=3))
-    assert blocked(rb) == {"g": ("limit", 1)}
+    await starve(bed, "b", "g", 3)
     await bed.clock.advance(1000)
     ra = await bed.one(sync("a", leases=[(la, 3, 2)]))
     assert only(ra)["status"] == "live"
@@ -251,8 +264,7 @@ async def test_r31b_nothing_is_retired_while_nothing_starves():
     # Limit 4: a's lease of 3 and c's of 1 fill it, and nobody waits. a holds more than an
     # even split (2), but no request starves: its report extends the lease (R31), retires nothing.
     bed = Bed(4, leases=SHARE)
-    (r,) = await bed.round(request("a", {"g": 3}, leases=[], oldest_at=1))
-    lid = only(r)["leaseId"]
+    lid = await take(bed, "a", {"g": 3}, 1)
     await bed.clock.advance(2000)
     (rc,) = await bed.round(request("c", {"g": 1}, leases=[], oldest_at=2))
     assert only(rc)["permits"] == 1 and await charged(bed) == 4
@@ -270,14 +282,12 @@ async def test_r31b_the_share_is_the_last_rounds_whether_or_not_the_holder_was_e
     # too, by the same instance or a fresh one: the share is the round's, not recounted after
     # a sync retired a lease (which would give 12 // 2 = 6 and keep c's).
     bed = Bed(12, leases={**SHARE, "permitsPerLease": 8})
-    (ra,) = await bed.round(request("a", {"g": 7}, leases=[], oldest_at=1))
-    la = only(ra)["leaseId"]
+    la = await take(bed, "a", {"g": 7}, 1)
     await bed.clock.advance(2000)
-    (rc,) = await bed.round(request("c", {"g": 5}, leases=[], oldest_at=2))
-    lc = only(rc)["leaseId"]
+    lc = await take(bed, "c", {"g": 5}, 2)
     await bed.clock.advance(2000)
-    (rb,) = await bed.round(request("b", {"g": 1}, leases=[], oldest_at=3))
-    assert blocked(rb) == {"g": ("limit", 1)} and read_meta(bed.sem.storage)["lease_share"] == 4
+    await starve(bed, "b", "g", 3)
+    assert read_meta(bed.sem.storage)["lease_share"] == 4
     await bed.clock.advance(500)
     assert only(await bed.one(sync("a", leases=[(la, 7, 0)])))["status"] == "retired"
     if evicted:
@@ -291,20 +301,17 @@ async def test_r31b_a_report_inside_a_round_is_judged_too_and_one_shot_leases_ne
     # Limit 4, a's reusable lease of 4; b starves (share 2). a's next
     # request reports the lease: its round answers it retired (the round's own reports, R31b).
     bed = Bed(4, leases=SHARE)
-    (r,) = await bed.round(request("a", {"g": 9}, leases=[], oldest_at=1))
-    lid = only(r)["leaseId"]
+    lid = await take(bed, "a", {"g": 9}, 1)
     await bed.clock.advance(2000)
-    await bed.round(request("b", {"g": 1}, leases=[], oldest_at=2))
+    await starve(bed, "b", "g", 2)
     await bed.clock.advance(2000)
     (r,) = await bed.round(request("a", {"g": 9}, leases=[(lid, 5, 1)], oldest_at=1))
     assert {x["leaseId"]: x["status"] for x in r["leases"]}[lid] == "retired"
     # The same with one-shot leases: never retired so (they end by themselves).
     bed = Bed(4, leases={**SHARE, "reusable": False})
-    (r,) = await bed.round(request("a", {"g": 9}, leases=[], oldest_at=1))
-    lid = only(r)["leaseId"]
+    lid = await take(bed, "a", {"g": 9}, 1)
     await bed.clock.advance(2000)
-    (rb,) = await bed.round(request("b", {"g": 1}, leases=[], oldest_at=2))
-    assert blocked(rb) == {"g": ("limit", 1)}
+    await starve(bed, "b", "g", 2)
     await bed.clock.advance(1000)
     assert only(await bed.one(sync("a", leases=[(lid, 2, 1)])))["status"] == "live"
     bed.check()
@@ -320,8 +327,7 @@ async def test_r31b_an_entry_its_group_limit_blocks_retires_no_lease_in_another_
     (rc,) = await bed.round(request("c", {"g1": 2}, leases=[], oldest_at=1))
     assert only(rc)["permits"] == 2
     await bed.clock.advance(2000)
-    (ra,) = await bed.round(request("a", {"g2": 6}, leases=[], oldest_at=2))
-    la = only(ra)["leaseId"]
+    la = await take(bed, "a", {"g2": 6}, 2)
     await bed.clock.advance(2000)
     (rb,) = await bed.round(request("b", {"g1": 1}, leases=[], oldest_at=3))
     assert blocked(rb) == {"g1": ("group_limit", 1)} and read_meta(bed.sem.storage)["starving"] == 1
@@ -335,33 +341,29 @@ async def test_r31b_a_lease_stopped_in_the_same_message_does_not_count_and_ties_
     # Limit 12: a holds x (2) then y (3), c holds 7; b starves: share = 12 // (3 + 1) = 3.
     # a stops x in the message that reports y: y alone is within the share and stays live.
     bed = Bed(12, leases={**SHARE, "permitsPerLease": 8})
-    (ra,) = await bed.round(request("a", {"g": 2}, leases=[], oldest_at=1))
-    x = only(ra)["leaseId"]
+    x = await take(bed, "a", {"g": 2}, 1)
     await bed.clock.advance(2000)
-    (ra,) = await bed.round(request("a", {"g": 3}, leases=[(x, 2, 0)], oldest_at=1))
-    y = next(v["leaseId"] for v in ra["leases"] if v["leaseId"] != x)
+    y = await take_more(bed, "a", {"g": 3}, (x, 2), 1)
     await bed.clock.advance(2000)
     await bed.round(request("c", {"g": 7}, leases=[], oldest_at=2))
     await bed.clock.advance(2000)
-    (rb,) = await bed.round(request("b", {"g": 1}, leases=[], oldest_at=3))
-    assert blocked(rb) == {"g": ("limit", 1)} and await charged(bed) == 12
+    await starve(bed, "b", "g", 3)
+    assert await charged(bed) == 12
     await bed.clock.advance(500)
     r = await bed.one(sync("a", leases=[(x, 2, 1, True), (y, 0, 0)]))
     assert {v["leaseId"]: v["status"] for v in r["leases"]} == {x: "retired", y: "live"}
     # Ties: d holds two leases of 2 and e a grant of 2 (limit 6); f starves: share =
     # 6 // (2 live + 1 starving) = 2. Of d's equal leases the later issued goes.
     bed = Bed(6, leases={**SHARE, "permitsPerLease": 2})
-    (rd,) = await bed.round(request("d", {"g": 2}, leases=[], oldest_at=1))
-    first = only(rd)["leaseId"]
+    first = await take(bed, "d", {"g": 2}, 1)
     await bed.clock.advance(2000)
-    (rd,) = await bed.round(request("d", {"g": 2}, leases=[(first, 2, 0)], oldest_at=1))
-    second = next(v["leaseId"] for v in rd["leases"] if v["leaseId"] != first)
+    second = await take_more(bed, "d", {"g": 2}, (first, 2), 1)
     await bed.clock.advance(2000)
     (re_,) = await bed.round(request("e", {"g": 2}, oldest_at=2))
     assert [g["permits"] for g in re_["grants"]] == [2] and re_["leases"] == [], (re_, bed.leases())
     await bed.clock.advance(2000)
-    (rf,) = await bed.round(request("f", {"g": 1}, leases=[], oldest_at=3))
-    assert blocked(rf) == {"g": ("limit", 1)} and read_meta(bed.sem.storage)["lease_share"] == 2
+    await starve(bed, "f", "g", 3)
+    assert read_meta(bed.sem.storage)["lease_share"] == 2
     await bed.clock.advance(500)
     r = await bed.one(sync("d", leases=[(first, 2, 0), (second, 2, 0)]))
     assert {v["leaseId"]: v["status"] for v in r["leases"]} == {first: "live", second: "retired"}

@@ -315,7 +315,7 @@ def fair_share(limit: Any, live_leases: int, starving: int) -> int | None:
     integer. A round decides it and stores it (meta ``lease_share``, :func:`stored_share`)."""
     if not starving or type(limit) is not int:
         return None
-    return max(1, limit // max(1, live_leases + starving))
+    return max(1, limit // (live_leases + starving))
 
 
 def stored_share(meta: Mapping[str, int]) -> int | None:
@@ -344,6 +344,14 @@ def above_share(leases: Iterable[LeaseRow], share: int | None) -> set[str]:
     return out
 
 
+def _reported_leases(ledger: Ledger, client_id: str, reports: Iterable[LeaseReport]) -> list[LeaseRow]:
+    """The client's own leases a message reports, each once, leaving out those it stops (a
+    stop ends the lease anyway): one lookup per report, never a scan (R31b)."""
+    ids = {r.lease_id for r in reports if not r.stopped}
+    rows = (ledger.leases.get(lease_id) for lease_id in sorted(ids))
+    return [x for x in rows if x is not None and x.client_id == client_id]
+
+
 def _apply_reports(ledger: Ledger, client_id: str, messages: Sequence[Message], now: int,
                    policy: Policy, extend_reusable: bool, share: int | None = None) -> View:
     """Apply every grant and lease report of a client's messages, in order (SPEC R13, R14,
@@ -354,9 +362,7 @@ def _apply_reports(ledger: Ledger, client_id: str, messages: Sequence[Message], 
     for message in messages:
         _apply_grant_reports(ledger, client_id, message.grants, view)
         reports = message.leases or ()
-        mine = [ledger.leases.get(r.lease_id) for r in reports if not r.stopped]  # a stop ends it anyway
-        trim = above_share({x.lease_id: x for x in mine if x is not None and x.client_id == client_id}.values(),
-                           share)
+        trim = above_share(_reported_leases(ledger, client_id, reports), share)
         _apply_lease_reports(ledger, client_id, reports, view, now, policy.ttl_ms, extend_reusable, trim)
     return view
 
@@ -561,7 +567,7 @@ def decide_round(ledger: Ledger, now: int, clients: Sequence[Pending], limits: L
     # next one running at once (R9a)
     next_at = next_request_at(policy.timing, now, last_round_at=now, contended=result.contended, round_at=None)
     replies = _round_replies(ledger, clients, views, result, next_at, contended)
-    return _outcome(ledger, replies, result, limits, live_before, (starving, share), contended)
+    return _outcome(ledger, replies, result, limits, live_before, starving, share, contended)
 
 
 def _left_full(ledger: Ledger, limits: Limits) -> bool:
@@ -575,7 +581,7 @@ def _left_full(ledger: Ledger, limits: Limits) -> bool:
 
 
 def _outcome(ledger: Ledger, replies: dict[str, dict[str, Any]], result: Allocation, limits: Limits,
-             live_before: Iterable[str], starving: tuple[int, int | None], contended: bool) -> RoundOutcome:
+             live_before: Iterable[str], starving: int, share: int | None, contended: bool) -> RoundOutcome:
     """The round's :class:`RoundOutcome`: its replies and what it did, from the allocation and
     the ledger (the leases live before it that are not any more, the totals after it)."""
     blocked: dict[str, int] = {}
@@ -592,7 +598,7 @@ def _outcome(ledger: Ledger, replies: dict[str, dict[str, Any]], result: Allocat
         charged=totals["outstanding"] + totals["lease_footprint"],
         limit=limits.limit if type(limits.limit) is int else None,
         served=frozenset(c for c, _ in result.grants) | frozenset(c for c, _ in result.leases),
-        starving=starving[0], share=starving[1],
+        starving=starving, share=share,
     )
 
 
