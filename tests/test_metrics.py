@@ -36,6 +36,7 @@ class World:
     async def raw(self, method: str, path: str, body=None, headers=None):
         req = _Request("http://w" + path, method, headers or {}, "" if body is None else json.dumps(body))
         resp = await self.entry.Default(None, self.env).fetch(req)
+        await reference.settle(self.env)
         return resp.status, resp.body, resp.headers
 
     async def fetch(self, method: str, path: str, body=None, headers=None):

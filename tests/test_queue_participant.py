@@ -25,6 +25,8 @@ from semaphore.testing import T0, ClientSide, SimClock, async_test, tables, time
 WAKE = SemaphoreQueue.TIMER
 WAKEUPS = "durability_semaphore_client_wakeups"
 RETRY = 1000  # the queue's retry_ms (default)
+KEY_A = "a"
+KICK_FALLBACK_MS = 10_000  # the queue's durable wake-up of a change its instance pumps itself
 
 
 pytestmark = pytest.mark.usefixtures("quiet_logs")  # failures are injected on purpose
@@ -61,6 +63,17 @@ async def deliver(side: ClientSide) -> None:
     await side.alarm({})
 
 
+#: When the staged wake-up of :func:`enqueue_unpumped` is due (R37 wake-ups).
+S = T0 + KICK_FALLBACK_MS
+
+
+async def enqueue_unpumped(side: ClientSide, key: str, group: str, item_id: str) -> None:
+    """Enqueue, then lose the instance before it pumped the key itself (R37 wake-ups): the key's
+    wake-up is left to the object's alarm, ``KICK_FALLBACK_MS`` after the enqueue (at :data:`S`)."""
+    await side.queue.enqueue(key, group, item_id)
+    side.evict()
+
+
 def sql(side: ClientSide, query: str, *args) -> list[dict]:
     return side.scheduler.storage.exec(query, *args)
 
@@ -89,18 +102,18 @@ async def test_r37_r16_the_queue_wake_arms_the_alarm_with_no_timer_row():
     # follows the earliest due time, here read from the queue's own table, never a mirror row.
     clock, net = SimClock(T0), Down()
     side = client_object(clock, net)
-    await side.queue.enqueue("a", "g", "item1")
-    assert side.queue.wake_at("a") == T0
+    await enqueue_unpumped(side, "a", "g", "item1")
+    assert side.queue.wake_at("a") == S
     assert timers(side.storage) == {}   # the wake time is only in the queue's table
-    assert side.scheduler.due_times() == {WAKE: T0} and side.storage.alarm == T0
+    assert side.scheduler.due_times() == {WAKE: S} and side.storage.alarm == S
     assert WAKE in side.scheduler.participants
     await deliver(side)
     assert net.calls == ["a"]   # the wake-up pumped the key; the holder is down: retry later
-    assert side.queue.wake_at("a") == T0 + RETRY
-    assert side.scheduler.due_times() == {WAKE: T0 + RETRY} and side.storage.alarm == T0 + RETRY
+    assert side.queue.wake_at("a") == S + RETRY
+    assert side.scheduler.due_times() == {WAKE: S + RETRY} and side.storage.alarm == S + RETRY
     assert timers(side.storage) == {} and side.scheduler.attempts(WAKE) == 0
     side.evict()   # a new instance reads the same due time from the same table
-    assert side.scheduler.due_times() == {WAKE: T0 + RETRY}
+    assert side.scheduler.due_times() == {WAKE: S + RETRY}
 
 
 @async_test
@@ -110,28 +123,28 @@ async def test_r37_r16_a_wake_timer_row_of_an_earlier_release_is_harmless():
     # time at the latest, is deleted by the wake-up's next run, and no wake-up is lost.
     clock, net = SimClock(T0), Down()
     side = client_object(clock, net)
-    await side.queue.enqueue("a", "g", "item1")
-    await deliver(side)   # the key now wakes at T0 + RETRY
+    await enqueue_unpumped(side, "a", "g", "item1")
+    await deliver(side)   # the key now wakes at S + RETRY
     # The earlier release's mirror, left earlier than the queue's own wake time (for instance
     # written before its last run was cut short).
-    stale_wake_row(side, T0 + 400)
+    stale_wake_row(side, S + 400)
     side.evict()
     await side.scheduler.arm()
-    assert side.scheduler.due_times() == {WAKE: T0 + 400} and side.storage.alarm == T0 + 400
+    assert side.scheduler.due_times() == {WAKE: S + 400} and side.storage.alarm == S + 400
     await deliver(side)   # nothing of the queue's is due yet: nothing happens, the row goes
-    assert net.calls == ["a"] and clock.now == T0 + 400
+    assert net.calls == ["a"] and clock.now == S + 400
     assert timers(side.storage) == {} and side.scheduler.attempts(WAKE) == 0
-    assert side.scheduler.due_times() == {WAKE: T0 + RETRY} and side.storage.alarm == T0 + RETRY
+    assert side.scheduler.due_times() == {WAKE: S + RETRY} and side.storage.alarm == S + RETRY
     await deliver(side)   # the queue's own wake-up still comes
-    assert net.calls == ["a", "a"] and clock.now == T0 + RETRY
+    assert net.calls == ["a", "a"] and clock.now == S + RETRY
     # A row left later than the wake time does not delay it either, and goes with its first run.
-    stale_wake_row(side, T0 + 60_000)
+    stale_wake_row(side, S + 60_000)
     side.evict()
     await side.scheduler.arm()
-    assert side.scheduler.due_times() == {WAKE: T0 + 2 * RETRY} and side.storage.alarm == T0 + 2 * RETRY
+    assert side.scheduler.due_times() == {WAKE: S + 2 * RETRY} and side.storage.alarm == S + 2 * RETRY
     await deliver(side)
     assert net.calls == ["a"] * 3 and timers(side.storage) == {}
-    assert side.scheduler.due_times() == {WAKE: T0 + 3 * RETRY}
+    assert side.scheduler.due_times() == {WAKE: S + 3 * RETRY}
 
 
 @async_test
@@ -141,23 +154,23 @@ async def test_r16_r37_a_failing_wake_backs_off_survives_eviction_and_leaves_no_
     # first run that works. R37: the queued work is still done then.
     clock, net = SimClock(T0), Down()
     side = client_object(clock, net)
-    await side.queue.enqueue("a", "g", "item1")
+    await enqueue_unpumped(side, "a", "g", "item1")
     block_wakeups(side, "ABORT, 'disk full'")   # the wake-up can record nothing: the run fails
     await deliver(side)
     assert net.calls == ["a"] and side.scheduler.attempts(WAKE) == 1
-    assert timers(side.storage) == {WAKE: T0 + 1000} and side.storage.alarm == T0 + 1000
+    assert timers(side.storage) == {WAKE: S + 1000} and side.storage.alarm == S + 1000
     side.evict()   # a new instance keeps the backoff
-    assert side.scheduler.attempts(WAKE) == 1 and side.scheduler.due_times() == {WAKE: T0 + 1000}
+    assert side.scheduler.attempts(WAKE) == 1 and side.scheduler.due_times() == {WAKE: S + 1000}
     await deliver(side)
     assert side.scheduler.attempts(WAKE) == 2
-    assert side.scheduler.due_times() == {WAKE: T0 + 3000} and side.storage.alarm == T0 + 3000
+    assert side.scheduler.due_times() == {WAKE: S + 3000} and side.storage.alarm == S + 3000
     unblock_wakeups(side)
     side.evict()
     await deliver(side)   # works: the key's retry is in the queue's table, the backoff row goes
-    assert clock.now == T0 + 3000 and net.calls == ["a"] * 3
+    assert clock.now == S + 3000 and net.calls == ["a"] * 3
     assert timers(side.storage) == {} and side.scheduler.attempts(WAKE) == 0
-    assert side.queue.wake_at("a") == T0 + 3000 + RETRY
-    assert side.scheduler.due_times() == {WAKE: T0 + 3000 + RETRY} and side.storage.alarm == T0 + 3000 + RETRY
+    assert side.queue.wake_at("a") == S + 3000 + RETRY
+    assert side.scheduler.due_times() == {WAKE: S + 3000 + RETRY} and side.storage.alarm == S + 3000 + RETRY
 
 
 @async_test
@@ -166,19 +179,21 @@ async def test_r16_r37_work_due_during_a_wake_at_the_same_millisecond_is_done_by
     # as a failure. A request that reaches the object while the wake-up awaits the holder (on a
     # clock that has not moved) makes key "b" due at that very millisecond: the wake-up pumps it
     # too, so it is neither backed off as "no progress" nor left to an alarm re-armed for "now".
+    # (An enqueue is pumped by its own instance; here "b" is an item inserted with its wake-up
+    # due at once, as an instance that cannot pump it itself leaves it.)
     clock, net = SimClock(T0), Down()
     side = client_object(clock, net)
-    await side.queue.enqueue("a", "g", "item1")
+    await enqueue_unpumped(side, "a", "g", "item1")
 
     async def enqueue_b(key: str) -> None:
-        await side.queue.enqueue("b", "g", "item2")
+        side.queue.storage.transaction(lambda: side.queue._insert("b", "g", "item2", "null", clock.now, owner=""))
 
     net.during = enqueue_b
     await deliver(side)
-    assert clock.now == T0 and net.calls == ["a", "b"]   # both keys in the one wake-up
+    assert clock.now == S and net.calls == ["a", "b"]   # both keys in the one wake-up
     assert side.scheduler.attempts(WAKE) == 0 and timers(side.storage) == {}
-    assert side.queue.wake_at("a") == side.queue.wake_at("b") == T0 + RETRY
-    assert side.storage.alarm == T0 + RETRY   # not "now": the alarm does not fire in a loop
+    assert side.queue.wake_at("a") == side.queue.wake_at("b") == S + RETRY
+    assert side.storage.alarm == S + RETRY   # not "now": the alarm does not fire in a loop
 
 
 @async_test
@@ -188,18 +203,18 @@ async def test_r16_r37_a_wake_that_makes_no_progress_is_backed_off_not_looped():
     # backed off (1 s, doubling) instead, and works again once it can make progress.
     clock, net = SimClock(T0), Down()
     side = client_object(clock, net)
-    await side.queue.enqueue("a", "g", "item1")
+    await enqueue_unpumped(side, "a", "g", "item1")
     block_wakeups(side, "IGNORE")
     await deliver(side)
-    assert side.queue.wake_at("a") == T0   # still due: no progress
-    assert side.storage.alarm == T0 + 1000   # not "now" (T0): backed off
-    assert side.scheduler.attempts(WAKE) == 1 and timers(side.storage) == {WAKE: T0 + 1000}
+    assert side.queue.wake_at("a") == S   # still due: no progress
+    assert side.storage.alarm == S + 1000   # not "now" (S): backed off
+    assert side.scheduler.attempts(WAKE) == 1 and timers(side.storage) == {WAKE: S + 1000}
     await deliver(side)
-    assert side.scheduler.attempts(WAKE) == 2 and side.storage.alarm == T0 + 3000
+    assert side.scheduler.attempts(WAKE) == 2 and side.storage.alarm == S + 3000
     unblock_wakeups(side)
     await deliver(side)
     assert side.scheduler.attempts(WAKE) == 0 and timers(side.storage) == {}
-    assert side.queue.wake_at("a") == T0 + 3000 + RETRY and side.storage.alarm == T0 + 3000 + RETRY
+    assert side.queue.wake_at("a") == S + 3000 + RETRY and side.storage.alarm == S + 3000 + RETRY
 
 
 @async_test
@@ -257,7 +272,8 @@ async def test_r16_r37_the_queue_keeps_the_schedulers_time_when_its_clients_cloc
     for _ in range(10):
         await _deliver(ctx, scheduler, clock)
     assert scheduler.attempts(WAKE) == 0
-    assert clock.now - T0 <= 10 * RETRY and len(down.calls) >= 10  # one retry per second
+    # one retry per second (after the enqueue's own pump, whose wake-up the first alarm comes for)
+    assert clock.now - T0 <= KICK_FALLBACK_MS + 10 * RETRY and len(down.calls) >= 10
 
 
 @async_test
@@ -382,3 +398,47 @@ async def test_r16_r37_reinstalled_tables_are_seen_by_the_next_arm_of_a_live_ins
     [reply] = await bed.round(request("a", {"g": 3}))
     deadline = reply["grants"][0]["claimBy"]
     assert bed.sem.scheduler.due_times()[DurabilitySemaphore.RECLAIM_TIMER] == deadline == bed.ctx.storage.alarm
+
+
+# ---------------------------------------------------------------- the instance pumps its own changes
+from semaphore.testing import HolderSide, Net  # noqa: E402
+
+
+async def _queue_on_a_free_holder(limit: int = 2, leases=None):
+    clock = SimClock(T0)
+    holder = HolderSide(clock, limit=limit, leases=leases)
+    admitted: list[str] = []
+    side = ClientSide("c1", clock, Net(holder, clock), on_admit=lambda side, item: admitted.append(item.item_id),
+                      leases=leases)
+    return clock, side, admitted
+
+
+@async_test
+async def test_r37_an_enqueue_and_a_completion_are_pumped_by_their_instance_not_by_the_objects_alarm():
+    # R37 (wake-ups): an enqueue and a completion are pumped by the instance that made them, in
+    # the background; the object's alarm (each invocation a billed request) is not used for them.
+    # Before, each one set the key's wake-up to "now" and the alarm fired for it: one alarm per
+    # enqueue and per completion.
+    clock, side, admitted = await _queue_on_a_free_holder(limit=3)
+    for i in range(3):
+        await side.queue.enqueue(KEY_A, "g", f"i{i}")
+    await clock.advance(3_000)   # the requests' round
+    assert admitted == ["i0", "i1", "i2"] and side.driver.fired == 0
+    await side.queue.complete("i0")
+    await side.queue.enqueue(KEY_A, "g", "i3")
+    await clock.advance(3_000)   # the release rides on i3's request; its round serves i3
+    assert admitted == ["i0", "i1", "i2", "i3"] and side.driver.fired == 0
+
+
+@async_test
+async def test_r37_an_instance_that_dies_before_pumping_its_enqueue_leaves_it_to_the_alarm():
+    # R37 (wake-ups): the durable wake-up of an enqueue is 10 s later: if the instance dies
+    # before it pumped the key, the object's alarm wakes the next instance then, which admits it.
+    clock, side, admitted = await _queue_on_a_free_holder()
+    await side.queue.enqueue(KEY_A, "g", "i0")
+    side.evict()   # before its background pump ran
+    assert side.queue.wake_at(KEY_A) == S and side.storage.alarm == S
+    await clock.advance(KICK_FALLBACK_MS - 1)
+    assert admitted == [] and side.driver.fired == 0
+    await clock.advance(3_000)   # the wake-up's request and its round
+    assert side.driver.fired == 1 and [i.state.value for i in side.queue.items(KEY_A)] == ["running"]

@@ -268,12 +268,14 @@ class SemaphoreQueue(_QueuePump):
         text = _payload_text(payload)
         self.ensure_schema()
         now = self._now()
-        item = self.storage.transaction(lambda: self._insert(key, group, item_id, text, now, owner=""))
+        wake_at = self._kick_wake(now)
+        item = self.storage.transaction(lambda: self._insert(key, group, item_id, text, now, owner="",
+                                                             wake_at=wake_at))
+        # Pumped by this instance at once, in the background (also beside a request in flight,
+        # maybe held, request_wait_ms, that the wake-up run may be waiting for), even if arming
+        # the alarm fails.
+        self._kick(key)
         await self.scheduler.arm()
-        if self._requesting:
-            # A request in flight (maybe held, request_wait_ms) may be the wake-up run's own:
-            # pump this key directly, as permit() does, rather than after that run.
-            self._kick(key)
         return item
 
     @contextlib.asynccontextmanager
@@ -342,14 +344,15 @@ class SemaphoreQueue(_QueuePump):
         """:meth:`permit`'s item, queued and admitted: at once from a live lease, else when the
         holder's answer serves it (a try: its one answer, R9b)."""
         answered = self._tries.add(key, item_id) if timeout_ms == 0 else None
-        self.storage.transaction(lambda: self._insert(key, group, item_id, text, now, owner=self._token))
+        wake_at = self._kick_wake(now)
+        self.storage.transaction(lambda: self._insert(key, group, item_id, text, now, owner=self._token,
+                                                      wake_at=wake_at))
         self.storage.transaction(lambda: self._admit_locally(key, now))  # a live lease serves it at once
         self._hand_over(key)
-        await self.scheduler.arm()  # the item's wake-ups (its orphan check, a lease heartbeat)
-        if not fut.done():
-            self._kick(key)
-            if answered is not None:
-                self._start_side_request(key)  # a request in flight: the try must not wait for it
+        self._kick(key)  # schedules the item's next wake-up (its orphan check, a lease heartbeat)
+        await self.scheduler.arm()
+        if not fut.done() and answered is not None:
+            self._start_side_request(key)  # a request in flight: the try must not wait for it
         if answered is not None:
             return await self._await_try(fut, answered, key, item_id, group)
         return await self._await_permit(fut, key, group, now, timeout_ms)
@@ -420,8 +423,7 @@ class SemaphoreQueue(_QueuePump):
         """Wait until every callback task (``on_admit`` / ``work``) and background pump this
         instance started has finished (e.g. before a test looks at the result, or at shutdown)."""
         while True:
-            tasks = [t for t in (*self._inflight.values(), *self._kicks.values(), *self._side_syncs.values(),
-                                 *self._side_requests.values()) if not t.done()]
+            tasks = [t for t in (*self._inflight.values(), *self._pumps()) if not t.done()]
             if not tasks:
                 return
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -431,13 +433,13 @@ class SemaphoreQueue(_QueuePump):
         callers without writing anything, as the death of the object would (the test kit's
         eviction uses it). The durable state is left for the next instance."""
         self._dead = True
-        for task in (*self._inflight.values(), *self._kicks.values(), *self._side_syncs.values(),
-                     *self._side_requests.values()):
+        for task in (*self._inflight.values(), *self._pumps()):
             task.cancel()
         for fut in self._waiters.values():
             fut.cancel()
         self._inflight.clear()
         self._kicks.clear()
+        self._besides.clear()
         self._side_syncs.clear()
         self._side_requests.clear()
         self._waiters.clear()

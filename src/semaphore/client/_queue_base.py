@@ -101,6 +101,9 @@ class _QueueBase(abc.ABC):
         #: ``_rekick`` is pumped again once its running kick ends.
         self._kicks: dict[str, asyncio.Task[None]] = {}
         self._rekick: set[str] = set()
+        #: Per key, a pump kicked while the key's kick waits for its request (its round, maybe
+        #: held): it does beside that request what must not wait for the answer (SPEC R37).
+        self._besides: dict[str, asyncio.Task[None]] = {}
         self._dead = False
 
     def ensure_schema(self) -> None:
@@ -111,6 +114,11 @@ class _QueueBase(abc.ABC):
         _install_schema(self.storage)
         self._wakeups.created()
         self._ready = True
+
+    def _pumps(self) -> list[asyncio.Task[None]]:
+        """This instance's background pumps and side traffic (not its callbacks' tasks)."""
+        return [*self._kicks.values(), *self._besides.values(), *self._side_syncs.values(),
+                *self._side_requests.values()]
 
     def _now(self) -> int:
         return int(self.clock())

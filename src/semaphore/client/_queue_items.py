@@ -25,8 +25,10 @@ log = logging.getLogger("semaphore.queue")
 class _QueueItemsPart(_QueueBase):
     """Item transitions and reads (see the module documentation)."""
 
-    def _insert(self, key: str, group: str, item_id: str, payload: str, now: int, *, owner: str) -> QueueItem:
-        """Queue a new item (or return the existing one of ``item_id``) and wake its key."""
+    def _insert(self, key: str, group: str, item_id: str, payload: str, now: int, *, owner: str,
+                wake_at: int | None = None) -> QueueItem:
+        """Queue a new item (or return the existing one of ``item_id``) and wake its key (its
+        durable wake-up ``wake_at``, default ``now``, at the latest)."""
         existing, seq = self._items.find_with_seq(item_id)
         if existing is not None:
             return self._item_of(existing)
@@ -35,7 +37,7 @@ class _QueueItemsPart(_QueueBase):
                "started_at": 0, "admitted": 0, "attempts": 0, "retry_at": 0, "checked_at": now, "finished_at": 0,
                "cancel": 0, "done_pending": 0, "done_attempts": 0, "done_retry_at": 0, "owner": owner, "error": ""}
         self._items.insert(row)
-        self._set_wake(key, now, earlier_only=True)
+        self._set_wake(key, now if wake_at is None else wake_at, earlier_only=True)
         return QueueItem._from_row(row)
 
     def _item_of(self, row: dict[str, Any]) -> QueueItem:
@@ -54,9 +56,10 @@ class _QueueItemsPart(_QueueBase):
     def _complete(self, item_id: str, now: int) -> bool:
         return self._complete_key(item_id, now) is not None
 
-    def _complete_key(self, item_id: str, now: int) -> str | None:
+    def _complete_key(self, item_id: str, now: int, wake_at: int | None = None) -> str | None:
         """Complete ``item_id`` (see :meth:`complete`); its key, or ``None`` when it is unknown
-        or finished already."""
+        or finished already. The key's durable wake-up is ``wake_at`` (default ``now``) at the
+        latest."""
         row = self._items.find(item_id)
         if row is None or row["state"] == ItemState.DONE.value:
             return None
@@ -68,7 +71,7 @@ class _QueueItemsPart(_QueueBase):
             if row["state"] == ItemState.RUNNING.value:
                 self._release_permit(key, row)
             self._finish(key, [item_id], now)
-        self._set_wake(key, now, earlier_only=True)
+        self._set_wake(key, now if wake_at is None else wake_at, earlier_only=True)
         return key
 
     def _finish(self, key: str, item_ids: list[str], now: int) -> None:

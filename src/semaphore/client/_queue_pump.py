@@ -23,6 +23,13 @@ from ._queue_store import BLOCKED, WAKEUPS
 
 log = logging.getLogger("semaphore.queue")
 
+#: How long after an enqueue or a completion that this instance pumps itself the key's durable
+#: wake-up is set (SPEC R37 wake-ups): longer than the pump's exchange with the holder (a request
+#: waits for its round, within ``round_period_ms`` + ``round_wait_ms``, 3 s by default), so the
+#: alarm does not fire beside a pump that is running; the longest an instance's death delays the
+#: work it had not pumped yet.
+KICK_FALLBACK_MS = 10_000
+
 
 class _QueuePump(_QueueCallbacks):
     """The pump, its side traffic and the wake-ups (see the module documentation)."""
@@ -67,27 +74,30 @@ class _QueuePump(_QueueCallbacks):
     async def _complete_item(self, item_id: str) -> bool:
         self.ensure_schema()
         now = self._now()
-        key = self.storage.transaction(lambda: self._complete_key(item_id, now))
-        done = key is not None
+        # R37 (wake-ups): this instance pumps the key itself, in the background, not through
+        # the object's alarm (each invocation is a billed request); the durable wake-up only
+        # covers an instance that dies before that pump has run.
+        kick = not self._dead
+        wake_at = self._kick_wake(now)
+        key = self.storage.transaction(lambda: self._complete_key(item_id, now, wake_at))
+        if key is None:
+            return False
+        # A release ends the key's request pause: the next request is no longer one of the
+        # identical ones the pause stops, and a waiter may take the freed permit.
+        self._paused.pop(key, None)
+        if key in self._requesting:
+            self._start_side_sync(key)
+        # The key is pumped in the background (even if the hook or the arming below fails): a
+        # freed lease slot is drawn at once (R34a), beside the key's own request if one is in
+        # flight; never inline, where a synchronous callback's own complete() would re-enter.
+        if kick:
+            self._kick(key)
         try:
-            if done and self.on_done is not None:
+            if self.on_done is not None:
                 self._run_done_hook(item_id, raise_misuse=True)
         finally:
-            if done:
-                await self.scheduler.arm()
-        if key is not None and (self._requesting or self._paused):
-            # A release ends the key's request pause: the next request is no longer one of
-            # the identical ones the pause stops, and a waiter may take the freed permit.
-            self._paused.pop(key, None)
-            if key in self._requesting:
-                self._start_side_sync(key)
-            # The key is pumped in the background: a freed lease slot is drawn beside its own
-            # request (R34a), another key's admission does not wait for the wake-up run a
-            # request in flight may hold; never inline, where a synchronous callback's own
-            # complete() would re-enter.
-            if self._requesting:
-                self._kick(key)
-        return done
+            await self.scheduler.arm()
+        return True
 
     def _start_side_sync(self, key: str) -> None:
         """Start :meth:`_side_syncs_of` for ``key`` in the background (the caller, e.g.
@@ -207,6 +217,14 @@ class _QueuePump(_QueueCallbacks):
             retry_at = self._now() + self.retry_ms
             self.storage.transaction(lambda: self._set_wake(key, retry_at))
 
+    def _kick_wake(self, now: int) -> int:
+        """The durable wake-up of a key this instance is about to pump itself (:meth:`_kick`,
+        SPEC R37 wake-ups): :data:`KICK_FALLBACK_MS` (plus ``request_wait_ms``) later, past that
+        pump's exchange with the holder, so that the object's alarm (each invocation a billed
+        request) fires only if the instance dies before its pump is done; ``now`` on an
+        instance that is closed (it pumps nothing)."""
+        return now if self._dead else now + self.request_wait_ms + KICK_FALLBACK_MS
+
     def _kick(self, key: str) -> None:
         """Pump ``key`` soon in the background (once more if a kicked pump is running already)."""
         if self._dead:
@@ -214,6 +232,11 @@ class _QueuePump(_QueueCallbacks):
         task = self._kicks.get(key)
         if task is not None and not task.done():
             self._rekick.add(key)
+            beside = self._besides.get(key)
+            if key in self._requesting and (beside is None or beside.done()):
+                # That kick waits for the key's request: new demand (a permit of another group, a
+                # try) goes beside it now, not after its answer (pump's locked path).
+                self._besides[key] = asyncio.ensure_future(self._wake_key(key))
             return
         self._kicks[key] = asyncio.ensure_future(self._kick_loop(key))
 
