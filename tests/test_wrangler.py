@@ -1,14 +1,18 @@
 """The project's own wrangler.toml bundles: `wrangler deploy --dry-run --outdir`.
 
-Offline and without credentials: wrangler validates the config and writes the
-modules it would upload into the outdir. The upload must be exactly the entry
-(src/entry.py), the library's modules (src/semaphore/**/*.py) and the vendored
-Workers SDK (the files of python_modules/' workers-runtime-sdk wheel, minus
-*.pyc): nothing else, in particular no build output found under src/ (an
-editable install's *.egg-info/, __pycache__/). This is checked on the project
-as it is and on a copy with such files planted. Needs `scripts/setup`
-(node_modules, .venv's Node 24, python_modules); without it these tests fail
-rather than skip.
+Offline and without credentials: wrangler runs the [build] command (which stages
+build/worker/, the module root, from src/: scripts/stage_worker.py), validates the
+config and writes the modules it would upload into the outdir. The upload must be
+exactly the entry (src/entry.py), its dashboard page, the library's modules
+(src/semaphore/**/*.py) but the test kit (semaphore/testing/) and the what-if
+simulator (semaphore/simulate/), which the Worker never imports, and the vendored
+Workers SDK (the files of python_modules/' workers-runtime-sdk wheel, minus *.pyc):
+nothing else, in particular no build output found under src/ (an editable
+install's *.egg-info/, __pycache__/) nor a stale file of an earlier staging. This
+is checked on the project as it is and on a copy with such files planted; every
+import of the uploaded modules must resolve inside the upload, and the entry must
+import from the outdir alone. Needs `scripts/setup` (node_modules, .venv's Node 24,
+python_modules); without it these tests fail rather than skip.
 
 Also checked: the editable install's egg_info step writes its metadata outside
 src/ (pyproject.toml's [tool.distutils.egg_info] egg_base).
@@ -16,6 +20,7 @@ src/ (pyproject.toml's [tool.distutils.egg_info] egg_base).
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -26,12 +31,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
-#: The library's public test kit. It belongs to the library package (users import it in their
-#: own tests), but the Worker does not need it. wrangler uploads every **/*.py under the main
-#: module's folder for a Python Worker, and offers no exclusion for them (user module rules
-#: cannot be of type PythonModule; python_modules.exclude covers python_modules/ only), so
-#: leaving it out needs it moved out of src/ (an open decision, see the xfail test below).
-TEST_KIT = Path("semaphore/testing")
+#: What the Worker never imports: the library's public test kit and its what-if simulator. Both
+#: belong to the library package (users import them in their own tests and tools), so they stay
+#: in src/semaphore/. wrangler uploads every **/*.py under the module root for a Python Worker
+#: and offers no exclusion for them (user module rules cannot be of type PythonModule;
+#: python_modules.exclude covers python_modules/ only), so wrangler.toml's module root is
+#: build/worker/ (base_dir), which its [build] command fills with src/ minus these.
+NOT_UPLOADED = (Path("semaphore/testing"), Path("semaphore/simulate"))
+#: Where the build command stages the module root (wrangler.toml base_dir).
+STAGED = Path("build/worker")
 #: What wrangler writes into the outdir besides the modules.
 OUTDIR_README = "README.md"
 
@@ -58,12 +66,22 @@ def _setup_problem() -> str | None:
 
 
 def _source_modules() -> list[Path]:
-    """Every .py file under src/, relative to src/ (what wrangler must upload)."""
+    """Every .py file under src/, relative to src/."""
     return sorted(
         p.relative_to(SRC)
         for p in SRC.rglob("*.py")
         if "__pycache__" not in p.parts and not any(part.startswith(".") for part in p.parts)
     )
+
+
+def _left_out(module: Path) -> bool:
+    """Whether ``module`` (relative to src/) lies in a package the Worker must not upload."""
+    return any(module.parts[:len(d.parts)] == d.parts for d in NOT_UPLOADED)
+
+
+def _worker_modules() -> list[Path]:
+    """The .py files under src/ that wrangler must upload (relative to src/)."""
+    return [m for m in _source_modules() if not _left_out(m)]
 
 
 def _sdk_files() -> list[str]:
@@ -80,8 +98,9 @@ def _sdk_files() -> list[str]:
 
 
 def _expected_upload() -> set[str]:
-    """Exactly what wrangler may upload: the entry, its dashboard page, the library, the SDK."""
-    library = {m.as_posix() for m in _source_modules() if m.parts[0] == "semaphore"}
+    """Exactly what wrangler may upload: the entry, its dashboard page, the library but its test
+    kit and simulator, the SDK."""
+    library = {m.as_posix() for m in _worker_modules() if m.parts[0] == "semaphore"}
     return {"entry.py", "dashboard.py"} | library | {f"python_modules/{f}" for f in _sdk_files()}
 
 
@@ -144,6 +163,11 @@ PLANTED = (
     "src/blob.bin",
     "src/module.wasm",
     "python_modules/workers/__pycache__/rpc.cpython-314.pyc",
+    # Left in the module root by an earlier staging: the build removes them.
+    "build/worker/entry.py",
+    "build/worker/semaphore/gone.py",
+    "build/worker/semaphore/testing/__init__.py",
+    "build/worker/semaphore/simulate/__init__.py",
 )
 
 
@@ -156,6 +180,8 @@ def planted_dry_run(tmp_path_factory):
     project = tmp / "project"
     project.mkdir()
     shutil.copy2(ROOT / "wrangler.toml", project / "wrangler.toml")
+    (project / "scripts").mkdir()
+    shutil.copy2(ROOT / "scripts" / "stage_worker.py", project / "scripts" / "stage_worker.py")
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
     shutil.copytree(SRC, project / "src", ignore=ignore)
     shutil.copytree(ROOT / "python_modules", project / "python_modules", ignore=ignore)
@@ -188,8 +214,9 @@ def test_bundle_contains_entry_and_semaphore_modules(dry_run):
     assert proc.returncode == 0, proc.stderr
     # The main module is uploaded byte for byte under its name relative to src/.
     assert (outdir / "entry.py").read_bytes() == (SRC / "entry.py").read_bytes()
-    # So is every other module under src/ (importable as `import semaphore...`).
-    modules = _source_modules()
+    # So is every other module under src/ (importable as `import semaphore...`) but the test kit
+    # and the simulator.
+    modules = _worker_modules()
     semaphore_modules = [m for m in modules if m.parts[0] == "semaphore"]
     assert semaphore_modules, "no src/semaphore/*.py found"
     assert Path("semaphore/__init__.py") in modules, "src/semaphore/__init__.py missing"
@@ -223,30 +250,105 @@ def test_build_output_under_src_is_not_uploaded(planted_dry_run):
     assert "egg-info" not in proc.stdout and "does not have a fallback" not in proc.stdout + proc.stderr, proc.stdout
 
 
-def test_the_uploaded_test_kit_is_never_imported_by_the_worker():
-    """Decision (README, "What the Worker uploads"): wrangler uploads every ``**/*.py`` under
-    ``src/`` for a Python Worker and has no way to leave one out, so ``semaphore/testing/``
-    (the library's test kit, part of the package users install) is uploaded. It must never be
-    loaded there: neither the entry nor any other library module imports it. The same holds for
-    ``semaphore/simulate/`` (the what-if simulator, a command-line tool built on the test kit):
-    only the kit and the simulator may import the kit, and nothing else imports either."""
-    import ast
+@pytest.mark.parametrize("which", ["project", "planted"])
+def test_the_test_kit_and_the_simulator_are_not_uploaded(which, dry_run, planted_dry_run):
+    # They stay in the package (src/semaphore/testing, src/semaphore/simulate) ...
+    for folder in NOT_UPLOADED:
+        assert (SRC / folder / "__init__.py").is_file(), folder
+    # ... but nothing of them is uploaded, nor staged in the module root.
+    proc, outdir = _bundle(dry_run if which == "project" else planted_dry_run)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    uploaded = [m for m in _uploaded(outdir) if not m.startswith("python_modules/")]
+    assert uploaded and not [m for m in uploaded if _left_out(Path(m))], sorted(uploaded)
+    staged = (ROOT if which == "project" else outdir.parent / "project") / STAGED
+    assert not [p for folder in NOT_UPLOADED for p in (staged / folder).rglob("*")]
 
-    offenders = []
-    for path in [SRC / "entry.py", *sorted((SRC / "semaphore").rglob("*.py"))]:
-        if (SRC / TEST_KIT) in path.parents or (SRC / "semaphore" / "simulate") in path.parents:
-            continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names: list[str] = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = ("." * node.level) + (node.module or "")
-                names = [base] + [f"{base}.{a.name}" for a in node.names]
-            if any(n.split(".")[-1] in ("testing", "simulate") and ("semaphore" in n or n.startswith("."))
-                   for n in names):
-                offenders.append(path.relative_to(SRC).as_posix())
-    assert not offenders, offenders
+
+def _imported_modules(path: Path, name: str) -> set[str]:
+    """The modules ``path`` (module ``name``) imports, anywhere in it: ``import a.b`` gives
+    ``a.b``; ``from a import b`` gives ``a`` and ``a.b`` (``b`` may be a submodule); relative
+    imports are resolved against ``name``'s package."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+                base = f"{parent}.{base}" if base else parent
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)
+    return found
+
+
+def test_every_import_of_the_upload_resolves_inside_it(dry_run):
+    # Statically, function-level imports too: a module of the Worker's (entry, dashboard,
+    # semaphore.*) that imports one of src/ must find it in the upload.
+    proc, outdir = _bundle(dry_run)
+    assert proc.returncode == 0, proc.stderr
+    uploaded = {m for m in _uploaded(outdir) if not m.startswith("python_modules/")}
+    in_src = {m.as_posix() for m in _source_modules()}
+
+    def module_file(module: str, files: set[str]) -> str | None:
+        stem = module.replace(".", "/")
+        return next((f for f in (f"{stem}.py", f"{stem}/__init__.py") if f in files), None)
+
+    missing = []
+    for rel in sorted(uploaded):
+        name = rel.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+        for module in _imported_modules(outdir / rel, name):
+            source = module_file(module, in_src)
+            if source is not None and source not in uploaded:
+                missing.append(f"{rel} imports {module} ({source})")
+    assert not missing, missing
+
+
+#: Imports the uploaded entry from the outdir alone (no site-packages, no src/), with a stand-in
+#: for the runtime's `workers` module, and prints where each module of the Worker came from.
+IMPORT_ENTRY = """
+import json, sys, types
+sys.path.insert(0, sys.argv[1])
+workers = types.ModuleType("workers")
+class DurableObject:
+    def __init__(self, ctx, env):
+        self.ctx, self.env = ctx, env
+workers.DurableObject = workers.WorkerEntrypoint = DurableObject
+workers.Response = object
+sys.modules["workers"] = workers
+import entry
+print(json.dumps({n: getattr(m, "__file__", None) for n, m in sys.modules.items()
+                  if n.split(".")[0] in ("entry", "dashboard", "semaphore")}))
+"""
+
+
+def test_the_uploaded_entry_imports_from_the_upload_alone(dry_run):
+    import json
+
+    proc, outdir = _bundle(dry_run)
+    assert proc.returncode == 0, proc.stderr
+    run = subprocess.run([sys.executable, "-I", "-S", "-c", IMPORT_ENTRY, str(outdir)],
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    loaded = json.loads(run.stdout)
+    assert {"entry", "dashboard", "semaphore", "semaphore.holder", "semaphore.client"} <= set(loaded)
+    outside = {n: f for n, f in loaded.items() if f is None or outdir not in Path(f).parents}
+    assert not outside, outside
+    assert not [n for n in loaded if n.split(".")[:2] in (["semaphore", "testing"], ["semaphore", "simulate"])]
+
+
+def test_the_staging_refuses_an_output_inside_its_source(tmp_path):
+    # The build would copy the output into itself (and delete src/ files) otherwise.
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "entry.py").write_text("x = 1\n")
+    script = str(ROOT / "scripts" / "stage_worker.py")
+    for out, excluded in (("src/staged", []), ("src", []), (".", []), ("out", ["../x"])):
+        args = [sys.executable, script, "--main", "src/entry.py", "--out", out]
+        args += [a for e in excluded for a in ("--exclude", e)]
+        run = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert run.returncode == 2, (out, run.stdout, run.stderr)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["entry.py", "src"]
 
 
 def test_editable_install_writes_no_metadata_into_the_module_root(tmp_path):

@@ -233,14 +233,18 @@ def test_generate_config_applies_the_module_rules_of_the_toml_it_is_given(tmp_pa
         ("entry.py", "pythonModule"), ("pkg/__init__.py", "pythonModule"), ("pkg/schema.sql", "text")]
 
 
-def test_project_modules_leave_build_output_out(tmp_path):
+def test_project_modules_leave_build_output_test_kit_and_simulator_out(tmp_path):
     # The project's wrangler.toml on a copy of src/ holding an editable install's egg-info and
-    # bytecode: the modules are the entry and the library's .py files, as wrangler uploads them.
+    # bytecode: generate_config runs its [build] command (staging build/worker/, its base_dir),
+    # and the modules are the entry and the library's .py files but the test kit and the
+    # simulator, as wrangler uploads them (tests/test_wrangler.py checks wrangler's side).
     import shutil
 
     project = tmp_path / "project"
     project.mkdir()
     shutil.copy2(PROJECT_ROOT / "wrangler.toml", project / "wrangler.toml")
+    (project / "scripts").mkdir()
+    shutil.copy2(PROJECT_ROOT / "scripts" / "stage_worker.py", project / "scripts" / "stage_worker.py")
     shutil.copytree(PROJECT_ROOT / "src", project / "src",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
     egg = project / "src" / "durability_semaphore.egg-info"
@@ -251,10 +255,35 @@ def test_project_modules_leave_build_output_out(tmp_path):
     (project / "src" / "semaphore" / "__pycache__" / "wire.cpython-314.pyc").write_bytes(b"\0")
     library = sorted(p.relative_to(project / "src").as_posix()
                      for p in (project / "src" / "semaphore").rglob("*.py") if "__pycache__" not in p.parts)
+    kept = [m for m in library if not m.startswith(("semaphore/testing/", "semaphore/simulate/"))]
+    assert len(kept) < len(library) and "semaphore/holder/__init__.py" in kept
     worker = sorted(p.name for p in (project / "src").glob("*.py"))  # entry.py and the modules it imports
     assert "entry.py" in worker
-    assert src_modules(project / "wrangler.toml") == sorted(
-        [(name, "pythonModule") for name in worker] + [(name, "pythonModule") for name in library])
+    cfg = generate_config(project / "wrangler.toml", tmp_path / "out", storage_dir=tmp_path / "s")
+    modules = [m for m in module_entries(cfg.read_text()) if not m[0].startswith("python_modules/")]
+    assert modules[0] == ("entry.py", "pythonModule")
+    assert sorted(modules) == sorted([(name, "pythonModule") for name in worker + kept])
+
+
+def test_generate_config_runs_the_build_command_and_reads_base_dir(tmp_path, monkeypatch):
+    # As wrangler: [build] command runs first (in the project folder, WRANGLER_COMMAND set), and
+    # base_dir is the module root; the main module (outside it) keeps its file name.
+    monkeypatch.setenv(ENV_COMPAT_FLAGS, "")
+    build = ('\n[build]\ncommand = "mkdir -p staged/pkg && cp src/pkg/__init__.py staged/pkg/ && '
+             'echo \\"$WRANGLER_COMMAND\\" > staged/pkg/seen.sql"\n')
+    toml = make_project(tmp_path / "p", 'base_dir = "staged"\n' + WRANGLER_TOML + build)
+    cfg = generate_config(toml, tmp_path / "o", storage_dir=tmp_path / "s")
+    modules = [m for m in module_entries(cfg.read_text()) if not m[0].startswith("python_modules/")]
+    assert modules == [("entry.py", "pythonModule"), ("pkg/__init__.py", "pythonModule"),
+                       ("pkg/seen.sql", "text")], modules
+    assert (toml.parent / "staged" / "pkg" / "seen.sql").read_text() == "dev\n"
+
+    failing = make_project(tmp_path / "f", WRANGLER_TOML + '\n[build]\ncommand = "echo no; exit 3"\n')
+    with pytest.raises(ConfigError, match=r"(?s)failed \(3\).*no"):
+        generate_config(failing, tmp_path / "o2", storage_dir=tmp_path / "s")
+    missing = make_project(tmp_path / "m", 'base_dir = "nowhere"\n' + WRANGLER_TOML)
+    with pytest.raises(ConfigError, match="base_dir"):
+        generate_config(missing, tmp_path / "o3", storage_dir=tmp_path / "s")
 
 
 def test_renamed_sqlite_class_keeps_sql():

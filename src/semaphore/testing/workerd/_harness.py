@@ -4,8 +4,9 @@
 ``tomllib`` and writes a workerd Cap'n Proto text config that declares the worker the way
 ``wrangler dev`` (miniflare) hands it to workerd:
 
-* the main module (``main``) first, as ``pythonModule``, named relative to its folder
-  (``entry.py``); every other file under that folder that wrangler's module rules pick up
+* the main module (``main``) first, as ``pythonModule``, named by its file name
+  (``entry.py``); every other file under the module root (``base_dir``, else the main's folder;
+  a ``[build] command`` runs first, as under wrangler) that wrangler's module rules pick up
   (``**/*.py`` as ``pythonModule``, ``*.txt``/``*.html``/``*.sql`` as ``text``, ``*.bin`` as
   ``data``, ``*.wasm`` as ``wasm``), named by its path relative to that folder
   (``semaphore/__init__.py``);
@@ -253,11 +254,13 @@ def _module_kind(project_root: Path, rules: Iterable[Mapping[str, Any]] | None) 
 
 def collect_modules(
     project_root: Path, main: str, python_modules_exclude: Iterable[str] | None = None,
-    rules: Iterable[Mapping[str, Any]] | None = None,
+    rules: Iterable[Mapping[str, Any]] | None = None, *, base_dir: str | None = None,
 ) -> list[Module]:
     """The modules wrangler would upload for a Python worker, main module first.
 
-    Files under the main module's folder are matched against wrangler's module rules as
+    The main module is named by its file name (wrangler: ``path.basename`` of the entry). Files
+    under the module root (``base_dir`` relative to ``project_root`` when given, else the main
+    module's folder) are matched against wrangler's module rules as
     wrangler 4 does (``parseRules`` / ``matchFiles``): the user's ``rules`` (``None``: the
     ``rules`` of ``project_root/wrangler.toml``), then the ``PythonModule`` rule ``**/*.py`` it
     adds for a ``.py`` main (unless the user gave one), then its defaults (``Text``:
@@ -272,7 +275,9 @@ def collect_modules(
         raise ConfigError(f"main = {main!r} is not a Python module")
     if not main_path.is_file():
         raise ConfigError(f"main module {main_path} does not exist")
-    module_root = main_path.parent
+    module_root = (project_root / base_dir).resolve() if base_dir else main_path.parent
+    if not module_root.is_dir():
+        raise ConfigError(f"base_dir {module_root} is not a folder (has the [build] command run?)")
     python_modules_dir = project_root / "python_modules"
     if (module_root / "python_modules").exists() and module_root != project_root.resolve():
         raise ConfigError("python_modules/ must be at the project root, not in the module root")
@@ -450,6 +455,24 @@ def _render_config(toml_path: Path, modules: list[Module], date: str, flags: Ite
     return text
 
 
+def _run_custom_build(wrangler: Mapping[str, Any], project_root: Path) -> None:
+    """Run ``[build] command`` as wrangler's ``runCustomBuild`` does before ``dev``, ``deploy``
+    and ``versions upload``: through the shell, with ``WRANGLER_COMMAND=dev`` in the
+    environment, in ``[build] cwd`` (relative to ``project_root``) or else ``project_root``
+    (wrangler uses its own working directory: the project root when run from there). A failing
+    command raises :class:`ConfigError` with its output."""
+    build = wrangler.get("build")
+    if not isinstance(build, dict) or not build.get("command"):
+        return
+    command = str(build["command"])
+    cwd = project_root / str(build["cwd"]) if build.get("cwd") else project_root
+    proc = subprocess.run(command, shell=True, cwd=cwd, env={**os.environ, "WRANGLER_COMMAND": "dev"},
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise ConfigError(f"[build] command {command!r} failed ({proc.returncode}) in {cwd}:\n"
+                          f"{proc.stdout}{proc.stderr}")
+
+
 def generate_config(
     wrangler_toml_path: str | os.PathLike[str] = DEFAULT_WRANGLER_TOML,
     out_dir: str | os.PathLike[str] | None = None,
@@ -465,7 +488,9 @@ def generate_config(
     ``port`` 0 lets the kernel choose (read it back with :class:`WorkerdProcess`, which asks
     workerd through ``--control-fd``). ``vars_override`` replaces or adds ``[vars]`` entries;
     ``secrets`` are added as text bindings (what ``.dev.vars`` does under ``wrangler dev``).
-    The config constant is named ``config``.
+    The config constant is named ``config``. A ``[build] command`` runs first, as wrangler
+    runs it before ``dev`` and ``deploy`` (:func:`_run_custom_build`), and ``base_dir`` is the
+    module root, as for wrangler.
     """
     toml_path = Path(wrangler_toml_path).resolve()
     project_root = toml_path.parent
@@ -475,16 +500,18 @@ def generate_config(
     main = wrangler.get("main")
     if not main:
         raise ConfigError("wrangler.toml has no main")
-    if wrangler.get("base_dir") or wrangler.get("find_additional_modules") is False:
-        raise ConfigError("base_dir / find_additional_modules are not supported by this harness")
+    if wrangler.get("find_additional_modules") is False:
+        raise ConfigError("find_additional_modules = false is not supported by this harness")
     name = wrangler.get("name") or "worker"
     date, flags = effective_compat(wrangler)
+    _run_custom_build(wrangler, project_root)
 
     python_modules_exclude = None
     if isinstance(wrangler.get("python_modules"), dict) and "exclude" in wrangler["python_modules"]:
         python_modules_exclude = wrangler["python_modules"]["exclude"]
     # The module rules of THIS file (none: wrangler's defaults), not of a wrangler.toml beside it.
-    modules = collect_modules(project_root, main, python_modules_exclude, rules=wrangler.get("rules") or [])
+    modules = collect_modules(project_root, main, python_modules_exclude, rules=wrangler.get("rules") or [],
+                              base_dir=wrangler.get("base_dir"))
 
     bindings, namespaces = _bindings(wrangler, name, vars_override, secrets)
     storage = Path(storage_dir).resolve()
