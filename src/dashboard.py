@@ -22,7 +22,9 @@ field and kept in ``sessionStorage`` (gone with the tab), never put in the URL.
 Stable hooks for tests and scripts: every account is a ``section[data-account]``; its numbers are
 ``[data-stat=charged|limit|available|outstanding|leaseFootprint]``; group rows are
 ``tr[data-group]`` with cells ``[data-field=...]``; blocked rows ``tr[data-reason]``; holder rows
-``tr[data-client]``; ``data-samples`` on the section counts the polls it has rendered.
+``tr[data-client]`` (the client id in ``[data-field=clientId]``, its label, the name its messages
+carry, beside it in ``[data-field=label]``, ``-`` for none); ``data-samples`` on the section
+counts the polls it has rendered.
 """
 
 from __future__ import annotations
@@ -169,7 +171,7 @@ BODY = """
     </table>
     <table class="holders wide">
       <caption>Holders (clients charged by this account)</caption>
-      <thead><tr><th scope="col">Client</th><th scope="col" class="num">Charged</th>
+      <thead><tr><th scope="col">Client</th><th scope="col">Label</th><th scope="col" class="num">Charged</th>
         <th scope="col">Grants</th><th scope="col">Leases</th><th scope="col">Last report</th>
         <th scope="col"><span class="muted">Action</span></th></tr></thead>
       <tbody data-field="holders"></tbody>
@@ -445,17 +447,18 @@ SCRIPT = """
   function renderHolders(v, r) {
     var tbody = field(v.root, "holders");
     tbody.textContent = "";
-    if (!token()) { emptyRow(tbody, 6, "Enter a token (READ_TOKEN or ADMIN_TOKEN) above to see the holders."); return; }
+    if (!token()) { emptyRow(tbody, 7, "Enter a token (READ_TOKEN or ADMIN_TOKEN) above to see the holders."); return; }
     if (!r || r.status !== 200) {
-      emptyRow(tbody, 6, r && r.status === 401 ? "The token was refused (HTTP 401)." :
+      emptyRow(tbody, 7, r && r.status === 401 ? "The token was refused (HTTP 401)." :
         r && r.status === 404 ? "This Worker has no holders view." : "Holders unavailable: " + (r ? problem(r) : ""));
       return;
     }
     var list = r.data.holders || [];
-    if (!list.length) { emptyRow(tbody, 6, "No client holds anything."); }
+    if (!list.length) { emptyRow(tbody, 7, "No client holds anything."); }
     list.forEach(function (h) {
       var tr = el("tr", {"data-client": h.clientId});
       tr.appendChild(el("th", {scope: "row", "data-field": "clientId"}, h.clientId));
+      tr.appendChild(el("td", {"data-field": "label"}, fmt(h.label)));
       tr.appendChild(el("td", {"class": "num", "data-field": "charged"}, fmt(h.charged)));
       tr.appendChild(el("td", {"data-field": "grants"}, summarize(h.grants || [], ["active"])));
       tr.appendChild(el("td", {"data-field": "leases"}, summarize(h.leases || [], ["live"])));
@@ -463,13 +466,13 @@ SCRIPT = """
         title: h.lastReportAt ? new Date(h.lastReportAt).toISOString() : ""}, ago(h.lastReportAt)));
       var cell = el("td");
       var btn = el("button", {type: "button", "data-action": "settle",
-        "aria-label": "Force settle " + h.clientId}, "Force settle");
+        "aria-label": "Force settle " + h.clientId + (h.label ? " (" + h.label + ")" : "")}, "Force settle");
       btn.addEventListener("click", function () { openSettle(v.account, h.clientId); });
       cell.appendChild(btn);
       tr.appendChild(cell);
       tbody.appendChild(tr);
     });
-    if (r.data.cursor) { emptyRow(tbody, 6, "More holders exist (the first page is shown)."); }
+    if (r.data.cursor) { emptyRow(tbody, 7, "More holders exist (the first page is shown)."); }
   }
 
   function renderAudit(v, r) {

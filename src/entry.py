@@ -636,7 +636,8 @@ class AccountLimit(DurableObject):
     # -- operations (issue 11): who holds what, an audited force-settle ---------------------
     async def holders(self, cursor: Any = None, limit: Any = 100) -> dict[str, Any]:
         """One page of the clients holding grants or leases (the semaphore's ``holders()``:
-        ``{"holders": [{"clientId", "lastReportAt", "charged", "grants", "leases"}], "cursor"}``).
+        ``{"holders": [{"clientId", "label", "lastReportAt", "charged", "grants", "leases"}], "cursor"}``;
+        a queue object's ``label`` is its name, the JSON ``[account, queue]`` it is reached by).
         Read only: a holder without its tables answers ``{"holders": [], "cursor": None}`` and
         creates nothing. A bad ``cursor``/``limit`` is answered ``invalid_request`` naming it."""
         if self.config_error is not None:

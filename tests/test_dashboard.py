@@ -36,6 +36,8 @@ import test_reference_worker as ref
 from test_reference_worker import AUTH, World, queue_object, run
 
 SVG_NS = "http://www.w3.org/2000/svg"
+#: Where the page keeps the typed token (its script's ``TOKEN_KEY``).
+TOKEN_KEY = "durability-semaphore.adminToken"
 
 
 @pytest.fixture
@@ -206,6 +208,8 @@ def test_holders_settle_and_audit_through_the_front(entry):
         assert status == 200 and body["cursor"] is None and len(body["holders"]) == 1, body
         holder = body["holders"][0]
         assert holder["charged"] == 1 and [g["claimed"] for g in holder["grants"]] == [1], holder
+        # its label is the queue object's name (ctx.id.name: JOB_QUEUE.getByName(["a", "q"]))
+        assert holder["label"] == entry.to_json(["a", "q"]), holder
         client = holder["clientId"]
         status, body = await world.fetch("POST", f"/accounts/a/holders/{client}/settle", {}, headers=AUTH)
         assert status == 400 and body["error"]["field"] == "reason", body  # a reason is required
@@ -313,13 +317,15 @@ const requested = [];
 async function fetch(url) {
   requested.push(url);
   const parts = url.split("/").map(decodeURIComponent);
+  if (url.endsWith("/holders")) { return {status: 200, json: async () => JSON.parse(JSON.stringify(input.holders))}; }
+  if (url.endsWith("/audit")) { return {status: 200, json: async () => ({records: [], cursor: null})}; }
   const data = url.endsWith("/usage") ? usage : {account: parts[2], queue: parts[4], jobs: [
     {id: "j1", group: "default", state: "running", blocked: null},
     {id: "j2", group: "default", state: "queued", blocked: {reason: "limit", waiting: 1, at: 1}}]};
   return {status: 200, json: async () => JSON.parse(JSON.stringify(data))};
 }
 let pending = null;
-const store = new Map();
+const store = new Map(input.token ? [[input.tokenKey, input.token]] : []);
 const context = vm.createContext({document, fetch, URLSearchParams, console,
   location: {search: input.search, pathname: "/"}, history: {replaceState() {}},
   sessionStorage: {getItem: (k) => store.has(k) ? store.get(k) : null, setItem: (k, v) => store.set(k, v),
@@ -334,7 +340,10 @@ function shown() {
       error: c.querySelector('[data-field="error"]').textContent,
       groups: c.querySelector('[data-field="groups"]').children.map((tr) => [tr.getAttribute("data-group"),
         tr.querySelector('[data-field="limit"]').textContent]),
-      blocked: c.all((n) => n.getAttribute("data-reason") !== null, []).map((n) => n.textContent)}))};
+      blocked: c.all((n) => n.getAttribute("data-reason") !== null, []).map((n) => n.textContent),
+      holders: c.all((n) => n.getAttribute("data-client") !== null, []).map((tr) => [
+        tr.querySelector('[data-field="clientId"]').textContent, tr.querySelector('[data-field="label"]').textContent,
+        tr.querySelector('[data-action="settle"]').getAttribute("aria-label")])}))};
 }
 (async () => {
   const out = {};
@@ -356,7 +365,7 @@ function shown() {
 """
 
 
-def run_page(search: str, keep: str) -> dict:
+def run_page(search: str, keep: str, *, token: str | None = None, holders: dict | None = None) -> dict:
     node = shutil.which("node")
     if node is None:
         pytest.skip("no node on PATH (scripts/setup installs it; tier 2 needs it too)")
@@ -364,7 +373,8 @@ def run_page(search: str, keep: str) -> dict:
     tree.feed(dashboard.BODY)
     tree.close()
     proc = subprocess.run([node, "-e", NODE_PAGE], input=json.dumps(
-        {"script": dashboard.SCRIPT, "body": tree.root, "search": search, "keep": keep}),
+        {"script": dashboard.SCRIPT, "body": tree.root, "search": search, "keep": keep, "token": token,
+         "tokenKey": TOKEN_KEY, "holders": holders}),
         capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
@@ -391,3 +401,20 @@ def test_account_names_that_are_object_prototype_keys_render_and_refresh():
     assert {u for u in shown["requested"] if u.endswith("/usage")} == {f"/accounts/{quote(n, safe='')}/usage" for n in names}
     # The view form keeps the named accounts' sections and drops the others.
     assert [s["account"] for s in shown["kept"]["sections"]] == ["toString", "acme"], shown["kept"]
+
+
+def test_the_holders_table_shows_each_clients_label_beside_its_id():
+    # The operator's view: GET .../holders lists a readable label (the client object's name by
+    # default) beside the 64-hex id; the page shows it in the row, "-" for a client without one,
+    # and names it on the row's "Force settle" button.
+    hexid = "a" * 64
+    holders = {"holders": [
+        {"clientId": hexid, "label": '["acme","exports"]', "lastReportAt": 1, "charged": 1, "grants": [], "leases": []},
+        {"clientId": "b" * 64, "label": None, "lastReportAt": 1, "charged": 0, "grants": [], "leases": []}],
+        "cursor": None}
+    shown = run_page("?account=acme", "acme", token="t0ken", holders=holders)
+    assert "error" not in shown, shown.get("error")
+    [section] = shown["polled"]["sections"]
+    assert section["holders"] == [
+        [hexid, '["acme","exports"]', f'Force settle {hexid} (["acme","exports"])'],
+        ["b" * 64, "-", "Force settle " + "b" * 64]], section

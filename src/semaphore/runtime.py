@@ -22,7 +22,8 @@ from typing import Any, TypeVar
 
 from .errors import ConfigurationError
 
-__all__ = ["Storage", "plain", "MAX_BINDINGS", "migrate_tables", "install_schema", "object_id", "TableWatch",
+__all__ = ["Storage", "plain", "MAX_BINDINGS", "migrate_tables", "install_schema", "object_id", "object_name",
+           "TableWatch",
            "json_list", "chunks", "JSON_IDS", "JSON_ROWS"]
 
 T = TypeVar("T")
@@ -240,6 +241,25 @@ def object_id(ctx: Any) -> str | None:
         return None
     to_string = getattr(ident, "toString", None)
     return str(to_string()) if callable(to_string) else str(ident)
+
+
+def object_name(ctx: Any) -> str | None:
+    """The name a Durable Object was reached by: ``ctx.id.name``, which workerd sets inside the
+    object for ids made with ``idFromName``/``getByName`` (Cloudflare's changelog of 2026-03-15,
+    "Access Durable Object name via ctx.id.name"; workerd PR 6421 for local development). ``None``
+    where the runtime gives none: ``newUniqueId``/``idFromString`` ids, names over 1,024 bytes,
+    an older runtime, JavaScript ``undefined``/``null``, an empty name, or ``ctx`` without an id
+    (a bare :class:`Storage`)."""
+    ident = getattr(ctx, "id", None)
+    if ident is None:
+        return None
+    try:
+        name = getattr(ident, "name", None)
+    except Exception:  # noqa: BLE001 - a JS getter that throws: no name
+        return None
+    if name is None or _is_js_null(name):
+        return None
+    return name if isinstance(name, str) and name else None
 
 
 def install_schema(storage: Storage, schema: Iterable[str],

@@ -513,6 +513,30 @@ def test_reads_take_the_read_token_and_it_changes_nothing(workerd_factory):
     assert status == 401 and "set the secret READ_TOKEN" in data["error"]["message"], data
 
 
+def test_holders_show_each_queue_objects_name_as_its_label(app):
+    """The operator's view on the real runtime: a JobQueue reached with
+    ``JOB_QUEUE.getByName('["<account>", "<queue>"]')`` reads that name from ``ctx.id.name``
+    (workerd sets it inside the object for named ids), sends it as its ``label``, and
+    ``GET .../holders`` lists it beside the client's 64-hex object id; each queue has its own.
+    After a restart of workerd the stored labels are still listed, and a queue object first
+    started by the new process (its constructor is where the client reads the name) has its
+    own too."""
+    acct = "labels"
+    app.enqueue(acct, "exports", "l1")
+    app.enqueue(acct, "imports", "l2")
+    wait_for(lambda: len(by_state(app.all_jobs(acct, ["exports", "imports"]), "running")) == 2, "both jobs running")
+    page = app.ok("GET", f"/accounts/{acct}/holders")
+    labels = {h["clientId"]: h["label"] for h in page["holders"]}
+    assert sorted(labels.values()) == [json.dumps([acct, q]) for q in ("exports", "imports")], page
+    assert all(len(i) == 64 and int(i, 16) >= 0 for i in labels), page  # ids stay the objects' hex ids
+    app.proc.restart()
+    app.enqueue(acct, "reports", "l3")
+    wait_for(lambda: app.jobs(acct, "reports")["l3"]["state"] == "running", "l3 running after the restart")
+    again = {h["clientId"]: h["label"] for h in app.ok("GET", f"/accounts/{acct}/holders")["holders"]}
+    assert sorted(again.values()) == [json.dumps([acct, q]) for q in ("exports", "imports", "reports")], again
+    assert {i: again[i] for i in labels} == labels, (again, labels)
+
+
 def strict_json(raw: bytes) -> Any:
     """``raw`` as JSON proper: a bare ``NaN``/``Infinity`` (which ``json.loads`` reads) fails."""
     def refuse(name: str) -> Any:

@@ -239,6 +239,7 @@ READ_PAGE = """(() => {
       reason: text(tr.querySelector("[data-field=reason]")), jobs: text(tr.querySelector("[data-field=jobs]"))}));
     const holders = [...section.querySelectorAll("tbody[data-field=holders] tr[data-client]")].map((tr) => ({
       clientId: text(tr.querySelector("[data-field=clientId]")),
+      label: text(tr.querySelector("[data-field=label]")),
       charged: text(tr.querySelector("[data-field=charged]"))}));
     const holderNote = text(section.querySelector("tbody[data-field=holders] tr.empty"));
     const audit = [...section.querySelectorAll("tbody[data-field=audit] tr[data-audit]")].map((tr) => ({
@@ -430,12 +431,14 @@ def test_dashboard_shows_usage_blocked_reasons_and_holders_in_a_real_browser(
         assert page.evaluate("sessionStorage.length") == 1
         status, body = front.call("GET", f"/accounts/{ACCOUNT}/holders")
         assert status == 200, body
-        expected = {h["clientId"]: shown(h["charged"]) for h in body["holders"]}
-        assert len(expected) == 2 and sum(int(v) for v in expected.values()) == LIMIT, body  # two queues
+        expected = {h["clientId"]: (shown(h["charged"]), h["label"]) for h in body["holders"]}
+        assert len(expected) == 2 and sum(int(v) for v, _ in expected.values()) == LIMIT, body  # two queues
+        # each queue object's label is its name (ctx.id.name), shown beside its id
+        assert sorted(label for _, label in expected.values()) == sorted(json.dumps([ACCOUNT, q]) for q in QUEUES), body
 
         def holders_match() -> Any:
             rows = page.evaluate(READ_PAGE)[ACCOUNT]["holders"]
-            return {r["clientId"]: r["charged"] for r in rows} == expected and rows
+            return {r["clientId"]: (r["charged"], r["label"]) for r in rows} == expected and rows
 
         wait_until(holders_match, "the holders table to equal GET .../holders")
 

@@ -3,6 +3,7 @@ object) and :class:`SemaphoreQueue` (work waiting for permits, on top of a clien
 
 from ._client import (
                       CLIENT_TABLES,
+                      OBJECT_NAME,
                       AppliedReply,
                       ClientGrant,
                       ClientLease,
@@ -15,6 +16,6 @@ from ._queue import QUEUE_TABLES, ItemState, Permit, PermitKind, QueueItem, Sema
 
 __all__ = [
     "SemaphoreClient", "ClientGrant", "ClientLease", "KeyState", "KeyUnit", "AppliedReply", "Transport",
-    "CLIENT_TABLES",
+    "CLIENT_TABLES", "OBJECT_NAME",
     "SemaphoreQueue", "QueueItem", "ItemState", "Permit", "PermitKind", "QUEUE_TABLES",
 ]

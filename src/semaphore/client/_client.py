@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from ..clock import sleep_until, system_clock
 from ..core.client_state import ClientGrant, ClientLease, KeyState, merge_grant, merge_lease
@@ -73,11 +73,14 @@ from ._client_model import (
     _LIVE_LEASES,
     _SCHEMA,
     CLIENT_TABLES,
+    OBJECT_NAME,
     AppliedReply,
     ReplyHook,
     Transport,
+    _client_label,
     _default_client_id,
     _install_schema,
+    _Label,
 )
 from ._key_unit import KeyUnit
 from ._store import GRANTS, KEYS, LEASES, ClientRows
@@ -91,6 +94,7 @@ __all__ = [
     "AppliedReply",
     "SemaphoreClient",
     "CLIENT_TABLES",
+    "OBJECT_NAME",
 ]
 
 log = logging.getLogger("semaphore.client")
@@ -120,7 +124,10 @@ class SemaphoreClient:
         client_id: str | None = None,
         tombstone_ms: int = 3_600_000,
         recheck_ms: int = 30_000,
+        label: str | None | Literal[_Label.OBJECT_NAME] = OBJECT_NAME,
     ) -> None:
+        #: The label every message carries (``None``: none); see the ``label`` parameter.
+        self.label = _client_label(ctx, label)
         self.storage = ctx if isinstance(ctx, Storage) else Storage(ctx)
         self.transport = transport
         self.clock: Callable[[], int] = clock or system_clock
@@ -345,7 +352,7 @@ class SemaphoreClient:
         now = self._now()
         grants, lease_reports, more = self._window(key, now, leases=leases)
         message = PermitRequest(self.client_id, items, grants, lease_reports if leases else None, int(wait_ms),
-                                bool(no_wait))
+                                bool(no_wait), self.label)
         # A request may create a lease: until some reply arrives, we must contact the holder.
         self.storage.transaction(lambda: self._touch_key(key, now, needs_sync=1,
                                                          check_at=now + self.recheck_ms if self.recheck_ms else 0))
@@ -363,7 +370,7 @@ class SemaphoreClient:
         entries with something to report were left for the next message (see :meth:`flush`)."""
         self.ensure_schema()
         grants, lease_reports, more = self._window(key, self._now(), leases=leases)
-        message = SyncMessage(self.client_id, grants, lease_reports if leases else None)
+        message = SyncMessage(self.client_id, grants, lease_reports if leases else None, self.label)
         # Sent while a request of the key waits for its round: its reply cannot show what that
         # round creates, even if the request has failed by the time it is applied.
         during_request = bool(self._requests_in_flight.get(key))

@@ -15,18 +15,19 @@ EXISTS``); nothing else changes.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ..core.client_state import GONE
-from ..core.wire import LeaseStatus, PermitResponse
-from ..errors import SemaphoreError
+from ..core.wire import MAX_LABEL_LENGTH, LeaseStatus, PermitResponse, label_problem
+from ..errors import ConfigurationError, SemaphoreError
 from ..rpc import Call
-from ..runtime import Storage, install_schema, object_id
+from ..runtime import Storage, install_schema, object_id, object_name
 from ._store import GRANTS, KEYS, LEASES
 
-__all__ = ["AppliedReply", "CLIENT_TABLES", "ReplyHook", "Transport"]
+__all__ = ["AppliedReply", "CLIENT_TABLES", "OBJECT_NAME", "ReplyHook", "Transport"]
 
 #: ``async (key, message) -> reply``: sends one wire message to the holder of ``key``. The same
 #: type as :data:`semaphore.rpc.Call` (what ``SemaphoreRpc.transport(env)`` returns).
@@ -133,3 +134,34 @@ def _default_client_id(ctx: Any) -> str:
     if ident is None:
         raise SemaphoreError("ctx has no id; pass client_id=")
     return ident
+
+
+class _Label(enum.Enum):
+    """The default of ``SemaphoreClient(label=...)``: the object's name (:data:`OBJECT_NAME`)."""
+
+    OBJECT_NAME = "the object's name"
+
+
+#: ``SemaphoreClient(label=OBJECT_NAME)``, the default: the client's label is the name its
+#: Durable Object was reached by (``ctx.id.name``), when the runtime gives one.
+OBJECT_NAME: Literal[_Label.OBJECT_NAME] = _Label.OBJECT_NAME
+
+
+def _client_label(ctx: Any, label: str | None | Literal[_Label.OBJECT_NAME]) -> str | None:
+    """The label a client sends (wire ``label``): ``label`` itself (checked with the wire's
+    :func:`~semaphore.core.wire.label_problem`: a bad one raises :class:`ConfigurationError`
+    naming ``label``), ``None`` for none, or by default the object's name
+    (:func:`~semaphore.runtime.object_name`), cut to :data:`MAX_LABEL_LENGTH` characters (a
+    name may be up to 1,024 bytes), and none if the name is not in the label alphabet."""
+    if label is _Label.OBJECT_NAME:
+        name = object_name(ctx)
+        if name is None:
+            return None
+        name = name[:MAX_LABEL_LENGTH]
+        return name if label_problem(name) is None else None
+    if label is None:
+        return None
+    problem = label_problem(label)
+    if problem is not None:
+        raise ConfigurationError(f"label: {problem}", field="label")
+    return label

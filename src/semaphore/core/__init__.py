@@ -25,6 +25,7 @@ from .config import LeaseConfig, LimitedGroups, Provisioning
 from .wire import (
     MAX_ID_LENGTH,
     MAX_INT,
+    MAX_LABEL_LENGTH,
     MAX_LIST_LENGTH,
     WIRE_VERSION,
     Blocked,
@@ -41,14 +42,15 @@ from .wire import (
     SyncMessage,
     check_id,
     id_problem,
+    label_problem,
     parse_message,
 )
 
 __all__ = [
     "LIMIT_ERROR", "Allocation", "Entry", "Usage", "allocate", "ceiling", "grant_ceiling", "lease_candidate",
     "LeaseConfig", "LimitedGroups", "Provisioning",
-    "MAX_ID_LENGTH", "MAX_INT", "MAX_LIST_LENGTH", "WIRE_VERSION",
+    "MAX_ID_LENGTH", "MAX_INT", "MAX_LABEL_LENGTH", "MAX_LIST_LENGTH", "WIRE_VERSION",
     "Blocked", "BlockedReason", "Demand", "GrantReport", "GrantState", "GrantStatus", "LeaseReport",
     "LeaseState", "LeaseStatus", "PermitRequest", "PermitResponse", "SyncMessage",
-    "check_id", "id_problem", "parse_message",
+    "check_id", "id_problem", "label_problem", "parse_message",
 ]

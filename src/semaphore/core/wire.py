@@ -46,6 +46,7 @@ from ..errors import InvalidMessageError
 __all__ = [
     "WIRE_VERSION",
     "MAX_ID_LENGTH",
+    "MAX_LABEL_LENGTH",
     "MAX_LIST_LENGTH",
     "MAX_INT",
     "Demand",
@@ -63,6 +64,7 @@ __all__ = [
     "parse_message",
     "id_problem",
     "check_id",
+    "label_problem",
     "count_problem",
     "valid_count",
     "grant_state",
@@ -73,6 +75,8 @@ __all__ = [
 
 WIRE_VERSION = 1
 MAX_ID_LENGTH = 256
+#: Longest client ``label`` (characters): a name for operators, shown beside the client id.
+MAX_LABEL_LENGTH = 200
 MAX_LIST_LENGTH = 1000
 #: Integers must stay below 2**53: they travel as JavaScript numbers (doubles).
 MAX_INT = 2**53 - 1
@@ -219,6 +223,27 @@ def check_id(value: Any, field_name: str) -> str:
     return cast(str, value)  # id_problem found none: value is a str
 
 
+def label_problem(value: Any) -> str | None:
+    """Why ``value`` is not a client label, or ``None`` if it is one: a ``str`` of 1 to
+    :data:`MAX_LABEL_LENGTH` characters in the id alphabet (no control characters, no surrogate
+    code points: it is stored and shown, so the reasons of :func:`id_problem` hold for it too).
+    The one definition, for the wire (``label``) and ``SemaphoreClient(label=...)``."""
+    if isinstance(value, str) and len(value) > MAX_LABEL_LENGTH:
+        return f"must be at most {MAX_LABEL_LENGTH} characters, got {len(value)}"
+    return id_problem(value)
+
+
+def _label(message: Mapping[str, Any]) -> str | None:
+    """A message's optional ``label`` (absent or null: none)."""
+    value = _local(message["label"], "label") if "label" in message else None
+    if value is None:
+        return None
+    problem = label_problem(value)
+    if problem is not None:
+        raise _fail("label", problem)
+    return cast(str, value)
+
+
 def _boolean(value: Any, name: str) -> bool:
     if not isinstance(value, bool):
         raise _fail(name, f"must be a boolean, got {_show(value)}")
@@ -320,12 +345,15 @@ class PermitRequest:
     #: A try (wire key ``noWait``, only when true): the client waits for no later round; the
     #: holder runs its round at once and answers it from that round (SPEC R9b).
     no_wait: bool = False
+    #: The client's label for operators (wire key ``label``, only when set; SPEC R38 decision):
+    #: shown beside its id by ``holders()``. ``None``: the message carries none.
+    label: str | None = None
 
     type = "request"
 
     def to_wire(self) -> dict[str, Any]:
         """The wire message (``type: "request"``, ``v: 1``); ``leases`` only when not ``None``,
-        ``waitMs`` only when above 0, ``noWait`` only when true."""
+        ``waitMs`` only when above 0, ``noWait`` only when true, ``label`` only when set."""
         message: dict[str, Any] = {
             "type": "request",
             "v": WIRE_VERSION,
@@ -339,6 +367,8 @@ class PermitRequest:
             message["waitMs"] = self.wait_ms
         if self.no_wait:
             message["noWait"] = True
+        if self.label is not None:
+            message["label"] = self.label
         return message
 
 
@@ -349,11 +379,14 @@ class SyncMessage:
     client_id: str
     grants: tuple[GrantReport, ...] = ()
     leases: tuple[LeaseReport, ...] | None = None
+    #: The client's label (wire key ``label``, only when set), as on :class:`PermitRequest`.
+    label: str | None = None
 
     type = "sync"
 
     def to_wire(self) -> dict[str, Any]:
-        """The wire message (``type: "sync"``, ``v: 1``); ``leases`` only when not ``None``."""
+        """The wire message (``type: "sync"``, ``v: 1``); ``leases`` only when not ``None``,
+        ``label`` only when set."""
         message: dict[str, Any] = {
             "type": "sync",
             "v": WIRE_VERSION,
@@ -362,6 +395,8 @@ class SyncMessage:
         }
         if self.leases is not None:
             message["leases"] = [lease.to_wire() for lease in self.leases]
+        if self.label is not None:
+            message["label"] = self.label
         return message
 
 
@@ -435,6 +470,7 @@ def parse_message(message: Any) -> PermitRequest | SyncMessage:
     if not isinstance(kind, str) or kind not in ("request", "sync"):
         raise _fail("type", f"must be 'request' or 'sync', got {_show(kind)}")
     client_id = check_id(_get(message, "clientId", "clientId"), "clientId")
+    label = _label(message)
     if kind == "request":
         demand = _parse_demand(message)
         wait = _local(message["waitMs"], "waitMs") if "waitMs" in message else None
@@ -442,8 +478,9 @@ def parse_message(message: Any) -> PermitRequest | SyncMessage:
         no_wait = _local(message["noWait"], "noWait") if "noWait" in message else False
         if not isinstance(no_wait, bool):
             raise _fail("noWait", f"must be a boolean, got {_show(no_wait)}")
-        return PermitRequest(client_id, demand, _parse_grants(message), _parse_leases(message), wait_ms, no_wait)
-    return SyncMessage(client_id, _parse_grants(message), _parse_leases(message))
+        return PermitRequest(client_id, demand, _parse_grants(message), _parse_leases(message), wait_ms, no_wait,
+                             label)
+    return SyncMessage(client_id, _parse_grants(message), _parse_leases(message), label)
 
 
 # --------------------------------------------------------------------------- responses

@@ -48,6 +48,15 @@ def _lease_view(x: LeaseRow) -> dict[str, Any]:
             "status": x.status, "reusable": x.reusable, "charged": x.footprint}
 
 
+def _client_label(row: dict[str, Any] | None) -> str | None:
+    label = None if row is None else row.get("label")
+    return label if isinstance(label, str) else None
+
+
+def _last_report(row: dict[str, Any] | None) -> int | None:
+    return None if row is None else int(row["last_report_at"])
+
+
 def holders_page(store: SqlStore, cursor: Any, limit: Any) -> dict[str, Any]:
     """One page of clients holding grants or leases (see :meth:`DurabilitySemaphore.holders`)."""
     if cursor is not None and (not isinstance(cursor, str) or id_problem(cursor) is not None):
@@ -62,7 +71,7 @@ def holders_page(store: SqlStore, cursor: Any, limit: Any) -> dict[str, Any]:
     for r in sorted(lease_rows, key=lambda r: str(r["lease_id"])):
         x = LeaseRow.from_row(r)
         leases[x.client_id].append(_lease_view(x))
-    holders = [{"clientId": i, "lastReportAt": seen.get(i),
+    holders = [{"clientId": i, "label": _client_label(seen.get(i)), "lastReportAt": _last_report(seen.get(i)),
                 "charged": sum(g["charged"] for g in grants[i]) + sum(x["charged"] for x in leases[i]),
                 "grants": grants[i], "leases": leases[i]} for i in ids]
     return {"holders": holders, "cursor": ids[-1] if len(ids) == size else None}

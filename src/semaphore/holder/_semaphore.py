@@ -417,7 +417,7 @@ class DurabilitySemaphore:
     async def holders(self, cursor: str | None = None, limit: int = 100) -> dict[str, Any]:
         """Who holds what: one page of the clients holding grants or leases, in client id order::
 
-            {"holders": [{"clientId", "lastReportAt", "charged",
+            {"holders": [{"clientId", "label", "lastReportAt", "charged",
                           "grants": [{"grantId", "group", "permits", "claimed", "released",
                                       "issuedAt", "claimBy", "status", "charged"}],
                           "leases": [{"leaseId", "group", "permits", "drawn", "released",
@@ -426,10 +426,12 @@ class DurabilitySemaphore:
              "cursor": str | None}
 
         Pass ``cursor`` back for the next page (``None``: this was the last). ``limit``: 1 to
-        1,000 clients per page. ``lastReportAt``: when the client last sent a request or a sync
-        (epoch ms; ``None`` if not since this release recorded it). ``charged``: what each row
-        charges (R19, R30; every slot of a live ``reusable`` lease, R30a). The reads are
-        proportional to the page, not to all state. A bad option raises
+        1,000 clients per page. ``label``: the readable name its messages carry (wire ``label``;
+        by default the client object's name), ``None`` if none did. ``lastReportAt``: when the
+        client last sent a request or a sync (epoch ms; ``None`` if not since this release
+        recorded it). ``charged``: what each row charges (R19, R30; every slot of a live
+        ``reusable`` lease, R30a). The reads are proportional to the page, not to all state. A
+        bad option raises
         :class:`ConfigurationError` naming it."""
         await self._ensure_ready()
         return _operations.holders_page(self.store, cursor, limit)

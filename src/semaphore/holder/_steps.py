@@ -10,7 +10,7 @@ what the core's ``*_reads`` names, lets :mod:`semaphore.core.rounds` decide over
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from ..core.batching import round_may_commit
@@ -59,10 +59,13 @@ class Store(Protocol):
         """Forget the last report time of these clients if they hold no grant and no lease."""
 
     def seen(self, holding: Sequence[str], idle: Sequence[str], now: int,
-             claiming: frozenset[str] = frozenset(), claim_ttl_ms: int | None = None) -> None:
+             claiming: frozenset[str] = frozenset(), claim_ttl_ms: int | None = None,
+             labels: Mapping[str, str] | None = None) -> None:
         """Record that these clients reported at ``now``: ``holding`` hold a grant or a lease
         (their time is kept, with whether they are ``claiming``, i.e. hold claimed, unreleased
-        permits, and, with crash expiry, ``claim_ttl_ms``), ``idle`` hold nothing (forgotten)."""
+        permits, and, with crash expiry, ``claim_ttl_ms``; and the ``labels`` their messages
+        carried, in the same write: a client without one keeps its stored label), ``idle`` hold
+        nothing (forgotten)."""
 
 
 class SqlStoreLike(Store, Protocol):
@@ -130,7 +133,7 @@ def run_round(store: Store, now: int, clients: Sequence[Pending], limits: Limits
     if outcome.declined:
         return None
     store.persist(ledger.changes())
-    _seen(store, ledger, [p.client_id for p in clients], now, policy.claim_ttl_ms)
+    _seen(store, ledger, [p.client_id for p in clients], now, policy.claim_ttl_ms, _labels(clients))
     return outcome
 
 
@@ -145,7 +148,8 @@ def run_sync(store: Store, now: int, message: SyncMessage, policy: Policy, conte
                         share=share)
     changes = ledger.changes()
     store.persist(changes)
-    _seen(store, ledger, [message.client_id], now, policy.claim_ttl_ms)
+    labels = {} if message.label is None else {message.client_id: message.label}
+    _seen(store, ledger, [message.client_id], now, policy.claim_ttl_ms, labels)
     return reply, _charge_change(changes)
 
 
@@ -166,14 +170,26 @@ def _charge_change(changes: Changes) -> int:
     return int(totals.get("outstanding", 0) + totals.get("lease_footprint", 0))
 
 
-def _seen(store: Store, ledger: Ledger, client_ids: Sequence[str], now: int, claim_ttl_ms: int | None) -> None:
+def _labels(clients: Sequence[Pending]) -> dict[str, str]:
+    """The label of each client of a round: its latest message's that carries one (R10)."""
+    labels: dict[str, str] = {}
+    for p in clients:
+        label = next((m.label for m in reversed(p.messages) if m.label is not None), None)
+        if label is not None:
+            labels[p.client_id] = label
+    return labels
+
+
+def _seen(store: Store, ledger: Ledger, client_ids: Sequence[str], now: int, claim_ttl_ms: int | None,
+          labels: Mapping[str, str]) -> None:
     """The last report time of the clients of a round or sync, kept only for clients that hold
     something after it (a made-up client id leaves no row behind), with whether they hold
-    claimed, unreleased permits (crash expiry; the ledger has every row of these clients)."""
+    claimed, unreleased permits (crash expiry; the ledger has every row of these clients) and
+    the labels their messages carried (R38 decision: written by the same statement)."""
     owners = {g.client_id for g in ledger.grants.values()} | {x.client_id for x in ledger.leases.values()}
     claiming = frozenset(g.client_id for g in ledger.grants.values() if g.claimed > g.released)
     store.seen([c for c in client_ids if c in owners], [c for c in client_ids if c not in owners], now,
-               claiming, claim_ttl_ms)
+               claiming, claim_ttl_ms, labels)
     _forget(store, ledger, exclude=set(client_ids))
 
 

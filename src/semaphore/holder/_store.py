@@ -36,7 +36,7 @@ statements instead of one per 99 ids (the 100-binding limit) or per 11 rows.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..core.ledger import Changes, Reads, Snapshot
@@ -92,9 +92,10 @@ _SCHEMA = (
     " live_leases INTEGER NOT NULL, retired_leases INTEGER NOT NULL)",
     f"CREATE INDEX IF NOT EXISTS {GROUPS}_live ON {GROUPS}(live_leases) WHERE live_leases > 0",
     # claims: the client holds claimed, unreleased permits; expires_at: when crash expiry may
-    # release them (its last report plus the claim_ttl_ms its reply told it; NULL: never told)
+    # release them (its last report plus the claim_ttl_ms its reply told it; NULL: never told);
+    # label: the client's label for operators (its messages' ``label``; NULL: none)
     f"CREATE TABLE IF NOT EXISTS {CLIENTS} (client_id TEXT PRIMARY KEY, last_report_at INTEGER NOT NULL,"
-    " claims INTEGER NOT NULL DEFAULT 0, expires_at INTEGER)",
+    " claims INTEGER NOT NULL DEFAULT 0, expires_at INTEGER, label TEXT)",
     f"CREATE INDEX IF NOT EXISTS {CLIENTS}_expiry ON {CLIENTS}(expires_at) WHERE claims = 1",
     f"CREATE TABLE IF NOT EXISTS {AUDIT} ("
     " audit_id INTEGER PRIMARY KEY AUTOINCREMENT, at INTEGER NOT NULL, action TEXT NOT NULL,"
@@ -105,8 +106,9 @@ _SCHEMA = (
 
 #: Columns added after the first release: ``(table, column, declaration)``; tables created by an
 #: older release gain them on first use (``ALTER TABLE ... ADD COLUMN``). ``reusable``: a lease's
-#: slots are reusable (SPEC R34a; 0 for every lease issued before).
-_ADDED_COLUMNS = ((LEASES, "reusable", "INTEGER NOT NULL DEFAULT 0"),)
+#: slots are reusable (SPEC R34a; 0 for every lease issued before). ``label``: a client's label
+#: (SPEC R38 decision; NULL, no label, for every client seen before).
+_ADDED_COLUMNS = ((LEASES, "reusable", "INTEGER NOT NULL DEFAULT 0"), (CLIENTS, "label", "TEXT"))
 
 
 def ensure_schema(storage: Storage) -> None:
@@ -190,20 +192,25 @@ class SqlStore:
 
     # ------------------------------------------------------------------ operations (issue 11)
     def seen(self, holding: Sequence[str], idle: Sequence[str], now: int,
-             claiming: frozenset[str] = frozenset(), claim_ttl_ms: int | None = None) -> None:
+             claiming: frozenset[str] = frozenset(), claim_ttl_ms: int | None = None,
+             labels: Mapping[str, str] | None = None) -> None:
         """Record that these clients reported at ``now``: one statement for those ``holding``
         a grant or lease (with whether they hold claimed, unreleased permits, and, with crash
         expiry, when those may expire: ``now + claim_ttl_ms``, the value their reply tells
-        them), one to forget those ``idle`` (holding nothing: no row is kept for them, so
-        made-up client ids leave nothing behind)."""
+        them; and their ``labels``, in the same statement: a client without one keeps the label
+        stored, so a label costs no statement of its own), one to forget those ``idle`` (holding
+        nothing: no row is kept for them, so made-up client ids leave nothing behind)."""
         if holding:
-            rows = [[c, int(c in claiming)] for c in sorted(set(holding))]
+            labels = labels or {}
+            rows = [[c, int(c in claiming), labels.get(c)] for c in sorted(set(holding))]
             expires = None if claim_ttl_ms is None else now + claim_ttl_ms
             self.storage.exec(
-                f"INSERT INTO {CLIENTS}(client_id, last_report_at, claims, expires_at)"
-                " SELECT json_extract(value, '$[0]'), ?, json_extract(value, '$[1]'), ? FROM json_each(?) WHERE true"
+                f"INSERT INTO {CLIENTS}(client_id, last_report_at, claims, expires_at, label)"
+                " SELECT json_extract(value, '$[0]'), ?, json_extract(value, '$[1]'), ?, json_extract(value, '$[2]')"
+                " FROM json_each(?) WHERE true"
                 " ON CONFLICT(client_id) DO UPDATE SET last_report_at = excluded.last_report_at,"
-                " claims = excluded.claims, expires_at = excluded.expires_at",
+                " claims = excluded.claims, expires_at = excluded.expires_at,"
+                f" label = COALESCE(excluded.label, {CLIENTS}.label)",
                 now, expires, json.dumps(rows, separators=(",", ":"), ensure_ascii=False))
         if idle:
             self.storage.exec(f"DELETE FROM {CLIENTS} WHERE client_id IN (SELECT value FROM json_each(?))",
@@ -219,10 +226,11 @@ class SqlStore:
             json_list(sorted(set(client_ids))))
 
     def holder_page(self, after: str | None, limit: int) -> tuple[list[str], list[dict[str, Any]],
-                                                                  list[dict[str, Any]], dict[str, int]]:
+                                                                  list[dict[str, Any]], dict[str, dict[str, Any]]]:
         """Up to ``limit`` clients holding a grant or a lease, in id order after ``after``, with
-        their grant rows, lease rows and last report times: reads proportional to the page (a
-        merge of the two owner indexes that stops at ``limit``)."""
+        their grant rows, lease rows and client rows (``last_report_at``, ``label``) by id:
+        reads proportional to the page (a merge of the two owner indexes that stops at
+        ``limit``)."""
         start = "" if after is None else after
         ids = [str(r["client_id"]) for r in self.storage.exec(
             f"SELECT client_id FROM {GRANTS} WHERE client_id > ? UNION"
@@ -231,7 +239,7 @@ class SqlStore:
             return [], [], [], {}
         grants = self._in(GRANTS, "client_id", ids)
         leases = self._in(LEASES, "client_id", ids)
-        seen = {str(r["client_id"]): int(r["last_report_at"]) for r in self._in(CLIENTS, "client_id", ids)}
+        seen = {str(r["client_id"]): r for r in self._in(CLIENTS, "client_id", ids)}
         return ids, grants, leases, seen
 
     def claim_expiry_due(self) -> int | None:

@@ -27,7 +27,7 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn, Protocol, runtime_checkable
 
-from ..client import SemaphoreClient, SemaphoreQueue
+from ..client import OBJECT_NAME, SemaphoreClient, SemaphoreQueue
 from ..errors import HolderUnavailableError
 from ..scheduler import DurabilityScheduler
 from ._local import AlarmDriver, LocalContext, LocalStorage, VirtualClock
@@ -213,8 +213,9 @@ class ClientSide:
     ``transport`` is what the client calls (e.g. a :class:`Net`); ``on_admit`` and
     ``check_running`` (attributes, may be replaced) are called with ``(side, item)``; without
     ``on_admit`` the queue has none (a queue used through ``permit()``, or given ``work=``);
-    ``recheck_ms`` goes to the client, the other keyword options to the queue (``work`` is
-    called with the item alone)."""
+    ``recheck_ms`` and ``label`` go to the client (its label is by default the object's name,
+    ``name``), the other keyword options to the queue (``work`` is called with the item
+    alone)."""
 
     def __init__(
         self,
@@ -225,9 +226,11 @@ class ClientSide:
         on_admit: Callable[[ClientSide, Any], Any] | None = None,
         check_running: Callable[[ClientSide, Any], Any] | None = None,
         recheck_ms: int = 30_000,
+        label: Any = OBJECT_NAME,
         **queue_options: Any,
     ) -> None:
         self.name = name
+        self.label = label
         self.clock = clock
         self.transport = transport
         self.storage = LocalStorage()
@@ -245,7 +248,7 @@ class ClientSide:
     def _start(self) -> None:
         self.scheduler = DurabilityScheduler(self.ctx, clock=self.clock)
         self.client = SemaphoreClient(self.ctx, self.transport, clock=self.clock, client_id=self.name,
-                                      recheck_ms=self.recheck_ms)
+                                      recheck_ms=self.recheck_ms, label=self.label)
         options = dict(self.queue_options)
         if self.check_running is not None:
             options["check_running"] = self._check

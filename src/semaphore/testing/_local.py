@@ -23,6 +23,7 @@ import asyncio
 import heapq
 import itertools
 import re
+import secrets
 import sqlite3
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Protocol, runtime_checkable
@@ -488,21 +489,29 @@ class LocalStorage:
 
 
 class _Id:
-    def __init__(self, name: str) -> None:
+    """A Durable Object id as the runtime hands it to the object: ``toString()``, and ``name``,
+    the name it was reached by (``getByName``/``idFromName``), or ``None`` for an object without
+    one (``newUniqueId``), as workerd's ``ctx.id.name``."""
+
+    def __init__(self, name: str | None) -> None:
         self.name = name
+        self._text = f"id:{name}" if name is not None else secrets.token_hex(32)
 
     def toString(self) -> str:
-        """``id:<name>``, like a Durable Object id's string form."""
-        return f"id:{self.name}"
+        """``id:<name>`` (64 random hex digits without a name, like a Durable Object id's string
+        form)."""
+        return self._text
 
     def __str__(self) -> str:
         return self.toString()
 
 
 class LocalContext:
-    """``ctx`` of a Durable Object: ``storage``, ``id`` and ``blockConcurrencyWhile``."""
+    """``ctx`` of a Durable Object: ``storage``, ``id`` and ``blockConcurrencyWhile``. ``name``:
+    the name the object was reached by (``ctx.id.name``); ``None``, an object without a name
+    (a ``newUniqueId`` id: ``ctx.id.name`` is ``None``, its string a random one)."""
 
-    def __init__(self, storage: LocalStorage | None = None, *, name: str = "object") -> None:
+    def __init__(self, storage: LocalStorage | None = None, *, name: str | None = "object") -> None:
         self.storage = storage if storage is not None else LocalStorage()
         self.id = _Id(name)
 

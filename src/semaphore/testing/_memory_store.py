@@ -62,6 +62,8 @@ class MemoryStore:
         self.meta_rows: dict[str, int] = dict(meta) if meta is not None else {"schema_version": SCHEMA_VERSION}
         #: client id -> when it last reported (the SQL store's ``durability_semaphore_clients``).
         self.last_report_at: dict[str, int] = {}
+        #: Per client holding something: its label (the SQL store's ``label`` column).
+        self.labels: dict[str, str] = {}
 
     # ------------------------------------------------------------------ reads
     def meta(self) -> dict[str, int]:
@@ -123,14 +125,20 @@ class MemoryStore:
         for client_id in client_ids:
             if client_id not in holding:
                 self.last_report_at.pop(client_id, None)
+                self.labels.pop(client_id, None)
 
     def seen(self, holding: Sequence[str], idle: Sequence[str], now: int,
-             claiming: frozenset[str] = frozenset(), claim_ttl_ms: int | None = None) -> None:
-        """Record that these clients reported at ``now`` (``idle`` ones hold nothing: forgotten)."""
+             claiming: frozenset[str] = frozenset(), claim_ttl_ms: int | None = None,
+             labels: Mapping[str, str] | None = None) -> None:
+        """Record that these clients reported at ``now``, with their ``labels`` (a client
+        without one keeps its own); ``idle`` ones hold nothing: forgotten."""
         for client_id in holding:
             self.last_report_at[client_id] = now
+            if labels and client_id in labels:
+                self.labels[client_id] = labels[client_id]
         for client_id in idle:
             self.last_report_at.pop(client_id, None)
+            self.labels.pop(client_id, None)
 
     def group_rows(self) -> list[dict[str, Any]]:
         """Every group's aggregates, by name (``group_name`` plus the aggregates, as the SQL

@@ -40,10 +40,12 @@ def _leases(leases: Iterable[Any] | None) -> list[dict[str, Any]] | None:
     ]
 
 
-def _with_leases(message: dict[str, Any], leases: Iterable[Any] | None) -> dict[str, Any]:
+def _with_leases(message: dict[str, Any], leases: Iterable[Any] | None, label: str | None = None) -> dict[str, Any]:
     lease_list = _leases(leases)
     if lease_list is not None:
         message["leases"] = lease_list
+    if label is not None:
+        message["label"] = label
     return message
 
 
@@ -54,14 +56,15 @@ def request(
     leases: Iterable[Any] | None = None,
     *,
     oldest_at: int = 0,
+    label: str | None = None,
 ) -> dict[str, Any]:
     """A ``request`` message (SPEC §3).
 
     ``demand`` is ``{group: count}`` (all waiting since ``oldest_at``) or a list of
     ``(group, count)``, ``(group, count, oldestAt)`` or dicts; ``grants`` a list of
     ``(grantId, claimed, released)`` or dicts; ``leases`` ``None`` (the client does not support
-    leases: no ``leases`` field) or a list of ``(leaseId, drawn, released[, stopped])`` or dicts.
-    For example::
+    leases: no ``leases`` field) or a list of ``(leaseId, drawn, released[, stopped])`` or dicts;
+    ``label`` the client's label (``None``: no ``label`` field). For example::
 
         >>> request("c1", {"g": 2})["demand"]
         [{'group': 'g', 'count': 2, 'oldestAt': 0}]
@@ -73,14 +76,15 @@ def request(
         "demand": _demand(demand, oldest_at),
         "grants": _grants(grants),
     }
-    return _with_leases(message, leases)
+    return _with_leases(message, leases, label)
 
 
-def sync(client_id: str, grants: Iterable[Any] = (), leases: Iterable[Any] | None = None) -> dict[str, Any]:
-    """A ``sync`` message (reports only, answered at once); ``grants`` and ``leases`` as for
-    :func:`request`."""
+def sync(client_id: str, grants: Iterable[Any] = (), leases: Iterable[Any] | None = None, *,
+         label: str | None = None) -> dict[str, Any]:
+    """A ``sync`` message (reports only, answered at once); ``grants``, ``leases`` and ``label``
+    as for :func:`request`."""
     message: dict[str, Any] = {"type": "sync", "v": 1, "clientId": client_id, "grants": _grants(grants)}
-    return _with_leases(message, leases)
+    return _with_leases(message, leases, label)
 
 
 def by_id(reply: Mapping[str, Any], kind: str = "grants") -> dict[str, dict[str, Any]]:
