@@ -98,3 +98,32 @@ async def test_a_waiting_permit_fails_at_once_when_the_binding_is_not_a_holder()
     err = task.exception()
     assert isinstance(err, ConfigurationError) and err.field == "binding" and "env.BUDGET" in str(err), err
     assert clock() == T0
+
+
+@pytest.mark.parametrize("limit, named", [
+    (lambda env: int(env.EXPORTS_PER_ACCOUNT), "EXPORTS_PER_ACCOUNT"),   # a var the Worker does not set
+    (lambda env: int(env.BAD), "'two'"),                                  # a var that is not an integer
+])
+@async_test
+async def test_r12_a_limit_callable_that_cannot_read_its_config_fails_a_waiting_permit_at_once(limit, named):
+    # R12 decision (misconfigured limit): a limit callable raising AttributeError, ValueError, ...
+    # is misconfiguration, not a moment without a limit: the round's requests are answered with a
+    # ConfigurationError naming the limit and the cause, and a waiting permit() fails at once.
+    # Before, the round failed closed (limit_resolution_error) and permit() waited out its timeout.
+    from semaphore.testing import HolderSide, Net
+
+    clock = SimClock(T0)
+    env = type("Env", (), {"BAD": "two"})()
+    holder = HolderSide(clock, limit=lambda: limit(env))
+    side = ClientSide("c1", clock, Net(holder, clock))
+
+    async def permit() -> None:
+        async with side.queue.permit("acct", timeout_ms=60_000):
+            raise AssertionError("admitted under a limit that could not be read")
+
+    task = side.spawn(permit())
+    await clock.advance(3_000)  # the request's round
+    assert task.done(), "permit() kept waiting on a limit that cannot be read"
+    err = task.exception()
+    assert isinstance(err, ConfigurationError) and err.field == "limit" and named in str(err), err
+    assert holder.charged()[0] == 0 and holder.grants() == {}

@@ -117,6 +117,20 @@ async def _call(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 
+#: What a ``limit`` callable raising means the application is misconfigured
+#: (a missing or malformed var, a name that does not exist), not that the limit is unavailable for
+#: a moment (SPEC R12 decision): the requests are answered with a ConfigurationError at once.
+MISCONFIGURED = (ConfigurationError, AttributeError, KeyError, NameError, TypeError, ValueError)
+
+
+def _misconfigured(option: str, exc: BaseException) -> ConfigurationError:
+    """The :class:`ConfigurationError` of a ``limit`` callable that raised ``exc``."""
+    error = exc if isinstance(exc, ConfigurationError) else ConfigurationError(
+        f"{option}: the callable raised {type(exc).__name__}: {exc}", field=option)
+    log.error("%s", error.message)
+    return error
+
+
 def _check_sources(scheduler: Any, limit: Any, group_limit: Any, can_grant: Any) -> None:
     """Validate the options that are not plain integers (:class:`ConfigurationError` names the
     field)."""
@@ -610,8 +624,8 @@ class DurabilitySemaphore:
         self._fail(batch, reason)
 
     @staticmethod
-    def _fail(batch: dict[str, _Waiting], reason: str) -> None:
-        failure = RoundFailedError(f"round failed: {reason}").to_wire()
+    def _fail(batch: dict[str, _Waiting], reason: str, failure: dict[str, Any] | None = None) -> None:
+        failure = failure or RoundFailedError(f"round failed: {reason}").to_wire()
         for pending in batch.values():
             for f in pending.futures:
                 if not f.done():
@@ -639,7 +653,9 @@ class DurabilitySemaphore:
                 batch, self._pending = self._take_batch()
                 self._round_task = None
                 self._round_at = None
-            self._fail(batch, str(exc) or type(exc).__name__)
+            # a misconfigured limit (R12 decision) is answered as such: the client never retries it
+            self._fail(batch, str(exc) or type(exc).__name__,
+                       exc.to_wire() if isinstance(exc, ConfigurationError) else None)
             if isinstance(exc, asyncio.CancelledError):
                 if batch and self._round_task is None and self._running == 0:
                     # requests that waited for this round's end (R9a) would wait for ever (R4)
@@ -806,7 +822,10 @@ class DurabilitySemaphore:
     async def _sync(self, message: SyncMessage) -> dict[str, Any]:
         """SPEC R6: apply a sync's reports in their own transaction and answer at once, with the
         ``contended`` flag of the last committed round (R29; durable, so it survives eviction)."""
-        limits = await self._sync_limits(message)
+        try:
+            limits = await self._sync_limits(message)
+        except ConfigurationError as exc:  # a misconfigured limit (R12 decision): nothing written
+            return exc.to_wire()
         now = int(self.clock())
         lowered = limits is not None and limit_lowered(self._last_limit, limits.limit)
         contended, next_at, starving = self._last_contended, self.next_request_at(), self._last_starving
@@ -896,6 +915,8 @@ class DurabilitySemaphore:
     async def _resolve_limit(self) -> Any:
         try:
             value = await _call(self.limit) if callable(self.limit) else self.limit
+        except MISCONFIGURED as exc:
+            raise _misconfigured("limit", exc) from exc
         except Exception:
             log.exception("limit callback raised")
             return LIMIT_ERROR
