@@ -100,21 +100,21 @@ async def test_a_waiting_permit_fails_at_once_when_the_binding_is_not_a_holder()
     assert clock() == T0
 
 
-@pytest.mark.parametrize("limit, named", [
-    (lambda env: int(env.EXPORTS_PER_ACCOUNT), "EXPORTS_PER_ACCOUNT"),   # a var the Worker does not set
-    (lambda env: int(env.BAD), "'two'"),                                  # a var that is not an integer
+@pytest.mark.parametrize("env, named", [
+    (type("Env", (), {})(), "EXPORTS_PER_ACCOUNT"),                      # a var the Worker does not set
+    (type("Env", (), {"EXPORTS_PER_ACCOUNT": "two"})(), "'two'"),        # a var that is not an integer
 ])
 @async_test
-async def test_r12_a_limit_callable_that_cannot_read_its_config_fails_a_waiting_permit_at_once(limit, named):
-    # R12 decision (misconfigured limit): a limit callable raising AttributeError, ValueError, ...
-    # is misconfiguration, not a moment without a limit: the round's requests are answered with a
-    # ConfigurationError naming the limit and the cause, and a waiting permit() fails at once.
+async def test_r12_a_limit_read_with_env_int_fails_a_waiting_permit_at_once_when_the_var_is_wrong(env, named):
+    # R12 decision (misconfigured limit): a limit callable raising ConfigurationError (here
+    # semaphore.runtime.env_int's, for a missing or malformed var) answers the round's requests
+    # with it: a waiting permit() raises it at once, naming the var, and nothing is charged.
     # Before, the round failed closed (limit_resolution_error) and permit() waited out its timeout.
+    from semaphore.runtime import env_int
     from semaphore.testing import HolderSide, Net
 
     clock = SimClock(T0)
-    env = type("Env", (), {"BAD": "two"})()
-    holder = HolderSide(clock, limit=lambda: limit(env))
+    holder = HolderSide(clock, limit=lambda: env_int(env, "EXPORTS_PER_ACCOUNT"))
     side = ClientSide("c1", clock, Net(holder, clock))
 
     async def permit() -> None:
@@ -125,5 +125,33 @@ async def test_r12_a_limit_callable_that_cannot_read_its_config_fails_a_waiting_
     await clock.advance(3_000)  # the request's round
     assert task.done(), "permit() kept waiting on a limit that cannot be read"
     err = task.exception()
-    assert isinstance(err, ConfigurationError) and err.field == "limit" and named in str(err), err
+    assert isinstance(err, ConfigurationError) and err.field == "EXPORTS_PER_ACCOUNT" and named in str(err), err
     assert holder.charged()[0] == 0 and holder.grants() == {}
+    usage = await holder.usage()
+    assert usage["limit"] is None, usage  # a read shows the limit as unresolved, it does not raise
+
+
+@async_test
+async def test_r12_a_limit_callable_raising_anything_else_still_fails_closed():
+    # R12: a ValueError (say a stored override that is junk) is not the application saying it is
+    # misconfigured: the round admits nothing, with limit_resolution_error, and waits go on.
+    from semaphore.testing import HolderSide, Net
+
+    clock = SimClock(T0)
+    holder = HolderSide(clock, limit=lambda: int("oops"))
+    side = ClientSide("c1", clock, Net(holder, clock))
+    task = side.spawn(side.queue.permit("acct", timeout_ms=60_000).__aenter__())
+    await clock.advance(5_000)
+    assert not task.done() and side.queue.blocked("acct")["default"].reason.value == "limit_resolution_error"
+    task.cancel()
+
+
+def test_env_int_names_the_var_and_reads_text_vars():
+    from semaphore.runtime import env_int
+
+    env = type("Env", (), {"A": " 7 ", "B": "-1"})()
+    assert env_int(env, "A") == 7
+    for name, words in (("B", "at least 0"), ("C", "has no var 'C'")):
+        with pytest.raises(ConfigurationError) as err:
+            env_int(env, name)
+        assert err.value.field == name and words in str(err.value), err.value

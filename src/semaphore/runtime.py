@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from .errors import ConfigurationError
 
 __all__ = ["Storage", "plain", "MAX_BINDINGS", "migrate_tables", "install_schema", "object_id", "object_name",
-           "TableWatch",
+           "TableWatch", "env_int",
            "json_list", "chunks", "JSON_IDS", "JSON_ROWS"]
 
 T = TypeVar("T")
@@ -41,6 +41,27 @@ NOT_SQLITE = ("this Durable Object class has no SQLite storage: list it under ne
 
 def _is_js_null(value: Any) -> bool:
     return type(value).__name__ in ("JsNull", "JsUndefined")
+
+
+def env_int(env: Any, name: str, *, minimum: int = 0) -> int:
+    """The integer ``[vars]`` entry ``name`` of the Worker's ``env`` (a text var such as ``"2"``).
+
+    A var that is missing, not an integer or below ``minimum`` raises
+    :class:`~semaphore.errors.ConfigurationError` naming it (``field`` = ``name``). Read a
+    holder's limit with it, ``limit=lambda: env_int(env, "EXPORTS_PER_ACCOUNT")``: the holder
+    then answers every waiting request with that error at once, and ``permit()`` raises it,
+    instead of the round failing closed until the request times out (SPEC R12 decision)."""
+    raw = getattr(env, name, None)
+    if raw is None or _is_js_null(raw):
+        raise ConfigurationError(f"env has no var {name!r}: set it under [vars] in wrangler.toml", field=name)
+    text = str(raw).strip()
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigurationError(f"var {name} must be an integer, got {text[:40]!r}", field=name) from None
+    if value < minimum:
+        raise ConfigurationError(f"var {name} must be at least {minimum}, got {value}", field=name)
+    return value
 
 
 #: The Workers SDK's Python wrappers of env bindings (``workers-runtime-sdk``, ``workers/rpc.py``)

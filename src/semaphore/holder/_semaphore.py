@@ -117,20 +117,6 @@ async def _call(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 
-#: What a ``limit`` callable raising means the application is misconfigured
-#: (a missing or malformed var, a name that does not exist), not that the limit is unavailable for
-#: a moment (SPEC R12 decision): the requests are answered with a ConfigurationError at once.
-MISCONFIGURED = (ConfigurationError, AttributeError, KeyError, NameError, TypeError, ValueError)
-
-
-def _misconfigured(option: str, exc: BaseException) -> ConfigurationError:
-    """The :class:`ConfigurationError` of a ``limit`` callable that raised ``exc``."""
-    error = exc if isinstance(exc, ConfigurationError) else ConfigurationError(
-        f"{option}: the callable raised {type(exc).__name__}: {exc}", field=option)
-    log.error("%s", error.message)
-    return error
-
-
 def _check_sources(scheduler: Any, limit: Any, group_limit: Any, can_grant: Any) -> None:
     """Validate the options that are not plain integers (:class:`ConfigurationError` names the
     field)."""
@@ -419,7 +405,7 @@ class DurabilitySemaphore:
         the group's could not be resolved. :class:`~semaphore.SemaphoreUsage` is the typed view.
         Reads the aggregate rows only (meta and groups), never the grant or lease tables."""
         await self._ensure_ready()
-        limit = await self._resolve_limit()
+        limit = await self._resolve_limit(misconfigured=False)
         meta = read_meta(self.storage)
         groups: dict[str, tuple[dict[str, Any], Any]] = {}
         for r in self.store.group_rows():
@@ -912,11 +898,18 @@ class DurabilitySemaphore:
                             sum(n for _, _, n in freed), len(freed), freed[0][0], self.claim_ttl_ms)
 
     # ================================================================== limits (SPEC R12)
-    async def _resolve_limit(self) -> Any:
+    async def _resolve_limit(self, *, misconfigured: bool = True) -> Any:
+        """The limit (R12), or LIMIT_ERROR when it cannot be resolved. A ConfigurationError the
+        callable raises (the application says it is misconfigured: a var the Worker does not
+        set, see :func:`semaphore.runtime.env_int`) is raised on (R12 decision) unless
+        ``misconfigured`` is false (a read: it shows the limit as unresolved)."""
         try:
             value = await _call(self.limit) if callable(self.limit) else self.limit
-        except MISCONFIGURED as exc:
-            raise _misconfigured("limit", exc) from exc
+        except ConfigurationError as exc:
+            log.error("limit: %s", exc.message)
+            if misconfigured:
+                raise
+            return LIMIT_ERROR
         except Exception:
             log.exception("limit callback raised")
             return LIMIT_ERROR
