@@ -564,3 +564,12 @@ def test_an_option_the_library_refuses_during_the_run_is_a_usage_error_naming_it
     monkeypatch.setattr("semaphore.simulate.__main__.run_scenario", refuse)
     line = _usage_error(capsys, tmp_path)
     assert line.endswith("error: invalid grant_timeout_ms: must be an integer >= 1, got 0"), line
+
+
+def test_a_plot_without_matplotlib_is_a_usage_error_before_the_run(capsys, tmp_path, monkeypatch):
+    # exit 1 is the bug's; a missing matplotlib was exit 1, and only after the whole run
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    ran = []
+    monkeypatch.setattr("semaphore.simulate.__main__.run_scenario", lambda *a, **k: ran.append(1))
+    line = _usage_error(capsys, tmp_path, plot=True)
+    assert "the plot needs matplotlib" in line and "--no-plot" in line and not ran

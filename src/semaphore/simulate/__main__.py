@@ -79,13 +79,20 @@ def progress_line(stream: TextIO = sys.stderr, *, after_s: float = PROGRESS_AFTE
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status: 0, or 1 if an item ran without charged
-    capacity (a bug). An invalid scenario, option, file or folder exits 2 with two lines
-    (:meth:`_Parser.error`), the first naming the option."""
+    capacity (a bug). An invalid scenario, option, file or folder, or a plot without matplotlib,
+    exits 2 with two lines (:meth:`_Parser.error`), the first naming the option."""
     ap = parser()
     args = ap.parse_args(argv)
     scenario = _scenario(ap, args)
     for warning in scenario.warnings():
         print(warning, file=sys.stderr)
+    if not args.no_plot:
+        from .plot import PlotUnavailable, require
+
+        try:
+            require()  # before the run, not after it
+        except PlotUnavailable as exc:
+            ap.error(str(exc))
     out = Path(args.out)
     with _refused(ap, "out", "a folder, or a path where one can be made"):
         out.mkdir(parents=True, exist_ok=True)
@@ -99,13 +106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     with _refused(ap, "out", "a folder where files can be written"):
         written = [str(write_csv(result, out / "simulation.csv"))]
         if not args.no_plot:
-            from .plot import PlotUnavailable, plot
+            from .plot import plot
 
-            try:
-                written.append(str(plot(result, out / "simulation.png")))
-            except PlotUnavailable as exc:
-                print(f"error: {exc}", file=sys.stderr)
-                return 1
+            written.append(str(plot(result, out / "simulation.png")))
     print(json.dumps(figures(result), indent=2) if args.json else summary(result))
     print(f"wrote {', '.join(written)} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     return 1 if result.problems else 0
