@@ -13,6 +13,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -573,3 +574,22 @@ def test_a_plot_without_matplotlib_is_a_usage_error_before_the_run(capsys, tmp_p
     monkeypatch.setattr("semaphore.simulate.__main__.run_scenario", lambda *a, **k: ran.append(1))
     line = _usage_error(capsys, tmp_path, plot=True)
     assert "the plot needs matplotlib" in line and "--no-plot" in line and not ran
+
+
+def test_the_docs_show_each_default_as_a_scenario_file_spells_it():
+    # booleans as the TOML and JSON files take them (true/false), not Python's True/False
+    doc = (ROOT / "docs" / "reference" / "simulator.md").read_text()
+    shown = dict(re.findall(r"^\| `(\w+)` \| `([^`]*)` \|", doc, re.M))
+    defaults = Scenario()
+    for f in dataclasses.fields(Scenario):
+        value = getattr(defaults, f.name)
+        expected = ("none" if f.name in NO_VALUE and value == NO_VALUE[f.name] else
+                    str(value).lower() if isinstance(value, bool) else
+                    ",".join(value) if isinstance(value, list) else str(value))
+        assert shown.get(f.name) == expected, f.name
+
+
+def test_help_shows_boolean_defaults_as_a_file_spells_them(tmp_path):
+    text = " ".join(parser().format_help().split())
+    assert "(key reusable; default: false)" in text and "(key prefer_leases; default: true)" in text
+    assert "default: False" not in text and "default: True" not in text

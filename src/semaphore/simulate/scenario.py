@@ -521,7 +521,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     for f in dataclasses.fields(Scenario):
         flag = "--" + f.name.replace("_", "-")
         kind, default = f.metadata["kind"], getattr(defaults, f.name)
-        shown = ",".join(default) if isinstance(default, list) else default
+        shown = (",".join(default) if isinstance(default, list) else str(default).lower() if kind == "bool"
+                 else default)
         text = f"{f.metadata['help']} (key {f.name}; default: {shown if shown not in ({}, '') else 'none'})"
         section = sections[f.metadata["group"]]
         if kind == "bool":
