@@ -13,6 +13,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +32,7 @@ from semaphore.simulate import (
 from semaphore.simulate.__main__ import main, parser
 from semaphore.simulate.cost import ActiveTime, Prices, Usage, cost
 from semaphore.simulate.report import CSV_COLUMNS, describe, figures, overload, summary
-from semaphore.simulate.scenario import NO_VALUE
+from semaphore.simulate.scenario import NO_VALUE, scenario_from_args
 from semaphore.testing import T0
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,9 +71,12 @@ def test_python_m_runs_and_help_documents_every_option(tmp_path):
 
 @pytest.mark.parametrize("suffix", [".toml", ".json"])
 def test_a_scenario_file_round_trips(tmp_path, suffix):
+    arrivals = tmp_path / "arrivals.csv"  # a group named in the CSV ("g 1", quoted in TOML) may be limited
+    arrivals.write_text("at_ms,client,group\n0,0,g 1\n")
     scenario = Scenario(limit=7, group_limits={"g0": 2, "g 1": 3}, leases={"provisioning": {"mode": "strict"},
-                        "permitsPerLease": 4}, arrivals=["steady", "diurnal"], admit_concurrency=None,
-                        prefer_leases=False, run_s=12.5, job_duration="lognormal", lose_reply=0.1)
+                        "permitsPerLease": 4}, arrivals=["steady", "diurnal", "csv"], arrivals_csv=str(arrivals),
+                        admit_concurrency=None, prefer_leases=False, run_s=12.5, job_duration="lognormal",
+                        lose_reply=0.1)
     path = tmp_path / f"s{suffix}"
     save_scenario(scenario, path)
     assert load_scenario(path) == scenario
@@ -81,7 +85,6 @@ def test_a_scenario_file_round_trips(tmp_path, suffix):
     partial.write_text('limit = 3\narrivals = ["steady"]\n' if suffix == ".toml" else '{"limit": 3, "arrivals": "steady"}')
     assert load_scenario(partial) == dataclasses.replace(Scenario(), limit=3, arrivals=["steady"])
     args = parser().parse_args(["--scenario", str(partial), "--limit", "4", "--no-prefer-leases"])
-    from semaphore.simulate.scenario import scenario_from_args
     assert scenario_from_args(args, load_scenario(partial)) == dataclasses.replace(
         Scenario(), limit=4, arrivals=["steady"], prefer_leases=False)
 
@@ -429,3 +432,164 @@ def test_freed_to_start_does_not_count_permits_no_waiting_item_may_use():
     r = run_scenario(s)
     assert r.blocked_ms.get("group_limit", 0) > r.blocked_ms.get("limit", 0)  # what the items wait for
     assert r.free_to_start_ms["p50"] <= s.round_wait_ms + s.round_period_ms + 2000, r.free_to_start_ms
+
+
+# --------------------------------------------------------------------------- usage errors, cold review
+# Exit status 1 is the bug's (an item ran without charged capacity): every bad option, file or
+# folder is exit 2 with two lines, the first naming the option and its valid values, whether it
+# came as a flag or in a scenario file (both go through Scenario.validate).
+def _usage_error(capsys, tmp_path, *argv: str, plot: bool = False) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--run-s", "5", *([] if plot else ["--no-plot"]), "--out", str(tmp_path), *argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and err[1].endswith("--help lists every option"), err
+    return err[0]
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--leases", '{"bogus":1}'], ["invalid leases: {'bogus': 1}", "unknown option(s) ['bogus']",
+                                   "valid: off, strict, under, over, or a JSON object", "permitsPerLease"]),
+    (["--leases", '{"permitsPerLease":0}'], ["invalid leases: {'permitsPerLease': 0}",
+                                             "leases.permitsPerLease: must be an integer >= 1, got 0"]),
+    (["--leases", "over", "--extra-ratio", "-1"], ["invalid extra_ratio: -1.0 (valid: a finite number >= 0)"]),
+    (["--admit-concurrency", "0"], ["invalid admit_concurrency: 0 (valid: an integer >= 1, or none: no bound)"]),
+    (["--round-wait-ms", "-1"], ["invalid round_wait_ms: -1 (valid: an integer >= 0)"]),
+])
+def test_options_the_library_refuses_are_usage_errors_not_tracebacks(capsys, tmp_path, argv, expected):
+    line = _usage_error(capsys, tmp_path, *argv)
+    assert all(e in line for e in expected), line
+
+
+def test_a_scenario_file_with_bad_lease_options_is_a_usage_error(capsys, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"leases": {"provisioning": {"mode": "under"}}}')
+    line = _usage_error(capsys, tmp_path, "--scenario", str(bad))
+    assert "invalid leases: " in line and "leases.provisioning.reserve: required for mode 'under'" in line, line
+    with pytest.raises(ScenarioError, match="invalid leases"):
+        load_scenario(bad)
+    with pytest.raises(ScenarioError, match="invalid admit_concurrency"):  # the library's own path too
+        run_scenario(Scenario(admit_concurrency=0))
+
+
+def test_an_out_that_is_a_file_or_a_missing_scenario_file_is_a_usage_error(capsys, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    line = _usage_error(capsys, tmp_path, "--out", str(afile))
+    assert line.startswith(f"python -m semaphore.simulate: error: invalid out: {str(afile)!r}") and "valid: a folder" in line
+    line = _usage_error(capsys, tmp_path, "--scenario", str(tmp_path / "missing.toml"))
+    assert "invalid scenario: " in line and "No such file" in line, line
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--limit", "-3"], "invalid limit: -3 (valid: an integer >= 0)"),
+    (["--clients", "0"], "invalid clients: 0 (valid: an integer >= 1)"),
+    (["--lose-request", "1.5"], "invalid lose_request: 1.5 (valid: a finite number in 0..1)"),
+    (["--group-limits", "g0=abc"], "invalid group_limits: 'g0=abc' (valid: group=N,group=N with N an integer >= 0"),
+    (["--group-limits", "g0=-1"], "invalid group_limits: {'g0': -1} (valid: group=N,group=N with N an integer >= 0"),
+])
+def test_an_out_of_range_value_names_the_valid_range(capsys, tmp_path, argv, expected):
+    assert expected in _usage_error(capsys, tmp_path, *argv)
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--job-ms", "inf"], "invalid job_ms: inf (valid: a finite number > 0)"),
+    (["--job-mu", "nan"], "invalid job_mu: nan (valid: a finite number)"),
+    (["--group-limits", "g9=3"], "invalid group_limits: {'g9': 3} (valid: group=N,group=N with N an integer >= 0 "
+                                 "and group one of g0, g1"),
+    (["--backlog-clients", "-1"], "invalid backlog_clients: -1 (valid: an integer >= 0; 0: all)"),
+])
+def test_values_once_accepted_silently_are_refused(capsys, tmp_path, argv, expected):
+    assert expected in _usage_error(capsys, tmp_path, *argv)
+    with pytest.raises(ScenarioError, match=expected.split(":")[0]):  # a scenario file is refused alike
+        scenario_from_args(parser().parse_args(argv))
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("at_ms,client,group,duration_ms\n0,0,g0,-5\n",
+     ":2: duration_ms '-5' (valid: a finite number of ms >= 0, or empty: drawn from the job duration options)"),
+    ("at_ms,client,group,duration_ms\n-1,0,g0,5\n", ":2: at_ms '-1' (valid: a finite number of ms >= 0)"),
+    ("at_ms,client,group,duration_ms\n0,0,g0,inf\n", ":2: duration_ms 'inf'"),
+    ("at_ms,client,group,duration_ms\n0,x,g0,5\n", ":2: client 'x' (valid: an index in 0..7 or a name c0..c7)"),
+    ("at_ms,group,duration_ms\n0,g0,5\n",
+     ": missing column client (valid: a header of at_ms,client and optionally group,duration_ms)"),
+    ("at_ms,client,durations_ms\n0,0,5\n",
+     ": unknown column durations_ms (valid: a header of at_ms,client and optionally group,duration_ms)"),
+])
+def test_a_bad_arrivals_csv_is_refused_naming_the_line_and_column(capsys, tmp_path, text, expected):
+    path = tmp_path / "arrivals.csv"
+    path.write_text(text)
+    line = _usage_error(capsys, tmp_path, "--arrivals", "csv", "--arrivals-csv", str(path))
+    assert f"invalid arrivals_csv: {path}{expected}" in line, line
+
+
+def test_the_group_and_duration_columns_of_an_arrivals_csv_are_optional(tmp_path):
+    path = tmp_path / "arrivals.csv"
+    path.write_text("at_ms,client\n0,0\n10,c1\n")
+    s = Scenario(clients=2, arrivals=["csv"], arrivals_csv=str(path), job_duration="fixed", job_ms=100, run_s=5)
+    assert [(a.at_ms, a.client, a.group, a.duration_ms) for a in plan_arrivals(s)] == [
+        (0, 0, "g0", None), (10, 1, "g1", None)]
+    # a group limit may name a group of the CSV, beside g0, g1, ...
+    path.write_text("at_ms,client,group\n0,0,batch\n")
+    assert Scenario.from_mapping({"arrivals": "csv", "arrivals_csv": str(path), "group_limits": "batch=1"})
+    doc = (ROOT / "docs" / "reference" / "simulator.md").read_text()
+    assert "`group` and `duration_ms` are optional" in " ".join(doc.split())
+
+
+@pytest.mark.parametrize(("argv", "warning"), [
+    (["--reusable"], "warning: reusable has no effect with leases off"),
+    (["--lease-first", "--permits-per-lease", "8"], "warning: permits_per_lease, lease_first have no effect with "
+                                                    "leases off"),
+    (["--leases", '{"provisioning": {"mode": "strict"}}', "--reusable"],
+     "warning: reusable has no effect with leases given as a JSON object (used as it is)"),
+    (["--leases", "strict", "--reserve", "2"], "warning: reserve has no effect with leases strict"),
+    (["--backlog-clients", "99"], "warning: backlog_clients 99 is more than clients (8): all of them keep a backlog"),
+    (["--groups", "2", "--groups-per-client", "3"],
+     "warning: groups_per_client 3 is more than groups (2): each client object uses all of them"),
+])
+def test_options_without_effect_are_warned_about(capsys, tmp_path, argv, warning):
+    # warned, not refused: a scenario file can be rerun with --leases off or --clients 1
+    assert main(["--run-s", "5", "--no-plot", "--out", str(tmp_path), *argv]) == 0
+    assert warning in capsys.readouterr().err.splitlines()
+    assert not Scenario().warnings() and not Scenario(leases="strict", reusable=True).warnings()
+    assert not Scenario(clients=1, arrivals=["steady"]).warnings()  # backlog_clients has no say without backlog
+
+
+def test_an_option_the_library_refuses_during_the_run_is_a_usage_error_naming_it(capsys, tmp_path, monkeypatch):
+    # the net under Scenario.validate: a ConfigurationError (it names its field) is exit 2, not a traceback
+    from semaphore.errors import ConfigurationError
+
+    def refuse(*args, **kwargs):
+        raise ConfigurationError("grant_timeout_ms: must be an integer >= 1, got 0", field="grant_timeout_ms")
+
+    monkeypatch.setattr("semaphore.simulate.__main__.run_scenario", refuse)
+    line = _usage_error(capsys, tmp_path)
+    assert line.endswith("error: invalid grant_timeout_ms: must be an integer >= 1, got 0"), line
+
+
+def test_a_plot_without_matplotlib_is_a_usage_error_before_the_run(capsys, tmp_path, monkeypatch):
+    # exit 1 is the bug's; a missing matplotlib was exit 1, and only after the whole run
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    ran = []
+    monkeypatch.setattr("semaphore.simulate.__main__.run_scenario", lambda *a, **k: ran.append(1))
+    line = _usage_error(capsys, tmp_path, plot=True)
+    assert "the plot needs matplotlib" in line and "--no-plot" in line and not ran
+
+
+def test_the_docs_show_each_default_as_a_scenario_file_spells_it():
+    # booleans as the TOML and JSON files take them (true/false), not Python's True/False
+    doc = (ROOT / "docs" / "reference" / "simulator.md").read_text()
+    shown = dict(re.findall(r"^\| `(\w+)` \| `([^`]*)` \|", doc, re.M))
+    defaults = Scenario()
+    for f in dataclasses.fields(Scenario):
+        value = getattr(defaults, f.name)
+        expected = ("none" if f.name in NO_VALUE and value == NO_VALUE[f.name] else
+                    str(value).lower() if isinstance(value, bool) else
+                    ",".join(value) if isinstance(value, list) else str(value))
+        assert shown.get(f.name) == expected, f.name
+
+
+def test_help_shows_boolean_defaults_as_a_file_spells_them(tmp_path):
+    text = " ".join(parser().format_help().split())
+    assert "(key reusable; default: false)" in text and "(key prefer_leases; default: true)" in text
+    assert "default: False" not in text and "default: True" not in text

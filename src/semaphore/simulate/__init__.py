@@ -22,7 +22,9 @@ several modes)::
         print(mode, r.utilization, r.latency_ms.get("p95"), r.per_item(r.calls), r.max_charged_over)
 
 * :class:`Scenario` - every option (fields documented in ``--help``); ``Scenario.from_mapping``,
-  ``to_mapping``, ``lease_options()`` (the holder's ``leases=``); :func:`load_scenario` /
+  ``to_mapping``, ``lease_options()`` (the holder's ``leases=``), ``validate()`` (the one check
+  of files, flags and code: :class:`ScenarioError` naming the option and its valid values),
+  ``warnings()`` (options set without effect); :func:`load_scenario` /
   :func:`save_scenario` read and write TOML or JSON files of the same keys.
 * :func:`run_scenario` ``(scenario, *, on_message=None, progress=None, quiet=True) -> Result``
   on a fresh event loop; ``await`` :func:`simulate` (same arguments) inside one; or

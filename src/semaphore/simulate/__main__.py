@@ -8,13 +8,23 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn, TextIO
 
+from ..errors import ConfigurationError
 from .engine import ProgressHook, run_scenario
 from .report import figures, summary, write_csv
-from .scenario import Scenario, ScenarioError, add_options, load_scenario, save_scenario, scenario_from_args
+from .scenario import (
+    CHOICES,
+    Scenario,
+    ScenarioError,
+    add_options,
+    load_scenario,
+    save_scenario,
+    scenario_from_args,
+)
 
 __all__ = ["main", "parser", "progress_line"]
 
@@ -68,37 +78,64 @@ def progress_line(stream: TextIO = sys.stderr, *, after_s: float = PROGRESS_AFTE
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (2: an invalid scenario or option)."""
+    """Run the command line; returns the exit status: 0, or 1 if an item ran without charged
+    capacity (a bug). An invalid scenario, option, file or folder, or a plot without matplotlib,
+    exits 2 with two lines (:meth:`_Parser.error`), the first naming the option."""
     ap = parser()
     args = ap.parse_args(argv)
-    try:
-        base = load_scenario(args.scenario) if args.scenario else Scenario()
-        scenario = scenario_from_args(args, base)
-    except (ScenarioError, OSError) as exc:
-        ap.error(str(exc))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    if args.save_scenario:
-        save_scenario(scenario, args.save_scenario)
-    hook = None if args.progress is False else progress_line(after_s=0.0 if args.progress else PROGRESS_AFTER_S)
-    started = time.perf_counter()
-    try:
-        result = run_scenario(scenario, progress=hook)
-    except ScenarioError as exc:
-        ap.error(str(exc))
-    csv_path = write_csv(result, out / "simulation.csv")
-    written = [str(csv_path)]
+    scenario = _scenario(ap, args)
+    for warning in scenario.warnings():
+        print(warning, file=sys.stderr)
     if not args.no_plot:
-        from .plot import PlotUnavailable, plot
+        from .plot import PlotUnavailable, require
 
         try:
-            written.append(str(plot(result, out / "simulation.png")))
+            require()  # before the run, not after it
         except PlotUnavailable as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
+            ap.error(str(exc))
+    out = Path(args.out)
+    with _refused(ap, "out", "a folder, or a path where one can be made"):
+        out.mkdir(parents=True, exist_ok=True)
+    if args.save_scenario:
+        with _refused(ap, "save_scenario", "a path where a file can be written"):
+            save_scenario(scenario, args.save_scenario)
+    hook = None if args.progress is False else progress_line(after_s=0.0 if args.progress else PROGRESS_AFTER_S)
+    started = time.perf_counter()
+    with _refused(ap, "arrivals_csv", CHOICES["arrivals_csv"]):
+        result = run_scenario(scenario, progress=hook)
+    with _refused(ap, "out", "a folder where files can be written"):
+        written = [str(write_csv(result, out / "simulation.csv"))]
+        if not args.no_plot:
+            from .plot import plot
+
+            written.append(str(plot(result, out / "simulation.png")))
     print(json.dumps(figures(result), indent=2) if args.json else summary(result))
     print(f"wrote {', '.join(written)} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     return 1 if result.problems else 0
+
+
+def _scenario(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Scenario:
+    """The scenario of the command line: ``--scenario``'s file (if given), the flags over it."""
+    with _refused(ap, "scenario", "a TOML (.toml) or JSON file of option keys"):
+        base = load_scenario(args.scenario) if args.scenario else Scenario()
+        return scenario_from_args(args, base)
+
+
+@contextmanager
+def _refused(ap: argparse.ArgumentParser, name: str, valid: str) -> Iterator[None]:
+    """Turn an invalid scenario (:class:`ScenarioError`), an option the library refuses
+    (:class:`ConfigurationError`, which names it) or an ``OSError`` of the file or folder of
+    option ``name`` into a usage error (exit 2) naming the option."""
+    try:
+        yield
+    except ScenarioError as exc:
+        ap.error(str(exc))
+    except ConfigurationError as exc:
+        field = exc.field or name
+        ap.error(f"invalid {exc}" if str(exc).startswith(f"{field}:") else f"invalid {field}: {exc}")
+    except OSError as exc:
+        where = exc.filename if exc.filename is not None else ""
+        ap.error(f"invalid {name}: {str(where)!r}: {exc.strerror or exc} (valid: {valid})")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ reclaim is the library's. The same scenario and seed give the same :class:`Resul
 from __future__ import annotations
 
 import asyncio
-import csv
 import logging
 import math
 import random
@@ -21,13 +20,12 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ..core.config import LeaseConfig
 from ..testing import T0, ClientSide, HolderSide, Net, SimClock
 from .cost import ActiveTime, Usage
-from .scenario import Scenario, ScenarioError
+from .scenario import Scenario, read_arrivals_csv
 
 __all__ = ["KEY", "Arrival", "Message", "Sample", "Result", "Simulation", "plan_arrivals", "job_duration",
            "run_scenario", "simulate", "percentiles", "sync_reason"]
@@ -218,23 +216,10 @@ _PATTERNS: dict[str, Callable[[Scenario, random.Random, int], list[int]]] = {
 
 
 def read_arrivals(scenario: Scenario) -> list[Arrival]:
-    """The arrivals of ``scenario.arrivals_csv`` (header ``at_ms,client,group,duration_ms``;
-    ``client`` an index or a name ``c<index>``; empty ``group``: one of the client's groups,
-    empty ``duration_ms``: drawn). Raises :class:`ScenarioError` for a bad row."""
-    out: list[Arrival] = []
-    with Path(scenario.arrivals_csv).open(newline="", encoding="utf-8") as f:
-        for n, row in enumerate(csv.DictReader(f), 2):
-            try:
-                client = int(str(row["client"]).strip().removeprefix("c"))
-                if not 0 <= client < scenario.clients:
-                    raise ValueError(f"client {client} not in 0..{scenario.clients - 1}")
-                group = (row.get("group") or "").strip() or scenario.client_groups(client)[0]
-                duration = (row.get("duration_ms") or "").strip()
-                out.append(Arrival(int(float(row["at_ms"])), client, group,
-                                   max(1, int(float(duration))) if duration else None))
-            except (KeyError, ValueError, TypeError) as exc:
-                raise ScenarioError(f"{scenario.arrivals_csv}:{n}: {exc}") from exc
-    return out
+    """The arrivals of ``scenario.arrivals_csv`` (:func:`~semaphore.simulate.scenario.read_arrivals_csv`:
+    columns ``at_ms,client`` and optionally ``group,duration_ms``). Raises its ``ScenarioError``
+    for a bad header or row."""
+    return [Arrival(*row) for row in read_arrivals_csv(scenario)]
 
 
 def sync_reason(side: ClientSide, key: str = KEY) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 
 from .engine import Result
 
-__all__ = ["plot", "PlotUnavailable"]
+__all__ = ["plot", "require", "PlotUnavailable"]
 
 
 class PlotUnavailable(RuntimeError):
@@ -25,6 +25,12 @@ def _pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def require() -> None:
+    """Raise :class:`PlotUnavailable` now if matplotlib is missing (the command line checks
+    before a run, not after it)."""
+    _pyplot()
 
 
 def plot(result: Result, path: str | Path, *, title: str | None = None) -> Path:

@@ -9,18 +9,23 @@ the flag ``--round-wait-ms``. Each field's metadata names its group (for ``--hel
 from __future__ import annotations
 
 import argparse
+import csv
 import dataclasses
 import json
+import math
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..core.config import LeaseConfig
+from ..errors import ConfigurationError
+
 __all__ = ["Scenario", "ScenarioError", "ARRIVAL_PATTERNS", "JOB_DURATIONS", "LEASE_MODES", "LIMITED_GROUPS",
-           "CHOICES", "NO_VALUE", "GROUPS",
-           "load_scenario", "save_scenario", "add_options", "scenario_from_args"]
+           "CHOICES", "NO_VALUE", "GROUPS", "RANGES", "CSV_COLUMNS",
+           "load_scenario", "read_arrivals_csv", "save_scenario", "add_options", "scenario_from_args"]
 
 #: Arrival patterns (``arrivals`` is a list of them; they add up).
 ARRIVAL_PATTERNS = ("steady", "bursty", "diurnal", "backlog", "csv")
@@ -32,12 +37,18 @@ LEASE_MODES = ("off", "strict", "under", "over")
 LIMITED_GROUPS = ("exclude", "withinGroupLimit")
 #: The valid values of each choice-valued option, named in its error message.
 CHOICES: dict[str, str] = {
-    "leases": "off, strict, under, over, or a JSON object of the holder's leases= options",
+    "leases": "off, strict, under, over, or a JSON object of the holder's leases= options (provisioning, "
+              "permitsPerLease, ttlMs, limitedGroups, reusable, leaseFirst, recheckMs)",
     "job_duration": ", ".join(JOB_DURATIONS),
     "arrivals": "a comma-separated list of " + ", ".join(ARRIVAL_PATTERNS),
     "limited_groups": ", ".join(LIMITED_GROUPS),
     "arrivals_csv": "the path of an existing CSV file (needed with the csv arrival pattern)",
+    "group_limits": "group=N,group=N with N an integer >= 0",
 }
+#: The columns of an arrivals CSV: the required ones, then the optional ones.
+CSV_COLUMNS = (("at_ms", "client"), ("group", "duration_ms"))
+#: Lease options that only one mode uses (the others, every mode).
+_MODE_ONLY = {"reserve": "under", "extra_ratio": "over", "extra_count": "over"}
 #: Options whose value may be "no value" (the value standing for it): written as ``null`` to JSON
 #: and ``"none"`` to TOML (which has no null) by :func:`save_scenario`, and read back from either.
 #: ``admit_concurrency``'s no value means no bound.
@@ -85,7 +96,8 @@ class Scenario:
     # holder
     limit: int = _opt(20, "holder", "int", "the shared limit (permits running at once across all client objects)")
     group_limits: dict[str, int] = _dict_opt(
-        "holder", "groups", "per-group ceilings, e.g. g0=3,g1=5 (file: a table {g0 = 3}); groups absent have none")
+        "holder", "groups", "per-group ceilings, e.g. g0=3,g1=5 (file: a table {g0 = 3}), of groups g0.. "
+                            "or of the arrivals CSV; groups absent have none")
     round_wait_ms: int = _opt(1000, "holder", "int", "a round runs this long after its first waiting request")
     round_period_ms: int = _opt(2000, "holder", "int", "...but never sooner than this after the previous round")
     grant_timeout_ms: int = _opt(10_000, "holder", "int", "unclaimed grant permits are reclaimed after this")
@@ -144,8 +156,9 @@ class Scenario:
     backlog_clients: int = _opt(2, "arrivals", "int",
                                 "backlog: how many client objects (the first ones) keep a backlog; 0: all")
     arrivals_csv: str = _opt("", "arrivals", "str",
-                             "csv: a file of arrivals with header at_ms,client,group,duration_ms (client: index or "
-                             "name c0..; duration_ms may be empty: drawn from the job duration options)")
+                             "csv: a file of arrivals with columns at_ms,client and optionally group,duration_ms "
+                             "(client: index or name c0..; group missing or empty: the client's first; duration_ms "
+                             "missing or empty: drawn from the job duration options)")
     # jobs
     job_duration: str = _opt("exponential", "jobs", "str", "fixed, exponential or lognormal (a CSV's duration_ms wins)")
     job_ms: float = _opt(8000.0, "jobs", "float", "fixed: the duration; exponential: the mean (ms)")
@@ -208,36 +221,189 @@ class Scenario:
         return [f"g{(index + j) % self.groups}" for j in range(min(self.groups_per_client, self.groups))]
 
     def validate(self) -> None:
-        """Raise :class:`ScenarioError` naming the first invalid option."""
-        checks = [
-            ("limit", self.limit >= 0), ("clients", self.clients >= 1), ("groups", self.groups >= 1),
-            ("groups_per_client", self.groups_per_client >= 1), ("run_s", self.run_s > 0),
-            ("sample_ms", self.sample_ms >= 1), ("fault_interval_ms", self.fault_interval_ms >= 1),
-            ("arrivals", bool(self.arrivals) and all(a in ARRIVAL_PATTERNS for a in self.arrivals)),
-            ("job_duration", self.job_duration in JOB_DURATIONS), ("job_ms", self.job_ms > 0),
-            ("leases", isinstance(self.leases, dict) or self.leases in LEASE_MODES),
-            ("arrivals_csv", "csv" not in self.arrivals or bool(self.arrivals_csv)),
-            ("burst_every_s", self.burst_every_s > 0), ("diurnal_period_s", self.diurnal_period_s > 0),
-            ("diurnal_amplitude", 0 <= self.diurnal_amplitude <= 1), ("backlog", self.backlog >= 0),
-            ("rate_per_s", self.rate_per_s >= 0), ("burst_size", self.burst_size >= 0),
-            ("max_delay_ms", self.max_delay_ms >= 1), ("burst_span_ms", self.burst_span_ms >= 0),
-            ("retry_ms", self.retry_ms >= 1), ("claim_margin_ms", self.claim_margin_ms >= 0),
-            ("lease_margin_ms", self.lease_margin_ms >= 0),
-            ("limited_groups", self.limited_groups in LIMITED_GROUPS),
-            ("lease_recheck_ms", self.lease_recheck_ms >= 0),
-            ("arrivals_csv", "csv" not in self.arrivals or Path(self.arrivals_csv).is_file()),
-        ]
-        checks += [(name, 0 <= getattr(self, name) <= 1) for name in (
-            "lose_request", "lose_reply", "duplicate", "delay", "evict_client_p", "evict_holder_p")]
-        for name, ok in checks:
+        """Raise :class:`ScenarioError` naming the first invalid option and its valid values: the
+        one check of a scenario, whether it came from a file, the command line or code
+        (:class:`~semaphore.simulate.engine.Simulation` runs it too). It reads the arrivals CSV
+        and parses the holder's ``leases=`` options as the holder would."""
+        for name, ok, valid in self._checks():
             if not ok:
-                raise ScenarioError(_invalid(name, getattr(self, name)))
+                raise ScenarioError(_invalid(name, getattr(self, name), valid))
+        try:
+            LeaseConfig.parse(self.lease_options())
+        except ConfigurationError as exc:
+            raise ScenarioError(_invalid("leases", self.leases, CHOICES["leases"], why=str(exc))) from exc
+
+    def warnings(self) -> list[str]:
+        """What this scenario sets that has no effect (the command line prints each on stderr):
+        more ``groups_per_client`` than ``groups`` or ``backlog_clients`` than ``clients`` (each
+        is cut down to what exists), and lease options (:meth:`_idle_lease_options`). Warned
+        about, not refused, so a scenario file can be rerun with ``--leases off`` or
+        ``--clients 1``."""
+        out = [f"warning: {name} {getattr(self, name)} is more than {what} ({count}): {effect}"
+               for name, count, what, effect, used in (
+                   ("groups_per_client", self.groups, "groups", "each client object uses all of them", True),
+                   ("backlog_clients", self.clients, "clients", "all of them keep a backlog",
+                    "backlog" in self.arrivals))
+               if used and getattr(self, name) > count]
+        ignored, why = self._idle_lease_options()
+        if ignored:
+            out.append(f"warning: {', '.join(ignored)} {'has' if len(ignored) == 1 else 'have'} no effect with {why}")
+        return out
+
+    def _idle_lease_options(self) -> tuple[list[str], str]:
+        """The lease options set to other than their defaults that have no effect, and why:
+        every one while ``leases`` is off or a JSON object (used as it is), ``reserve`` outside
+        ``under``, ``extra_ratio``/``extra_count`` outside ``over`` (and the ratio beside a count)."""
+        defaults = type(self)()
+        changed = [f.name for f in dataclasses.fields(self) if f.metadata["group"] == "leases"
+                   and f.name != "leases" and getattr(self, f.name) != getattr(defaults, f.name)]
+        if self.leases == "off":
+            return changed, "leases off"
+        if isinstance(self.leases, dict):
+            return changed, "leases given as a JSON object (used as it is)"
+        return [k for k in changed if _MODE_ONLY.get(k, self.leases) != self.leases
+                or (k == "extra_ratio" and self.extra_count is not None)], f"leases {self.leases}"
+
+    def _checks(self) -> Iterator[tuple[str, bool, str]]:
+        """``(option, valid?, its valid values)`` in order: each option on its own (choices and
+        :data:`RANGES`), then the ones that depend on others (the CSV, the group limits)."""
+        choices = {"arrivals": bool(self.arrivals) and all(a in ARRIVAL_PATTERNS for a in self.arrivals),
+                   "job_duration": self.job_duration in JOB_DURATIONS,
+                   "leases": isinstance(self.leases, dict) or self.leases in LEASE_MODES,
+                   "limited_groups": self.limited_groups in LIMITED_GROUPS}
+        for f in dataclasses.fields(self):
+            if f.name in choices:
+                yield f.name, choices[f.name], CHOICES[f.name]
+            elif f.metadata["kind"] in ("int", "optint", "float"):
+                yield (f.name, *self._in_range(f.name, f.metadata["kind"]))
+        csv_needed = "csv" in self.arrivals
+        yield "arrivals_csv", not csv_needed or Path(self.arrivals_csv).is_file(), CHOICES["arrivals_csv"]
+        groups = [f"g{i}" for i in range(self.groups)]
+        shown = ", ".join(groups) if self.groups <= 4 else f"g0..g{self.groups - 1}"
+        if csv_needed:
+            csv_groups = sorted({group for _, _, group, _ in read_arrivals_csv(self)} - set(groups))
+            groups += csv_groups
+            shown += "".join(f", {g}" for g in csv_groups[:8]) + (", ..." if len(csv_groups) > 8 else "")
+        limits = self.group_limits
+        yield ("group_limits", isinstance(limits, dict) and all(
+                   g in groups and _is_int(n) and n >= 0 for g, n in limits.items()),
+               f"{CHOICES['group_limits']} and group one of {shown}")
+
+    def _in_range(self, name: str, kind: str) -> tuple[bool, str]:
+        """Whether numeric option ``name`` is in its :data:`RANGES` (and finite), and that range
+        in words, e.g. ``an integer >= 1``, ``a finite number in 0..1``."""
+        value = getattr(self, name)
+        noun = "a finite number" if kind == "float" else "an integer"
+        rule = RANGES.get(name)
+        if rule is None:
+            return _is_number(value, kind), noun
+        match = _RULE.fullmatch(rule)
+        assert match is not None, rule
+        op, low, first, high, rest = match.groups()
+        if op:
+            text = f"{noun} {op} {low}{rest}"
+            ok = _is_number(value, kind) and (value >= float(low) if op == ">=" else value > float(low))
+        else:
+            text = f"{noun} in {first}..{high}{rest}"
+            ok = _is_number(value, kind) and float(first) <= value <= float(high)
+        if kind == "optint" and name in NO_VALUE:
+            ok = ok or value is None
+        return ok, text
 
 
-def _invalid(name: str, value: Any) -> str:
-    """The error message of an invalid option: its name, the value, and the valid choices."""
-    choices = CHOICES.get(name)
-    return f"invalid {name}: {value!r}" + (f" (valid: {choices})" if choices else "")
+#: The valid range of each numeric option but ``seed`` and ``job_mu`` (any finite value),
+#: named in its error message: ``>= N``, ``> N`` or ``N..M``; the rest of the text is shown as
+#: it is. A float option must also be finite. The lowest values are the library's own (below
+#: them it raises :class:`~semaphore.errors.ConfigurationError`).
+RANGES: dict[str, str] = {
+    "run_s": "> 0", "sample_ms": ">= 1", "limit": ">= 0", "round_wait_ms": ">= 0", "round_period_ms": ">= 0",
+    "grant_timeout_ms": ">= 1", "hold_blocked_ms": ">= 0", "permits_per_lease": ">= 1", "lease_ttl_ms": ">= 1",
+    "reserve": ">= 0", "extra_ratio": ">= 0", "extra_count": ">= 0, or none: the ratio",
+    "lease_recheck_ms": ">= 0", "report_releases_within_ms": ">= 0", "request_wait_ms": ">= 0",
+    "admit_concurrency": ">= 1, or none: no bound", "retry_ms": ">= 1", "claim_margin_ms": ">= 0",
+    "lease_margin_ms": ">= 0", "clients": ">= 1", "groups": ">= 1", "groups_per_client": ">= 1",
+    "rate_per_s": ">= 0", "burst_size": ">= 0", "burst_every_s": "> 0", "burst_span_ms": ">= 0",
+    "diurnal_period_s": "> 0", "diurnal_amplitude": "0..1", "backlog": ">= 0",
+    "backlog_clients": ">= 0; 0: all", "job_ms": "> 0", "job_sigma": ">= 0",
+    "lose_request": "0..1", "lose_reply": "0..1", "duplicate": "0..1", "delay": "0..1", "max_delay_ms": ">= 1",
+    "evict_client_p": "0..1", "evict_holder_p": "0..1", "fault_interval_ms": ">= 1",
+}
+_RULE = re.compile(r"(?:(>=|>) (\d+)|(\d+)\.\.(\d+))(.*)")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any, kind: str) -> bool:
+    """``value`` is an int (``int``, ``optint``) or a finite number (``float``)."""
+    if kind != "float":
+        return _is_int(value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _invalid(name: str, value: Any, valid: str | None = None, *, why: str = "") -> str:
+    """The error message of an invalid option: its name, the value, why (if said) and the valid
+    values (default: its :data:`CHOICES`)."""
+    valid = valid or CHOICES.get(name)
+    said = "; ".join(x for x in (why, f"valid: {valid}" if valid else "") if x)
+    return f"invalid {name}: {value!r}" + (f" ({said})" if said else "")
+
+
+# ---------------------------------------------------------------------------------- arrivals CSV
+def read_arrivals_csv(scenario: Scenario) -> list[tuple[int, int, str, int | None]]:
+    """The rows of ``scenario.arrivals_csv`` as ``(at_ms, client index, group, duration_ms or
+    None)``. Its header names the columns (:data:`CSV_COLUMNS`): ``at_ms`` and ``client`` (an
+    index or a name ``c<index>``) are required; ``group`` (missing or empty: the client's first
+    group) and ``duration_ms`` (missing or empty: drawn from the job duration options) are
+    optional. Raises :class:`ScenarioError` naming the file, line and column."""
+    path = scenario.arrivals_csv
+    required, optional = CSV_COLUMNS
+    valid = f"a header of {','.join(required)} and optionally {','.join(optional)}"
+    try:
+        with Path(path).open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            columns = [c.strip() for c in reader.fieldnames or []]
+            for what, names in (("missing", [c for c in required if c not in columns]),
+                                ("unknown", [c for c in columns if c not in required + optional])):
+                if names:
+                    raise ScenarioError(f"invalid arrivals_csv: {path}: {what} column{'s' * (len(names) > 1)} "
+                                        f"{', '.join(names)} (valid: {valid})")
+            reader.fieldnames = columns
+            return [_csv_row(scenario, n, row) for n, row in enumerate(reader, 2)]
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise ScenarioError(f"invalid arrivals_csv: {path}: {exc} (valid: {CHOICES['arrivals_csv']})") from exc
+
+
+def _csv_row(scenario: Scenario, n: int, row: Mapping[str | None, Any]) -> tuple[int, int, str, int | None]:
+    """Line ``n`` of the arrivals CSV (see :func:`read_arrivals_csv`)."""
+    def cell(column: str) -> str:
+        return str(row.get(column) or "").strip()
+
+    def bad(column: str, valid: str) -> ScenarioError:
+        return ScenarioError(f"invalid arrivals_csv: {scenario.arrivals_csv}:{n}: {column} {cell(column)!r} "
+                             f"(valid: {valid})")
+
+    last = scenario.clients - 1
+    client = cell("client").removeprefix("c")
+    if not (client.isdigit() and int(client) <= last):
+        raise bad("client", f"an index in 0..{last} or a name c0..c{last}")
+    at_ms, duration = _ms(cell("at_ms")), _ms(cell("duration_ms"))
+    if at_ms is None:
+        raise bad("at_ms", "a finite number of ms >= 0")
+    if duration is None and cell("duration_ms"):
+        raise bad("duration_ms", "a finite number of ms >= 0, or empty: drawn from the job duration options")
+    group = cell("group") or scenario.client_groups(int(client))[0]
+    return int(at_ms), int(client), group, None if duration is None else max(1, int(duration))
+
+
+def _ms(text: str) -> float | None:
+    """``text`` as a finite number >= 0 (``None``: not one)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
 
 
 def _coerce(name: str, kind: str, value: Any) -> Any:
@@ -309,9 +475,9 @@ def load_scenario(path: str | Path, base: Scenario | None = None) -> Scenario:
     try:
         data = tomllib.loads(text) if path.suffix.lower() == ".toml" else json.loads(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-        raise ScenarioError(f"{path}: {exc}") from exc
+        raise ScenarioError(f"invalid scenario: {path}: {exc}") from exc
     if not isinstance(data, dict):
-        raise ScenarioError(f"{path}: a scenario file holds one table of options")
+        raise ScenarioError(f"invalid scenario: {path}: not a table (valid: one table of option keys)")
     return Scenario.from_mapping(data, base)
 
 
@@ -355,7 +521,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     for f in dataclasses.fields(Scenario):
         flag = "--" + f.name.replace("_", "-")
         kind, default = f.metadata["kind"], getattr(defaults, f.name)
-        shown = ",".join(default) if isinstance(default, list) else default
+        shown = (",".join(default) if isinstance(default, list) else str(default).lower() if kind == "bool"
+                 else default)
         text = f"{f.metadata['help']} (key {f.name}; default: {shown if shown not in ({}, '') else 'none'})"
         section = sections[f.metadata["group"]]
         if kind == "bool":
