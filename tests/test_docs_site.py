@@ -296,3 +296,11 @@ def test_the_python_the_pages_ask_for_is_pyprojects_requires_python():
              for page in pages() for m in re.finditer(r"Python (3\.\d+)(?: or later|\+)", page.read_text(encoding="utf-8"))
              if m.group(1) != minimum[2:]}
     assert not found, f"requires-python is {minimum}:\n" + "\n".join(sorted(found))
+
+
+def test_every_logging_setup_the_pages_show_writes_to_stdout():
+    # A Worker's stderr is console.error, which wrangler dev prints as [ERROR]: the round lines go to stdout.
+    calls = [(page, m.group(0)) for page in pages()
+             for m in re.finditer(r"logging\.basicConfig\([^)]*\)", page.read_text(encoding="utf-8"))]
+    assert calls and all("stream=sys.stdout" in call for _, call in calls), [
+        f"{page.relative_to(ROOT)}: {call}" for page, call in calls if "stream=sys.stdout" not in call]
