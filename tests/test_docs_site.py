@@ -264,3 +264,43 @@ def test_the_readmes_links_lead_somewhere():
     assert not readme_link_problems((ROOT / "README.md").read_text(encoding="utf-8"))
     assert readme_link_problems("[a](docs/none.md) [b](docs/tutorial.md#no-such-heading) [c](https://x.y/z)") == [
         "README.md links to docs/none.md: no such file", "README.md links to docs/tutorial.md#no-such-heading: no such heading"]
+
+
+def wrangler_install_problems(text: str, pin: str) -> list[str]:
+    """Where ``text`` installs wrangler other than ``npm install --save-dev --save-exact
+    wrangler@<pin>`` (npx does not install it in a fresh folder without asking; a version spec
+    without ``--save-exact`` writes ``^x.y.z``), or names a minimum version ("x.y.z or later")."""
+    out = []
+    for m in re.finditer(r"npm install[^\n`]*wrangler@[\w.^~-]*", text):
+        if m.group(0) != f"npm install --save-dev --save-exact wrangler@{pin}":
+            out.append(f"{m.group(0)!r}: install exactly wrangler@{pin} with --save-exact")
+    out += [f"{m.group(0)!r}: name the tested version" for m in re.finditer(r"wrangler \d[\d.]* or later", text)]
+    return out
+
+
+def test_every_wrangler_install_line_is_the_projects_pin_saved_exactly():
+    pin = json.loads((ROOT / "package.json").read_text(encoding="utf-8"))["devDependencies"]["wrangler"]
+    found = [f"{page.relative_to(ROOT)}: {problem}"
+             for page in [*pages(), ROOT / "examples" / "worker" / "README.md"]
+             for problem in wrangler_install_problems(page.read_text(encoding="utf-8"), pin)]
+    assert not found, "\n".join(found)
+    assert wrangler_install_problems("npm install --save-dev wrangler@1.2.3; wrangler 1.2.3 or later", "1.2.3") == [
+        "'npm install --save-dev wrangler@1.2.3': install exactly wrangler@1.2.3 with --save-exact",
+        "'wrangler 1.2.3 or later': name the tested version"]
+
+
+def test_the_python_the_pages_ask_for_is_pyprojects_requires_python():
+    minimum = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["requires-python"]
+    assert minimum.startswith(">="), minimum
+    found = {f"{page.relative_to(ROOT)}: {m.group(0)}"
+             for page in pages() for m in re.finditer(r"Python (3\.\d+)(?: or later|\+)", page.read_text(encoding="utf-8"))
+             if m.group(1) != minimum[2:]}
+    assert not found, f"requires-python is {minimum}:\n" + "\n".join(sorted(found))
+
+
+def test_every_logging_setup_the_pages_show_writes_to_stdout():
+    # A Worker's stderr is console.error, which wrangler dev prints as [ERROR]: the round lines go to stdout.
+    calls = [(page, m.group(0)) for page in pages()
+             for m in re.finditer(r"logging\.basicConfig\([^)]*\)", page.read_text(encoding="utf-8"))]
+    assert calls and all("stream=sys.stdout" in call for _, call in calls), [
+        f"{page.relative_to(ROOT)}: {call}" for page, call in calls if "stream=sys.stdout" not in call]

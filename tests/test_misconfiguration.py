@@ -68,6 +68,51 @@ def test_storage_without_sql_is_a_configuration_error_naming_the_migration():
         Storage(kv_backed_context()).exec("SELECT 1")
 
 
+class NoSqlHolder:
+    """A holder class as a Worker writes it (``ctx`` kept as ``self.ctx``, as the SDK's
+    ``DurableObject`` does), whose migration lists it under ``new_classes``."""
+
+    def __init__(self, ctx: Any, env: Any = None) -> None:
+        self.ctx, self.env = ctx, env
+        self.scheduler = DurabilityScheduler(ctx)
+        self.semaphore = DurabilitySemaphore(scheduler=self.scheduler, limit=2)
+
+    async def permits(self, message: Any) -> dict:
+        return await self.semaphore.handle(message)
+
+
+class KvExports:
+    """A client class whose storage has no ``sql`` at all."""
+
+    def __init__(self, ctx: Any, env: Any = None) -> None:
+        self.ctx, self.env = ctx, env
+        self.scheduler = DurabilityScheduler(ctx)
+
+
+@async_test
+async def test_the_error_names_the_durable_object_class_without_sqlite_and_the_client_the_binding():
+    holder = NoSqlHolder(kv_backed_context())
+    reply = await holder.permits(sync())
+    named = "the Durable Object class NoSqlHolder has no SQLite storage: list NoSqlHolder under new_sqlite_classes"
+    assert reply["error"]["message"].startswith(named) and reply["error"]["field"] == "migrations", reply
+
+    class Env:
+        BUDGET = type("Ns", (), {"getByName": staticmethod(lambda name: holder)})()
+
+    helper = DurabilitySemaphore.client(binding="BUDGET", invoke="permits")
+    with pytest.raises(ConfigurationError) as err:  # the binding (client side) and the class (holder side)
+        await helper.request(Env(), "k", sync())
+    assert str(err.value).startswith(f"env.BUDGET (holder 'k'): {named}"), err.value
+
+    ctx = LocalContext(name="acme/e1")
+    ctx.storage = type("KvStorage", (), {})()  # no .sql: refused when the object is constructed
+    with pytest.raises(ConfigurationError) as err:
+        KvExports(ctx)
+    assert str(err.value).startswith("the Durable Object class KvExports has no SQLite storage: list KvExports "
+                                     "under new_sqlite_classes"), err.value
+    assert err.value.field == "migrations"
+
+
 class NotAHolder:
     """A Durable Object class that is not a holder (no ``permits`` method)."""
 

@@ -227,6 +227,16 @@ def test_a_missing_or_doubled_block_fails_the_lookup(tmp_path):
         block(str(page), "## U")
 
 
+# ================================================================== the README's length
+#: The README is the front page: past this, move the text into the docs site and link it.
+README_MAX_LINES = 200
+
+
+def test_the_readme_is_at_most_200_lines():
+    lines = len(README.read_text(encoding="utf-8").splitlines())
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines (at most {README_MAX_LINES}): move text to docs/"
+
+
 # ================================================================== the README's complete Worker
 def readme_worker() -> dict[str, str]:
     """``{path: content}`` of the README's Worker: each block's first line is ``# <path>``."""

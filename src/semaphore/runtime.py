@@ -33,10 +33,37 @@ MAX_BINDINGS = 100
 #: What workerd answers ``ctx.storage.sql.exec`` of a class that is not SQLite-backed (its
 #: migration lists it under ``new_classes``, or under none).
 SQL_NOT_ENABLED = "SQL is not enabled for this Durable Object class"
-#: The :class:`ConfigurationError` of a Durable Object class without SQLite storage.
+#: The :class:`ConfigurationError` of a Durable Object class without SQLite storage, when the
+#: class is not known (:func:`not_sqlite` names it when it is).
 NOT_SQLITE = ("this Durable Object class has no SQLite storage: list it under new_sqlite_classes in a "
               "[[migrations]] entry of wrangler.toml (a class already deployed under new_classes cannot be "
               "changed; add a new class)")
+#: :data:`NOT_SQLITE` naming the class.
+NOT_SQLITE_NAMED = ("the Durable Object class {name} has no SQLite storage: list {name} under new_sqlite_classes "
+                    "in a [[migrations]] entry of wrangler.toml (a class already deployed under new_classes cannot "
+                    "be changed; add a new class)")
+
+
+def not_sqlite(ctx: Any) -> str:
+    """The message of the :class:`ConfigurationError` for ``ctx``'s storage without SQLite:
+    :data:`NOT_SQLITE_NAMED` with the Durable Object class whose ``ctx`` it is, else
+    :data:`NOT_SQLITE`. The runtime's ``ctx`` does not name its class, so the class is that of
+    the first caller up the stack (a method of the object: its constructor, ``permits``,
+    ``alarm``) whose ``self.ctx`` is ``ctx`` and that is not one of this library's objects.
+    Only looked up for this error."""
+    frame = inspect.currentframe()
+    for _ in range(64):
+        if frame is None:
+            break
+        owner = frame.f_locals.get("self")
+        try:
+            owns = owner is not None and vars(owner).get("ctx") is ctx
+        except TypeError:  # no __dict__
+            owns = False
+        if owns and type(owner).__module__.partition(".")[0] != __name__.partition(".")[0]:
+            return NOT_SQLITE_NAMED.format(name=type(owner).__name__)
+        frame = frame.f_back
+    return NOT_SQLITE
 
 
 def _is_js_null(value: Any) -> bool:
@@ -164,7 +191,8 @@ class Storage:
             raise TypeError("expected a Durable Object ctx with a .storage attribute")
         sql = getattr(storage, "sql", None)
         if sql is None:
-            raise ConfigurationError(NOT_SQLITE, field="migrations")
+            raise ConfigurationError(not_sqlite(ctx), field="migrations")
+        self._ctx = ctx
         self._storage = storage
         self._sql = sql
         #: Number of SQL statements executed through this adapter (for benchmarks).
@@ -181,7 +209,7 @@ class Storage:
             cursor = self._sql.exec(query, *bindings)
         except Exception as exc:
             if SQL_NOT_ENABLED in str(exc):  # a class without its new_sqlite_classes migration
-                raise ConfigurationError(NOT_SQLITE, field="migrations") from exc
+                raise ConfigurationError(not_sqlite(self._ctx), field="migrations") from exc
             raise
         return self._rows(cursor)
 

@@ -140,7 +140,8 @@ def test_the_proper_holder_answers(misconfigured):
 
 
 @pytest.mark.parametrize("binding, field, words", [
-    ("NO_SQL", "migrations", "new_sqlite_classes"),
+    ("NO_SQL", "migrations", "the Durable Object class NoSqlHolder has no SQLite storage: list NoSqlHolder under "
+                             "new_sqlite_classes"),
     ("NOT_HOLDER", "binding", "Method permits does not exist"),
     ("NO_VAR", "holder", "env has no var 'LIMIT'"),
 ])

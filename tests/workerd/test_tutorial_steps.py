@@ -182,8 +182,12 @@ def test_following_the_tutorial_the_exports_worker_holds_each_accounts_limit_on_
 
     (step3,) = blocks_under(TUTORIAL, heading_of(TUTORIAL, "3. "))
     install, run = step3.text.strip().splitlines()
-    assert install.startswith("npm install --save-dev wrangler@") and run == "npx wrangler dev", step3.text
+    # the exact version, pinned exactly (a bare version spec would write ^x.y.z into package.json)
+    assert re.fullmatch(r"npm install --save-dev --save-exact wrangler@\d+\.\d+\.\d+", install), step3.text
+    assert run == "npx wrangler dev", step3.text
     sh(install, project, times, "3. npm install wrangler", timeout=900)
+    pinned = json.loads((project / "package.json").read_text(encoding="utf-8"))["devDependencies"]["wrangler"]
+    assert pinned == install.rsplit("@", 1)[1], pinned  # exactly the version, no ^
 
     bundle = devbundle()
     lines = offline_route(project, bundle) if bundle is not None else [run]
