@@ -280,8 +280,8 @@ def test_the_readme_wrangler_toml_binds_and_migrates_the_classes(workers_standin
 
 
 class Request:
-    def __init__(self, url: str) -> None:
-        self.url = url
+    def __init__(self, url: str, method: str = "POST") -> None:
+        self.url, self.method = url, method
 
 
 @async_test
@@ -326,6 +326,13 @@ async def test_the_readme_worker_holds_the_limit_across_objects(clock: SimClock,
     await clock.advance(15_000)
     for account in ("acme", "beta"):
         assert (await env.ACCOUNT_LIMIT.getByName(account).semaphore.usage())["charged"] == 0
+    # Any other request is answered 404 by the front, reaching no object (it used to crash on "/").
+    for url, method in (("https://exports.example/", "GET"), ("https://exports.example/exports/acme", "POST"),
+                        ("https://exports.example/exports/acme/e1", "GET"),
+                        ("https://exports.example/exports//e1", "POST"), ("https://exports.example/x/a/b", "POST")):
+        answer = await front.fetch(Request(url, method))
+        assert answer.status == 404 and "POST /exports/<account>/<name>" in answer.body, (url, method)
+    assert len(env.EXPORTS.objects) == len(urls)
 
 
 def test_wrangler_bundles_the_readme_worker(tmp_path_factory):
