@@ -13,6 +13,7 @@ arguments, ``python_to_rpc`` on the result), and runs ``alarm()`` handlers.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from typing import Any
 
@@ -28,7 +29,7 @@ try:
 except ImportError:  # older Pyodide
     jsnull = None
 
-__all__ = ["Runtime", "Skip", "js_to_py", "raw_js", "close_all"]
+__all__ = ["Runtime", "Skip", "js_to_py", "raw_js", "close_all", "settle_queue"]
 
 
 class Skip(Exception):
@@ -163,6 +164,33 @@ class Runtime:
             except Exception:
                 pass
         self._class_proxies = []
+
+
+PUMPS_BOUND_S = 20.0  # a background pump still running after this is a hang, not a slow machine
+
+
+async def settle_queue(rt: Runtime, binding: str, name: str, *, timeout_s: float = PUMPS_BOUND_S,
+                       live_only: bool = False) -> Any:
+    """Wait until the background pumps of the object's live instance (its ``queue``, a
+    SemaphoreQueue) have ended, and return the instance. An ``enqueue()``, a ``permit()`` and a
+    completion are pumped by their own instance at once, in the background, not through the
+    object's alarm (SPEC R37 wake-ups), so a test waits for those pumps, not for an alarm. The
+    work its callbacks run is left running (``await inst.queue.drain()`` waits for that too).
+    A pump that does not end within ``timeout_s`` fails the test. With ``live_only``, an object
+    with no live instance is left alone (``None``) rather than constructed."""
+    if live_only and js_to_py(rt._record(binding, name).instance) is None:
+        return None
+    inst = await rt.instance(binding, name)
+
+    async def settled() -> None:
+        while tasks := [t for t in inst.queue._pumps() if not t.done()]:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    try:
+        await asyncio.wait_for(settled(), timeout_s)
+    except TimeoutError:
+        raise AssertionError(f"{binding} {name!r}: a background pump still runs after {timeout_s} s") from None
+    return inst
 
 
 def close_all() -> None:

@@ -11,7 +11,7 @@ objects and exceptions. Client state lives in the client object's own SQLite
 import asyncio
 import time
 
-from standins import Runtime
+from standins import Runtime, settle_queue
 from workers import DurableObject
 from workers.rpc import JsDict
 
@@ -340,20 +340,33 @@ async def test_client_state_survives_eviction_of_the_client_object():
             "durability_semaphore_client_keys"} <= tables
 
 
+def gone_before_pumping(inst):
+    """Stage an instance that dies before it pumps what it is asked next: ``abandon()`` (what the
+    object's death does to it, as the test kit's eviction) closes its queue, which then commits
+    an enqueue or a completion, pumps nothing and leaves the key's wake-up due at once, for the
+    object's alarm (SPEC R37 wake-ups; a live instance pumps the key itself, in the background,
+    and sets the durable wake-up only as a fallback 10 s later). Evict it after that step."""
+    inst.queue.abandon()
+
+
 async def test_queue_alarm_admits_under_the_limit_and_completion_admits_the_rest():
-    # R15a, R37: the object's alarm (scheduler timer) pumps the queue; never more than the limit
+    # R15a, R37: the object's alarm (scheduler timer) pumps the queue; never more than the limit.
+    # The alarm path: the instance that enqueues dies before it pumps (gone_before_pumping).
     rt = Runtime({"ACCOUNT_LIMIT": AccountLimit, "QUEUE": Queue}, vars=FAST, auto_alarms=False)
     q = rt.stub("QUEUE", "q")
+    gone = await rt.instance("QUEUE", "q")
+    gone_before_pumping(gone)
     for i in range(5):
         assert await q.enqueue(f"j{i}") == "queued"
     # The queue's wake-up is a scheduler participant: its due time is read from the queue's own
     # table, no timer row mirrors it.
     assert rt.sql("QUEUE", "q", "SELECT name FROM durability_scheduler_timers") == []
-    inst = await rt.instance("QUEUE", "q")
-    due = inst.scheduler.due_times()
+    due = gone.scheduler.due_times()
     assert list(due) == ["durability_semaphore_queue:wake"]
-    assert rt.get_alarm("QUEUE", "q") == due["durability_semaphore_queue:wake"] == inst.queue.wake_at(KEY)
-    assert (await rt.fire_alarm("QUEUE", "q"))["error"] is None
+    assert rt.get_alarm("QUEUE", "q") == due["durability_semaphore_queue:wake"] == gone.queue.wake_at(KEY)
+    rt.evict("QUEUE", "q")
+    assert (await rt.fire_alarm("QUEUE", "q"))["error"] is None      # a new instance pumps
+    inst = await rt.instance("QUEUE", "q")
     s = states(inst)
     running = sorted(k for k, v in s.items() if v is ItemState.RUNNING)
     assert running == ["j0", "j1", "j2"], s          # limit 3, oldest first
@@ -362,7 +375,9 @@ async def test_queue_alarm_admits_under_the_limit_and_completion_admits_the_rest
     assert [a["item_id"] for a in admitted] == running and {a["kind"] for a in admitted} == {"grant"}
     assert (await rt.stub("ACCOUNT_LIMIT", KEY).usage()).outstanding == 3
     assert rt.get_alarm("QUEUE", "q") is not None     # waits for nextRequestAt to ask again
-    # Completing two releases their permits (reported by the next sync) and admits the rest.
+    # Completing two releases their permits (reported by the next sync) and admits the rest:
+    # the live instance pumps its completions itself; the alarm fired below only runs what
+    # waits for nextRequestAt.
     assert await q.complete("j0") is True and await q.complete("j1") is True
     assert await q.complete("j1") is False            # idempotent
     deadline = time.monotonic() + 20                     # a bound on polling, not a timing check
@@ -380,9 +395,12 @@ async def test_queue_alarm_admits_under_the_limit_and_completion_admits_the_rest
 
 
 async def test_queue_survives_eviction_and_its_alarm_finds_the_timer_in_sql():
-    # R37: items and the wake-up timer survive eviction; a fresh instance continues from SQL
+    # R37: items and the wake-up timer survive eviction; a fresh instance continues from SQL.
+    # Each change is made by an instance that dies before it pumps it (gone_before_pumping), so
+    # only the wake-up in SQL brings the next instance to it.
     rt = Runtime({"ACCOUNT_LIMIT": AccountLimit, "QUEUE": Queue}, vars=FAST, auto_alarms=False)
     q = rt.stub("QUEUE", "q")
+    gone_before_pumping(await rt.instance("QUEUE", "q"))
     await q.enqueue("a")
     await q.enqueue("b")
     rt.evict("QUEUE", "q")
@@ -390,6 +408,7 @@ async def test_queue_survives_eviction_and_its_alarm_finds_the_timer_in_sql():
     inst = await rt.instance("QUEUE", "q")
     assert states(inst) == {"a": ItemState.RUNNING, "b": ItemState.RUNNING}
     rt.evict("QUEUE", "q")
+    gone_before_pumping(await rt.instance("QUEUE", "q"))
     assert await q.complete("a") is True
     rt.evict("QUEUE", "q")
     assert (await rt.fire_alarm("QUEUE", "q"))["error"] is None      # a fresh instance again
@@ -410,8 +429,7 @@ async def test_queue_draws_leases_without_a_round_trip_and_settles_them():
     LeaseHolder.calls = 0
     q = rt.stub("QUEUE", "q")
     await q.enqueue("a")
-    assert (await rt.fire_alarm("QUEUE", "q"))["error"] is None
-    inst = await rt.instance("QUEUE", "q")
+    inst = await settle_queue(rt, "QUEUE", "q")     # the instance pumps its enqueue itself (R37)
     # Strict provisioning, limit 4: demand 1 gets a grant of 1 plus a lease of 3 (R25); the
     # queue runs "a" under one of them.
     (lease,) = inst.client.leases(KEY)
@@ -420,7 +438,7 @@ async def test_queue_draws_leases_without_a_round_trip_and_settles_them():
     drawn = inst.client.lease(KEY, lease.lease_id).drawn
     calls = LeaseHolder.calls
     assert await q.enqueue("b") == "queued"
-    assert (await rt.fire_alarm("QUEUE", "q"))["error"] is None
+    await settle_queue(rt, "QUEUE", "q")
     item_b = inst.queue.item("b")
     assert item_b.state is ItemState.RUNNING and item_b.permit == type(item_b.permit)(
         PermitKind.LEASE, lease.lease_id, drawn + 1)
@@ -430,7 +448,7 @@ async def test_queue_draws_leases_without_a_round_trip_and_settles_them():
     # Completion releases the permits; the releases reach the holder (possibly held back for
     # the queue's release-report bound: let that time pass).
     assert await q.complete("a") and await q.complete("b")
-    assert (await rt.fire_alarm("QUEUE", "q"))["error"] is None
+    await settle_queue(rt, "QUEUE", "q")             # the instance pumps its completions itself
     rt.advance(RELEASE_REPORT_MS + 1)
     assert (await rt.fire_alarm("QUEUE", "q")).get("error") is None
     (held,) = rt.sql("ACCOUNT_LIMIT", KEY, "SELECT drawn, released, status FROM durability_semaphore_leases")
