@@ -198,14 +198,19 @@ def wrangler_dev(root: Path, port: int) -> Iterator[tuple[str, Path, dict[str, f
             time.sleep(0.5)
         yield f"http://127.0.0.1:{port}", log, {"ready_s": time.monotonic() - started}
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+        stop_group(proc)
         print(f"--- ./dev output ---\n{log.read_text(errors='replace')[-8000:]}")
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """Stop ``proc``'s process group (started with ``start_new_session``): SIGTERM, then SIGKILL."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
 
 
 def http(url: str, method: str = "GET") -> tuple[int, dict]:

@@ -27,7 +27,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -41,7 +40,7 @@ from semaphore.testing.workerd import free_port
 from test_readme import Block, page_blocks
 
 from .test_readme_worker import ROUND_LINE
-from .test_sample_worker import READY_DEADLINE_S, _node_dir
+from .test_sample_worker import READY_DEADLINE_S, _node_dir, stop_group
 
 pytestmark = pytest.mark.workerd
 
@@ -149,13 +148,7 @@ def started(lines: list[str], project: Path, port: int, times: dict[str, float])
         times["3. wrangler dev, to ready"] = time.monotonic() - begun
         yield log
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+        stop_group(proc)
         print(f"--- wrangler dev output ---\n{log.read_text(errors='replace')[-6000:]}")
 
 
