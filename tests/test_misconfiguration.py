@@ -202,8 +202,6 @@ def test_env_int_names_the_var_and_reads_text_vars():
         assert err.value.field == name and words in str(err.value), err.value
 
 
-@pytest.mark.xfail(strict=True, reason="known defect, open: a ConfigurationError of one key's exchange fails the"
-                   " waiting permit() calls of every key (_pump_exchanges); the fix is to fail that key's waiters only")
 @async_test
 async def test_r12_a_misconfigured_limit_of_one_key_fails_only_that_keys_waiting_permits():
     # R12 decision: the ConfigurationError is one key's holder's; a permit waiting on another key,

@@ -393,9 +393,8 @@ class _QueuePump(_QueueCallbacks):
             except SemaphoreError as exc:
                 self._tries.sent(key, trying if exchange is Exchange.REQUEST else set(), exc)
                 if isinstance(exc, ConfigurationError):  # a wrong binding or holder class: not down
-                    log.error("holder %r: %s; waiting permit() calls fail with it", key, exc)
-                    for fut in [f for f in self._waiters.values() if not f.done()]:
-                        fut.set_exception(exc)
+                    log.error("holder %r: %s; its waiting permit() calls fail with it", key, exc)
+                    self._fail_waiters(key, exc)
                 else:
                     log.warning("holder %r: %s; retrying in %d ms", key, exc, self.retry_ms)
                 self._backoff[key] = self._now() + self.retry_ms
@@ -410,6 +409,14 @@ class _QueuePump(_QueueCallbacks):
             self._paused[key] = self._now() + self.retry_ms
         else:
             self._backoff[key] = self._now() + self.retry_ms
+
+    def _fail_waiters(self, key: str, exc: ConfigurationError) -> None:
+        """Fail the waiting ``permit()`` calls of ``key`` with its holder's ConfigurationError
+        (R12): a permit waiting on another key, whose holder answers fine, is not its concern."""
+        mine = {str(r["item_id"]) for r in self._items.rows(key)}
+        for item_id, fut in list(self._waiters.items()):
+            if item_id in mine and not fut.done():
+                fut.set_exception(exc)
 
     async def _draw_beside_request(self, key: str) -> None:
         """While the key's request waits for its round (or is held, ``request_wait_ms``), draw
