@@ -8,8 +8,8 @@ import gc
 import logging
 import sys
 from collections.abc import Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 
