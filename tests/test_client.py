@@ -165,6 +165,27 @@ async def test_expired_clamps_unconfirmed_claims():
 
 
 @async_test
+async def test_r15a_a_claim_is_released_only_once_the_holder_has_confirmed_it():
+    # R15a, R15, I4: an unconfirmed claim may reach the holder after claimBy and be refused; a
+    # release reported for it would be counted against a slot the holder did take (one an item
+    # runs under). So release() releases confirmed slots only; a refused one is dropped at expiry.
+    s = Setup()
+    (g,) = (await s.ask(count=2)).response.grants
+    assert s.client.claim("k", g.grant_id, 1) == [1]
+    assert s.client.release("k", g.grant_id, 1) == 0  # not confirmed yet
+    await s.run(s.client.sync("k"))
+    assert s.client.claim("k", g.grant_id, 1) == [2]  # slot 1 runs an item; slot 2 not confirmed
+    await s.clock.advance_to(g.claim_by + 1)
+    await s.holder.alarm()  # the holder reclaims: it keeps slot 1, the claim of slot 2 comes late
+    await s.run(s.client.sync("k"))
+    local = s.client.grant("k", g.grant_id)
+    assert (local.permits, local.claimed, local.confirmed, local.released) == (1, 1, 1, 0), local
+    assert (await s.holder.usage())["outstanding"] == 1  # slot 1 is still charged
+    assert s.client.release("k", g.grant_id, 2) == 1
+    assert (await s.run(s.client.sync("k"))).dropped == [g.grant_id]
+
+
+@async_test
 async def test_adopts_grants_and_leases_of_a_lost_reply():
     # R8: a grant (and lease) whose reply was lost reaches the client at its next message
     s = Setup(limit=10, leases=LEASES)

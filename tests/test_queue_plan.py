@@ -120,6 +120,31 @@ def test_r37_surplus_grant_permits_are_given_back_only_where_nothing_can_use_the
     other = replace(snap, queued=queued("y", group="b"))
     assert [b.grant_id for b in plan.plan_admission(other, OPTS).give_backs] == ["spare"]
 
+
+def test_r37_r15a_given_back_permits_are_released_only_once_the_holder_confirms_their_claim():
+    # R37 decision (surplus grants), R15a, I4: a give-back claims the permits and releases none of
+    # them yet: a claim that reaches the holder after claimBy is refused (R15), and a release sent
+    # with it would be counted against the slot an item runs under. Once the holder confirms the
+    # slots, those no item holds are released.
+    running = {"spare": 1}  # slot 1 runs an item
+    claimed = grant("spare", group="a", permits=2, claimed=1, confirmed=1)
+    step = plan.plan_admission(KeySnapshot(NOW, grants=(claimed,), running=running), OPTS)
+    assert [(b.grant_id, b.count) for b in step.give_backs] == [("spare", 1)] and step.idle_slots == ()
+    given = replace(claimed, claimed=2)  # slot 2 given back, unconfirmed
+    assert plan.plan_admission(KeySnapshot(NOW, grants=(given,), running=running), OPTS).idle_slots == ()
+    confirmed = replace(given, confirmed=2)
+    step = plan.plan_admission(KeySnapshot(NOW, grants=(confirmed,), running=running), OPTS)
+    assert [(b.grant_id, b.count) for b in step.idle_slots] == [("spare", 1)]
+    # Refused (the holder reclaimed at claimBy with 1 claimed): the slot is gone, nothing to release.
+    refused = replace(given, permits=1, claimed=1, status="expired")
+    assert plan.plan_admission(KeySnapshot(NOW, grants=(refused,), running=running), OPTS).idle_slots == ()
+    # A confirmed claiming item holds its slot until its resolution starts or releases it.
+    claiming = (ClaimingItem("c", "a", 1, "spare", 2, cancel=True),)
+    snap = KeySnapshot(NOW, grants=(confirmed,), running=running, claiming=claiming,
+                       claim_grants={"spare": confirmed})
+    step = plan.plan_admission(snap, OPTS)
+    assert step.idle_slots == () and [r.action for r in step.resolutions] == [Resolve.RELEASE]
+
 # ----------------------------------------------------------------------------- leases
 def test_r37_prefer_leases_draws_what_fits_and_leaves_grants_unclaimed():
     # R37 (prefer_leases): items that all fit in live leases are drawn, no claim (no round trip)

@@ -494,6 +494,15 @@ def test_i4_deadline_half_catches_a_holder_that_reclaims_seconds_late(
     assert showed > 0
 
 
+def test_grant_permits_given_back_after_claim_by_do_not_free_the_slot_an_item_runs_under():
+    # R37 decision (surplus grants), R15, R15a, I4: a give-back whose report reached the holder
+    # after the grant's claimBy was refused there, and the release sent with it was counted
+    # against the slot an item ran under ("1 items run under grant h41, which charges 0"). Seed 3
+    # strict with clock skew +-500 ms (the soak's own replay line) found it.
+    r = run_one(3, "strict", ops=250, skew_ms=500)
+    assert not r.failed, r.found[:3]
+
+
 def test_grant_permits_given_back_with_no_item_are_not_taken_for_a_double_release():
     # I2's per-row half allows, for a grant, the permits claimed that no item started under: the
     # queue gives them back at once (R37's surplus grants), each once. Seed 13 "over" (the soak's

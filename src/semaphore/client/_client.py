@@ -270,8 +270,10 @@ class SemaphoreClient:
         return self.storage.transaction(lambda: self.unit(key).claim(grant_id, count))
 
     def release(self, key: str, grant_id: str, count: int = 1) -> int:
-        """Release ``count`` claimed permits of a grant (clamped to what is claimed and not yet
-        released); returns how many were released. Reported with the next message."""
+        """Release ``count`` claimed permits of a grant (clamped to what the holder has confirmed
+        and is not yet released, SPEC R15a: an unconfirmed claim may be refused, and releasing
+        it would free a slot another claim holds); returns how many were released. Reported with
+        the next message."""
         return self.storage.transaction(lambda: self.unit(key).release(grant_id, count))
 
     def draw(self, key: str, lease_id: str, *, margin_ms: int = 0) -> int | None:

@@ -258,7 +258,14 @@ class _QueuePump(_QueueCallbacks):
         return KeySnapshot(
             now, queued, claiming, tuple(unit.grants()), {c.grant_id: unit.grant(c.grant_id) for c in claiming},
             tuple(unit.leases()), unit.state(), pending,
-            self._admit_room(key))
+            self._admit_room(key), self._running_grant_slots(key))
+
+    def _running_grant_slots(self, key: str) -> dict[str, int]:
+        """Per grant id, how many of ``key``'s running items hold a slot of it."""
+        out: dict[str, int] = {}
+        for r in self._live(key, ItemState.RUNNING, permit_kind=PermitKind.GRANT.value):
+            out[str(r["permit_id"])] = out.get(str(r["permit_id"]), 0) + 1
+        return out
 
     def _resolve(self, unit: KeyUnit, resolutions: tuple[plan.Resolution, ...], wake_now: bool, now: int) -> None:
         """Carry out claim resolutions (SPEC R15a): one write per kind of resolution."""
@@ -329,8 +336,10 @@ class _QueuePump(_QueueCallbacks):
                         permit_id=draw.lease_id, slot=drawn)
         for lease_id in step.stops:
             unit.stop_lease(lease_id)
-        for give_back in step.give_backs:  # no item runs under them: claimed to be released at once
-            unit.release(give_back.grant_id, len(unit.claim(give_back.grant_id, give_back.count)))
+        for give_back in step.give_backs:  # no item runs under them: released once confirmed
+            unit.claim(give_back.grant_id, give_back.count)
+        for idle in step.idle_slots:
+            unit.release(idle.grant_id, idle.count)
         if step.purge_done_before is not None and self.marks.purge_due(ITEMS, step.purge_done_before):
             kept = "" if self.on_done is None else " AND done_pending = 0"  # its hook has not run yet
             self._items.delete_done(f"finished_at < ?{kept}", step.purge_done_before)

@@ -69,8 +69,10 @@ class ClientGrant:
 
     @property
     def releasable(self) -> int:
-        """Claimed permits not yet released (of a final grant: only those it kept, R15)."""
-        return min(self.claimed, self.permits if self.final else self.claimed) - self.released
+        """Confirmed permits not yet released (R15a). A slot the holder has not confirmed is not
+        released: its claim may have reached the holder after ``claimBy`` and been refused (R15),
+        and a release reported for it would free a slot that an item runs under (I4)."""
+        return max(0, self.confirmed - self.released)
 
     def report(self) -> GrantReport:
         """The cumulative report of this grant."""

@@ -98,6 +98,7 @@ class KeySnapshot:
     :ivar admit_room: how many more bounded items may be admitted now (``admit_concurrency``
         minus the key's claiming items and running items whose callback has not returned);
         ``None``: no bound.
+    :ivar running: per grant id, how many running items hold a slot of it.
     """
 
     now: int
@@ -109,6 +110,7 @@ class KeySnapshot:
     key: KeyState = field(default_factory=KeyState)
     pending_since: int | None = None
     admit_room: int | None = None
+    running: Mapping[str, int] = field(default_factory=dict)
 
     def queued_groups(self) -> dict[str, list[str]]:
         """Queued item ids per group, in enqueue order."""
@@ -238,8 +240,9 @@ class Draw:
 
 @dataclass(frozen=True)
 class GiveBack:
-    """Claim the ``count`` unclaimed permits of grant ``grant_id`` and release them at once: no
-    item will run under them, the report hands them back (an unsent claim is due at once)."""
+    """Grant ``grant_id``'s ``count`` permits that no item will run under. As a give-back: claim
+    them (the report goes at once: an unsent claim is due at once); as idle slots: release that
+    many of its confirmed slots that no item holds (:func:`_idle_slots`)."""
 
     grant_id: str
     count: int
@@ -248,7 +251,8 @@ class GiveBack:
 @dataclass(frozen=True)
 class AdmissionPlan:
     """What one local admission step does, in this order: resolutions, claims, draws, stops,
-    give-backs; ``wake_now``: an item finished (its ``on_done`` hook is due);
+    give-backs (claimed), idle slots (released); ``wake_now``: an item finished (its ``on_done``
+    hook is due);
     ``purge_done_before``: delete finished items older than this (``None``: keep them)."""
 
     resolutions: tuple[Resolution, ...] = ()
@@ -256,6 +260,7 @@ class AdmissionPlan:
     draws: tuple[Draw, ...] = ()
     stops: tuple[str, ...] = ()
     give_backs: tuple[GiveBack, ...] = ()
+    idle_slots: tuple[GiveBack, ...] = ()
     wake_now: bool = False
     purge_done_before: int | None = None
 
@@ -347,7 +352,8 @@ def _draws(snap: KeySnapshot, opts: QueueOptions, queued: dict[str, list[str]]) 
 
 
 def _give_backs(snap: KeySnapshot, opts: QueueOptions, claims: tuple[Claim, ...]) -> tuple[GiveBack, ...]:
-    """Grant permits nothing can use (R37 decision, surplus grants): the unclaimed permits of an
+    """Grant permits nothing can use (R37 decision, surplus grants), to claim now and release once
+    the holder confirms them (:func:`_idle_slots`): the unclaimed permits of an
     active grant whose group has no item queued or claiming (``snap``: after this step's claims
     and draws), no claim made by this step (``claims``) and no lease. A grant answering demand
     that went away while its request was on the way (a withdrawn permit, an item completed
@@ -360,6 +366,22 @@ def _give_backs(snap: KeySnapshot, opts: QueueOptions, claims: tuple[Claim, ...]
         | {g.group for g in snap.grants if g.grant_id in claimed}
     return tuple(GiveBack(g.grant_id, g.unclaimed) for g in snap.grants
                  if g.unclaimed > 0 and g.group not in busy and snap.now < g.claim_by - opts.claim_margin_ms)
+
+
+def _idle_slots(snap: KeySnapshot) -> tuple[GiveBack, ...]:
+    """Confirmed grant slots that no item holds, to release (R37 decision, surplus grants; R15a):
+    the given-back ones, once the holder has confirmed their claim. Only a confirmed slot is
+    released: a claim that reached the holder after ``claimBy`` was refused (R15), so a release
+    reported for it would be counted against a slot an item runs under (I4). ``snap`` is before
+    this step's resolutions: a confirmed claiming item still holds its slot (it starts, or its
+    resolution releases it)."""
+    held = dict(snap.running)
+    for c in snap.claiming:
+        g = snap.claim_grants.get(c.grant_id)
+        if g is not None and c.slot <= g.confirmed:
+            held[c.grant_id] = held.get(c.grant_id, 0) + 1
+    idle = ((g.grant_id, g.releasable - held.get(g.grant_id, 0)) for g in snap.grants)
+    return tuple(GiveBack(grant_id, n) for grant_id, n in idle if n > 0)
 
 
 def _after_admission(snap: KeySnapshot, claims: tuple[Claim, ...], draws: tuple[Draw, ...]) -> KeySnapshot:
@@ -375,7 +397,9 @@ def plan_admission(snap: KeySnapshot, opts: QueueOptions, *, with_claims: bool =
     """Resolve claims, claim from grants (pending confirmation, R15a; none if ``with_claims`` is
     false), draw from leases (R34, R34a), stop leases with nothing left to draw or idle before
     expiry (R37), give back grant permits nothing can use (:func:`_give_backs`; only with
-    ``with_claims``: giving back is a claim too)."""
+    ``with_claims``: giving back is a claim too), release confirmed slots no item holds
+    (:func:`_idle_slots`)."""
+    idle = _idle_slots(snap)
     resolutions = resolve_claims(snap)
     snap = _after_resolutions(snap, resolutions)
     queued = admissible(snap)
@@ -385,7 +409,7 @@ def plan_admission(snap: KeySnapshot, opts: QueueOptions, *, with_claims: bool =
     stops = leases_to_stop(after, opts, contended=False)
     give_backs = _give_backs(after, opts, claims) if with_claims else ()
     finished = any(r.action in (Resolve.RELEASE, Resolve.FINISH) for r in resolutions)
-    return AdmissionPlan(resolutions, claims, draws, stops, give_backs, wake_now=finished and opts.done_hook,
+    return AdmissionPlan(resolutions, claims, draws, stops, give_backs, idle, wake_now=finished and opts.done_hook,
                          purge_done_before=snap.now - opts.retention_ms if opts.retention_ms else None)
 
 

@@ -312,7 +312,7 @@ class SoakSim(Sim):
         * I2: a row never counts more permits released than items finished under it (a repeated
           or reordered report freeing again shows here even when the totals still add up), plus,
           for a grant, the permits claimed that no item started under: the queue gives those
-          back at once (claimed and released with no item, R37's surplus grants), each once."""
+          back (claimed with no item, released once confirmed, R37's surplus grants), each once."""
         grants, leases = self.holder.grants(), self.holder.leases()
         now = self.holder.clock.now
         failed = self.holder.storage.transactions_failed
