@@ -173,3 +173,24 @@ async def test_r3_an_alarm_after_the_scheduler_is_migrated_away_deletes_itself_a
     await DurabilityScheduler(side.ctx, clock=clock).alarm({})
     assert side.storage.alarm is None
     assert not any(t.startswith("durability_") for t in tables(side.storage))
+
+
+@async_test
+async def test_r3_a_pump_of_the_live_queue_after_migrate_none_is_skipped_without_an_error(caplog):
+    # R3, R37 wake-ups: an enqueue pumps its key in the background; when migrate(ctx, None) drops
+    # the tables before that pump runs, the live instance's pump finds them gone. It stops there,
+    # logged at INFO, with no ERROR ("no such table") and no wake-up written (nothing re-created).
+    import logging
+
+    clock, side = await queue_in_use()
+    await clock.advance(1_000)
+    await side.queue.drain()   # no pump of the key runs now
+    await side.queue.enqueue(KEY, "g", "after")   # its pump is kicked: it runs at the next yield
+    SemaphoreQueue.migrate(side.ctx, None)
+    logging.disable(logging.NOTSET)   # this test reads the log
+    with caplog.at_level(logging.INFO, logger="semaphore"):
+        await clock.advance(1_000)
+        await side.queue.drain()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert any("tables are gone" in r.getMessage() for r in caplog.records), caplog.records
+    assert client_side_tables(side.storage) == set()

@@ -213,6 +213,9 @@ class _QueuePump(_QueueCallbacks):
         except asyncio.CancelledError:
             raise
         except Exception:
+            if not self._wakeups.exists(fresh=True):  # migrate(ctx, None) dropped the tables (R3)
+                log.info("queue pump for key %r stops: the queue's tables are gone (migrate(ctx, None))", key)
+                return
             log.exception("queue pump for key %r failed", key)
             retry_at = self._now() + self.retry_ms
             self.storage.transaction(lambda: self._set_wake(key, retry_at))
