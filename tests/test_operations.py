@@ -333,3 +333,33 @@ async def test_force_settle_of_a_big_holder_keeps_its_audit_row_under_the_2_mb_r
     await bed.sem.force_settle("big", "runaway client")
     (row,) = query(bed.storage, "SELECT length(CAST(detail AS BLOB)) AS n FROM durability_semaphore_audit")
     assert int(row["n"]) < 2_000_000, f"audit detail of {int(row['n'])} bytes: over the platform's 2 MB row limit"
+
+
+def test_r38_a_client_row_is_written_only_when_what_it_records_changes():
+    # R38 decision (last seen): clients_to_record writes a row that is missing, whose claims flag
+    # or label changes, whose crash expiry moves or is turned off, or whose last report is
+    # LAST_SEEN_REFRESH_MS old; it deletes the row of an idle client only when there is one.
+    from semaphore.core.seen import LAST_SEEN_REFRESH_MS, ClientSeen, clients_to_record
+
+    now = T0 + 5_000
+    fresh = ClientSeen(T0, claims=True, expires_at=None, label="x")
+
+    def written(row: ClientSeen | None, *, claiming: bool = True, ttl: int | None = None,
+                label: str | None = None, at: int = now) -> bool:
+        stored = {} if row is None else {"c": row}
+        labels = {} if label is None else {"c": label}
+        write, forget = clients_to_record(stored, ["c"], [], frozenset({"c"} if claiming else ()), at, ttl, labels)
+        assert forget == []
+        return write == ["c"]
+
+    assert not written(fresh)  # nothing changed
+    assert not written(fresh, label="x")  # the same label
+    assert written(None)  # no row yet
+    assert written(fresh, claiming=False)  # claims flag changes
+    assert written(fresh, label="y")  # label changes
+    assert written(fresh, ttl=60_000)  # crash expiry moves with every report of a claiming client
+    assert not written(ClientSeen(T0, False, None, None), claiming=False, ttl=60_000)  # no claims: no expiry
+    assert written(ClientSeen(T0, True, T0 + 60_000, None))  # crash expiry turned off: cleared
+    assert not written(fresh, at=T0 + LAST_SEEN_REFRESH_MS - 1)
+    assert written(fresh, at=T0 + LAST_SEEN_REFRESH_MS)  # the last-report time refreshed
+    assert clients_to_record({"c": fresh}, [], ["c", "d"], frozenset(), now, None, {}) == ([], ["c"])

@@ -104,3 +104,31 @@ def test_r6_r16_a_sync_and_the_reclaim_alarm_read_no_meta_rows():
     seen = asyncio.run(scenario())
     assert any("durability_semaphore_grants" in s and "claim_by <=" in s for s in seen), seen
     assert not [s for s in seen if s.lstrip().upper().startswith("SELECT") and "FROM durability_semaphore_meta" in s]
+
+
+def test_r38_a_sync_that_changes_nothing_writes_no_row():
+    # R38 decision (last seen): a heartbeat sync that changes no grant, lease, claims flag, label
+    # or crash expiry writes nothing (before, every sync rewrote the client's last-report row, and
+    # a Durable Object call that writes is answered only after its commit). The row is rewritten
+    # once LAST_SEEN_REFRESH_MS have passed, and at once when the message changes something.
+    from semaphore.core.seen import LAST_SEEN_REFRESH_MS
+    from semaphore.testing import Bed, request, sync
+
+    async def scenario() -> list[int]:
+        bed = Bed(5, grant_timeout_ms=3_600_000)  # no reclaim during the test
+        [reply] = await bed.round(request("a", {"g": 2}))
+        grant = reply["grants"][0]["grantId"]
+        await bed.sem.handle(sync("a", [(grant, 1, 0)]))  # claims: the row changes
+        conn = bed.storage.connection
+        written = []
+        for step, report in ((1_000, (grant, 1, 0)), (1_000, (grant, 1, 0)),
+                             (LAST_SEEN_REFRESH_MS, (grant, 1, 0)), (1_000, (grant, 2, 0))):
+            await bed.clock.advance(step)
+            before = conn.total_changes
+            await bed.sem.handle(sync("a", [report]))
+            written.append(conn.total_changes - before)
+        return written
+
+    # unchanged, unchanged, the last-seen refresh (one row), a new claim (the grant row only:
+    # the client's claims flag is unchanged)
+    assert asyncio.run(scenario()) == [0, 0, 1, 1]

@@ -368,6 +368,13 @@ class StoreContract(RuleBasedStateMachine):
         assert mem.totals() == found["total"]
 
 
+    @invariant()
+    def client_rows_match(self) -> None:
+        # R38 (last seen): both stores keep the same client rows (last report, claims, expiry, label).
+        rows = [side.run(lambda side=side: side.store.seen_rows(CLIENTS)) for side in (self.sql, self.mem)]
+        assert rows[0] == rows[1], rows
+
+
 StoreContract.TestCase.settings = SETTINGS
 TestStoreContract = StoreContract.TestCase
 

@@ -27,6 +27,7 @@ from ..core.rounds import (
     round_reads,
     sync_reads,
 )
+from ..core.seen import ClientSeen, clients_to_record
 from ..core.settle import Settlement, decide_claim_expiry, decide_force_settle
 from ..core.wire import SyncMessage
 
@@ -57,6 +58,9 @@ class Store(Protocol):
 
     def forget_idle(self, client_ids: Sequence[str]) -> None:
         """Forget the last report time of these clients if they hold no grant and no lease."""
+
+    def seen_rows(self, client_ids: Iterable[str]) -> dict[str, ClientSeen]:
+        """The stored rows of these clients (those that have one)."""
 
     def seen(self, holding: Sequence[str], idle: Sequence[str], now: int,
              claiming: frozenset[str] = frozenset(), claim_ttl_ms: int | None = None,
@@ -185,11 +189,15 @@ def _seen(store: Store, ledger: Ledger, client_ids: Sequence[str], now: int, cla
     """The last report time of the clients of a round or sync, kept only for clients that hold
     something after it (a made-up client id leaves no row behind), with whether they hold
     claimed, unreleased permits (crash expiry; the ledger has every row of these clients) and
-    the labels their messages carried (R38 decision: written by the same statement)."""
+    the labels their messages carried (R38 decision: written by the same statement); a row is
+    written only when what it records changes (R38 decision "last seen",
+    :func:`~semaphore.core.seen.clients_to_record`)."""
     owners = {g.client_id for g in ledger.grants.values()} | {x.client_id for x in ledger.leases.values()}
     claiming = frozenset(g.client_id for g in ledger.grants.values() if g.claimed > g.released)
-    store.seen([c for c in client_ids if c in owners], [c for c in client_ids if c not in owners], now,
-               claiming, claim_ttl_ms, labels)
+    holding, idle = clients_to_record(store.seen_rows(client_ids), [c for c in client_ids if c in owners],
+                                      [c for c in client_ids if c not in owners], claiming, now, claim_ttl_ms, labels)
+    if holding or idle:
+        store.seen(holding, idle, now, claiming, claim_ttl_ms, labels)
     _forget(store, ledger, exclude=set(client_ids))
 
 

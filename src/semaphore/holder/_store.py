@@ -41,6 +41,7 @@ from typing import Any
 
 from ..core.ledger import Changes, Reads, Snapshot
 from ..core.rows import AGGREGATES, GRANT_COLUMNS, GRANT_MUTABLE, LEASE_COLUMNS, LEASE_MUTABLE, GrantRow, LeaseRow
+from ..core.seen import ClientSeen
 from ..errors import SemaphoreError
 from ..runtime import JSON_IDS, JSON_ROWS, Storage, chunks, install_schema, json_list
 
@@ -191,6 +192,13 @@ class SqlStore:
         return Snapshot(list(grants.values()), list(leases.values()), meta, groups, reads)
 
     # ------------------------------------------------------------------ operations (issue 11)
+    def seen_rows(self, client_ids: Iterable[str]) -> dict[str, ClientSeen]:
+        """The stored rows of these clients (those that have one): one statement per 1,000."""
+        return {str(r["client_id"]): ClientSeen(int(r["last_report_at"]), bool(r["claims"]),
+                                                None if r["expires_at"] is None else int(r["expires_at"]),
+                                                None if r["label"] is None else str(r["label"]))
+                for r in self._in(CLIENTS, "client_id", client_ids)}
+
     def seen(self, holding: Sequence[str], idle: Sequence[str], now: int,
              claiming: frozenset[str] = frozenset(), claim_ttl_ms: int | None = None,
              labels: Mapping[str, str] | None = None) -> None:

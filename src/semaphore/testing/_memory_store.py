@@ -33,6 +33,7 @@ from typing import Any
 from ..core.ledger import Changes, Reads, Snapshot
 from ..core.rounds import Limits, Pending, limit_lowered
 from ..core.rows import AGGREGATES, GRANT_MUTABLE, LEASE_MUTABLE, GrantRow, LeaseRow
+from ..core.seen import ClientSeen
 from ..core.wire import SyncMessage
 from ..holder._steps import Store, lease_scope, run_reclaim, run_round, run_sync, sync_scope
 from ..holder._store import SCHEMA_VERSION
@@ -64,6 +65,9 @@ class MemoryStore:
         self.last_report_at: dict[str, int] = {}
         #: Per client holding something: its label (the SQL store's ``label`` column).
         self.labels: dict[str, str] = {}
+        #: Per client holding something: whether it holds claimed, unreleased permits, and when
+        #: those may expire (the ``claims`` and ``expires_at`` columns).
+        self.claims: dict[str, tuple[bool, int | None]] = {}
 
     # ------------------------------------------------------------------ reads
     def meta(self) -> dict[str, int]:
@@ -126,6 +130,7 @@ class MemoryStore:
             if client_id not in holding:
                 self.last_report_at.pop(client_id, None)
                 self.labels.pop(client_id, None)
+                self.claims.pop(client_id, None)
 
     def seen(self, holding: Sequence[str], idle: Sequence[str], now: int,
              claiming: frozenset[str] = frozenset(), claim_ttl_ms: int | None = None,
@@ -134,11 +139,18 @@ class MemoryStore:
         without one keeps its own); ``idle`` ones hold nothing: forgotten."""
         for client_id in holding:
             self.last_report_at[client_id] = now
+            self.claims[client_id] = (client_id in claiming, None if claim_ttl_ms is None else now + claim_ttl_ms)
             if labels and client_id in labels:
                 self.labels[client_id] = labels[client_id]
         for client_id in idle:
             self.last_report_at.pop(client_id, None)
             self.labels.pop(client_id, None)
+            self.claims.pop(client_id, None)
+
+    def seen_rows(self, client_ids: Iterable[str]) -> dict[str, ClientSeen]:
+        """The stored rows of these clients (those that have one)."""
+        return {c: ClientSeen(self.last_report_at[c], *self.claims.get(c, (False, None)), self.labels.get(c))
+                for c in client_ids if c in self.last_report_at}
 
     def group_rows(self) -> list[dict[str, Any]]:
         """Every group's aggregates, by name (``group_name`` plus the aggregates, as the SQL
