@@ -235,8 +235,8 @@ class Model:
         message = message or sync_of(c, c.reports())
         contended = bool(self.store.meta().get("contended", 0))
         resolved, lowered = self.sync_limits(message) if limits is None else limits
-        reply, _ = run_sync(self.store, self.now, message, self.policy(), contended, self.next_request_at(),
-                         self.starving(), resolved, lowered, share=self.share())
+        reply = run_sync(self.store, self.now, message, self.policy(), contended, self.next_request_at(),
+                         self.starving(), resolved, lowered, share=self.share()).reply
         self.check_reply_lists_everything(c.cid, reply)
         c.absorb(reply)
         c.confirm(reply)

@@ -132,3 +132,31 @@ def test_r38_a_sync_that_changes_nothing_writes_no_row():
     # unchanged, unchanged, the last-seen refresh (one row), a new claim (the grant row only:
     # the client's claims flag is unchanged)
     assert asyncio.run(scenario()) == [0, 0, 1, 1]
+
+
+def test_r6_a_sync_reads_each_table_once_through_its_indexes():
+    # R6, R2: a sync that changes nothing runs three statements, one read per table (the due
+    # grants and the client's grants in one UNION ALL, likewise the leases, then the client's
+    # row), each through an index, and no alarm re-arming (it moved no deadline); every
+    # JS<->Python crossing on the runtime costs CPU.
+    from semaphore.testing import Bed, request, sync
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        bed = Bed(5, grant_timeout_ms=3_600_000)
+        [reply] = await bed.round(request("a", {"g": 2}))
+        grant = reply["grants"][0]["grantId"]
+        await bed.sem.handle(sync("a", [(grant, 1, 0)]))
+        await bed.clock.advance(1_000)
+        seen: list[str] = []  # every statement of the call, the alarm's re-arming reads included
+        bed.storage.connection.set_trace_callback(seen.append)
+        await bed.sem.handle(sync("a", [(grant, 1, 0)]))
+        bed.storage.connection.set_trace_callback(None)
+        plans = [row[3] for s in seen if s.lstrip().upper().startswith("SELECT")
+                 for row in bed.storage.connection.execute("EXPLAIN QUERY PLAN " + s)]
+        return [s for s in seen if not s.startswith(("SAVEPOINT", "RELEASE"))], plans
+
+    statements, plans = asyncio.run(scenario())
+    assert [s.split(" WHERE")[0] for s in statements] == [
+        "SELECT * FROM durability_semaphore_grants", "SELECT * FROM durability_semaphore_leases",
+        "SELECT * FROM durability_semaphore_clients"], statements
+    assert not [p for p in plans if p.startswith("SCAN") and "json_each" not in p], plans

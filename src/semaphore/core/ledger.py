@@ -76,6 +76,12 @@ class Changes:
     group_deltas: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
     meta_sets: dict[str, int] = field(default_factory=dict)
 
+    @property
+    def empty(self) -> bool:
+        """Nothing to write."""
+        return not (self.new_grants or self.changed_grants or self.deleted_grants or self.new_leases
+                    or self.changed_leases or self.deleted_leases or self.group_deltas or self.meta_sets)
+
     def totals(self) -> dict[str, int]:
         """The total aggregates' deltas (non-zero only): the sum of :attr:`group_deltas`."""
         sums = [sum(d[i] for d in self.group_deltas.values()) for i in range(len(AGGREGATES))]

@@ -817,7 +817,7 @@ class DurabilitySemaphore:
         contended, next_at, starving = self._last_contended, self.next_request_at(), self._last_starving
         share = self._last_share
         try:
-            reply, charge_change = self.storage.transaction(
+            reply, charge_change, wrote = self.storage.transaction(
                 lambda: run_sync(self.store, now, message, self.policy, contended, next_at, starving, limits,
                                  lowered, share=share))
         except Exception as exc:
@@ -832,7 +832,8 @@ class DurabilitySemaphore:
             self._freed()
         if "contended" in reply and self._sync_room():  # R34a room: ask for what is free now
             reply["room"] = True
-        await self.scheduler.arm()
+        if wrote:  # a sync that wrote nothing moved no deadline (R38 decision "last seen")
+            await self.scheduler.arm()
         return reply
 
     def _freed(self, room: bool = True) -> None:

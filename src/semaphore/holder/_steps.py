@@ -31,7 +31,7 @@ from ..core.seen import ClientSeen, clients_to_record
 from ..core.settle import Settlement, decide_claim_expiry, decide_force_settle
 from ..core.wire import SyncMessage
 
-__all__ = ["Store", "LeaseScope", "lease_scope", "sync_scope", "run_round", "run_sync", "run_reclaim",
+__all__ = ["Store", "LeaseScope", "SyncResult", "lease_scope", "sync_scope", "run_round", "run_sync", "run_reclaim",
            "run_force_settle", "run_claim_expiry"]
 
 
@@ -141,20 +141,30 @@ def run_round(store: Store, now: int, clients: Sequence[Pending], limits: Limits
     return outcome
 
 
+class SyncResult(NamedTuple):
+    """What :func:`run_sync` returns: the reply, how much the sync changed the charged capacity
+    (``outstanding + lease_footprint``, R19: below 0, it freed some), and whether it wrote
+    anything (R38 decision "last seen": a sync that wrote nothing moved no deadline, so the
+    alarm needs no re-arming)."""
+
+    reply: dict[str, Any]
+    charge_change: int
+    wrote: bool
+
+
 def run_sync(store: Store, now: int, message: SyncMessage, policy: Policy, contended: bool,
              next_request_at: int, starving: int, limits: Limits | None = None,
-             lowered: bool = False, *, share: int | None = None) -> tuple[dict[str, Any], int]:
+             lowered: bool = False, *, share: int | None = None) -> SyncResult:
     """One sync's transaction body (SPEC R6; with ``limits``, R33a: ``lowered`` says the limit
-    is below the last round's); returns the reply and how much it changed the charged capacity
-    (``outstanding + lease_footprint``, R19: below 0, it freed some). Reads no meta row."""
+    is below the last round's). Reads no meta row."""
     ledger = Ledger(store.load(sync_reads(now, message, limits, lowered, policy), None))
     reply = decide_sync(ledger, now, message, policy, contended, next_request_at, starving, limits, lowered,
                         share=share)
     changes = ledger.changes()
     store.persist(changes)
     labels = {} if message.label is None else {message.client_id: message.label}
-    _seen(store, ledger, [message.client_id], now, policy.claim_ttl_ms, labels)
-    return reply, _charge_change(changes)
+    seen = _seen(store, ledger, [message.client_id], now, policy.claim_ttl_ms, labels)
+    return SyncResult(reply, _charge_change(changes), seen or not changes.empty)
 
 
 def run_reclaim(store: Store, now: int) -> int:
@@ -185,29 +195,30 @@ def _labels(clients: Sequence[Pending]) -> dict[str, str]:
 
 
 def _seen(store: Store, ledger: Ledger, client_ids: Sequence[str], now: int, claim_ttl_ms: int | None,
-          labels: Mapping[str, str]) -> None:
+          labels: Mapping[str, str]) -> bool:
     """The last report time of the clients of a round or sync, kept only for clients that hold
     something after it (a made-up client id leaves no row behind), with whether they hold
     claimed, unreleased permits (crash expiry; the ledger has every row of these clients) and
     the labels their messages carried (R38 decision: written by the same statement); a row is
     written only when what it records changes (R38 decision "last seen",
-    :func:`~semaphore.core.seen.clients_to_record`)."""
+    :func:`~semaphore.core.seen.clients_to_record`). Whether it wrote anything."""
     owners = {g.client_id for g in ledger.grants.values()} | {x.client_id for x in ledger.leases.values()}
     claiming = frozenset(g.client_id for g in ledger.grants.values() if g.claimed > g.released)
     holding, idle = clients_to_record(store.seen_rows(client_ids), [c for c in client_ids if c in owners],
                                       [c for c in client_ids if c not in owners], claiming, now, claim_ttl_ms, labels)
     if holding or idle:
         store.seen(holding, idle, now, claiming, claim_ttl_ms, labels)
-    _forget(store, ledger, exclude=set(client_ids))
+    return _forget(store, ledger, exclude=set(client_ids)) or bool(holding or idle)
 
 
-def _forget(store: Store, ledger: Ledger, exclude: Iterable[str] = ()) -> None:
+def _forget(store: Store, ledger: Ledger, exclude: Iterable[str] = ()) -> bool:
     """Forget the last report time of other clients whose rows this decision deleted (a reclaim
     of a grant never claimed, a settle) once they hold nothing at all (one statement, only when
-    something was deleted)."""
+    something was deleted). Whether it ran."""
     others = sorted(ledger.deleted_owners - set(exclude))
     if others:
         store.forget_idle(others)
+    return bool(others)
 
 
 def run_force_settle(store: Store, client_id: str) -> Settlement:

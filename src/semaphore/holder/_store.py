@@ -159,6 +159,21 @@ class SqlStore:
             rows += self._load(table, f"{column} IN (SELECT value FROM json_each(?)){extra}", [json_list(part)])
         return rows
 
+    def _either(self, table: str, first: tuple[str, list[Any]] | None, column: str,
+                values: Iterable[str]) -> list[dict[str, Any]]:
+        """The rows matching ``first`` (a where clause and its parameters; ``None``: none) or whose
+        ``column`` is in ``values``, with duplicates: the first chunk of ``values`` goes in the
+        same statement (``UNION ALL`` of the two index reads), so a sync reads each table once."""
+        parts = list(chunks(sorted(set(values)), JSON_IDS))
+        if first is None or not parts:
+            rows = [] if first is None else self._load(table, *first)
+            return rows + [r for part in parts for r in self._in(table, column, part)]
+        where, params = first
+        rows = self.storage.exec(
+            f"SELECT * FROM {table} WHERE {where} UNION ALL"
+            f" SELECT * FROM {table} WHERE {column} IN (SELECT value FROM json_each(?))", *params, json_list(parts[0]))
+        return rows + [r for part in parts[1:] for r in self._in(table, column, part)]
+
     def load(self, reads: Reads, meta: dict[str, int] | None) -> Snapshot:
         """The rows ``reads`` names (each once), with ``meta`` as read by :meth:`meta` (``None``
         for a decision that does not read it)."""
@@ -175,12 +190,10 @@ class SqlStore:
                 if str(r["lease_id"]) not in leases:
                     leases[str(r["lease_id"])] = LeaseRow.from_row(r)
 
-        if reads.due_at is not None:
-            grant_rows(self._load(GRANTS, "claim_by <= ? AND claimed < permits", [reads.due_at]))
-        if reads.expired_at is not None:
-            lease_rows(self._load(LEASES, "status = 'live' AND expires_at <= ?", [reads.expired_at]))
-        grant_rows(self._in(GRANTS, "client_id", reads.clients))
-        lease_rows(self._in(LEASES, "client_id", reads.clients))
+        due = None if reads.due_at is None else ("claim_by <= ? AND claimed < permits", [reads.due_at])
+        expired = None if reads.expired_at is None else ("status = 'live' AND expires_at <= ?", [reads.expired_at])
+        grant_rows(self._either(GRANTS, due, "client_id", reads.clients))
+        lease_rows(self._either(LEASES, expired, "client_id", reads.clients))
         grant_rows(self._in(GRANTS, "grant_id", reads.grant_ids - grants.keys()))
         lease_rows(self._in(LEASES, "lease_id", reads.lease_ids - leases.keys()))
         if reads.all_live_leases:
