@@ -433,3 +433,35 @@ async def test_a_grant_answering_a_withdrawn_permit_s_request_goes_back_at_once(
     assert late[0].claimed == late[0].released == 1, late  # given back (claimed to be released, never used)
     assert (await s.usage())["outstanding"] == 0  # long before its claimBy
     assert s.queue.items(KEY) == [] and s.queue.demand(KEY) == []
+
+
+@async_test
+async def test_a_given_back_grant_is_reported_at_once_with_the_default_report_window():
+    # R37 decision (surplus grants), R15a: c1's permit times out while its request waits for the
+    # round, which then grants the withdrawn demand. c1 gives the grant back: it claims it, and
+    # once the holder confirms the claim it releases it and reports that at once, as an undrawn
+    # lease stop (R29), not after report_releases_within_ms (10 s by default; before, c2 waited
+    # 13 s, longer than the grant's own claimBy would have kept it).
+    clock = SimClock(T0)
+    holder = HolderSide(clock, limit=1, free_at_once=False, grant_timeout_ms=4_000)
+    net = Net(holder, clock)
+    c1, c2 = ClientSide("c1", clock, net), ClientSide("c2", clock, net)  # default report window
+
+    async def withdrawn() -> None:
+        async with c1.queue.permit(KEY, group="g", timeout_ms=300):
+            raise AssertionError("no permit: the round comes after the timeout")
+
+    first = c1.spawn(withdrawn())
+    await clock.advance(2_000)
+    assert isinstance(first.exception(), PermitTimeoutError)
+    got: dict[str, int] = {}
+
+    async def later() -> None:
+        async with c2.queue.permit(KEY, group="g", timeout_ms=30_000):
+            got["at"] = clock.now - T0
+
+    second = c2.spawn(later())
+    await clock.advance(2_000)
+    assert second.done() and second.exception() is None and got["at"] <= 3_000, got
+    (grant,) = c1.client.grants(KEY, include_gone=True)
+    assert grant.claimed == grant.released == 1, grant  # given back, never used

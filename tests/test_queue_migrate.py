@@ -194,3 +194,26 @@ async def test_r3_a_pump_of_the_live_queue_after_migrate_none_is_skipped_without
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
     assert any("tables are gone" in r.getMessage() for r in caplog.records), caplog.records
     assert client_side_tables(side.storage) == set()
+
+
+@async_test
+async def test_r3_a_side_request_in_flight_at_migrate_none_stops_without_an_error(caplog):
+    # R3: a request sent beside the key's waiting one (request_wait_ms, a try) that fails because
+    # migrate(ctx, None) dropped the tables meanwhile is logged at INFO, not as an ERROR.
+    import logging
+
+    from semaphore import Demand
+
+    clock, side = await queue_in_use()
+    await clock.advance(1_000)
+    await side.queue.drain()
+    SemaphoreQueue.migrate(side.ctx, None)
+    logging.disable(logging.NOTSET)   # this test reads the log
+    with caplog.at_level(logging.INFO, logger="semaphore"):
+        await side.queue._side_request(KEY, [Demand("g", 1, clock.now)], set())
+        await clock.advance(1_000)
+        await side.queue.drain()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert any(r.getMessage().startswith("side request") and "tables are gone" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert client_side_tables(side.storage) == set()

@@ -273,7 +273,10 @@ class SemaphoreClient:
         """Release ``count`` claimed permits of a grant (clamped to what the holder has confirmed
         and is not yet released, SPEC R15a: an unconfirmed claim may be refused, and releasing
         it would free a slot another claim holds); returns how many were released. Reported with
-        the next message."""
+        the next message. A claim given up before it is confirmed is released by a call after
+        the reply that confirms it (:meth:`sync`, then ``grant(...).confirmed``); if that reply
+        shows the grant expired without it, the holder refused it and there is nothing to
+        release. The queue does this for you."""
         return self.storage.transaction(lambda: self.unit(key).release(grant_id, count))
 
     def draw(self, key: str, lease_id: str, *, margin_ms: int = 0) -> int | None:

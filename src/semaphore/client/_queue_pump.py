@@ -138,7 +138,7 @@ class _QueuePump(_QueueCallbacks):
             self._tries.sent(key, trying, exc)
             log.warning("holder %r: %s; the demand goes with the next request", key, exc)
         except Exception:  # noqa: BLE001 - the pump asks again; never an unretrieved error
-            log.exception("side request for key %r failed", key)
+            self._failed("side request", key)
         finally:
             self._side_requests.pop(key, None)
         self._kick(key)  # admit what the answer brought
@@ -176,7 +176,7 @@ class _QueuePump(_QueueCallbacks):
                 if recheck:
                     self._kick(key)  # R33a: draw what the confirmed leases hold beside the request
         except Exception:  # noqa: BLE001 - the pump sends them later; never an unretrieved error
-            log.exception("side sync for key %r failed", key)
+            self._failed("side sync", key)
         finally:
             self._side_syncs.pop(key, None)
 
@@ -213,12 +213,20 @@ class _QueuePump(_QueueCallbacks):
         except asyncio.CancelledError:
             raise
         except Exception:
-            if not self._wakeups.exists(fresh=True):  # migrate(ctx, None) dropped the tables (R3)
-                log.info("queue pump for key %r stops: the queue's tables are gone (migrate(ctx, None))", key)
+            if self._failed("queue pump", key):
                 return
-            log.exception("queue pump for key %r failed", key)
             retry_at = self._now() + self.retry_ms
             self.storage.transaction(lambda: self._set_wake(key, retry_at))
+
+    def _failed(self, what: str, key: str) -> bool:
+        """Log a failure of ``what`` (a background task of ``key``), inside its ``except``: at
+        INFO, and True, when ``migrate(ctx, None)`` dropped the queue's tables meanwhile (R3:
+        nothing is left to do), else at ERROR with the traceback."""
+        if not self._wakeups.exists(fresh=True):
+            log.info("%s for key %r stops: the queue's tables are gone (migrate(ctx, None))", what, key)
+            return True
+        log.exception("%s for key %r failed", what, key)
+        return False
 
     def _kick_wake(self, now: int) -> int:
         """The durable wake-up of a key this instance is about to pump itself (:meth:`_kick`,
@@ -341,8 +349,8 @@ class _QueuePump(_QueueCallbacks):
             unit.stop_lease(lease_id)
         for give_back in step.give_backs:  # no item runs under them: released once confirmed
             unit.claim(give_back.grant_id, give_back.count)
-        for idle in step.idle_slots:
-            unit.release(idle.grant_id, idle.count)
+        if sum(unit.release(idle.grant_id, idle.count) for idle in step.idle_slots):
+            unit.ask_holder()  # permits no item used: reported at once, as an undrawn lease stop (R29)
         if step.purge_done_before is not None and self.marks.purge_due(ITEMS, step.purge_done_before):
             kept = "" if self.on_done is None else " AND done_pending = 0"  # its hook has not run yet
             self._items.delete_done(f"finished_at < ?{kept}", step.purge_done_before)
