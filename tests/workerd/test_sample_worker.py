@@ -187,19 +187,24 @@ def wrangler_dev(root: Path, port: int) -> Iterator[tuple[str, Path, dict[str, f
         proc = subprocess.Popen(["./dev", "--port", str(port), "--ip", "127.0.0.1"], cwd=root, env=env,
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        ready = f"Ready on http://127.0.0.1:{port}"
-        while ready not in log.read_text(errors="replace"):
-            text = log.read_text(errors="replace")
-            if "Request for Pyodide bundle failed" in text:
-                pytest.skip("wrangler dev: workerd could not download the Pyodide bundle (offline, and no "
-                            "../shared/devbundle)")
-            assert proc.poll() is None, f"./dev exited {proc.returncode}:\n{text[-5000:]}"
-            assert time.monotonic() - started < READY_DEADLINE_S, f"not ready in {READY_DEADLINE_S:.0f} s:\n{text[-5000:]}"
-            time.sleep(0.5)
+        wait_ready(log, proc, port, started, "./dev")
         yield f"http://127.0.0.1:{port}", log, {"ready_s": time.monotonic() - started}
     finally:
         stop_group(proc)
         print(f"--- ./dev output ---\n{log.read_text(errors='replace')[-8000:]}")
+
+
+def wait_ready(log: Path, proc: subprocess.Popen, port: int, started: float, what: str) -> None:
+    """Wait until ``wrangler dev`` (run by ``what``, logging to ``log``) is ready on ``port``;
+    skip when workerd cannot download the Pyodide bundle; fail when it exits or takes longer
+    than :data:`READY_DEADLINE_S` since ``started`` (``time.monotonic()``)."""
+    while f"Ready on http://127.0.0.1:{port}" not in (text := log.read_text(errors="replace")):
+        if "Request for Pyodide bundle failed" in text:
+            pytest.skip("wrangler dev: workerd could not download the Pyodide bundle (offline, and no "
+                        "../shared/devbundle)")
+        assert proc.poll() is None, f"{what} exited {proc.returncode}:\n{text[-5000:]}"
+        assert time.monotonic() - started < READY_DEADLINE_S, f"not ready in {READY_DEADLINE_S:.0f} s:\n{text[-5000:]}"
+        time.sleep(0.5)
 
 
 def stop_group(proc: subprocess.Popen) -> None:

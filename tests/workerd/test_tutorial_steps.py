@@ -40,7 +40,7 @@ from semaphore.testing.workerd import free_port
 from test_readme import Block, page_blocks
 
 from .test_readme_worker import ROUND_LINE
-from .test_sample_worker import READY_DEADLINE_S, _node_dir, stop_group
+from .test_sample_worker import _node_dir, stop_group, wait_ready
 
 pytestmark = pytest.mark.workerd
 
@@ -138,13 +138,7 @@ def started(lines: list[str], project: Path, port: int, times: dict[str, float])
         proc = subprocess.Popen(["bash", "-ec", script], cwd=project, env=shell_env(), stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        while f"Ready on http://127.0.0.1:{port}" not in (text := log.read_text(errors="replace")):
-            if "Request for Pyodide bundle failed" in text:
-                pytest.skip("wrangler dev: workerd could not download the Pyodide bundle (offline, and no "
-                            "../shared/devbundle)")
-            assert proc.poll() is None, f"wrangler dev exited {proc.returncode}:\n{text[-5000:]}"
-            assert time.monotonic() - begun < READY_DEADLINE_S, f"not ready in {READY_DEADLINE_S:.0f} s:\n{text[-5000:]}"
-            time.sleep(0.5)
+        wait_ready(log, proc, port, begun, "wrangler dev")
         times["3. wrangler dev, to ready"] = time.monotonic() - begun
         yield log
     finally:
