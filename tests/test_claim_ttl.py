@@ -310,3 +310,31 @@ async def test_a_leases_only_client_keeps_its_row_but_is_never_read_by_the_expir
     plan = bed.storage.connection.execute(
         f"EXPLAIN QUERY PLAN SELECT MIN(expires_at) AS at FROM {CLIENTS} WHERE claims = 1").fetchall()
     assert any("expiry" in str(row) for row in plan), plan  # the partial index, not a scan
+
+
+@async_test
+async def test_r16_an_alarm_lost_after_a_commit_is_armed_by_the_next_sync_even_one_that_writes_nothing():
+    # R16, R38 decision (last seen): a sync that writes nothing skips arming the alarm (it moved
+    # no deadline), unless an earlier arm failed after its commit: then the next sync arms it, as
+    # every sync did before. Here a's claiming sync commits its crash expiry (+30 s) but its
+    # setAlarm fails; a then goes silent. b's unchanged syncs repair the alarm, so a's claims are
+    # released by crash expiry (before, they stayed charged until the hour-long claimBy alarm).
+    bed = Bed(5, grant_timeout_ms=3_600_000, claim_ttl_ms=30_000)
+    [ra] = await bed.round(request("a", {"g": 2}))
+    [rb] = await bed.round(request("b", {"g": 1}))
+    ga, gb = ra["grants"][0]["grantId"], rb["grants"][0]["grantId"]
+    set_alarm = bed.storage.setAlarm
+
+    async def fails(at):
+        raise RuntimeError("setAlarm failed")
+
+    bed.storage.setAlarm = fails
+    with pytest.raises(RuntimeError):
+        await bed.sem.handle(sync("a", [(ga, 2, 0)]))  # committed; its alarm was not set
+    bed.storage.setAlarm = set_alarm
+    for _ in range(3):
+        await bed.clock.advance(5_000)
+        assert "error" not in await bed.sem.handle(sync("b", [(gb, 0, 0)]))
+    assert await bed.storage.getAlarm() <= T0 + 31_000
+    await bed.clock.advance(60_000)
+    assert (await bed.sem.usage())["outstanding"] == 1  # a's 2 released by crash expiry; b's 1 left

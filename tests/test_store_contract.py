@@ -189,6 +189,9 @@ def messages(draw: Any, kind: str, client: str, known: Known, now: int) -> Permi
     leases = draw(lease_reports(sorted(known.leases)))
     if leases is not None:
         m["leases"] = leases
+    label = draw(st.sampled_from([None, None, "A", "B"]))  # R7, R38: labels set, changed, left out
+    if label is not None:
+        m["label"] = label
     if kind == "request":
         groups = draw(st.lists(st.sampled_from(GROUPS_), min_size=1, max_size=3, unique=True))
         m["demand"] = [{"group": g, "count": draw(st.integers(0, 6)),
@@ -211,6 +214,12 @@ class StoreContract(RuleBasedStateMachine):
         self.app_secret: bytes | None = None
         self.known = Known(set(), set())
         self.last_round_at: int | None = None
+        self.ttl: int | None = None
+
+    @rule(ttl=st.sampled_from([None, 5_000, 30_000]))
+    def set_ttl(self, ttl: int | None) -> None:
+        # R18 decision (crash expiry), R38 (last seen): the TTL turned on, changed or off between messages.
+        self.ttl = ttl
 
     @initialize(with_secret=st.booleans())
     def choose_secret(self, with_secret: bool) -> None:
@@ -220,7 +229,8 @@ class StoreContract(RuleBasedStateMachine):
     # ------------------------------------------------------------------ plumbing
     def policy(self, side: Side) -> Policy:
         return Policy(leases=self.config, grant_timeout_ms=10_000, round_period_ms=2_000,
-                      new_id=side.new_id, app_secret=self.app_secret, new_secret=side.new_secret)
+                      new_id=side.new_id, app_secret=self.app_secret, new_secret=side.new_secret,
+                      claim_ttl_ms=self.ttl)
 
     def limits(self, side: Side, clients: list[Pending]) -> Limits:
         return resolve_limits(side.store, clients, limit=self.limit,
@@ -287,7 +297,9 @@ class StoreContract(RuleBasedStateMachine):
             contended = bool(side.store.meta().get("contended", 0))
             starving = int(side.store.meta().get("starving", 0))
             replies.append(side.run(lambda side=side, contended=contended, starving=starving: run_sync(
-                side.store, self.now, message, self.policy(side), contended, self.next_request_at(), starving)[0]))
+                side.store, self.now, message, self.policy(side), contended, self.next_request_at(), starving)))
+        assert replies[0].wrote == replies[1].wrote, replies
+        replies = [r.reply for r in replies]
         assert normal_reply(replies[0]) == normal_reply(replies[1])
         self.learn(replies[0])
 

@@ -91,7 +91,8 @@ class KeyUnit:
     def ask_holder(self) -> None:
         """As :meth:`SemaphoreClient.ask_holder`, in the caller's transaction: the key's next
         exchange goes at once."""
-        self.client._touch_key(self.key, self.client._now(), needs_sync=1)
+        now = self.client._now()
+        self.client._touch_key(self.key, now, needs_sync=now)
 
     def stop_lease(self, lease_id: str) -> bool:
         """As :meth:`SemaphoreClient.stop_lease` (SPEC R29, R37): False if already stopped or

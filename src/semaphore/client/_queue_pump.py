@@ -222,7 +222,11 @@ class _QueuePump(_QueueCallbacks):
         """Log a failure of ``what`` (a background task of ``key``), inside its ``except``: at
         INFO, and True, when ``migrate(ctx, None)`` dropped the queue's tables meanwhile (R3:
         nothing is left to do), else at ERROR with the traceback."""
-        if not self._wakeups.exists(fresh=True):
+        try:
+            gone = not self._wakeups.exists(fresh=True)
+        except Exception:  # noqa: BLE001 - the storage itself fails: log the first error as it is
+            gone = False
+        if gone:
             log.info("%s for key %r stops: the queue's tables are gone (migrate(ctx, None))", what, key)
             return True
         log.exception("%s for key %r failed", what, key)

@@ -327,6 +327,10 @@ class DurabilitySemaphore:
         #: Capacity freed since the last committed round, with reusable leases
         #: (R34a room; in memory only: after an eviction the heartbeat bounds the wait).
         self._room = False
+        #: An arm() of the alarm failed (or is under way): the next sync arms even if it writes
+        #: nothing (R16: an alarm lost between a commit and its setAlarm is repaired by the
+        #: next call, as before a sync skipped arming, R38 decision "last seen").
+        self._arm_owed = False
         #: R31a count of the last committed round (durable in meta ``starving``, like the flag).
         self._last_starving = 0
         #: R31b fair share of that round (``None``: no bound; durable in meta ``lease_share``).
@@ -428,8 +432,9 @@ class DurabilitySemaphore:
         Pass ``cursor`` back for the next page (``None``: this was the last). ``limit``: 1 to
         1,000 clients per page. ``label``: the readable name its messages carry (wire ``label``;
         by default the client object's name), ``None`` if none did. ``lastReportAt``: when the
-        client last sent a request or a sync (epoch ms; ``None`` if not since this release
-        recorded it). ``charged``: what each row charges (R19, R30; every slot of a live
+        client last sent a request or a sync (epoch ms, to within 60 s: a sync that changes
+        nothing rewrites it once it is that old; ``None`` if not since this release recorded it).
+        ``charged``: what each row charges (R19, R30; every slot of a live
         ``reusable`` lease, R30a). The reads are proportional to the page, not to all state. A
         bad option raises
         :class:`ConfigurationError` naming it."""
@@ -458,7 +463,7 @@ class DurabilitySemaphore:
         if record["grantPermits"] or record["leasePermits"]:
             self._freed()
         try:
-            await self.scheduler.arm()
+            await self._arm()
         except Exception:  # the commit stands; the next instance start re-arms
             log.exception("could not arm the alarm after a force-settle")
         return record
@@ -533,7 +538,7 @@ class DurabilitySemaphore:
         self._last_share = stored_share(meta)
         self._ready = True
         # Repairs an alarm lost between a commit and its setAlarm (e.g. an eviction).
-        await self.scheduler.arm()
+        await self._arm()
     # ================================================================== rounds
     async def _enqueue(self, request: PermitRequest) -> dict[str, Any]:
         """Queue a request for the next round, starting the round timer if none is waiting.
@@ -695,7 +700,7 @@ class DurabilitySemaphore:
             if outcome.limit is not None:
                 self._last_limit = outcome.limit  # meta last_limit (R33, R33a)
             try:
-                await self.scheduler.arm()
+                await self._arm()
             except Exception:  # the commit stands; the next instance start re-arms
                 log.exception("could not arm the alarm after a round")
         self._answer(clients, replies, served, now)
@@ -832,9 +837,15 @@ class DurabilitySemaphore:
             self._freed()
         if "contended" in reply and self._sync_room():  # R34a room: ask for what is free now
             reply["room"] = True
-        if wrote:  # a sync that wrote nothing moved no deadline (R38 decision "last seen")
-            await self.scheduler.arm()
+        if wrote or self._arm_owed:  # a sync that wrote nothing moved no deadline (R38 decision "last seen")
+            await self._arm()
         return reply
+
+    async def _arm(self) -> None:
+        """Arm the object's alarm (:meth:`DurabilityScheduler.arm`); owed until it succeeds."""
+        self._arm_owed = True
+        await self.scheduler.arm()
+        self._arm_owed = False
 
     def _freed(self, room: bool = True) -> None:
         """Capacity freed (or the limit rose): a held request may wait for it (R9, R18), and
