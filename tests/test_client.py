@@ -186,23 +186,6 @@ async def test_r15a_a_claim_is_released_only_once_the_holder_has_confirmed_it():
 
 
 @async_test
-async def test_r8_a_contact_asked_for_while_a_request_is_in_flight_outlives_its_reply():
-    # ask_holder() (the queue's "report this at once", e.g. a given-back grant's release) made
-    # while a request is on its way asks for what that request did not carry: its reply does not
-    # clear the mark; the reply of a message sent after it does.
-    s = Setup(free_at_once=False)
-    task = asyncio.ensure_future(s.client.request("k", [Demand("g", 1, T0)]))
-    await s.clock.advance(100)  # the request waits for its round
-    assert not task.done()
-    s.client.ask_holder("k")
-    await s.run(task)
-    assert s.client.needs_sync("k")
-    await s.clock.advance(1)
-    await s.run(s.client.sync("k"))
-    assert not s.client.needs_sync("k")
-
-
-@async_test
 async def test_adopts_grants_and_leases_of_a_lost_reply():
     # R8: a grant (and lease) whose reply was lost reaches the client at its next message
     s = Setup(limit=10, leases=LEASES)

@@ -232,12 +232,11 @@ class SemaphoreClient:
         return bool(row["needs_sync"]) or 0 < int(row["check_at"]) <= now
 
     def ask_holder(self, key: str) -> None:
-        """Make :meth:`needs_sync` true for ``key`` until the reply to a message sent after this
-        call (a reply to one already on its way does not clear it): the key's owner (the
+        """Make :meth:`needs_sync` true for ``key`` until the next reply: the key's owner (the
         queue) then contacts the holder at once, e.g. to learn whether the permits of items it
         has not started yet are still there before calling their work again."""
         now = self._now()
-        self.storage.transaction(lambda: self._touch_key(key, now, needs_sync=now))
+        self.storage.transaction(lambda: self._touch_key(key, now, needs_sync=1))
 
     def check_at(self, key: str) -> int | None:
         """When the post-request re-check sync is due, if one is pending."""
@@ -360,7 +359,7 @@ class SemaphoreClient:
         message = PermitRequest(self.client_id, items, grants, lease_reports if leases else None, int(wait_ms),
                                 bool(no_wait), self.label)
         # A request may create a lease: until some reply arrives, we must contact the holder.
-        self.storage.transaction(lambda: self._touch_key(key, now, needs_sync=now,
+        self.storage.transaction(lambda: self._touch_key(key, now, needs_sync=1,
                                                          check_at=now + self.recheck_ms if self.recheck_ms else 0))
         self._requests_in_flight[key] = self._requests_in_flight.get(key, 0) + 1
         try:
@@ -463,14 +462,11 @@ class SemaphoreClient:
         # A successful reply listed every grant and lease the holder has for us (SPEC R8).
         row = self._key_row(key)
         check_at = 0 if row is None else int(row["check_at"])
-        # ``needs_sync`` holds when it was set: a mark set after this message left (ask_holder
-        # while it was in flight) asks for what the message did not carry, so it stays.
-        marked = 0 if row is None else int(row["needs_sync"])
-        needs_sync = marked if sent_at is not None and marked > sent_at else 0
+        needs_sync = 0
         if isinstance(message, SyncMessage) and during_request:
             # A sync sent or answered while a request of the key waits for its round cannot show
             # what that round creates: the request's own reply (or a later message) must come.
-            needs_sync = marked
+            needs_sync = 0 if row is None else int(row["needs_sync"])
         elif isinstance(message, SyncMessage) and 0 < check_at <= now:
             check_at = 0
         self._touch_key(key, now, next_request_at=response.ask_at(now),

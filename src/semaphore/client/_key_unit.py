@@ -91,8 +91,7 @@ class KeyUnit:
     def ask_holder(self) -> None:
         """As :meth:`SemaphoreClient.ask_holder`, in the caller's transaction: the key's next
         exchange goes at once."""
-        now = self.client._now()
-        self.client._touch_key(self.key, now, needs_sync=now)
+        self.client._touch_key(self.key, self.client._now(), needs_sync=1)
 
     def stop_lease(self, lease_id: str) -> bool:
         """As :meth:`SemaphoreClient.stop_lease` (SPEC R29, R37): False if already stopped or
