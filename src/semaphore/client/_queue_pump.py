@@ -353,8 +353,10 @@ class _QueuePump(_QueueCallbacks):
             unit.stop_lease(lease_id)
         for give_back in step.give_backs:  # no item runs under them: released once confirmed
             unit.claim(give_back.grant_id, give_back.count)
-        if sum(unit.release(idle.grant_id, idle.count) for idle in step.idle_slots):
-            unit.ask_holder()  # permits no item used: reported at once, as an undrawn lease stop (R29)
+        for idle in step.idle_slots:
+            unit.release(idle.grant_id, idle.count)
+        if step.idle_slots:  # reported at once (the plan's idle slots)
+            unit.ask_holder()
         if step.purge_done_before is not None and self.marks.purge_due(ITEMS, step.purge_done_before):
             kept = "" if self.on_done is None else " AND done_pending = 0"  # its hook has not run yet
             self._items.delete_done(f"finished_at < ?{kept}", step.purge_done_before)

@@ -251,8 +251,9 @@ class GiveBack:
 @dataclass(frozen=True)
 class AdmissionPlan:
     """What one local admission step does, in this order: resolutions, claims, draws, stops,
-    give-backs (claimed), idle slots (released); ``wake_now``: an item finished (its ``on_done``
-    hook is due);
+    give-backs (claimed), idle slots (released, and reported at once, as the stop of a lease
+    that returns undrawn permits, R29: nothing used them and others may wait); ``wake_now``: an
+    item finished (its ``on_done`` hook is due);
     ``purge_done_before``: delete finished items older than this (``None``: keep them)."""
 
     resolutions: tuple[Resolution, ...] = ()

@@ -137,7 +137,8 @@ def run_round(store: Store, now: int, clients: Sequence[Pending], limits: Limits
     if outcome.declined:
         return None
     store.persist(ledger.changes())
-    _seen(store, ledger, [p.client_id for p in clients], now, policy.claim_ttl_ms, _labels(clients), unchanged=False)
+    _seen(store, ledger, [p.client_id for p in clients], now, policy.claim_ttl_ms, _labels(clients),
+          skip_unchanged=False)
     return outcome
 
 
@@ -163,8 +164,8 @@ def run_sync(store: Store, now: int, message: SyncMessage, policy: Policy, conte
     changes = ledger.changes()
     store.persist(changes)
     labels = {} if message.label is None else {message.client_id: message.label}
-    seen = _seen(store, ledger, [message.client_id], now, policy.claim_ttl_ms, labels, unchanged=True)
-    return SyncResult(reply, _charge_change(changes), seen or not changes.empty)
+    recorded = _seen(store, ledger, [message.client_id], now, policy.claim_ttl_ms, labels, skip_unchanged=True)
+    return SyncResult(reply, _charge_change(changes), recorded or not changes.empty)
 
 
 def run_reclaim(store: Store, now: int) -> int:
@@ -195,19 +196,19 @@ def _labels(clients: Sequence[Pending]) -> dict[str, str]:
 
 
 def _seen(store: Store, ledger: Ledger, client_ids: Sequence[str], now: int, claim_ttl_ms: int | None,
-          labels: Mapping[str, str], *, unchanged: bool) -> bool:
+          labels: Mapping[str, str], *, skip_unchanged: bool) -> bool:
     """The last report time of the clients of a round or sync, kept only for clients that hold
     something after it (a made-up client id leaves no row behind), with whether they hold
     claimed, unreleased permits (crash expiry; the ledger has every row of these clients) and
     the labels their messages carried (R38 decision: written by the same statement). With
-    ``unchanged`` (a sync), a row is written only when what it records changes (R38 decision
+    ``skip_unchanged`` (a sync), a row is written only when what it records changes (R38 decision
     "last seen", :func:`~semaphore.core.seen.clients_to_record`, over one read of the rows); a
     round writes them all (it commits anyway, and on the runtime reading a row per client costs
     more than one write of them all). Whether it wrote anything."""
     owners = {g.client_id for g in ledger.grants.values()} | {x.client_id for x in ledger.leases.values()}
     claiming = frozenset(g.client_id for g in ledger.grants.values() if g.claimed > g.released)
     holding, idle = [c for c in client_ids if c in owners], [c for c in client_ids if c not in owners]
-    if unchanged:
+    if skip_unchanged:
         holding, idle = clients_to_record(store.seen_rows(client_ids), holding, idle, claiming, now, claim_ttl_ms,
                                           labels)
     if holding or idle:

@@ -164,10 +164,11 @@ class SqlStore:
         """The rows matching ``first`` (a where clause and its parameters; ``None``: none) or whose
         ``column`` is in ``values``, with duplicates: the first chunk of ``values`` goes in the
         same statement (``UNION ALL`` of the two index reads), so a sync reads each table once."""
+        if first is None:
+            return self._in(table, column, values)
         parts = list(chunks(sorted(set(values)), JSON_IDS))
-        if first is None or not parts:
-            rows = [] if first is None else self._load(table, *first)
-            return rows + [r for part in parts for r in self._in(table, column, part)]
+        if not parts:
+            return self._load(table, *first)
         where, params = first
         rows = self.storage.exec(
             f"SELECT * FROM {table} WHERE {where} UNION ALL"
