@@ -520,7 +520,8 @@ async def test_r34a_the_queue_reuses_a_released_slot_at_once_with_no_holder_call
 
 @async_test
 async def test_r31a_a_contended_key_served_by_a_reusable_lease_asks_again_only_at_its_heartbeat():
-    clock, holder, net, sides, started = world(2, REUSE_FIRST)
+    # With the recheck off (recheckMs 0) the cover lasts until the lease's heartbeat.
+    clock, holder, net, sides, started = world(2, {**REUSE_FIRST, "recheckMs": 0})
     c1 = sides["c1"].queue
     for i in range(5):
         await c1.enqueue("acct", "g", f"i{i}")
@@ -532,6 +533,27 @@ async def test_r31a_a_contended_key_served_by_a_reusable_lease_asks_again_only_a
     await clock.advance(4000)  # the heartbeat goes as a request carrying the demand
     later = [m for m in net.sent if m["type"] == "request"]
     assert len(later) == 2 and later[1]["demand"] and later[1]["leases"]
+    stop_all(sides)
+
+
+@async_test
+async def test_r34a_a_contended_key_covered_by_a_busy_reusable_lease_checks_for_room_at_the_recheck():
+    # R34a, R33a: while a busy reusable lease covers the demand (it does not go to rounds), the
+    # queue still hears from the holder once the last reply is older than leaseRecheckMs (4 s
+    # here): a sync whose reply says whether capacity was freed meanwhile (room). Before, it
+    # heard nothing until the lease's heartbeat (10 s here).
+    clock, holder, net, sides, started = world(2, REUSE_FIRST)
+    c1 = sides["c1"].queue
+    for i in range(5):
+        await c1.enqueue("acct", "g", f"i{i}")
+    await clock.advance(1500)  # the round: a lease of 2, contended (3 wait)
+    assert [m["type"] for m in net.sent] == ["request"]
+    await clock.advance(2000)  # 3.5 s: within the recheck, nothing is sent (rounds run every 2 s)
+    assert [m["type"] for m in net.sent] == ["request"]
+    await clock.advance(1500)  # 5 s: the last reply (at ~1 s) is older than 4 s
+    assert [m["type"] for m in net.sent] == ["request", "sync"] and net.sent[1]["leases"]
+    await clock.advance(4000)  # and again one recheck later: one sync per recheck, no request
+    assert [m["type"] for m in net.sent] == ["request", "sync", "sync"]
     stop_all(sides)
 
 
@@ -684,7 +706,7 @@ async def test_r34a_a_slot_reused_beside_a_held_request_sends_no_request_of_its_
 # One test per finding; each FAILED on the reviewed snapshot and says in its docstring what was
 # wrong and why it matters. They use only the public test kit (real holder, client and queue
 # objects on a virtual clock; nothing of the library is mocked or patched). All pass on the fix
-# but one, a design trade-off kept and documented (a strict xfail, with its reason).
+# (one was a strict xfail until the cover of R34a lapsed at the recheck).
 
 
 def _stop(*sides: ClientSide) -> None:
@@ -809,13 +831,6 @@ async def test_a_client_refused_by_can_grant_does_not_stop_every_reusable_lease_
 
 
 # ====================================================================== 4. idle capacity
-@pytest.mark.xfail(strict=True, reason=(
-    "design trade-off, documented (SPEC R31a, R34a room): without request_wait_ms a contended key "
-    "served by a reusable lease that draws nothing (every slot busy) sends no sync, so it hears no "
-    "`room` and asks again only at its lease heartbeat (half the lifetime), which keeps a "
-    "standing backlog at ~0.2 holder calls per item (~0.03 with recheckMs 0); capacity freed "
-    "elsewhere meanwhile waits for it. Pair reusable leases with request_wait_ms (the held request "
-    "is served by the round the release starts) or a short ttlMs."))
 @async_test
 async def test_capacity_freed_elsewhere_reaches_a_contended_key_covered_by_a_reusable_lease():
     """MEDIUM (liveness / utilisation; the behaviour R31a's last sentences prescribe). While
@@ -825,7 +840,11 @@ async def test_capacity_freed_elsewhere_reaches_a_contended_key_covered_by_a_reu
     nobody asks for it: here 3 of 4 permits sit idle from the moment ``b`` reports its releases
     until ``a``'s heartbeat ~17 s later (ttl 60 s); with the default ``ttlMs`` of 30 min, up to
     15 min of idle capacity while work waits. Without ``reusable`` the queue asks every round
-    and takes them within one round period."""
+    and takes them within one round period.
+
+    Kept as a strict xfail (a documented trade-off) until the cover was made to lapse at the
+    holder's ``leaseRecheckMs`` (R34a, 4 s here): the covered demand then goes in a request,
+    whose round takes the freed permits. It failed before: 1 of 4 running after 6 s."""
     clock = SimClock(T0)
     holder = HolderSide(clock, limit=4, leases={**REUSE_FIRST, "permitsPerLease": 8, "ttlMs": 60_000})
     net = Net(holder, clock)

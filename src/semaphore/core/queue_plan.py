@@ -37,6 +37,7 @@ __all__ = [
     "PendingReleases", "ReportDue", "Exchange", "ItemTimes",
     "resolve_claims", "admissible", "demand_of", "leases_to_stop", "plan_admission", "plan_reply", "report_due",
     "heartbeat_due", "plan_exchange", "next_wake", "covered_groups", "wants_round", "recheck_due",
+    "room_check_due",
     "MAX_EXCHANGES", "Pause", "pause_after_exchanges", "retry_waits_for_holder", "permit_gone", "work_exhausted",
     "item_times", "admit_room", "demand_grew", "reconcile_due",
 ]
@@ -196,7 +197,8 @@ def covered_groups(snap: KeySnapshot, opts: QueueOptions) -> set[str]:
     ``lease_margin_ms`` of its expiry) while the key's last reply was
     ``contended`` (R29: there is no room to grow it): their demand is not asked for again before
     the lease's heartbeat, which then goes as a request carrying it (a round can still grow
-    the key's share when room frees). Without contention every demand is asked for, and so it
+    the key's share when room frees); meanwhile :func:`room_check_due` syncs once the last reply
+    is older than ``leaseRecheckMs`` to hear of room. Without contention every demand is asked for, and so it
     is when requests may be held at the holder (``request_wait_ms``): a held request costs one
     call per hold and is answered by the first round that frees room. Nor is it when the last
     reply said ``room`` (a sync's, R34a room: capacity freed since the last round, nobody waits
@@ -336,6 +338,15 @@ def recheck_due(snap: KeySnapshot, opts: QueueOptions) -> bool:
         return False
     groups = {x.group for x in snap.leases if x.drawable(snap.now, opts.lease_margin_ms)}
     return bool(groups) and any(g in groups for g in admissible(snap))
+
+
+def room_check_due(snap: KeySnapshot, opts: QueueOptions) -> bool:
+    """SPEC R34a: demand that :func:`covered_groups` keeps from a round waits for its lease's
+    heartbeat, but not without news: once the key's last reply is older than the holder's
+    ``leaseRecheckMs`` (R33a), a ``sync`` asks whether capacity was freed meanwhile (its reply's
+    ``room``; the demand then goes in a request) and confirms the lease live."""
+    return snap.key.lease_recheck_ms > 0 and bool(covered_groups(snap, opts)) \
+        and not snap.key.leases_confirmed(snap.now) and not wants_round(snap, opts) and bool(admissible(snap))
 
 
 def _draws(snap: KeySnapshot, opts: QueueOptions, queued: dict[str, list[str]]) -> tuple[Draw, ...]:
@@ -525,7 +536,8 @@ def plan_exchange(snap: KeySnapshot, opts: QueueOptions, *, demand: bool,
     ``demand`` once ``nextRequestAt`` has come (R11: it carries the reports too); else nothing.
     ``due``: :func:`report_due` of ``snap`` if already computed. ``urgent``: a try is queued
     (R9b): its request goes now, whatever ``nextRequestAt`` and the leases covering it say."""
-    claiming = bool(snap.claiming) or recheck_due(snap, opts)  # R33a: a sync, not a round, confirms
+    # R33a, R34a: a sync, not a round, confirms
+    claiming = bool(snap.claiming) or recheck_due(snap, opts) or room_check_due(snap, opts)
     beat = heartbeat_due(snap)
     # R34a: demand covered by reusable leases waits for their heartbeat (then goes with it).
     request_due = demand and (urgent or (snap.now >= snap.key.next_request_at
@@ -567,6 +579,9 @@ def next_wake(snap: KeySnapshot, opts: QueueOptions, *, backoff_until: int = 0,
         times.append(max(snap.key.next_request_at, network_at, requests_from))
     if snap.claiming or recheck_due(snap, opts):
         times.append(network_at)
+    elif snap.key.lease_recheck_ms > 0 and admissible(snap) and not wants_round(snap, opts) \
+            and covered_groups(snap, opts):  # R34a: the room check at the recheck
+        times.append(max(snap.key.replied_at + snap.key.lease_recheck_ms, network_at))
     due = report_due(snap, opts) if due is None else due
     if due.at is not None:
         times.append(max(due.at, network_at))
