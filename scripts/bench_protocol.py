@@ -5,15 +5,20 @@
                    ``acquire()`` (succeeds while the counter is below the limit, else retried after
                    a backoff: 250 ms doubling to 2 s, jittered +-50%) and ``release()`` when its
                    job ends; no queue, no fairness: a newcomer may win a freed permit;
-  (b) ``rounds`` - this library with its defaults, no leases (rounds at once while nothing
-                   competes, SPEC R9a, else batched; confirmed claims); ``batched`` - the same
+  (b) ``defaults`` - this library as a user gets it who sets only the limit: strict reusable
+                   leases sized before grants, recheck 30 s (``semaphore.DEFAULT_LEASES``),
+                   rounds at once while nothing competes (SPEC R9a), else batched;
+                   ``rounds`` - the same without leases (``leases=None``: every permit a
+                   grant, confirmed claims; the defaults before issue 22); ``batched`` - that
                    with the seed's timing (``free_at_once=False``: every round batched);
-  (c) ``strict`` / ``under`` / ``over`` - this library with leases in each provisioning mode,
+  (c) ``strict`` / ``under`` / ``over`` - this library with the original's one-shot leases in
+                   each provisioning mode (grants first, recheck 4 s),
   (d) ``held`` / ``held-over`` - named settings: waiting requests (the holder's
                    ``hold_blocked_ms`` and the queues' ``request_wait_ms``, 10 s) with rounds of
                    250/500 ms, without leases and with ``over`` leases,
   (e) ``reuse`` / ``reuse-held`` - named settings: strict leases whose slots are reused while
-                   they live (``reusable``), sized before grants (``leaseFirst``), lifetime 60 s;
+                   they live (``reusable``), sized before grants (``leaseFirst``), lifetime 60 s,
+                   recheck 4 s;
                    then with waiting requests held 30 s and rounds of 250/500 ms,
 
 for two workloads: a standing backlog (20 client objects keeping 50 items queued each, limit 100:
@@ -59,7 +64,7 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "bursty": dict(limit=20, clients=8, arrivals=["bursty"], burst_size=8, burst_every_s=60.0,
                    job_duration="exponential", job_ms=8000.0),
 }
-MODES = ("naive", "batched", "rounds", "strict", "under", "over", "held", "held-over", "reuse", "reuse-held")
+MODES = ("naive", "defaults", "batched", "rounds", "strict", "under", "over", "held", "held-over", "reuse", "reuse-held")
 #: The named settings of the waiting-request modes (issue 13): blocked requests held open at the
 #: holder (hold_blocked_ms, the queues' request_wait_ms) with short rounds, which then cost no
 #: extra holder calls; ``held`` without leases, ``held-over`` with over-provisioned leases.
@@ -67,7 +72,9 @@ HELD = dict(hold_blocked_ms=10_000, request_wait_ms=10_000, round_wait_ms=250, r
 #: The named setting ``reuse`` (issue 13): strict leases whose slots are reused while they live
 #: (SPEC R34a), sized before grants (R28a), with a 60 s lifetime (R31a: a lease is not extended
 #: while a request waits unserved, so it bounds how long a newcomer waits behind leases).
-REUSE = dict(leases="strict", reusable=True, lease_first=True, lease_ttl_ms=60_000)
+REUSE = dict(leases="strict", reusable=True, lease_first=True, lease_ttl_ms=60_000, lease_recheck_ms=4000)
+#: The original's one-shot leases (modes strict, under, over, held-over): grants first, recheck 4 s.
+ONE_SHOT = dict(reusable=False, lease_first=False, lease_recheck_ms=4000)
 #: ``reuse-held``: ``reuse`` with waiting requests held 30 s, rounds of 250/500 ms.
 REUSE_HELD = dict(hold_blocked_ms=30_000, request_wait_ms=30_000, round_wait_ms=250, round_period_ms=500)
 
@@ -218,9 +225,13 @@ class NaiveRun(RunningTime):
 
 # ------------------------------------------------------------------------------ (b), (c): the library
 def library_row(mode: str, scenario: Scenario) -> Row:
-    leases = {"rounds": "off", "batched": "off", "held": "off", "held-over": "over", "reuse": "strict",
-              "reuse-held": "strict"}.get(mode, mode)
+    """One mode's row; ``scenario`` carries the library's defaults (``Scenario``'s lease fields
+    are ``DEFAULT_LEASES``), which mode ``defaults`` runs as they are."""
+    leases = {"defaults": "strict", "rounds": "off", "batched": "off", "held": "off", "held-over": "over",
+              "reuse": "strict", "reuse-held": "strict"}.get(mode, mode)
     s = replace(scenario, leases=leases, reserve=max(1, scenario.limit // 5))
+    if mode in ("strict", "under", "over", "held-over"):
+        s = replace(s, **ONE_SHOT)
     if mode == "batched":
         s = replace(s, free_at_once=False)
     if mode.startswith("held"):

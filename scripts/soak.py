@@ -1,11 +1,11 @@
 """The soak: many seeds of the fault simulation (``semaphore.simulate.soak``) in every mode.
 
-    scripts/soak [--seeds N] [--ops M] [--seed S] [--modes none,batched,strict,under,over,held,reuse,reuse-held]
+    scripts/soak [--seeds N] [--ops M] [--seed S] [--modes defaults,none,batched,strict,under,over,held,reuse,reuse-held]
                  [--jobs J] [--skew-ms MS]
 
 Runs seeds ``0 .. N-1`` (or only ``--seed S``) in each mode; ``--ops`` is the total budget of
 holder operations (messages the holder handles in the faulty phases), split evenly over the
-runs (seeds x modes), so the default, 100 seeds in the 8 modes and 100,000 operations, is 125 per
+runs (seeds x modes), so the default, 100 seeds in the 9 modes and 100,000 operations, is 111 per
 run; each run
 then heals and settles (those operations are counted too). A progress bar goes to stderr, the
 summary table to stdout: operations, faults injected by kind, violations of I1-I5, items lost

@@ -81,7 +81,7 @@ def _client(clock: SimClock, holder: HolderSide, started: list[str], name: str =
 @async_test
 async def test_a_live_queue_heartbeats_its_claims_so_long_work_keeps_its_permit():
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=2, grant_timeout_ms=10_000, claim_ttl_ms=TTL)
+    holder = HolderSide(clock, limit=2, grant_timeout_ms=10_000, claim_ttl_ms=TTL, leases=None)
     started: list[str] = []
     net, side = _client(clock, holder, started)
     await side.queue.enqueue("acct", "g", "long")
@@ -99,7 +99,7 @@ async def test_a_live_queue_heartbeats_its_claims_so_long_work_keeps_its_permit(
 @async_test
 async def test_a_client_cut_off_from_the_holder_loses_its_claims_after_claim_ttl_ms():
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=2, grant_timeout_ms=10_000, claim_ttl_ms=TTL)
+    holder = HolderSide(clock, limit=2, grant_timeout_ms=10_000, claim_ttl_ms=TTL, leases=None)
     started: list[str] = []
     net, side = _client(clock, holder, started)
     await side.queue.enqueue("acct", "g", "job")
@@ -146,7 +146,7 @@ async def test_enabling_claim_ttl_ms_never_expires_a_live_client_not_yet_told():
     not heartbeat, so its claims expire only once a reply has told it the TTL (they were released
     at the first alarm after any traffic: a live job lost its permit)."""
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=2, grant_timeout_ms=10_000)
+    holder = HolderSide(clock, limit=2, grant_timeout_ms=10_000, leases=None)
     started: list[str] = []
     net, side = _client(clock, holder, started)
     await side.queue.enqueue("acct", "g", "long")
@@ -163,7 +163,7 @@ async def test_enabling_claim_ttl_ms_never_expires_a_live_client_not_yet_told():
 @async_test
 async def test_lowering_claim_ttl_ms_keeps_the_ttl_a_client_was_told_until_its_next_reply():
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=2, grant_timeout_ms=10_000, claim_ttl_ms=60_000)
+    holder = HolderSide(clock, limit=2, grant_timeout_ms=10_000, claim_ttl_ms=60_000, leases=None)
     started: list[str] = []
     net, side = _client(clock, holder, started)
     await side.queue.enqueue("acct", "g", "long")
@@ -265,7 +265,7 @@ async def test_expiry_then_force_settle_then_reports_free_nothing_twice():
 @async_test
 async def test_no_heartbeat_when_claim_ttl_ms_is_off():
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=2, grant_timeout_ms=10_000)
+    holder = HolderSide(clock, limit=2, grant_timeout_ms=10_000, leases=None)
     started: list[str] = []
     net, side = _client(clock, holder, started)
     await side.queue.enqueue("acct", "g", "long")
@@ -281,7 +281,7 @@ async def test_no_heartbeat_when_claim_ttl_ms_is_off():
 async def test_heartbeat_survives_a_partition_shorter_than_half_the_ttl():
     from semaphore import HolderUnavailableError
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=2, grant_timeout_ms=10_000, claim_ttl_ms=TTL)
+    holder = HolderSide(clock, limit=2, grant_timeout_ms=10_000, claim_ttl_ms=TTL, leases=None)
     started: list[str] = []
     net, side = _client(clock, holder, started)
     await side.queue.enqueue("acct", "g", "long")

@@ -24,7 +24,7 @@ LEASES = {"provisioning": {"mode": "strict"}, "permitsPerLease": 4, "ttlMs": 20_
 class Setup:
     def __init__(self, limit: int = 5, **options: Any) -> None:
         self.clock = VirtualClock(T0)
-        self.holder = HolderSide(self.clock, limit=limit, **options)
+        self.holder = HolderSide(self.clock, limit=limit, **{"leases": None, **options})  # grants: these tests are of the grant path (the default leases: test_reusable_leases.py)
         self.net = Net(self.holder, self.clock)
         self.storage = LocalStorage()
         self.ctx = LocalContext(self.storage, name="c1")

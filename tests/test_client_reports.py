@@ -44,7 +44,7 @@ class ClientSetup:
 
     def __init__(self, limit: int = 5000, **options: Any) -> None:
         self.clock = SimClock(T0)
-        self.holder = HolderSide(self.clock, limit=limit, **options)
+        self.holder = HolderSide(self.clock, limit=limit, **{"leases": None, **options})  # grants: these tests are of the grant path (the default leases: test_reusable_leases.py)
         self.net = Net(self.holder, self.clock)
         self.storage = LocalStorage()
         self.client = SemaphoreClient(LocalContext(self.storage, name="c1"), self.net, clock=self.clock,
@@ -167,7 +167,7 @@ async def test_r15a_r37_queue_confirms_claims_beyond_1000_grants_and_reports_all
     # (report_releases_within_ms) is reached: the second window is not held back another
     # bound. Usage is back to 0 (I3).
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=5000, grant_timeout_ms=60_000)
+    holder = HolderSide(clock, limit=5000, grant_timeout_ms=60_000, leases=None)
     net = Net(holder, clock)
     admitted: list[QueueItem] = []
     side = ClientSide("c1", clock, net, on_admit=lambda side, item: admitted.append(item), recheck_ms=0,
@@ -377,7 +377,7 @@ async def test_r7_r21_queue_demand_over_1000_groups_asks_for_the_oldest_1000_fir
     # the rest in the next request; every item is admitted and no request is invalid. Before,
     # the queue sent all 1,100, got invalid_message back and retried the same request forever.
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=5000, grant_timeout_ms=60_000, free_at_once=False)  # staged on batched rounds (R9), not R9a's rounds at once
+    holder = HolderSide(clock, limit=5000, grant_timeout_ms=60_000, free_at_once=False, leases=None)  # staged on batched rounds (R9), not R9a's rounds at once
     net = Net(holder, clock)
     admitted: list[QueueItem] = []
     side = ClientSide("c1", clock, net, on_admit=lambda side, item: admitted.append(item), recheck_ms=0)

@@ -256,7 +256,7 @@ async def test_r5_leases_key_present_means_lease_support():
 async def test_r6_sync_answered_at_once_without_a_round():
     # R6: a sync is applied in its own transaction and answered without waiting for a round,
     # even while a round is pending.
-    bed = Bed(limit=5, free_at_once=False)  # batched rounds (R9), not R9a's rounds at once
+    bed = Bed(limit=5, free_at_once=False, leases=None)  # batched rounds (R9), not R9a's rounds at once; grants
     [a] = await bed.round(request("a", {"g": 3}))
     gid = a["grants"][0]["grantId"]
     pending = bed.send(request("b", {"g": 1}))
@@ -280,7 +280,7 @@ async def test_r6_sync_answered_at_once_without_a_round():
 async def test_r8_response_shape_and_contents():
     # R8: grants of a reply = new grants + reported grants (unknown ones too) + every other
     # active grant of the client; never another client's grants.
-    bed = Bed(limit=10)
+    bed = Bed(limit=10, leases=None)
     a1, b1 = await bed.round(request("a", {"g": 2}), request("b", {"g": 1}))
     g1 = a1["grants"][0]["grantId"]
     gb = b1["grants"][0]["grantId"]

@@ -45,7 +45,7 @@ def client(clock: SimClock, holder: HolderSide, name: str | None, **options: Any
 async def test_r38_a_client_object_named_x_is_listed_by_holders_with_label_x():
     # The default label is the name the object was reached by (ctx.id.name), not its id.
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=5)
+    holder = HolderSide(clock, limit=5, leases=None)
     c = client(clock, holder, "exports/eu-1")
     assert c.client_id == "id:exports/eu-1" and c.label == "exports/eu-1"
     applied = await c.request(KEY, [Demand("g", 1, T0)])
@@ -58,7 +58,7 @@ async def test_r38_a_queue_in_a_named_object_labels_its_client_with_the_name():
     # Through the queue (permit()), as an application uses it: the sync confirming the claim
     # and the request both carry the label.
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=2)
+    holder = HolderSide(clock, limit=2, leases=None)
     side = ClientSide("jobs-7", clock, Net(holder, clock))
     async with side.queue.permit(KEY, "g"):
         page = await holder.sem.holders()
@@ -70,7 +70,7 @@ async def test_r38_a_queue_in_a_named_object_labels_its_client_with_the_name():
 @async_test
 async def test_r38_an_explicit_label_wins_and_none_sends_no_label():
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=5)
+    holder = HolderSide(clock, limit=5, leases=None)
     net_a, net_b = Net(holder, clock), Net(holder, clock)
     named = SemaphoreClient(LocalContext(name="obj-a"), net_a, clock=clock, label="exports (eu)")
     silent = SemaphoreClient(LocalContext(name="obj-b"), net_b, clock=clock, label=None)
@@ -86,7 +86,7 @@ async def test_r38_an_explicit_label_wins_and_none_sends_no_label():
 async def test_r38_an_object_without_a_name_has_no_label():
     # newUniqueId ids: ctx.id.name is None on workerd (LocalContext(name=None) likewise).
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=5)
+    holder = HolderSide(clock, limit=5, leases=None)
     c = client(clock, holder, None)
     assert c.label is None and len(c.client_id) == 64
     await c.request(KEY, [Demand("g", 1, T0)])
@@ -188,7 +188,7 @@ async def test_r38_a_label_adds_no_sql_statement_at_the_holder():
 async def test_r38_a_label_adds_no_sql_statement_at_the_client():
     async def client_statements(label: str | None) -> int:
         clock = SimClock(T0)
-        holder = HolderSide(clock, limit=5)
+        holder = HolderSide(clock, limit=5, leases=None)
         c = client(clock, holder, "obj", label=label)
         c.ensure_schema()
         before = c.storage.statements

@@ -1296,3 +1296,29 @@ async def test_r33_can_grant_turning_false_retires_leases_of_clients_not_in_the_
     (sa,) = await bed.round(sync("a", leases=[(lid, 1, 0)]))
     assert by_id(sa, "leases")[lid]["status"] == "retired"
     bed.check()
+
+
+# ---------------------------------------------------------------------------- the default leases
+@async_test
+async def test_the_holder_given_no_leases_option_issues_the_default_reusable_leases():
+    # SPEC §7, decision "the default leases": no leases= is DEFAULT_LEASES (strict, reusable,
+    # leaseFirst, recheck 30 s); leases=None issues none (every permit a grant, the original's).
+    from semaphore import DEFAULT_LEASES
+    assert DEFAULT_LEASES == LeaseConfig(reusable=True, lease_first=True, recheck_ms=30_000)
+    bed = Bed(10)
+    assert bed.sem.leases == DEFAULT_LEASES
+    [a] = await bed.round(request("a", {"g": 3}, leases=[]))
+    assert a["grants"] == [] and [(x["permits"], x.get("reusable")) for x in a["leases"]] == [(3, True)]
+    assert a["leaseRecheckMs"] == 30_000
+    off = Bed(10, leases=None)
+    assert off.sem.leases is None
+    [b] = await off.round(request("a", {"g": 3}, leases=[]))
+    assert b["leases"] == [] and [g["permits"] for g in b["grants"]] == [3]
+
+
+def test_the_simulators_default_scenario_runs_the_default_leases():
+    # "Defaults are the product": the simulator and the benchmark's `defaults` row run what a
+    # holder given only its limit runs.
+    from semaphore import DEFAULT_LEASES
+    from semaphore.simulate import Scenario
+    assert LeaseConfig.parse(Scenario().lease_options()) == DEFAULT_LEASES

@@ -31,7 +31,7 @@ def finished(queue, item_id: str) -> bool:
 class Setup:
     def __init__(self, limit: int = 2, **holder_options: Any) -> None:
         self.clock = SimClock(T0)
-        self.holder = HolderSide(self.clock, limit=limit, **holder_options)
+        self.holder = HolderSide(self.clock, limit=limit, **{"leases": None, **holder_options})  # grants: these tests are of the grant path (the default leases: test_reusable_leases.py)
         self.net = Net(self.holder, self.clock)
         self.side = ClientSide("c1", self.clock, self.net, report_releases_within_ms=0)
 
@@ -443,7 +443,7 @@ async def test_a_given_back_grant_is_reported_at_once_with_the_default_report_wi
     # lease stop (R29), not after report_releases_within_ms (10 s by default; before, c2 waited
     # 13 s, longer than the grant's own claimBy would have kept it).
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=1, free_at_once=False, grant_timeout_ms=4_000)
+    holder = HolderSide(clock, limit=1, free_at_once=False, grant_timeout_ms=4_000, leases=None)
     net = Net(holder, clock)
     c1, c2 = ClientSide("c1", clock, net), ClientSide("c2", clock, net)  # default report window
 

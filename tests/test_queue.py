@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("quiet_logs")  # failures are injected on p
 class Setup:
     def __init__(self, limit: int = 3, *, fail_admit: int = 0, **holder_options: Any) -> None:
         self.clock = SimClock(T0)
-        self.holder = HolderSide(self.clock, limit=limit, **holder_options)
+        self.holder = HolderSide(self.clock, limit=limit, **{"leases": None, **holder_options})  # grants: these tests are of the grant path (the default leases: test_reusable_leases.py)
         self.net = Net(self.holder, self.clock)
         self.admitted: list[QueueItem] = []
         self.alive: set[str] = set()

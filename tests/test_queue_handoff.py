@@ -24,7 +24,7 @@ def objects(limit: Any = 1, *, holder: dict[str, Any] | None = None, **queue_opt
     """A holder and one client object on a virtual clock (releases reported at once unless
     ``report_releases_within_ms`` is given)."""
     clock = SimClock(T0)
-    hold = HolderSide(clock, limit=limit, **(holder or {}))
+    hold = HolderSide(clock, limit=limit, **{"leases": None, **(holder or {})})  # grants: these tests are of the grant path (the default leases: test_reusable_leases.py)
     net = Net(hold, clock)
     queue_options.setdefault("report_releases_within_ms", 0)
     return clock, hold, net, ClientSide("c1", clock, net, **queue_options)

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.usefixtures("quiet_logs")  # failures are injected on p
 class Setup:
     def __init__(self, limit: int = 10, *, recheck_ms: int = 0, queue: dict | None = None, **holder: Any) -> None:
         self.clock = SimClock(T0)
-        self.holder = HolderSide(self.clock, limit=limit, **holder)
+        self.holder = HolderSide(self.clock, limit=limit, **{"leases": None, **holder})  # grants: these tests are of the grant path (the default leases: test_reusable_leases.py)
         self.net = Net(self.holder, self.clock)
         self.admitted: list[QueueItem] = []
         self.side = ClientSide("c1", self.clock, self.net, on_admit=lambda side, item: self.admitted.append(item),

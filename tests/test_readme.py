@@ -519,7 +519,8 @@ async def test_the_permit_fragment_holds_and_releases_a_permit() -> None:
     task = asyncio.ensure_future(run(b, {"self": side, "key": "acct"}))
     await until(clock, task.done)
     item = task.result()["item"]  # bound by the block's `as item`
-    assert item.is_permit and item.permit is not None and item.permit.kind is PermitKind.GRANT
+    # the holder's default leases: the permit is a slot of a reusable lease
+    assert item.is_permit and item.permit is not None and item.permit.kind is PermitKind.LEASE
     done = side.queue.item(item.item_id)  # leaving the block released it (the next pump deletes it)
     assert done is None or done.state is ItemState.DONE
     await clock.advance(15_000)

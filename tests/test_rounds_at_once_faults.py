@@ -27,7 +27,7 @@ def try_request(client_id: str, demand: dict[str, int], **kw: Any) -> dict[str, 
 class _Queue:
     def __init__(self, limit: int, queue: dict[str, Any] | None = None, **holder: Any) -> None:
         self.clock = SimClock(T0)
-        self.holder = HolderSide(self.clock, limit=limit, **holder)
+        self.holder = HolderSide(self.clock, limit=limit, **{"leases": None, **holder})  # grants: these tests are of the grant path (the default leases: test_reusable_leases.py)
         self.net = Net(self.holder, self.clock)
         self.side = ClientSide("c1", self.clock, self.net, **(queue or {}))
 

@@ -71,7 +71,7 @@ class Env:
         self.ACCOUNT_LIMIT = Namespace(self)
 
     def holder(self, name: str) -> HolderSide:
-        return self.holders.setdefault(name, HolderSide(self.clock, limit=3, round_wait_ms=0, round_period_ms=0))
+        return self.holders.setdefault(name, HolderSide(self.clock, limit=3, round_wait_ms=0, round_period_ms=0, leases=None))
 
 
 def message(client_id: str = "c1", count: int = 1) -> dict:

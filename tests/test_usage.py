@@ -345,7 +345,7 @@ class Queued:
 
     def __init__(self, limit: int, **queue) -> None:
         self.clock = SimClock(T0)
-        self.holder = HolderSide(self.clock, limit=limit)
+        self.holder = HolderSide(self.clock, limit=limit, leases=None)  # grants: R37 releases of grants
         self.admitted: list[str] = []
         self.side = ClientSide("c1", self.clock, Net(self.holder, self.clock),
                                on_admit=lambda side, item: self.admitted.append(item.item_id), **queue)

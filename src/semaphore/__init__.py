@@ -32,7 +32,7 @@ from .client import (
 )
 from .clock import system_clock
 from .core.allocation import LIMIT_ERROR, Allocation, Entry, Usage, allocate
-from .core.config import LeaseConfig, LimitedGroups, Provisioning
+from .core.config import DEFAULT_LEASES, LeaseConfig, LimitedGroups, Provisioning
 from .core.usage import GroupUsage, SemaphoreUsage
 from .core.wire import (
     Blocked,
@@ -85,6 +85,7 @@ __all__ = [
     "timeout",
     "retry",
     "LeaseConfig",
+    "DEFAULT_LEASES",
     "Provisioning",
     "LimitedGroups",
     "Demand",

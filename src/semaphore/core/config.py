@@ -23,7 +23,7 @@ from typing import Any
 
 from ..errors import ConfigurationError
 
-__all__ = ["Provisioning", "LimitedGroups", "LeaseConfig", "option_int"]
+__all__ = ["Provisioning", "LimitedGroups", "LeaseConfig", "DEFAULT_LEASES", "option_int"]
 
 
 class Provisioning(str, enum.Enum):
@@ -244,3 +244,11 @@ def option_int(value: Any, name: str, minimum: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ConfigurationError(f"{name}: must be an integer >= {minimum}, got {value!r}", field=name)
     return value
+
+
+#: The holder's ``leases=`` when it is not given (SPEC §7, decision "the default leases"):
+#: strict provisioning, reusable slots sized before grants, the lease lifetime and size of the
+#: original, and a lease recheck every 30 s. A mapping or :class:`LeaseConfig` given instead
+#: starts from :class:`LeaseConfig`'s own defaults (the original's one-shot leases, grants
+#: first, recheck 4 s); ``leases=None`` issues no leases (the original's default).
+DEFAULT_LEASES = LeaseConfig(reusable=True, lease_first=True, recheck_ms=30_000)

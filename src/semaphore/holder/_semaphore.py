@@ -20,7 +20,7 @@ from typing import Any
 from ..clock import sleep_until
 from ..core.allocation import LIMIT_ERROR
 from ..core.batching import Timing, next_request_at, round_start, sync_room
-from ..core.config import LeaseConfig, option_int
+from ..core.config import DEFAULT_LEASES, LeaseConfig, option_int
 from ..core.lease_ids import LEASE_KEY_WORDS, configured_secret, holder_key
 from ..core.rounds import Limits, Pending, Policy, limit_lowered, stored_share
 from ..core.usage import measure
@@ -161,8 +161,10 @@ class DurabilitySemaphore:
         (default 2000, SPEC R9).
     :param grant_timeout_ms: unclaimed grant permits are reclaimed this long after issue
         (default 10000, SPEC R15).
-    :param leases: lease options (SPEC §7), see :class:`~semaphore.config.LeaseConfig`;
-        ``None`` (default) issues no leases.
+    :param leases: lease options (SPEC §7), see :class:`~semaphore.config.LeaseConfig`. The
+        default, :data:`~semaphore.DEFAULT_LEASES`, issues strict reusable leases sized before
+        grants (a client's freed slot is drawn again with no holder call) with a recheck every
+        30 s; ``None`` issues no leases (the original's default: every permit a grant).
     :param clock: callable returning epoch milliseconds (default: wall clock). A clock with an
         ``async sleep_until(ms)`` method (e.g. :class:`~semaphore.testing.VirtualClock`) also
         drives the round timer.
@@ -248,7 +250,7 @@ class DurabilitySemaphore:
         round_wait_ms: int = 1000,
         round_period_ms: int = 2000,
         grant_timeout_ms: int = 10_000,
-        leases: LeaseConfig | Mapping[str, Any] | None = None,
+        leases: LeaseConfig | Mapping[str, Any] | None = DEFAULT_LEASES,
         clock: Callable[[], int] | None = None,
         id_factory: Callable[[], str] | None = None,
         lease_secret: str | bytes | None = None,

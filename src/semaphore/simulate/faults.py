@@ -19,12 +19,16 @@ from semaphore import ItemState, QueueItem
 from semaphore.testing import T0, ClientSide, HolderSide, Net, SimClock
 
 KEY = "acct"
+#: A :class:`Config` whose ``leases`` is this gives the holder no ``leases=``: its default.
+DEFAULT = "default"
 
 
 @dataclass
 class Config:
     seed: int
-    leases: dict[str, Any] | None = None
+    #: The holder's ``leases=``: ``None`` (no leases), a mapping, or :data:`DEFAULT` (not given:
+    #: the library's default, :data:`semaphore.DEFAULT_LEASES`).
+    leases: dict[str, Any] | str | None = None
     limit: int = 3
     extra: int = 0  # "over" budget
     grant_timeout_ms: int = 4000  # short, so late replies and retries meet claim deadlines
@@ -61,7 +65,7 @@ class Sim:
         self.rng = random.Random(cfg.seed)
         self.clock = SimClock(T0)
         opts: dict[str, Any] = {"limit": cfg.limit, "grant_timeout_ms": cfg.grant_timeout_ms}
-        if cfg.leases is not None:
+        if cfg.leases != DEFAULT:  # None: no leases; DEFAULT: the holder's own default
             opts["leases"] = cfg.leases
         if cfg.group_limits is not None:
             opts["group_limit"] = cfg.group_limits

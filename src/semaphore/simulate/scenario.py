@@ -107,7 +107,7 @@ class Scenario:
                                 "hold a request its round cannot serve open this long (0: off; the queue's "
                                 "request_wait_ms too)")
     # leases
-    leases: Any = _opt("off", "leases", "leases",
+    leases: Any = _opt("strict", "leases", "leases",
                        "off, strict, under or over (with the options below), or a JSON object of the holder's "
                        "leases= options (file: a table) used as it is")
     permits_per_lease: int = _opt(64, "leases", "int", "most permits one lease carries (permitsPerLease)")
@@ -116,11 +116,11 @@ class Scenario:
     extra_ratio: float = _opt(0.25, "leases", "float", "over: leases may go floor(limit * ratio) above the limit")
     extra_count: int | None = _opt(None, "leases", "optint", "over: a fixed count above the limit instead of the ratio")
     limited_groups: str = _opt("exclude", "leases", "str", "exclude or withinGroupLimit (limitedGroups)")
-    reusable: bool = _opt(False, "leases", "bool",
+    reusable: bool = _opt(True, "leases", "bool",
                           "lease slots are reused while the lease lives (reusable, SPEC R34a)")
-    lease_first: bool = _opt(False, "leases", "bool",
+    lease_first: bool = _opt(True, "leases", "bool",
                              "size leases before grants in a round (leaseFirst, SPEC R28a)")
-    lease_recheck_ms: int = _opt(4000, "leases", "int",
+    lease_recheck_ms: int = _opt(30_000, "leases", "int",
                                  "a client draws from a lease only while its last reply is younger than this;"
                                  " else it syncs first (recheckMs, SPEC R33a; 0: off)")
     # queue

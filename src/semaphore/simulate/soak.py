@@ -1,7 +1,8 @@
 """The soak's engine (``scripts/soak``, tests/test_soak.py): the seeded fault
 simulation of ``semaphore.simulate.faults`` run long, with more kinds of fault.
 
-One run = one seed in one mode (``none``: no leases, with a group limit; ``strict``, ``under``,
+One run = one seed in one mode (``defaults``: the holder as it comes, reusable leases; ``none``: no
+leases, with a group limit; ``strict``, ``under``,
 ``over``: leases). Three client objects enqueue a steady stream of items (some enqueues retried)
 to one holder object while the holder handles ``ops`` messages under faults; then every fault
 heals (clock skew stays: it is not a fault that heals) and time runs until everything settles.
@@ -39,10 +40,14 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from semaphore import ItemState
-from semaphore.simulate.faults import KEY, Config, Sim, Stats
+from semaphore.simulate.faults import DEFAULT, KEY, Config, Sim, Stats
 from semaphore.testing import T0, AlarmDriver, ClientSide, HolderSide, Net, SimClock, SkewedClock, StorageFault, dump
 
 MODES: dict[str, dict[str, Any]] = {
+    # what a user gets who sets only the limit (here with a group limit too): reusable leases
+    # sized before grants, 30 min lifetime, recheck 30 s (semaphore.DEFAULT_LEASES)
+    "defaults": {"limit": 4, "group_limits": {"a": 1}, "p_enqueue": 0.4, "leases": DEFAULT},
+    # no leases (leases=None): every permit a grant
     "none": {"limit": 3, "group_limits": {"a": 1}, "p_enqueue": 0.3},
     # the seed's timing: every round batched (no rounds at once, SPEC R9a off)
     "batched": {"limit": 3, "group_limits": {"a": 1}, "p_enqueue": 0.3, "free_at_once": False},
@@ -218,7 +223,7 @@ class SoakSim(Sim):
         opts: dict[str, Any] = {"limit": cfg.limit, "grant_timeout_ms": cfg.grant_timeout_ms,
                                 "hold_blocked_ms": cfg.hold_blocked_ms, "round_wait_ms": cfg.round_wait_ms,
                                 "round_period_ms": cfg.round_period_ms, "free_at_once": cfg.free_at_once}
-        if cfg.leases is not None:
+        if cfg.leases != DEFAULT:  # None: no leases; DEFAULT: the holder's own default
             opts["leases"] = cfg.leases
         if cfg.group_limits is not None:
             opts["group_limit"] = cfg.group_limits
