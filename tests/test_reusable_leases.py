@@ -518,14 +518,20 @@ async def test_r34a_the_queue_reuses_a_released_slot_at_once_with_no_holder_call
     stop_all(sides)
 
 
+async def _own_backlog(leases: dict):
+    """One client, limit 2, five items: the round gives it a reusable lease of 2 and answers
+    contended (3 wait), so its demand is covered by its own busy lease (R34a)."""
+    clock, holder, net, sides, started = world(2, leases)
+    for i in range(5):
+        await sides["c1"].queue.enqueue("acct", "g", f"i{i}")
+    await clock.advance(1500)
+    return clock, net, sides
+
+
 @async_test
 async def test_r31a_a_contended_key_served_by_a_reusable_lease_asks_again_only_at_its_heartbeat():
     # With the recheck off (recheckMs 0) the cover lasts until the lease's heartbeat.
-    clock, holder, net, sides, started = world(2, {**REUSE_FIRST, "recheckMs": 0})
-    c1 = sides["c1"].queue
-    for i in range(5):
-        await c1.enqueue("acct", "g", f"i{i}")
-    await clock.advance(1500)  # the round: a lease of 2, contended (3 wait)
+    clock, net, sides = await _own_backlog({**REUSE_FIRST, "recheckMs": 0})
     first = [m for m in net.sent if m["type"] == "request"]
     assert len(first) == 1
     await clock.advance(TTL // 2 - 3000)  # before the heartbeat (half the lifetime)
@@ -542,11 +548,7 @@ async def test_r34a_a_contended_key_covered_by_a_busy_reusable_lease_checks_for_
     # queue still hears from the holder once the last reply is older than leaseRecheckMs (4 s
     # here): a sync whose reply says whether capacity was freed meanwhile (room). Before, it
     # heard nothing until the lease's heartbeat (10 s here).
-    clock, holder, net, sides, started = world(2, REUSE_FIRST)
-    c1 = sides["c1"].queue
-    for i in range(5):
-        await c1.enqueue("acct", "g", f"i{i}")
-    await clock.advance(1500)  # the round: a lease of 2, contended (3 wait)
+    clock, net, sides = await _own_backlog(REUSE_FIRST)
     assert [m["type"] for m in net.sent] == ["request"]
     await clock.advance(2000)  # 3.5 s: within the recheck, nothing is sent (rounds run every 2 s)
     assert [m["type"] for m in net.sent] == ["request"]
