@@ -64,7 +64,8 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "bursty": dict(limit=20, clients=8, arrivals=["bursty"], burst_size=8, burst_every_s=60.0,
                    job_duration="exponential", job_ms=8000.0),
 }
-MODES = ("naive", "defaults", "batched", "rounds", "strict", "under", "over", "held", "held-over", "reuse", "reuse-held")
+MODES = ("naive", "defaults", "batched", "rounds", "strict", "under", "over", "held", "held-over", "reuse",
+         "reuse-held")
 #: The named settings of the waiting-request modes (issue 13): blocked requests held open at the
 #: holder (hold_blocked_ms, the queues' request_wait_ms) with short rounds, which then cost no
 #: extra holder calls; ``held`` without leases, ``held-over`` with over-provisioned leases.

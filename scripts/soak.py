@@ -1,7 +1,7 @@
 """The soak: many seeds of the fault simulation (``semaphore.simulate.soak``) in every mode.
 
-    scripts/soak [--seeds N] [--ops M] [--seed S] [--modes defaults,none,batched,strict,under,over,held,reuse,reuse-held]
-                 [--jobs J] [--skew-ms MS]
+    scripts/soak [--seeds N] [--ops M] [--seed S] [--jobs J] [--skew-ms MS]
+                 [--modes defaults,none,batched,strict,under,over,held,reuse,reuse-held]
 
 Runs seeds ``0 .. N-1`` (or only ``--seed S``) in each mode; ``--ops`` is the total budget of
 holder operations (messages the holder handles in the faulty phases), split evenly over the

@@ -228,7 +228,7 @@ def test_hand_computed_standing_backlog_of_fixed_jobs():
     # limit 2, one client keeping 2 items queued, fixed 10 s jobs: both permits are busy but for
     # the gap between a job's end and the next start (release sync, next round, claim sync).
     s = Scenario(limit=2, clients=1, groups=1, arrivals=["backlog"], backlog=2, backlog_clients=0,
-                 job_duration="fixed", job_ms=10_000, run_s=300)
+                 job_duration="fixed", job_ms=10_000, run_s=300, leases="off")  # grants: computed by hand
     r = run_scenario(s)
     assert r.max_running == 2 and r.max_running_over == 0 and r.max_charged_over == 0 and not r.problems
     area = r.utilization * s.limit * r.run_ms
@@ -428,7 +428,8 @@ def test_freed_to_start_does_not_count_permits_no_waiting_item_may_use():
     round and the claim confirmation" (README). A freed permit nobody eligible waits for should
     not start a clock (or frees should be matched per group)."""
     s = Scenario(limit=20, clients=2, groups=2, group_limits={"g0": 1}, arrivals=["bursty", "backlog"], backlog=2,
-                 backlog_clients=1, burst_size=8, run_s=300, job_duration="fixed", job_ms=8000)
+                 backlog_clients=1, burst_size=8, run_s=300, job_duration="fixed", job_ms=8000,
+                 leases="off")  # grants (with the default leases, g1's frees are drawn again in place)
     r = run_scenario(s)
     assert r.blocked_ms.get("group_limit", 0) > r.blocked_ms.get("limit", 0)  # what the items wait for
     assert r.free_to_start_ms["p50"] <= s.round_wait_ms + s.round_period_ms + 2000, r.free_to_start_ms
@@ -537,10 +538,10 @@ def test_the_group_and_duration_columns_of_an_arrivals_csv_are_optional(tmp_path
 
 
 @pytest.mark.parametrize(("argv", "warning"), [
-    (["--reusable"], "warning: reusable has no effect with leases off"),
-    (["--lease-first", "--permits-per-lease", "8"], "warning: permits_per_lease, lease_first have no effect with "
-                                                    "leases off"),
-    (["--leases", '{"provisioning": {"mode": "strict"}}', "--reusable"],
+    (["--leases", "off", "--no-reusable"], "warning: reusable has no effect with leases off"),
+    (["--leases", "off", "--no-lease-first", "--permits-per-lease", "8"],
+     "warning: permits_per_lease, lease_first have no effect with leases off"),
+    (["--leases", '{"provisioning": {"mode": "strict"}}', "--no-reusable"],
      "warning: reusable has no effect with leases given as a JSON object (used as it is)"),
     (["--leases", "strict", "--reserve", "2"], "warning: reserve has no effect with leases strict"),
     (["--backlog-clients", "99"], "warning: backlog_clients 99 is more than clients (8): all of them keep a backlog"),
@@ -591,5 +592,5 @@ def test_the_docs_show_each_default_as_a_scenario_file_spells_it():
 
 def test_help_shows_boolean_defaults_as_a_file_spells_them(tmp_path):
     text = " ".join(parser().format_help().split())
-    assert "(key reusable; default: false)" in text and "(key prefer_leases; default: true)" in text
+    assert "(key reusable; default: true)" in text and "(key prefer_leases; default: true)" in text
     assert "default: False" not in text and "default: True" not in text
