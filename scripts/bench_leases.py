@@ -96,8 +96,7 @@ class Bench:
         self.extra = config.extra(p.limit) if config else 0
         self.ceiling = p.limit + self.extra
         opts: dict[str, Any] = {"limit": p.limit}
-        if leases is not None:
-            opts["leases"] = leases
+        opts["leases"] = leases  # None for mode "none": no leases (not the holder's default)
         self.holder = HolderSide(self.clock, **opts)
         self.requests = 0
         self.syncs = 0

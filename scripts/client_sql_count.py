@@ -3,7 +3,7 @@
 
 A client object of the test kit (:class:`~semaphore.testing.ClientSide`: SemaphoreClient,
 DurabilityScheduler and SemaphoreQueue over its own real SQLite) talks to a holder object
-(:class:`~semaphore.testing.HolderSide`, limit 1,000, no leases) over the in-memory network, on
+(:class:`~semaphore.testing.HolderSide`, limit 1,000, ``leases=None``: the grant path) over the in-memory network, on
 one virtual clock. Its tables are created first (the queue's, the client's and the scheduler's); then every
 ``storage.sql.exec`` of the CLIENT object (the queue's, the client's and its scheduler's
 statements, alarms included) is counted while
@@ -62,7 +62,7 @@ async def _run_until(clock: SimClock, done: Any, what: str) -> None:
 async def life(items: int) -> tuple[int, Counter[str]]:
     """Client SQL statements (and their kinds) for ``items`` items' whole lives."""
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=1000)
+    holder = HolderSide(clock, limit=1000, leases=None)  # the grant path (claim, confirming sync)
     net = Net(holder, clock)
     admitted: list[str] = []
     side = ClientSide("c1", clock, net, on_admit=lambda _side, item: admitted.append(item.item_id))

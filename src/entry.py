@@ -58,9 +58,10 @@ Configuration (``[vars]`` in wrangler.toml, all optional): ``ACCOUNT_CONCURRENCY
 per account, 10), ``GRANT_TIMEOUT_MS``, ``ROUND_WAIT_MS``, ``ROUND_PERIOD_MS``,
 ``FREE_AT_ONCE`` (the holder's ``free_at_once``, ``true`` by default; ``false``: every round
 batched, the seed's timing), ``JOB_RETENTION_MS`` (how long finished jobs are remembered,
-default one day), ``LEASES`` (JSON
-text of the holder's ``leases=`` options, as :meth:`semaphore.LeaseConfig.parse` takes them; empty
-or absent: no leases), ``HOLD_BLOCKED_MS`` and ``REQUEST_WAIT_MS`` (waiting requests: the
+default one day), ``LEASES`` (empty or absent: the holder's default leases,
+:data:`semaphore.DEFAULT_LEASES`; ``off``: no leases, every permit a grant; else JSON text of the
+holder's ``leases=`` options, as :meth:`semaphore.LeaseConfig.parse` takes them),
+``HOLD_BLOCKED_MS`` and ``REQUEST_WAIT_MS`` (waiting requests: the
 holder's ``hold_blocked_ms`` and each JobQueue's ``request_wait_ms``; ``0``, the default, is off;
 requests are held only when both are above 0), ``ORPHAN_CHECK_MS`` (each JobQueue's
 ``orphan_check_ms``: how soon an admission callback cut short by an eviction is called again,
@@ -89,6 +90,7 @@ from workers import DurableObject, Response, WorkerEntrypoint
 
 import dashboard
 from semaphore import (
+    DEFAULT_LEASES,
     ConfigurationError,
     DurabilityScheduler,
     DurabilitySemaphore,
@@ -411,14 +413,17 @@ def enqueue_problem(account: str, job_id: str, group: str, payload: Any) -> dict
 
 
 def env_leases(env: Any) -> LeaseConfig | None:
-    """The ``LEASES`` var: JSON text of the holder's ``leases=`` options (e.g.
+    """The ``LEASES`` var: empty or absent, the holder's default (:data:`DEFAULT_LEASES`);
+    ``off``: ``None`` (no leases); else JSON text of the holder's ``leases=`` options (e.g.
     ``{"provisioning": {"mode": "strict"}, "permitsPerLease": 2, "ttlMs": 4000}``), checked by
-    :meth:`LeaseConfig.parse`. Empty or absent: ``None`` (no leases)."""
+    :meth:`LeaseConfig.parse`."""
     raw = getattr(env, "LEASES", None)
     if raw is None:
-        return None
+        return DEFAULT_LEASES
     if isinstance(raw, str):
         if raw.strip() == "":
+            return DEFAULT_LEASES
+        if raw.strip() == "off":
             return None
         try:
             value = parse_json(raw)

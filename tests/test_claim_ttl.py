@@ -5,9 +5,12 @@ work keeps its permit; nothing is freed twice (I2)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from semaphore import ConfigurationError, HolderUnavailableError, PermitResponse
+from semaphore import DEFAULT_LEASES, ConfigurationError, HolderUnavailableError, LeaseConfig, PermitResponse
+from semaphore.core.config import holder_leases
 from semaphore.holder import CLIENTS
 from semaphore.testing import T0, Bed, ClientSide, HolderSide, Net, SimClock, async_test, query, request, sync
 
@@ -81,7 +84,7 @@ def _client(clock: SimClock, holder: HolderSide, started: list[str], name: str =
 @async_test
 async def test_a_live_queue_heartbeats_its_claims_so_long_work_keeps_its_permit():
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=2, grant_timeout_ms=10_000, claim_ttl_ms=TTL, leases=None)
+    holder = HolderSide(clock, limit=2, grant_timeout_ms=10_000, claim_ttl_ms=TTL)
     started: list[str] = []
     net, side = _client(clock, holder, started)
     await side.queue.enqueue("acct", "g", "long")
@@ -99,7 +102,7 @@ async def test_a_live_queue_heartbeats_its_claims_so_long_work_keeps_its_permit(
 @async_test
 async def test_a_client_cut_off_from_the_holder_loses_its_claims_after_claim_ttl_ms():
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=2, grant_timeout_ms=10_000, claim_ttl_ms=TTL, leases=None)
+    holder = HolderSide(clock, limit=2, grant_timeout_ms=10_000, claim_ttl_ms=TTL)
     started: list[str] = []
     net, side = _client(clock, holder, started)
     await side.queue.enqueue("acct", "g", "job")
@@ -163,7 +166,7 @@ async def test_enabling_claim_ttl_ms_never_expires_a_live_client_not_yet_told():
 @async_test
 async def test_lowering_claim_ttl_ms_keeps_the_ttl_a_client_was_told_until_its_next_reply():
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=2, grant_timeout_ms=10_000, claim_ttl_ms=60_000, leases=None)
+    holder = HolderSide(clock, limit=2, grant_timeout_ms=10_000, claim_ttl_ms=60_000)
     started: list[str] = []
     net, side = _client(clock, holder, started)
     await side.queue.enqueue("acct", "g", "long")
@@ -281,7 +284,7 @@ async def test_no_heartbeat_when_claim_ttl_ms_is_off():
 async def test_heartbeat_survives_a_partition_shorter_than_half_the_ttl():
     from semaphore import HolderUnavailableError
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=2, grant_timeout_ms=10_000, claim_ttl_ms=TTL, leases=None)
+    holder = HolderSide(clock, limit=2, grant_timeout_ms=10_000, claim_ttl_ms=TTL)
     started: list[str] = []
     net, side = _client(clock, holder, started)
     await side.queue.enqueue("acct", "g", "long")
@@ -338,3 +341,40 @@ async def test_r16_an_alarm_lost_after_a_commit_is_armed_by_the_next_sync_even_o
     assert await bed.storage.getAlarm() <= T0 + 31_000
     await bed.clock.advance(60_000)
     assert (await bed.sem.usage())["outstanding"] == 1  # a's 2 released by crash expiry; b's 1 left
+
+
+@async_test
+async def test_crash_expiry_frees_a_cut_off_clients_permit_when_leases_are_left_at_their_default():
+    # SPEC §7 decision "the default leases": crash expiry frees claimed grant permits, not lease
+    # slots, so a holder given claim_ttl_ms and no leases= issues no leases. Before, it issued
+    # the default reusable leases, and a client cut off from the holder kept its slot charged
+    # for the lease's lifetime (30 min) and, once retired, until its stop report (found by a
+    # cold review: charged 1 after claim_ttl_ms and 10 minutes more).
+    clock = SimClock(T0)
+    holder = HolderSide(clock, limit=2, grant_timeout_ms=10_000, claim_ttl_ms=TTL)  # leases: the default
+    assert holder.sem.leases is None
+    net = Net(holder, clock)
+    started: list[str] = []
+    side = ClientSide("c1", clock, net, on_admit=lambda s, item: started.append(item.item_id),
+                      report_releases_within_ms=60_000)
+    await side.queue.enqueue("acct", "g", "job")
+    await clock.advance(3000)
+    assert started == ["job"] and (await holder.usage())["charged"] == 1
+
+    def cut(key, message):
+        raise HolderUnavailableError("partitioned (test)")
+
+    net.intercept = cut
+    await clock.advance(TTL + 2_000)
+    assert (await holder.usage())["charged"] == 0
+    side.driver.kill()
+
+
+def test_leases_named_beside_claim_ttl_ms_are_kept():
+    # Only the default gives way: leases the application names are issued as before (and crash
+    # expiry does not cover them, as the holder reference says).
+    assert holder_leases(DEFAULT_LEASES, None) == DEFAULT_LEASES
+    assert holder_leases(DEFAULT_LEASES, TTL) is None
+    assert holder_leases(replace(DEFAULT_LEASES, ttl_ms=60_000), TTL) == replace(DEFAULT_LEASES, ttl_ms=60_000)
+    assert holder_leases({"provisioning": {"mode": "strict"}}, TTL) == LeaseConfig()
+    assert holder_leases(None, None) is None

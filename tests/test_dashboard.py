@@ -198,7 +198,7 @@ def test_operations_routes_are_admin_only_and_reads_create_nothing(entry):
 
 
 def test_holders_settle_and_audit_through_the_front(entry):
-    world = World(entry, ACCOUNT_CONCURRENCY="1", ROUND_WAIT_MS="0", ROUND_PERIOD_MS="0")
+    world = World(entry, ACCOUNT_CONCURRENCY="1", ROUND_WAIT_MS="0", ROUND_PERIOD_MS="0", LEASES="off")  # grants
 
     async def scenario():
         for job_id in ("j1", "j2"):

@@ -93,7 +93,7 @@ def test_metrics_need_the_admin_token_and_an_empty_registry_creates_nothing(entr
 
 
 def test_metrics_match_usage_and_count_rounds_admitted_and_blocked(entry):
-    world = World(entry)
+    world = World(entry, LEASES="off")  # grants: every admission a round's
     odd = 'b"x\\y'  # a quote and a backslash: escaped in the label value
 
     async def scenario():

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.usefixtures("quiet_logs")
 
 def setup(limit: int = 4, *, on_admit: Any = None, **queue_options: Any) -> tuple[SimClock, HolderSide, Net, ClientSide]:
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=limit, group_limit=queue_options.pop("group_limit", None))
+    holder = HolderSide(clock, limit=limit, group_limit=queue_options.pop("group_limit", None),
+                        leases=None)  # grants: the queue's claims (the default leases: test_reusable_leases.py)
     net = Net(holder, clock)
     side = ClientSide("c1", clock, net, on_admit=on_admit, report_releases_within_ms=0, **queue_options)
     return clock, holder, net, side

@@ -8,7 +8,7 @@ real SDK. Checked here: reads never create storage, job payloads need the admin 
 error value carries ``"v": 1``, the job directory forgets finished jobs after the retention (also
 a job completed while ``claiming``, one whose ``finish_job`` failed, retried from the queue's
 outbox, and an id its queue no longer knows; a late notice never marks a new job), the
-``LEASES`` var turns leases on, ``HOLD_BLOCKED_MS``/``REQUEST_WAIT_MS`` turn waiting requests on
+``LEASES`` var sets the leases (empty: the default leases; ``off``: none), ``HOLD_BLOCKED_MS``/``REQUEST_WAIT_MS`` turn waiting requests on
 (with the queue's RPC timeout above ``REQUEST_WAIT_MS + ROUND_PERIOD_MS``, and a raised limit
 serving held requests at once), an invalid var is answered as a ``configuration_error`` value
 (500) on every route, ``PUT .../limit`` repairs a corrupt stored override, and the no-op
@@ -289,9 +289,11 @@ def queue_object(world, account: str, queue: str):
 
 
 def test_leases_var_is_parsed_once_and_jobs_are_drawn_from_leases(entry):
-    from semaphore import LeaseConfig
+    from semaphore import DEFAULT_LEASES, LeaseConfig
 
-    for off in ({}, {"LEASES": ""}, {"LEASES": "  "}):
+    for unset in ({}, {"LEASES": ""}, {"LEASES": "  "}):  # the holder's default leases
+        assert World(entry, **unset).env.ACCOUNT_LIMIT.getByName("a").semaphore.leases == DEFAULT_LEASES, unset
+    for off in ({"LEASES": "off"}, {"LEASES": " off "}):
         assert World(entry, **off).env.ACCOUNT_LIMIT.getByName("a").semaphore.leases is None, off
     snake = World(entry, LEASES='{"provisioning": {"mode": "under", "reserve": 2}, "permits_per_lease": 3}')
     assert snake.env.ACCOUNT_LIMIT.getByName("a").semaphore.leases == LeaseConfig(
@@ -604,7 +606,7 @@ def test_a_job_completed_while_claiming_is_forgotten_by_the_directory(entry, mon
     # in the queue's pump, and nothing told the directory: the entry stayed with done_at NULL
     # forever (and no prune timer was set). Now the queue's outbox announces it.
     wall = _Wall(monkeypatch)
-    world = World(entry, JOB_RETENTION_MS="1000", ROUND_WAIT_MS="0", ROUND_PERIOD_MS="0")
+    world = World(entry, JOB_RETENTION_MS="1000", ROUND_WAIT_MS="0", ROUND_PERIOD_MS="0", LEASES="off")  # a grant claim
     holder = world.env.ACCOUNT_LIMIT.getByName("a")
 
     async def scenario():

@@ -1,5 +1,6 @@
 """Reusable leases and lease-first sizing (issue 13; SPEC R28a, R30a, R31a, R34a): the options
-``reusable`` and ``leaseFirst`` of the holder's ``leases=``, off by default.
+``reusable`` and ``leaseFirst`` of the holder's ``leases=``, on in the holder's default leases
+(``DEFAULT_LEASES``), off in a leases mapping as given.
 
 Holder rules on the SQLite test bed with hand-written messages (the arithmetic next to each
 assertion); the queue's side (draw again after a release, no request while a reusable lease
@@ -708,7 +709,7 @@ async def test_r34a_a_slot_reused_beside_a_held_request_sends_no_request_of_its_
 # One test per finding; each FAILED on the reviewed snapshot and says in its docstring what was
 # wrong and why it matters. They use only the public test kit (real holder, client and queue
 # objects on a virtual clock; nothing of the library is mocked or patched). All pass on the fix
-# (one was a strict xfail until the cover of R34a lapsed at the recheck).
+# (one was a strict xfail until the room check of R34a came).
 
 
 def _stop(*sides: ClientSide) -> None:
@@ -844,9 +845,10 @@ async def test_capacity_freed_elsewhere_reaches_a_contended_key_covered_by_a_reu
     15 min of idle capacity while work waits. Without ``reusable`` the queue asks every round
     and takes them within one round period.
 
-    Kept as a strict xfail (a documented trade-off) until the cover was made to lapse at the
-    holder's ``leaseRecheckMs`` (R34a, 4 s here): the covered demand then goes in a request,
-    whose round takes the freed permits. It failed before: 1 of 4 running after 6 s."""
+    Kept as a strict xfail (a documented trade-off) until the room check (R34a): once the
+    key's last reply is older than the holder's ``leaseRecheckMs`` (4 s here) the queue syncs,
+    the reply says ``room``, and the covered demand goes in a request whose round takes the
+    freed permits. It failed before: 1 of 4 running after 6 s."""
     clock = SimClock(T0)
     holder = HolderSide(clock, limit=4, leases={**REUSE_FIRST, "permitsPerLease": 8, "ttlMs": 60_000})
     net = Net(holder, clock)

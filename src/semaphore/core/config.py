@@ -23,7 +23,7 @@ from typing import Any
 
 from ..errors import ConfigurationError
 
-__all__ = ["Provisioning", "LimitedGroups", "LeaseConfig", "DEFAULT_LEASES", "option_int"]
+__all__ = ["Provisioning", "LimitedGroups", "LeaseConfig", "DEFAULT_LEASES", "holder_leases", "option_int"]
 
 
 class Provisioning(str, enum.Enum):
@@ -252,3 +252,14 @@ def option_int(value: Any, name: str, minimum: int) -> int:
 #: starts from :class:`LeaseConfig`'s own defaults (the original's one-shot leases, grants
 #: first, recheck 4 s); ``leases=None`` issues no leases (the original's default).
 DEFAULT_LEASES = LeaseConfig(reusable=True, lease_first=True, recheck_ms=30_000)
+
+
+def holder_leases(leases: LeaseConfig | Mapping[str, Any] | None, claim_ttl_ms: int | None) -> LeaseConfig | None:
+    """SPEC §7 decision "the default leases": the holder's lease configuration from its
+    ``leases=`` and ``claim_ttl_ms`` options. :data:`DEFAULT_LEASES` (the option's default) is
+    kept unless ``claim_ttl_ms`` is set: crash expiry frees claimed grant permits, never lease
+    slots, so a holder that asks for crash expiry and names no leases issues none (every
+    permit a grant, which crash expiry covers). Anything else is parsed as given."""
+    if leases is DEFAULT_LEASES and claim_ttl_ms is not None:
+        return None
+    return LeaseConfig.parse(leases)

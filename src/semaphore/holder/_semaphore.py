@@ -20,7 +20,7 @@ from typing import Any
 from ..clock import sleep_until
 from ..core.allocation import LIMIT_ERROR
 from ..core.batching import Timing, next_request_at, round_start, sync_room
-from ..core.config import DEFAULT_LEASES, LeaseConfig, option_int
+from ..core.config import DEFAULT_LEASES, LeaseConfig, holder_leases, option_int
 from ..core.lease_ids import LEASE_KEY_WORDS, configured_secret, holder_key
 from ..core.rounds import Limits, Pending, Policy, limit_lowered, stored_share
 from ..core.usage import measure
@@ -164,7 +164,11 @@ class DurabilitySemaphore:
     :param leases: lease options (SPEC §7), see :class:`~semaphore.config.LeaseConfig`. The
         default, :data:`~semaphore.DEFAULT_LEASES`, issues strict reusable leases sized before
         grants (a client's freed slot is drawn again with no holder call) with a recheck every
-        30 s; ``None`` issues no leases (the original's default: every permit a grant).
+        30 s, except with ``claim_ttl_ms``: crash expiry frees claimed grant permits, not lease
+        slots, so a holder given ``claim_ttl_ms`` and no ``leases=`` issues no leases. ``None``
+        issues no leases (the original's default: every permit a grant). To change one option
+        of the default: ``dataclasses.replace(DEFAULT_LEASES, ttl_ms=60_000)`` (a mapping starts
+        from :class:`~semaphore.LeaseConfig`'s own defaults: one-shot leases, grants first).
     :param clock: callable returning epoch milliseconds (default: wall clock). A clock with an
         ``async sleep_until(ms)`` method (e.g. :class:`~semaphore.testing.VirtualClock`) also
         drives the round timer.
@@ -223,7 +227,8 @@ class DurabilitySemaphore:
         told it the TTL are released by the holder's alarm, like Redisson's lease time (a client
         never told one, e.g. just after the option was turned on, never expires); replies carry
         ``claimTtlMs`` and the queue then reports at least every ``claim_ttl_ms / 2`` while it
-        holds claimed permits (a heartbeat ``sync``). **Risk:** work that is still running on a client that cannot
+        holds claimed permits (a heartbeat ``sync``). It frees grant permits only: given with it,
+        ``leases`` defaults to ``None``. **Risk:** work that is still running on a client that cannot
         reach the holder for that long loses its permit (it runs uncharged, so the limit can be
         exceeded by it); choose a value well above any outage you expect.
 
@@ -269,12 +274,12 @@ class DurabilitySemaphore:
         self.round_wait_ms = option_int(round_wait_ms, "round_wait_ms", 0)
         self.round_period_ms = option_int(round_period_ms, "round_period_ms", 0)
         self.grant_timeout_ms = option_int(grant_timeout_ms, "grant_timeout_ms", 1)
-        self.leases = LeaseConfig.parse(leases)
         if on_round is not None and not callable(on_round):
             raise ConfigurationError("on_round: expected None or a callable", field="on_round")
         #: The round hook (see the ``on_round`` option).
         self.on_round = on_round
         self.claim_ttl_ms = None if claim_ttl_ms is None else option_int(claim_ttl_ms, "claim_ttl_ms", 1)
+        self.leases = holder_leases(leases, self.claim_ttl_ms)
         self.hold_blocked_ms = option_int(hold_blocked_ms, "hold_blocked_ms", 0)
         if not isinstance(free_at_once, bool):
             raise ConfigurationError(f"free_at_once: expected a bool, got {free_at_once!r}", field="free_at_once")
