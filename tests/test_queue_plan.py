@@ -394,3 +394,21 @@ def test_r37_reconciliation_checks_items_running_and_unchecked_for_the_bound():
     assert plan.reconcile_due(NOW - 100, NOW - 100, now=NOW, reconcile_after_ms=100)
     assert not plan.reconcile_due(NOW - 99, NOW - 100, now=NOW, reconcile_after_ms=100)
     assert not plan.reconcile_due(NOW - 100, NOW - 99, now=NOW, reconcile_after_ms=100)
+
+
+def test_r34a_the_room_checks_back_off_from_2_s_to_the_recheck_over_one_contention():
+    # R34a decision (the room check): the contention's start is kept over contended replies and
+    # forgotten at the first that is not; the next check waits as long as the key had been
+    # contended at its last reply, at least 2 s, at most leaseRecheckMs.
+    from semaphore.core.client_state import ROOM_CHECK_MIN_MS, KeyState, contended_since
+    assert contended_since(None, True, 1000) == 1000
+    first = KeyState(contended=True, contended_since=1000, replied_at=1000, lease_recheck_ms=30_000)
+    assert contended_since(first, True, 5000) == 1000 and contended_since(first, False, 5000) == 0
+    assert contended_since(KeyState(contended=False), True, 5000) == 5000
+    assert first.room_check_at() == 1000 + ROOM_CHECK_MIN_MS
+    assert KeyState(contended=True, contended_since=1000, replied_at=9000, lease_recheck_ms=30_000).room_check_at() \
+        == 9000 + 8000
+    assert KeyState(contended=True, contended_since=1000, replied_at=90_000, lease_recheck_ms=30_000).room_check_at() \
+        == 90_000 + 30_000
+    assert KeyState(contended=True, contended_since=1000, replied_at=9000, lease_recheck_ms=1000).room_check_at() \
+        == 9000 + 1000

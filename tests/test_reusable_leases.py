@@ -544,19 +544,25 @@ async def test_r31a_a_contended_key_served_by_a_reusable_lease_asks_again_only_a
 
 
 @async_test
-async def test_r34a_a_contended_key_covered_by_a_busy_reusable_lease_checks_for_room_at_the_recheck():
-    # R34a, R33a: while a busy reusable lease covers the demand (it does not go to rounds), the
-    # queue still hears from the holder once the last reply is older than leaseRecheckMs (4 s
-    # here): a sync whose reply says whether capacity was freed meanwhile (room). Before, it
-    # heard nothing until the lease's heartbeat (10 s here).
-    clock, net, sides = await _own_backlog(REUSE_FIRST)
-    assert [m["type"] for m in net.sent] == ["request"]
-    await clock.advance(2000)  # 3.5 s: within the recheck, nothing is sent (rounds run every 2 s)
-    assert [m["type"] for m in net.sent] == ["request"]
-    await clock.advance(1500)  # 5 s: the last reply (at ~1 s) is older than 4 s
-    assert [m["type"] for m in net.sent] == ["request", "sync"] and net.sent[1]["leases"]
-    await clock.advance(4000)  # and again one recheck later: one sync per recheck, no request
-    assert [m["type"] for m in net.sent] == ["request", "sync", "sync"]
+async def test_r34a_a_contended_key_covered_by_a_busy_reusable_lease_checks_for_room_backing_off_to_the_recheck():
+    # R34a decision (the room check), R33a: while a busy reusable lease covers the demand (it
+    # does not go to rounds), the queue still asks the holder whether capacity was freed (a
+    # sync; its reply says room): 2 s into the contention, then after as long as the key had
+    # been contended (4, 8, 16, 32 s in), at most leaseRecheckMs (30 s here) apart. Before,
+    # it heard nothing until the lease's heartbeat (5 min here).
+    clock, net, sides = await _own_backlog({**REUSE_FIRST, "recheckMs": 30_000, "ttlMs": 600_000})
+    t0 = clock.now - 1500  # the request went at once (R9a); its reply was contended (3 wait)
+
+    def syncs() -> int:
+        return sum(1 for m in net.sent if m["type"] == "sync")
+
+    expected = [(1_900, 0), (2_100, 1), (3_900, 1), (4_100, 2), (7_900, 2), (8_100, 3), (15_900, 3),
+                (16_100, 4), (31_900, 4), (32_100, 5), (61_900, 5), (62_100, 6)]
+    for at, count in expected:
+        await clock.advance(t0 + at - clock.now)
+        assert syncs() == count, (at, syncs())
+    assert all(m["leases"] for m in net.sent if m["type"] == "sync")
+    assert [m["type"] for m in net.sent].count("request") == 1  # no request: no room freed
     stop_all(sides)
 
 

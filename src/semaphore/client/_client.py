@@ -54,7 +54,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 from ..clock import sleep_until, system_clock
-from ..core.client_state import ClientGrant, ClientLease, KeyState, merge_grant, merge_lease
+from ..core.client_state import ClientGrant, ClientLease, KeyState, contended_since, merge_grant, merge_lease
 from ..core.wire import (
     MAX_LIST_LENGTH,
     Demand,
@@ -469,12 +469,15 @@ class SemaphoreClient:
             needs_sync = 0 if row is None else int(row["needs_sync"])
         elif isinstance(message, SyncMessage) and 0 < check_at <= now:
             check_at = 0
+        sent = now if sent_at is None else sent_at
         self._touch_key(key, now, next_request_at=response.ask_at(now),
                         contended=int(response.contended), needs_sync=needs_sync, check_at=check_at,
+                        contended_since=contended_since(None if row is None else KeyState._from_row(row),
+                                                        response.contended, sent),
                         claim_ttl_ms=response.claim_ttl_ms or 0,
                         # when the message went, not when its reply came (the return leg is not
                         # freshness); a slower reply of an earlier message never moves it back
-                        replied_at=max(now if sent_at is None else sent_at,
+                        replied_at=max(sent,
                                        0 if row is None else int(row.get("replied_at") or 0)),
                         lease_recheck_ms=response.lease_recheck_ms or 0, room=int(response.room))
         self._prune(key, now)

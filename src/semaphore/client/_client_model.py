@@ -71,6 +71,8 @@ _ADDED_COLUMNS = (
     (KEYS, "lease_recheck_ms", "INTEGER NOT NULL DEFAULT 0"),
     # the holder's last reply said there is room (SPEC R34a room)
     (KEYS, "room", "INTEGER NOT NULL DEFAULT 0"),
+    # when the key's replies turned contended (0: the last was not): the room check's backoff
+    (KEYS, "contended_since", "INTEGER NOT NULL DEFAULT 0"),
     # the lease's slots are reusable (SPEC R34a)
     (LEASES, "reusable", "INTEGER NOT NULL DEFAULT 0"),
 )

@@ -39,7 +39,7 @@ _SETTLED = LeaseStatus.SETTLED.value
 _LIVE = LeaseStatus.LIVE.value
 #: The key row's columns besides ``key`` and ``updated_at``, with their defaults.
 KEY_COLUMNS = {"next_request_at": 0, "contended": 0, "needs_sync": 0, "check_at": 0, "claim_ttl_ms": 0,
-               "replied_at": 0, "lease_recheck_ms": 0, "room": 0}
+               "replied_at": 0, "lease_recheck_ms": 0, "room": 0, "contended_since": 0}
 _LIVE_GRANTS = f"status <> '{GONE}'"
 _LIVE_LEASES = f"status <> '{_SETTLED}'"
 
@@ -230,11 +230,13 @@ class ClientRows:
         current.update(values)
         self.storage.exec(
             f"INSERT INTO {KEYS}(key, next_request_at, contended, needs_sync, check_at, claim_ttl_ms, replied_at,"
-            " lease_recheck_ms, room, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(key) DO UPDATE SET"
+            " lease_recheck_ms, room, contended_since, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT(key) DO UPDATE SET"
             " next_request_at = excluded.next_request_at, contended = excluded.contended,"
             " needs_sync = excluded.needs_sync, check_at = excluded.check_at,"
             " claim_ttl_ms = excluded.claim_ttl_ms, replied_at = excluded.replied_at,"
-            " lease_recheck_ms = excluded.lease_recheck_ms, room = excluded.room, updated_at = excluded.updated_at",
+            " lease_recheck_ms = excluded.lease_recheck_ms, room = excluded.room,"
+            " contended_since = excluded.contended_since, updated_at = excluded.updated_at",
             key, *(current[c] for c in KEY_COLUMNS), now)
         self._key(key).row = {"key": key, **current, "updated_at": now}
 

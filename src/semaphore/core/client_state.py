@@ -16,7 +16,7 @@ from .wire import MAX_INT, GrantReport, GrantState, GrantStatus, LeaseReport, Le
 
 __all__ = [
     "GONE", "ClientGrant", "ClientLease", "KeyState", "GrantMerge", "LeaseMerge",
-    "merge_grant", "merge_lease",
+    "merge_grant", "merge_lease", "contended_since", "ROOM_CHECK_MIN_MS",
 ]
 
 #: Local grant status of a dropped grant (tombstone).
@@ -171,6 +171,22 @@ class ClientLease:
                    int(r["sent_released"]), bool(r["sent_stopped"]), bool(r["reusable"]))
 
 
+#: The shortest wait of the room check (SPEC R34a): a key contended a moment ago asks again
+#: after this (the holder's default round period: no round comes sooner to free anything).
+ROOM_CHECK_MIN_MS = 2000
+
+
+def contended_since(previous: KeyState | None, contended: bool, sent_at: int) -> int:
+    """SPEC R34a decision (the room check): the key's ``contended_since`` after a reply to a
+    message sent at ``sent_at``: kept while replies stay contended, ``sent_at`` for the first
+    contended one, 0 once one is not."""
+    if not contended:
+        return 0
+    if previous is not None and previous.contended and previous.contended_since:
+        return previous.contended_since
+    return sent_at
+
+
 @dataclass(frozen=True)
 class KeyState:
     """What the client remembers of one key besides its grants and leases.
@@ -186,6 +202,9 @@ class KeyState:
         new item is drawn from a lease once ``replied_at`` is that old (R33a).
     :ivar room: the last reply said ``room`` (SPEC R34a room): demand a reusable lease covers is
         asked for now, contended or not.
+    :ivar contended_since: when the message of the first of the key's unbroken run of
+        ``contended`` replies was sent (0: the last reply was not contended); the room check's
+        backoff (:meth:`room_check_at`).
     """
 
     next_request_at: int = 0
@@ -196,6 +215,16 @@ class KeyState:
     replied_at: int = 0
     lease_recheck_ms: int = 0
     room: bool = False
+    contended_since: int = 0
+
+    def room_check_at(self) -> int:
+        """SPEC R34a decision (the room check): when a key whose demand a busy reusable lease
+        covers next asks the holder whether capacity was freed: after its last reply by the
+        time the key had been contended then (so the checks of one contention come about 2, 4,
+        8, ... s in, doubling), at least :data:`ROOM_CHECK_MIN_MS` and at most the holder's
+        ``leaseRecheckMs``."""
+        age = max(0, self.replied_at - self.contended_since) if self.contended_since else 0
+        return self.replied_at + min(self.lease_recheck_ms, max(ROOM_CHECK_MIN_MS, age))
 
     def leases_confirmed(self, now: int) -> bool:
         """SPEC R33a: the last reply is recent enough to draw from the leases it showed live."""
@@ -207,7 +236,8 @@ class KeyState:
             return cls()
         return cls(int(r["next_request_at"]), bool(r["contended"]), bool(r["needs_sync"]), int(r["check_at"]),
                    int(r.get("claim_ttl_ms") or 0), int(r.get("replied_at") or 0),
-                   int(r.get("lease_recheck_ms") or 0), bool(r.get("room") or 0))
+                   int(r.get("lease_recheck_ms") or 0), bool(r.get("room") or 0),
+                   int(r.get("contended_since") or 0))
 
 
 @dataclass(frozen=True)

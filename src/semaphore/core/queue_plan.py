@@ -37,7 +37,7 @@ __all__ = [
     "PendingReleases", "ReportDue", "Exchange", "ItemTimes",
     "resolve_claims", "admissible", "demand_of", "leases_to_stop", "plan_admission", "plan_reply", "report_due",
     "heartbeat_due", "plan_exchange", "next_wake", "covered_groups", "wants_round", "recheck_due",
-    "room_check_due",
+    "room_check_due", "room_check_pending",
     "MAX_EXCHANGES", "Pause", "pause_after_exchanges", "retry_waits_for_holder", "permit_gone", "work_exhausted",
     "item_times", "admit_room", "demand_grew", "reconcile_due",
 ]
@@ -197,8 +197,8 @@ def covered_groups(snap: KeySnapshot, opts: QueueOptions) -> set[str]:
     ``lease_margin_ms`` of its expiry) while the key's last reply was
     ``contended`` (R29: there is no room to grow it): their demand is not asked for again before
     the lease's heartbeat, which then goes as a request carrying it (a round can still grow
-    the key's share when room frees); meanwhile :func:`room_check_due` syncs once the last reply
-    is older than ``leaseRecheckMs`` to hear of room. Without contention every demand is asked for, and so it
+    the key's share when room frees); meanwhile :func:`room_check_due` syncs, backing off up to
+    ``leaseRecheckMs``, to hear of room. Without contention every demand is asked for, and so it
     is when requests may be held at the holder (``request_wait_ms``): a held request costs one
     call per hold and is answered by the first round that frees room. Nor is it when the last
     reply said ``room`` (a sync's, R34a room: capacity freed since the last round, nobody waits
@@ -341,12 +341,20 @@ def recheck_due(snap: KeySnapshot, opts: QueueOptions) -> bool:
 
 
 def room_check_due(snap: KeySnapshot, opts: QueueOptions) -> bool:
-    """SPEC R34a: demand that :func:`covered_groups` keeps from a round waits for its lease's
-    heartbeat, but not without news: once the key's last reply is older than the holder's
-    ``leaseRecheckMs`` (R33a), a ``sync`` asks whether capacity was freed meanwhile (its reply's
-    ``room``; the demand then goes in a request) and confirms the lease live."""
-    return snap.key.lease_recheck_ms > 0 and bool(covered_groups(snap, opts)) \
-        and not snap.key.leases_confirmed(snap.now) and not wants_round(snap, opts) and bool(admissible(snap))
+    """SPEC R34a decision (the room check): demand that :func:`covered_groups` keeps from a
+    round waits for its lease's heartbeat, but not without news: at the key's
+    :meth:`~semaphore.core.client_state.KeyState.room_check_at` (2 s, 4 s, 8 s, ... into the
+    contention, at most the holder's ``leaseRecheckMs`` apart, R33a) a ``sync`` asks whether
+    capacity was freed meanwhile (its reply's ``room``; the demand then goes in a request) and
+    confirms the lease live."""
+    return room_check_pending(snap, opts) and snap.now >= snap.key.room_check_at()
+
+
+def room_check_pending(snap: KeySnapshot, opts: QueueOptions) -> bool:
+    """The key has demand that a busy reusable lease covers, and room checks are on (the
+    holder tells a ``leaseRecheckMs``): :func:`room_check_due` comes at its time."""
+    return snap.key.lease_recheck_ms > 0 and bool(admissible(snap)) and not wants_round(snap, opts) \
+        and bool(covered_groups(snap, opts))
 
 
 def _draws(snap: KeySnapshot, opts: QueueOptions, queued: dict[str, list[str]]) -> tuple[Draw, ...]:
@@ -579,9 +587,8 @@ def next_wake(snap: KeySnapshot, opts: QueueOptions, *, backoff_until: int = 0,
         times.append(max(snap.key.next_request_at, network_at, requests_from))
     if snap.claiming or recheck_due(snap, opts):
         times.append(network_at)
-    elif snap.key.lease_recheck_ms > 0 and admissible(snap) and not wants_round(snap, opts) \
-            and covered_groups(snap, opts):  # R34a: the room check at the recheck
-        times.append(max(snap.key.replied_at + snap.key.lease_recheck_ms, network_at))
+    elif room_check_pending(snap, opts):  # R34a: the room check
+        times.append(max(snap.key.room_check_at(), network_at))
     due = report_due(snap, opts) if due is None else due
     if due.at is not None:
         times.append(max(due.at, network_at))
