@@ -401,10 +401,9 @@ def test_r34a_the_room_checks_back_off_from_2_s_to_the_recheck_over_one_contenti
     # forgotten at the first that is not; the next check waits as long as the key had been
     # contended at its last reply, at least 2 s, at most leaseRecheckMs.
     from semaphore.core.client_state import ROOM_CHECK_MIN_MS, KeyState, contended_since
-    assert contended_since(None, True, 1000) == 1000
+    assert contended_since(0, True, 1000) == 1000  # the first contended reply
+    assert contended_since(1000, True, 5000) == 1000 and contended_since(1000, False, 5000) == 0
     first = KeyState(contended=True, contended_since=1000, replied_at=1000, lease_recheck_ms=30_000)
-    assert contended_since(first, True, 5000) == 1000 and contended_since(first, False, 5000) == 0
-    assert contended_since(KeyState(contended=False), True, 5000) == 5000
     assert first.room_check_at() == 1000 + ROOM_CHECK_MIN_MS
     assert KeyState(contended=True, contended_since=1000, replied_at=9000, lease_recheck_ms=30_000).room_check_at() \
         == 9000 + 8000
@@ -412,3 +411,16 @@ def test_r34a_the_room_checks_back_off_from_2_s_to_the_recheck_over_one_contenti
         == 90_000 + 30_000
     assert KeyState(contended=True, contended_since=1000, replied_at=9000, lease_recheck_ms=1000).room_check_at() \
         == 9000 + 1000
+
+
+def test_r34a_a_room_check_due_with_a_heartbeat_gives_way_to_the_heartbeats_request():
+    # R34a: the covered demand rides on the lease's heartbeat (a request that can grow the key's
+    # share); a room check due at the same moment must not turn that request into a sync.
+    busy = replace(lease(permits=2, drawn=2), reusable=True)  # every slot busy: covered demand
+    key = KeyState(contended=True, contended_since=NOW - 60_000, replied_at=NOW - 40_000, lease_recheck_ms=30_000)
+    snap = KeySnapshot(NOW, queued=queued("a", "b"), leases=(busy,), key=key)
+    assert plan.room_check_due(snap, OPTS) and not plan.heartbeat_due(snap)
+    assert plan.plan_exchange(snap, OPTS, demand=True) is plan.Exchange.SYNC  # the room check
+    beating = replace(snap, leases=(replace(busy, heartbeat_at=NOW - 1),))
+    assert plan.room_check_due(beating, OPTS) and plan.heartbeat_due(beating)
+    assert plan.plan_exchange(beating, OPTS, demand=True) is plan.Exchange.REQUEST  # the heartbeat

@@ -14,9 +14,9 @@ everywhere.
 How running jobs are counted soundly from several HTTP samples: only this test completes jobs,
 so between two of its own completions no job leaves ``running``. A sample taken without
 completing anything in between therefore never over-counts (a job counted in an earlier queue is
-still running when a later queue is read), and the holder's ``outstanding``, read after the
-queues, charges at least every job counted as running (a confirmed claim stays charged until its
-release is reported, R18).
+still running when a later queue is read), and the holder's ``charged``, read after the
+queues, charges at least every job counted as running (a confirmed claim or a lease slot stays
+charged until its release is reported, R18, R30a; the app runs the holder's default leases).
 """
 
 from __future__ import annotations
@@ -134,9 +134,10 @@ def sample(app: App, account: str, queues: Iterable[str], limit: int) -> tuple[d
     running = len(by_state(jobs, "running"))
     assert running <= limit, f"{running} jobs running over limit {limit}: {jobs}"  # I1, R21
     assert usage["limit"] == limit, usage
-    assert usage["outstanding"] <= limit, f"holder charges over its limit: {usage}"  # I1
-    # Every running job holds a confirmed claim, charged until its release (R15a, R18).
-    assert usage["outstanding"] >= running, f"{running} running, holder charges {usage}"
+    assert usage["charged"] <= limit, f"holder charges over its limit: {usage}"  # I1
+    # Every running job holds a confirmed claim or a lease slot (the default leases), charged
+    # until its release (R15a, R18, R30a).
+    assert usage["charged"] >= running, f"{running} running, holder charges {usage}"
     return jobs, usage
 
 
@@ -182,10 +183,11 @@ def drain(app: App, account: str, queues: list[str], expected: set[str], limit: 
     return {"peak": peak, "samples": samples, "jobs": jobs}
 
 
-def wait_released(app: App, account: str, outstanding: int = 0) -> dict[str, Any]:
-    """Releases reach the holder with the queues' next sync: wait for ``outstanding``."""
-    return wait_for(lambda: (u := app.usage(account))["outstanding"] == outstanding and u,
-                    f"usage outstanding == {outstanding} in {account}")
+def wait_released(app: App, account: str, charged: int = 0) -> dict[str, Any]:
+    """Releases (and lease stops) reach the holder with the queues' next sync: wait for the
+    holder's ``charged`` (grants outstanding plus lease footprint)."""
+    return wait_for(lambda: (u := app.usage(account))["charged"] == charged and u,
+                    f"usage charged == {charged} in {account}")
 
 
 @pytest.fixture
@@ -251,7 +253,7 @@ def test_admission_through_rpc_between_objects(app):
         jobs, usage = sample(app, acct, [queue], LIMIT)
         assert by_state(jobs, "running").keys() == running.keys(), jobs
         time.sleep(POLL_S)
-    assert usage["outstanding"] == LIMIT and usage["groups"]["default"]["outstanding"] == LIMIT
+    assert usage["charged"] == LIMIT and usage["groups"]["default"]["charged"] == LIMIT
 
     first = sorted(running)[0]
     reply = app.complete(acct, first)
@@ -289,7 +291,7 @@ def test_limit_never_exceeded_with_racing_queues(app):
         assert all(all(f.result()) for f in futures)
     assert stats["peak"] == LIMIT, stats["peak"]  # the budget was really contended
     usage = wait_released(app, acct, 0)
-    assert usage["groups"].get("default", {}).get("outstanding", 0) == 0, usage
+    assert usage["groups"].get("default", {}).get("charged", 0) == 0, usage
 
 
 def test_unclaimed_grants_are_reclaimed_by_the_alarm(app):
@@ -375,7 +377,7 @@ def test_rows_survive_a_graceful_restart(app):
         a = snapshot()
         time.sleep(3 * ROUND_PERIOD_MS / 1000)
         b = snapshot()
-        return a == b and b[1]["outstanding"] == limit and b
+        return a == b and b[1]["charged"] == limit and b
 
     before_jobs, before_usage = wait_for(quiet, "a quiescent state")
     assert Counter(j["state"] for j in before_jobs.values()) == {
@@ -388,7 +390,7 @@ def test_rows_survive_a_graceful_restart(app):
     assert after_jobs == before_jobs  # ids, states, permits, payloads, timestamps
     assert after_usage == before_usage
     assert after_usage["limit"] == limit and after_usage["limitOverride"] == limit
-    assert after_usage["defaultLimit"] == LIMIT and after_usage["outstanding"] == limit
+    assert after_usage["defaultLimit"] == LIMIT and after_usage["charged"] == limit
 
     stats = drain(app, acct, queues, expected, limit, completed)  # the override still rules
     assert stats["peak"] == limit
@@ -477,7 +479,7 @@ def test_state_changes_need_the_admin_token(app):
     time.sleep(3 * ROUND_PERIOD_MS / 1000)  # a round would have run by now had one been asked
     after = (app.jobs(acct, queue), app.jobs(acct, "other"), app.usage(acct))
     assert after == before
-    assert after[1] == {} and after[2]["limitOverride"] is None and after[2]["outstanding"] == 1
+    assert after[1] == {} and after[2]["limitOverride"] is None and after[2]["charged"] == 1
     # The right token still works (so the 401s above were about the token).
     assert app.complete(acct, "x1")["changed"] is True
 

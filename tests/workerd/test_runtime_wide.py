@@ -51,6 +51,7 @@ AUTH = {"authorization": f"Bearer {TOKEN}"}
 SECRETS = {"ADMIN_TOKEN": TOKEN}
 DEFAULT_LIMIT = 3  # ACCOUNT_CONCURRENCY of every process here
 SHARED_VARS = {
+    "LEASES": "off",  # grants: these tests follow the grant protocol (claims, reclaims, batched rounds)
     "ACCOUNT_CONCURRENCY": str(DEFAULT_LIMIT),
     "GRANT_TIMEOUT_MS": "3000",
     # Long enough for requests sent together from threads to join one round (R9).
@@ -445,6 +446,7 @@ def test_rounds_and_syncs_bind_many_ids_as_one_json_value(shared: Front):
 # ------------------------------------------------------------------------- kill -9, alarm, limit
 
 EVICT_VARS = {
+    "LEASES": "off",  # grants: a kill between a grant and its claim
     "ACCOUNT_CONCURRENCY": str(DEFAULT_LIMIT),
     # Long enough to restart workerd (a few seconds, Python loads cold) before claimBy.
     "GRANT_TIMEOUT_MS": "7000",

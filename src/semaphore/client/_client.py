@@ -472,7 +472,7 @@ class SemaphoreClient:
         sent = now if sent_at is None else sent_at
         self._touch_key(key, now, next_request_at=response.ask_at(now),
                         contended=int(response.contended), needs_sync=needs_sync, check_at=check_at,
-                        contended_since=contended_since(None if row is None else KeyState._from_row(row),
+                        contended_since=contended_since(0 if row is None else int(row.get("contended_since") or 0),
                                                         response.contended, sent),
                         claim_ttl_ms=response.claim_ttl_ms or 0,
                         # when the message went, not when its reply came (the return leg is not

@@ -176,15 +176,13 @@ class ClientLease:
 ROOM_CHECK_MIN_MS = 2000
 
 
-def contended_since(previous: KeyState | None, contended: bool, sent_at: int) -> int:
-    """SPEC R34a decision (the room check): the key's ``contended_since`` after a reply to a
-    message sent at ``sent_at``: kept while replies stay contended, ``sent_at`` for the first
-    contended one, 0 once one is not."""
+def contended_since(since: int, contended: bool, sent_at: int) -> int:
+    """SPEC R34a decision (the room check): the key's ``contended_since`` (``since`` before)
+    after a reply to a message sent at ``sent_at``: kept while replies stay contended,
+    ``sent_at`` for the first contended one, 0 once one is not."""
     if not contended:
         return 0
-    if previous is not None and previous.contended and previous.contended_since:
-        return previous.contended_since
-    return sent_at
+    return since or sent_at
 
 
 @dataclass(frozen=True)

@@ -544,9 +544,10 @@ def plan_exchange(snap: KeySnapshot, opts: QueueOptions, *, demand: bool,
     ``demand`` once ``nextRequestAt`` has come (R11: it carries the reports too); else nothing.
     ``due``: :func:`report_due` of ``snap`` if already computed. ``urgent``: a try is queued
     (R9b): its request goes now, whatever ``nextRequestAt`` and the leases covering it say."""
-    # R33a, R34a: a sync, not a round, confirms
-    claiming = bool(snap.claiming) or recheck_due(snap, opts) or room_check_due(snap, opts)
     beat = heartbeat_due(snap)
+    # R33a, R34a: a sync, not a round, confirms; a heartbeat due goes as the request that
+    # carries the covered demand rather than as a room check
+    claiming = bool(snap.claiming) or recheck_due(snap, opts) or (not beat and room_check_due(snap, opts))
     # R34a: demand covered by reusable leases waits for their heartbeat (then goes with it).
     request_due = demand and (urgent or (snap.now >= snap.key.next_request_at
                                          and (beat or not _all_covered(admissible(snap), snap, opts))))
