@@ -1301,3 +1301,56 @@ async def test_r33a_after_a_reset_a_client_served_by_a_reusable_lease_stops_draw
     assert second.starts  # the newcomer is served
     first.side.driver.kill()
     second.side.driver.kill()
+
+
+async def _covered_beside_a_free_slot(*, evict: bool) -> tuple[SimClock, dict[str, set[str]], ClientSide]:
+    """Limit 2, the holder's default leases: c runs one item under a lease of one, a takes the
+    other slot as a lease of one with four more items queued (contended: its demand is covered,
+    R34a). Then c's item ends and c hands its slot back; with ``evict`` the holder is evicted
+    right after."""
+    clock = SimClock(T0)
+    holder = HolderSide(clock, limit=2)
+    net = Net(holder, clock)
+    running: dict[str, set[str]] = {"a": set(), "c": set()}
+    sides = {n: ClientSide(n, clock, net, on_admit=lambda s, i: running[s.name].add(i.item_id)) for n in ("a", "c")}
+    await sides["c"].queue.enqueue("acct", "g", "c0")
+    await clock.advance(100)
+    for i in range(5):
+        await sides["a"].queue.enqueue("acct", "g", f"a{i}")
+    await clock.advance(1500)  # a's need does not fit: a batched round (R9a)
+    assert len(running["a"]) == 1 and running["c"] == {"c0"}
+    await sides["c"].queue.complete("c0")
+    await clock.advance(10)
+    assert (await holder.usage())["charged"] == 1  # c's slot went back at once (a lease stop)
+    if evict:
+        holder.evict()
+    return clock, running, sides
+
+
+@async_test
+async def test_r34a_a_slot_freed_before_an_eviction_reaches_the_covered_demand_at_its_room_check():
+    # R34a decision (room): the flag lives in memory, so an instance that has committed no
+    # round yet says room. Before, the new instance said nothing: a's room checks heard no room
+    # and the freed slot sat idle until a's lease heartbeat (15 min with the default lifetime;
+    # seen on workerd after a SIGKILL, tests/workerd/test_app.py's kill test).
+    for evict in (False, True):
+        clock, running, sides = await _covered_beside_a_free_slot(evict=evict)
+        await clock.advance(5_000)  # a's room checks: 2 s and 4 s into its contention
+        assert len(running["a"]) == 2, (evict, running)
+        stop_all(sides)
+
+
+@async_test
+async def test_r34a_syncs_say_room_while_the_last_round_left_capacity_free():
+    # R34a decision (room), on the holder: a committed round that leaves capacity free keeps
+    # syncs saying room (until a round takes it); one that leaves none clears it. Before, every
+    # committed round cleared it, so capacity a round left free never reached demand covered by
+    # reusable leases before their heartbeats.
+    bed = Bed(4)  # the default leases
+    [a] = await bed.round(request("a", {"g": 1}, leases=[]))
+    [lease] = a["leases"]
+    reply = await bed.one(sync("a", leases=[(lease["leaseId"], 1, 0)]))
+    assert reply.get("room") is True, reply  # 3 of 4 free after a's round
+    await bed.round(request("b", {"g": 3}, leases=[]))
+    reply = await bed.one(sync("a", leases=[(lease["leaseId"], 1, 0)]))
+    assert "room" not in reply, reply  # b's round took the rest

@@ -79,3 +79,13 @@ def sync_room(*, freed: bool, waiting: bool) -> bool:
     lease's heartbeat (half its lifetime); every other behaviour of the reply (``contended``,
     R29) is unchanged. Requests that wait already take the freed capacity in their round."""
     return freed and not waiting
+
+
+def room_after_round(*, reusable: bool, charged: int, limit: int | None) -> bool:
+    """SPEC R34a decision (room): whether syncs say ``room`` after a committed round: with
+    reusable leases, when the round left capacity free (``charged`` below ``limit``). Its
+    requests took what they asked for, so what is left is free for demand that reusable leases
+    cover and that went to no round (R34a), which asks for it once a sync tells it. Before, a
+    round always cleared the flag: capacity it left free reached a covered client only at its
+    lease's heartbeat."""
+    return reusable and isinstance(limit, int) and charged < limit

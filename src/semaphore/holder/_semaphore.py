@@ -19,7 +19,7 @@ from typing import Any
 
 from ..clock import sleep_until
 from ..core.allocation import LIMIT_ERROR
-from ..core.batching import Timing, next_request_at, round_start, sync_room
+from ..core.batching import Timing, next_request_at, room_after_round, round_start, sync_room
 from ..core.config import DEFAULT_LEASES, LeaseConfig, holder_leases, option_int
 from ..core.lease_ids import LEASE_KEY_WORDS, configured_secret, holder_key
 from ..core.rounds import Limits, Pending, Policy, limit_lowered, stored_share
@@ -331,9 +331,11 @@ class DurabilitySemaphore:
         #: The last committed round left need unserved (R29's first cause, without R29's
         #: "full" decision): what R9a counts as contention.
         self._last_unserved = False
-        #: Capacity freed since the last committed round, with reusable leases
-        #: (R34a room; in memory only: after an eviction the heartbeat bounds the wait).
-        self._room = False
+        #: Capacity left free by the last committed round or freed since, with reusable leases
+        #: (R34a room). In memory only, so an instance that has committed no round yet (a new
+        #: one, after an eviction) assumes there is some: a covered client that hears it asks
+        #: once, and the first committed round sets it from what it leaves free.
+        self._room = self.leases is not None and self.leases.reusable
         #: An arm() of the alarm failed (or is under way): the next sync arms even if it writes
         #: nothing (R16: an alarm lost between a commit and its setAlarm is repaired by the
         #: next call, as before a sync skipped arming, R38 decision "last seen").
@@ -699,7 +701,8 @@ class DurabilitySemaphore:
                                   self.storage.statements - statements, outcome)
             replies, served = outcome.replies, outcome.served
             self._last_contended = outcome.contended  # R29: only a committed round changes the flag
-            self._room = False
+            self._room = room_after_round(reusable=self.leases is not None and self.leases.reusable,
+                                          charged=outcome.charged, limit=outcome.limit)
             self._last_unserved = outcome.unserved
             self._declined = False
             self._last_starving = outcome.starving
