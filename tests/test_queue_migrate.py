@@ -47,7 +47,7 @@ async def queue_in_use(limit: int = 2):
     """A client object whose queue has admitted work and has a wake-up pending, plus an
     application timer and a holder-style timer on the same scheduler."""
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=limit)
+    holder = HolderSide(clock, limit=limit, leases=None)  # grants: its pumps touch the tables after migrate
     side = ClientSide("c1", clock, Net(holder, clock), on_admit=lambda side, item: None)
     side.scheduler.on(APP_TIMER, lambda name, due: None)
     await side.scheduler.schedule(APP_TIMER, T0 + 3_600_000)

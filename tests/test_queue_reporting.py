@@ -282,7 +282,7 @@ pytestmark = pytest.mark.usefixtures("quiet_logs")  # failures are injected on p
 def _objects(limit: int, transport_wrap: Any = None, *, free_at_once: bool = True, **queue: Any) -> tuple[SimClock, HolderSide, Net, ClientSide,
                                                                            list[tuple[int, str]]]:
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=limit, free_at_once=free_at_once)
+    holder = HolderSide(clock, limit=limit, free_at_once=free_at_once, leases=None)  # grants: a request waits for its round
     net = Net(holder, clock)
     admitted: list[tuple[int, str]] = []
     transport = net if transport_wrap is None else transport_wrap(clock, net)

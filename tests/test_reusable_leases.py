@@ -1354,3 +1354,31 @@ async def test_r34a_syncs_say_room_while_the_last_round_left_capacity_free():
     await bed.round(request("b", {"g": 3}, leases=[]))
     reply = await bed.one(sync("a", leases=[(lease["leaseId"], 1, 0)]))
     assert "room" not in reply, reply  # b's round took the rest
+
+
+@async_test
+async def test_r34a_a_round_that_leaves_need_unserved_says_no_room_so_a_covered_client_does_not_ask_in_vain():
+    # R34a decision (room): a round that left need unserved says no room, whatever capacity it
+    # left free. Here a's group is at its own limit (withinGroupLimit): 8 of 10 permits free,
+    # none a's. Before, syncs said room after every such round, and a's room checks each
+    # became a request and a round (a cold review: 22 requests in 10 minutes, now none).
+    from collections import Counter
+    from dataclasses import replace
+
+    from semaphore import DEFAULT_LEASES
+
+    clock = SimClock(T0)
+    holder = HolderSide(clock, limit=10, group_limit={"g": 2},
+                        leases=replace(DEFAULT_LEASES, limited_groups="withinGroupLimit"))
+    net = Net(holder, clock)
+    running: set[str] = set()
+    a = ClientSide("a", clock, net, on_admit=lambda s, i: running.add(i.item_id))
+    for i in range(6):
+        await a.queue.enqueue("acct", "g", f"a{i}")
+    await clock.advance(5_000)
+    assert len(running) == 2
+    sent = len(net.sent)
+    await clock.advance(600_000)
+    kinds = Counter(m["type"] for m in net.sent[sent:])
+    a.driver.kill()
+    assert kinds["request"] <= 2, kinds

@@ -81,11 +81,14 @@ def sync_room(*, freed: bool, waiting: bool) -> bool:
     return freed and not waiting
 
 
-def room_after_round(*, reusable: bool, charged: int, limit: int | None) -> bool:
+def room_after_round(*, reusable: bool, charged: int, ceiling: int | None, unserved: bool) -> bool:
     """SPEC R34a decision (room): whether syncs say ``room`` after a committed round: with
-    reusable leases, when the round left capacity free (``charged`` below ``limit``). Its
-    requests took what they asked for, so what is left is free for demand that reusable leases
-    cover and that went to no round (R34a), which asks for it once a sync tells it. Before, a
-    round always cleared the flag: capacity it left free reached a covered client only at its
-    lease's heartbeat."""
-    return reusable and isinstance(limit, int) and charged < limit
+    reusable leases, when the round served every need it was asked for (``unserved`` false)
+    and left capacity free (``charged`` below the ``ceiling`` leases may fill: the limit, plus
+    the ``over`` extra). What is left is then free for demand that reusable leases cover and
+    that went to no round, which asks for it once a sync tells it. A round that left need
+    unserved (a group at its ceiling, a refusal of ``can_grant``) says nothing: its free
+    capacity is what that need may not use, and a covered client told ``room`` would ask in
+    vain at every room check. Before, a committed round always cleared the flag: capacity it
+    left free reached a covered client only at its lease's heartbeat."""
+    return reusable and isinstance(ceiling, int) and charged < ceiling and not unserved

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..clock import sleep_until
-from ..core.allocation import LIMIT_ERROR
+from ..core.allocation import LIMIT_ERROR, ceiling
 from ..core.batching import Timing, next_request_at, room_after_round, round_start, sync_room
 from ..core.config import DEFAULT_LEASES, LeaseConfig, holder_leases, option_int
 from ..core.lease_ids import LEASE_KEY_WORDS, configured_secret, holder_key
@@ -165,7 +165,8 @@ class DurabilitySemaphore:
         default, :data:`~semaphore.DEFAULT_LEASES`, issues strict reusable leases sized before
         grants (a client's freed slot is drawn again with no holder call) with a recheck every
         30 s, except with ``claim_ttl_ms``: crash expiry frees claimed grant permits, not lease
-        slots, so a holder given ``claim_ttl_ms`` and no ``leases=`` issues no leases. ``None``
+        slots, so a holder given ``claim_ttl_ms`` and no ``leases=`` (or ``DEFAULT_LEASES``
+        itself) issues no leases. ``None``
         issues no leases (the original's default: every permit a grant). To change one option
         of the default: ``dataclasses.replace(DEFAULT_LEASES, ttl_ms=60_000)`` (a mapping starts
         from :class:`~semaphore.LeaseConfig`'s own defaults: one-shot leases, grants first).
@@ -701,8 +702,10 @@ class DurabilitySemaphore:
                                   self.storage.statements - statements, outcome)
             replies, served = outcome.replies, outcome.served
             self._last_contended = outcome.contended  # R29: only a committed round changes the flag
-            self._room = room_after_round(reusable=self.leases is not None and self.leases.reusable,
-                                          charged=outcome.charged, limit=outcome.limit)
+            self._room = room_after_round(
+                reusable=self.leases is not None and self.leases.reusable, charged=outcome.charged,
+                ceiling=None if outcome.limit is None else ceiling(outcome.limit, self.leases),
+                unserved=outcome.unserved)
             self._last_unserved = outcome.unserved
             self._declined = False
             self._last_starving = outcome.starving

@@ -36,7 +36,7 @@ from semaphore.runtime import Storage
 
 KEY = "acct"
 FAST = {"ROUND_WAIT_MS": "10", "ROUND_PERIOD_MS": "50", "GRANT_TIMEOUT_MS": "10000",
-        "ACCOUNT_CONCURRENCY": "3"}
+        "ACCOUNT_CONCURRENCY": "3", "LEASES": "off"}  # AccountLimit issues grants (the leases: LeaseHolder)
 RELEASE_REPORT_MS = 10_000
 LEASES = {"provisioning": {"mode": "strict"}, "permitsPerLease": 3, "ttlMs": 20_000}
 

@@ -35,7 +35,8 @@ from semaphore.runtime import Storage
 from semaphore.testing import VirtualClock
 
 KEY = "acct"
-VARS = {"ROUND_WAIT_MS": "10", "ROUND_PERIOD_MS": "0", "GRANT_TIMEOUT_MS": "10000", "ACCOUNT_CONCURRENCY": "1"}
+VARS = {"LEASES": "off",  # grants: these follow claims and their confirming syncs
+        "ROUND_WAIT_MS": "10", "ROUND_PERIOD_MS": "0", "GRANT_TIMEOUT_MS": "10000", "ACCOUNT_CONCURRENCY": "1"}
 HELPER = DurabilitySemaphore.client(binding="ACCOUNT_LIMIT", invoke=lambda stub, message: stub.permits(message))
 DRAIN_S = 20  # a callback or pump still running after this is a hang (e.g. serialised callbacks)
 
@@ -88,7 +89,7 @@ class Permits(Base):
             seen = {"item_id": item.item_id, "is_permit": item.is_permit, "state": item.state.value,
                     "admitted": item.admitted, "kind": item.permit.kind.value, "payload": item.payload,
                     "charged": inside.charged, "available": inside.available,
-                    "grant_confirmed": self.client.grant(KEY, item.permit.id).confirmed}
+                    "grant_confirmed": None if (g := self.client.grant(KEY, item.permit.id)) is None else g.confirmed}
         # Left: the item is done, or deleted already by the pump its completion kicked (a
         # finished permit item is deleted at the next pump: its id is random).
         after = self.queue.item(seen["item_id"])
@@ -190,6 +191,20 @@ async def test_permit_through_a_round_and_a_confirmed_claim_is_released_to_the_h
     usage = await holder_usage(rt.env)
     assert (usage.charged, usage.outstanding, usage.available) == (0, 0, 1), usage
     assert rt.sql("ACCOUNT_LIMIT", KEY, "SELECT * FROM durability_semaphore_grants") == []
+
+
+async def test_permit_under_the_default_leases_is_a_lease_slot_handed_back_at_once():
+    # The holder's default leases (LEASES unset): permit() gets its permit as a reusable lease of
+    # one slot (no confirming sync), and leaving the block stops the lease, which the pump the
+    # release kicks reports at once: nothing stays charged.
+    rt = Runtime({"ACCOUNT_LIMIT": AccountLimit, "PERMITS": Permits},
+                 vars={k: v for k, v in VARS.items() if k != "LEASES"}, auto_alarms=False)
+    seen = await asyncio.wait_for(rt.stub("PERMITS", "p").hold_once(), DRAIN_S)
+    assert seen.is_permit is True and seen.state == "running" and seen.admitted is True, seen
+    assert seen.kind == "lease" and (seen.charged, seen.available) == (1, 0), seen
+    assert seen.after_state in ("done", "deleted") and seen.left == [], seen
+    usage = await holder_usage(rt.env)
+    assert (usage.charged, usage.leaseFootprint, usage.available) == (0, 0, 1), usage
 
 
 async def test_permit_timeout_raises_with_the_limit_reason_and_leaves_nothing_charged():
