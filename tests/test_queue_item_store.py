@@ -89,10 +89,15 @@ def test_a_long_payload_is_read_when_asked_for(store):
     assert storage.statements - before == 1
 
 
-def test_find_with_seq_answers_the_next_seq_and_an_existing_row_in_one_read(store):
+def test_insert_new_numbers_the_item_and_refuses_a_known_id_in_one_statement(store):
     storage, items = store
-    assert items.find_with_seq("a") == (None, 1)
-    items.insert(_row("a", 1))
     before = storage.statements
-    row, seq = items.find_with_seq("a")
-    assert storage.statements - before == 1 and seq == 2 and row is not None and row["item_id"] == "a"
+    new = {k: v for k, v in _row("a", 0).items() if k != "seq"}
+    assert items.insert_new(new) == {**new, "seq": 1}
+    assert storage.statements - before == 1
+    items.insert(_row("b", 7))
+    assert items.insert_new({**new, "item_id": "c"})["seq"] == 8  # one more than the largest
+    before = storage.statements
+    assert items.insert_new(new) is None  # a known id: nothing written
+    assert storage.statements - before == 1
+    assert items.find("a")["seq"] == 1

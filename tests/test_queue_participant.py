@@ -79,8 +79,7 @@ def sql(side: ClientSide, query: str, *args) -> list[dict]:
 
 
 def block_wakeups(side: ClientSide, raise_: str) -> None:
-    """Make every write of the wake-up table fail (``raise_ = "ABORT, 'disk full'"``) or do
-    nothing, silently (``"IGNORE"``)."""
+    """Make every write of the wake-up table fail (``raise_ = "ABORT, 'disk full'"``)."""
     for op in ("INSERT", "UPDATE", "DELETE"):
         sql(side, f"CREATE TRIGGER block_{op.lower()} BEFORE {op} ON {WAKEUPS} BEGIN SELECT RAISE({raise_}); END")
 
@@ -197,24 +196,18 @@ async def test_r16_r37_work_due_during_a_wake_at_the_same_millisecond_is_done_by
 
 
 @async_test
-async def test_r16_r37_a_wake_that_makes_no_progress_is_backed_off_not_looped():
-    # R16: a wake-up that returns but leaves its key due (here the wake-up table silently ignores
-    # every write) would re-arm the alarm for "now" forever; it is counted as a failure and
-    # backed off (1 s, doubling) instead, and works again once it can make progress.
+async def test_r37_arming_again_reads_no_table():
+    # R37: the wake-up's next_due() is answered from the queue's copy of the wake times (every
+    # key's row read once, then kept by each write), and the scheduler keeps its rows until it
+    # next writes them: after the first arm() of an instance, arming again runs no statement.
     clock, net = SimClock(T0), Down()
     side = client_object(clock, net)
-    await enqueue_unpumped(side, "a", "g", "item1")
-    block_wakeups(side, "IGNORE")
-    await deliver(side)
-    assert side.queue.wake_at("a") == S   # still due: no progress
-    assert side.storage.alarm == S + 1000   # not "now" (S): backed off
-    assert side.scheduler.attempts(WAKE) == 1 and timers(side.storage) == {WAKE: S + 1000}
-    await deliver(side)
-    assert side.scheduler.attempts(WAKE) == 2 and side.storage.alarm == S + 3000
-    unblock_wakeups(side)
-    await deliver(side)
-    assert side.scheduler.attempts(WAKE) == 0 and timers(side.storage) == {}
-    assert side.queue.wake_at("a") == S + 3000 + RETRY and side.storage.alarm == S + 3000 + RETRY
+    await enqueue_unpumped(side, "a", "g", "item1")   # a fresh instance: nothing read yet
+    await side.scheduler.arm()   # reads the schema, the timer rows and every key's wake time
+    before = side.storage.statements
+    await side.scheduler.arm()
+    assert side.storage.statements == before
+    assert side.scheduler.due_times() == {WAKE: S} and side.storage.alarm == S
 
 
 @async_test

@@ -475,13 +475,41 @@ async def test_r3_holder_migrate_none_removes_its_backoff_and_nothing_runs_over_
 
 
 @async_test
-async def test_r16_arming_for_the_holder_costs_two_reads_and_a_round_writes_no_timer_row():
+async def test_r16_arming_for_the_holder_costs_one_read_and_a_round_writes_no_timer_row():
     # R16: the round's transaction no longer mirrors the reclaim deadline into a timer row (it
-    # read the row and rewrote it); arm() after the commit reads the timers and participants'
-    # rows in one statement and the holder's next_due() in one more.
+    # read the row and rewrote it); arm() after the commit reads the holder's next_due() only:
+    # the timers' and participants' rows were read by an earlier arm() and nothing has written
+    # the timer table since (the scheduler keeps that read until its next write).
     bed = Bed(limit=10)
     await bed.round(request("a", {"g": 3}))
     before = bed.storage.statements
     await bed.scheduler.arm()
-    assert bed.storage.statements - before == 2
+    assert bed.storage.statements - before == 1
     assert timers(bed.storage) == {}
+
+
+@async_test
+async def test_r16_a_timer_written_after_an_arm_is_armed_by_the_next_arm():
+    # R16: the rows arm() keeps are dropped by every write of the timer table (set, clear,
+    # a prefix cleared) and by a rolled-back transaction, so the next arm() sees the write.
+    bed = Bed(limit=10)
+    await bed.round(request("a", {"g": 3}))
+    await bed.scheduler.arm()
+    armed = bed.storage.alarm
+    bed.scheduler.on("app:soon", lambda name, due: None)
+    bed.scheduler.set_timer("app:soon", bed.clock.now + 5)
+    await bed.scheduler.arm()
+    assert bed.storage.alarm == bed.clock.now + 5
+    bed.scheduler.clear_prefix("app:")
+    await bed.scheduler.arm()
+    assert bed.storage.alarm == armed
+
+    def set_then_fail() -> None:
+        bed.scheduler.set_timer("app:soon", bed.clock.now + 7)
+        bed.scheduler._participant_rows()  # read inside the transaction, then rolled back
+        raise RuntimeError("rolled back")
+
+    with pytest.raises(RuntimeError):
+        bed.scheduler.storage.transaction(set_then_fail)
+    await bed.scheduler.arm()
+    assert bed.storage.alarm == armed

@@ -112,6 +112,12 @@ class DurabilityScheduler:
         self._leases: dict[str, int] = {}  # participant name -> its lease while it runs
         #: participant name -> (retry time, attempts) of a failure whose row could not be written
         self._unrecorded: dict[str, tuple[int, int]] = {}
+        #: What :meth:`_participant_rows` last read, until this instance next writes its table
+        #: (:meth:`_write`), a transaction rolls back, or an alarm runs: :meth:`arm`, called after
+        #: every change, then costs no SQL (the table has no other writer while the instance
+        #: lives, but the static ``migrate`` methods, after which instances are discarded).
+        self._rows: tuple[int | None, dict[str, dict[str, Any]]] | None = None
+        self.storage.on_rollback(self._forget_rows)
         self._ready = False
 
     # ------------------------------------------------------------------ schema
@@ -165,7 +171,7 @@ class DurabilityScheduler:
         self.ensure_schema()
         if name in self._running:
             self._touched.add(name)
-        self.storage.exec(
+        self._write(
             f"INSERT INTO {TABLE}(name, due_at) VALUES (?, ?)"
             " ON CONFLICT(name) DO UPDATE SET due_at = excluded.due_at",
             name,
@@ -177,7 +183,7 @@ class DurabilityScheduler:
         self.ensure_schema()
         if name in self._running:
             self._touched.add(name)
-        self.storage.exec(f"DELETE FROM {TABLE} WHERE name = ?", name)
+        self._write(f"DELETE FROM {TABLE} WHERE name = ?", name)
 
     def point_timer(self, name: str, due_at: int | None) -> None:
         """Keep timer ``name`` at ``due_at``, or remove it when ``None``; writes nothing when it is
@@ -191,7 +197,7 @@ class DurabilityScheduler:
         """Remove every timer whose name starts with ``prefix``."""
         self.ensure_schema()
         self._touched.update(n for n in self._running if n.startswith(prefix))
-        self.storage.exec(
+        self._write(
             f"DELETE FROM {TABLE} WHERE substr(name, 1, ?) = ?", len(prefix), prefix
         )
 
@@ -254,9 +260,23 @@ class DurabilityScheduler:
                 out[name] = due
         return out
 
+    def _forget_rows(self) -> None:
+        self._rows = None
+
+    def _write(self, query: str, *bindings: Any) -> list[dict[str, Any]]:
+        """Every write of the timer table: it drops the copy :meth:`_participant_rows` keeps."""
+        self._rows = None
+        return self.storage.exec(query, *bindings)
+
     def _participant_rows(self) -> tuple[int | None, dict[str, dict[str, Any]]]:
-        """One statement: the earliest timer that is not a participant's, and the participants'
-        rows (a failing one's backoff, or a timer row an earlier release left under its name)."""
+        """The earliest timer that is not a participant's, and the participants' rows (a failing
+        one's backoff, or a timer row an earlier release left under its name): one statement,
+        then the copy of it until the table is next written (:attr:`_rows`)."""
+        if self._rows is None:
+            self._rows = self._read_participant_rows()
+        return self._rows
+
+    def _read_participant_rows(self) -> tuple[int | None, dict[str, dict[str, Any]]]:
         names = json.dumps(sorted(self._participants))
         rows = self.storage.exec(
             f"SELECT name, due_at, attempts FROM {TABLE} WHERE name IN (SELECT value FROM json_each(?))"
@@ -341,6 +361,7 @@ class DurabilityScheduler:
 
         After :meth:`migrate` ``(ctx, None)`` (no timer table) there is nothing to run: the alarm
         is deleted and nothing is created, on this instance or a fresh one (R3)."""
+        self._rows = None  # read afresh at every alarm
         if not self.storage.exec(
                 "SELECT 1 AS x FROM sqlite_master WHERE type = 'table' AND name = ?", TABLE):
             self._ready = False
@@ -375,7 +396,7 @@ class DurabilityScheduler:
         handler = self._handlers.get(name)
         if handler is None:
             log.warning("dropping due timer %r: no handler registered", name)
-            self.storage.exec(f"DELETE FROM {TABLE} WHERE name = ? AND due_at = ?", name, due_at)
+            self._write(f"DELETE FROM {TABLE} WHERE name = ? AND due_at = ?", name, due_at)
             return
         if name in self._running:
             self._defer_rerun(name, now)
@@ -441,7 +462,7 @@ class DurabilityScheduler:
         its row (a backoff, or a stale timer row), which resets ``attempts``."""
         self._unrecorded.pop(name, None)
         if row is not None:
-            self.storage.exec(f"DELETE FROM {TABLE} WHERE name = ?", name)
+            self._write(f"DELETE FROM {TABLE} WHERE name = ?", name)
 
     def _participant_failed(self, name: str, attempts: int, what: str) -> None:
         """Log the current exception and back the participant off: its row ``(name, retry time,
@@ -453,7 +474,7 @@ class DurabilityScheduler:
                   exc_info=True)
         self._unrecorded[name] = (retry_at, attempts)
         try:
-            self.storage.exec(
+            self._write(
                 f"INSERT INTO {TABLE}(name, due_at, attempts) VALUES (?, ?, ?)"
                 " ON CONFLICT(name) DO UPDATE SET due_at = excluded.due_at, attempts = excluded.attempts",
                 name, retry_at, attempts)
@@ -469,14 +490,14 @@ class DurabilityScheduler:
         run (SPEC R16: the alarm stays set while a timer is left)."""
         self._running[name] = now + self.RUN_LEASE_MS
         self._rerun.add(name)
-        self.storage.exec(f"UPDATE {TABLE} SET due_at = ? WHERE name = ?", self._running[name], name)
+        self._write(f"UPDATE {TABLE} SET due_at = ? WHERE name = ?", self._running[name], name)
 
     def _lease_timer(self, name: str, due_at: int, now: int) -> int | None:
         """Lease a due timer for its run (``now + RUN_LEASE_MS``) rather than delete it, so a run
         cut short by the death of the instance happens again (alarms are at-least-once). Only if
         unchanged since the due list was read: an earlier handler of this alarm (or a request
         meanwhile) may have rescheduled or cancelled it; then ``None``, else its ``attempts``."""
-        leased = self.storage.exec(
+        leased = self._write(
             f"UPDATE {TABLE} SET due_at = ? WHERE name = ? AND due_at = ? RETURNING attempts",
             now + self.RUN_LEASE_MS, name, due_at)
         if not leased:
@@ -498,12 +519,12 @@ class DurabilityScheduler:
             self._record_failure(name, attempts + 1, lease)
         else:
             if name in self._rerun:  # came due again during the run: run it once more
-                self.storage.exec(f"UPDATE {TABLE} SET due_at = ?, attempts = 0 WHERE name = ?",
+                self._write(f"UPDATE {TABLE} SET due_at = ?, attempts = 0 WHERE name = ?",
                                   int(self.clock()), name)
             elif name not in self._touched:
-                self.storage.exec(f"DELETE FROM {TABLE} WHERE name = ?", name)
+                self._write(f"DELETE FROM {TABLE} WHERE name = ?", name)
             elif attempts:  # the handler re-scheduled itself: keep its time, reset the count
-                self.storage.exec(f"UPDATE {TABLE} SET attempts = 0 WHERE name = ?", name)
+                self._write(f"UPDATE {TABLE} SET attempts = 0 WHERE name = ?", name)
         finally:
             self._running.pop(name, None)
             self._rerun.discard(name)
@@ -522,12 +543,12 @@ class DurabilityScheduler:
                 row = self.storage.one(f"SELECT due_at FROM {TABLE} WHERE name = ?", name)
                 if row is not None and int(row["due_at"]) != lease:
                     retry_at = max(retry_at, int(row["due_at"]))  # a later time it chose wins
-                self.storage.exec(
+                self._write(
                     f"INSERT INTO {TABLE}(name, due_at, attempts) VALUES (?, ?, ?)"
                     " ON CONFLICT(name) DO UPDATE SET due_at = excluded.due_at, attempts = excluded.attempts",
                     name, retry_at, attempts)
             else:  # its row still holds the run lease, unless a migrate removed it: then it stays gone
-                self.storage.exec(f"UPDATE {TABLE} SET due_at = ?, attempts = ? WHERE name = ?",
+                self._write(f"UPDATE {TABLE} SET due_at = ?, attempts = ? WHERE name = ?",
                                   retry_at, attempts, name)
         except Exception:
             log.exception("could not record the failure of timer %r", name)

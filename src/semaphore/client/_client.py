@@ -99,6 +99,11 @@ __all__ = [
 
 log = logging.getLogger("semaphore.client")
 
+#: A key's tombstones are pruned at most this many times per ``tombstone_ms`` (at the replies
+#: that come ``tombstone_ms / PRUNE_EVERY`` or more after the last prune), so each is deleted
+#: between ``tombstone_ms`` and 17/16 of it after it was dropped, and most replies prune nothing.
+PRUNE_EVERY = 16
+
 class SemaphoreClient:
     """Durable client state for any number of semaphore keys (SPEC R35).
 
@@ -109,7 +114,8 @@ class SemaphoreClient:
         ``sleep_until`` (e.g. ``VirtualClock``) is used for waiting until ``nextRequestAt``.
     :param client_id: the id reported to the holder (default: ``str(ctx.id)``).
     :param tombstone_ms: how long dropped grants and settled leases are remembered so that a
-        stale reply cannot resurrect them (default 1 hour).
+        stale reply cannot resurrect them (default 1 hour; deleted by a reply up to 1/16 of it
+        later).
     :param recheck_ms: after every ``request`` (answered or not), send one ``sync`` this much
         later, so that a lease issued to a duplicated or late-delivered request whose reply never
         arrived is adopted and settled rather than leaked (default 30 s; 0 disables).
@@ -459,6 +465,7 @@ class SemaphoreClient:
             self._apply_grant(key, grant_state, now, applied)
         for lease_state in response.leases:
             self._apply_lease(key, lease_state, now, applied)
+        self.rows.flush()  # deliveries no merge wrote
         # A successful reply listed every grant and lease the holder has for us (SPEC R8).
         row = self._key_row(key)
         check_at = 0 if row is None else int(row["check_at"])
@@ -510,4 +517,4 @@ class SemaphoreClient:
                 ids.append(s.lease_id)
 
     def _prune(self, key: str, now: int) -> None:
-        self.rows.prune(key, now - self.tombstone_ms)
+        self.rows.prune(key, now - self.tombstone_ms, slack=self.tombstone_ms // PRUNE_EVERY)

@@ -102,15 +102,6 @@ class QueueItems:
                 return dict(r)
         return self.storage.one(f"SELECT {_SELECT} FROM {ITEMS} WHERE item_id = ?", item_id)
 
-    def find_with_seq(self, item_id: str) -> tuple[dict[str, Any] | None, int]:
-        """:meth:`find` and the next item's ``seq`` (one more than the largest), in one read."""
-        row = self.storage.one(
-            f"SELECT n.seq AS next_seq, i.* FROM (SELECT COALESCE(MAX(seq), 0) + 1 AS seq FROM {ITEMS}) n"
-            f" LEFT JOIN (SELECT {_SELECT} FROM {ITEMS} WHERE item_id = ?) i ON 1 = 1", item_id)
-        assert row is not None
-        seq = int(row.pop("next_seq"))
-        return (row if row.get("item_id") is not None else None), seq
-
     def payloads(self, rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """``rows`` with their payloads: those the copy does not keep are read, one statement
         for all of them."""
@@ -124,11 +115,32 @@ class QueueItems:
                 for r in rows]
 
     # ------------------------------------------------------------------ writes
+    def insert_new(self, row: dict[str, Any]) -> dict[str, Any] | None:
+        """Insert ``row`` (every column but ``seq``, ``payload`` included) as the newest item,
+        its ``seq`` one more than the largest, unless an item of its id exists: one statement.
+        Returns the row inserted, or ``None`` (the id exists: :meth:`find` it)."""
+        if any(str(row["item_id"]) in k.rows for k in self._keys.values()):
+            return None
+        cols = [c for c in (*COLUMNS, "payload") if c != "seq"]
+        done = self.storage.exec(
+            f"INSERT INTO {ITEMS}({', '.join(cols)}, seq) SELECT {', '.join('?' for _ in cols)},"
+            f" COALESCE(MAX(seq), 0) + 1 FROM {ITEMS} WHERE true ON CONFLICT(item_id) DO NOTHING RETURNING seq",
+            *(row[c] for c in cols))
+        if not done:
+            return None
+        new = {**row, "seq": int(done[0]["seq"])}
+        self._keep(new)
+        return new
+
     def insert(self, row: dict[str, Any]) -> None:
         """A new item (``row`` holds every column, ``payload`` included)."""
         cols = (*COLUMNS, "payload")
         self.storage.exec(f"INSERT INTO {ITEMS}({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})",
                           *(row[c] for c in cols))
+        self._keep(row)
+
+    def _keep(self, row: dict[str, Any]) -> None:
+        """A new row joins its key's copy (if the key is loaded)."""
         k = self._keys.get(str(row["key"]))
         if k is not None:
             text = str(row["payload"])

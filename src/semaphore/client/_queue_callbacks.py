@@ -60,11 +60,13 @@ class _QueueCallbacks(_QueueItemsPart):
         return r is not None and r["state"] == ItemState.RUNNING.value and not r["admitted"] \
             and int(r["attempts"]) == item.attempts and item.item_id not in self._inflight
 
-    def _admitted(self, item: QueueItem) -> None:
-        """``item``'s callback returned: it counts as admitted (if it still runs)."""
-        r = self._items.row(item.key, item.item_id)
-        if r is not None and r["state"] == ItemState.RUNNING.value:
-            self._items.update(item.key, [item.item_id], {"admitted": 1})
+    def _admitted(self, key: str, items: list[QueueItem]) -> None:
+        """The callbacks of ``items`` (of ``key``) returned: they count as admitted (those that
+        still run), one write for all of them."""
+        rows = (self._items.row(key, item.item_id) for item in items)
+        ids = [str(r["item_id"]) for r in rows if r is not None and r["state"] == ItemState.RUNNING.value]
+        self._items.update(key, ids, {"admitted": 1})
+        items.clear()
 
     async def _run_callbacks(self, key: str, now: int) -> bool:
         """Hand admitted permit items to their callers, and start the callback (``on_admit`` or
@@ -76,22 +78,26 @@ class _QueueCallbacks(_QueueItemsPart):
         if self.on_admit is None and self.work is None:
             return False
         spawned = freed = False
+        returned: list[QueueItem] = []  # admitted, written together before this pass next awaits
         for item in self._calls_due(key, now):
             if not self._still_due(item):
                 continue  # changed since (another pass started or finished it)
             try:
                 result = self.work(item) if self.work is not None else cast(AdmitCallback, self.on_admit)(item)
             except Exception as exc:  # noqa: BLE001 - a failing callback only delays its item
+                self._admitted(key, returned)
                 await self._callback_failed(item, exc)
                 continue
             if inspect.isawaitable(result):
                 self._inflight[item.item_id] = asyncio.ensure_future(self._await_callback(item, result))
                 spawned = True
             else:
-                self._admitted(item)
+                returned.append(item)
                 if self.work is not None:  # a synchronous work function: it is done when it returns
+                    self._admitted(key, returned)
                     await self._complete_logged(item.item_id)
                 freed = True
+        self._admitted(key, returned)
         if spawned:
             await asyncio.sleep(0)  # let the new tasks take their first step (a quick one is done)
         return freed
@@ -109,7 +115,7 @@ class _QueueCallbacks(_QueueItemsPart):
             except Exception as exc:  # noqa: BLE001 - a failing callback only delays its item
                 await self._callback_failed(item, exc)
             else:
-                self._admitted(item)
+                self._admitted(item.key, [item])
                 if self.work is not None:
                     await self._complete_logged(item.item_id)
         finally:

@@ -29,14 +29,15 @@ class _QueueItemsPart(_QueueBase):
                 wake_at: int | None = None) -> QueueItem:
         """Queue a new item (or return the existing one of ``item_id``) and wake its key (its
         durable wake-up ``wake_at``, default ``now``, at the latest)."""
-        existing, seq = self._items.find_with_seq(item_id)
-        if existing is not None:
+        row = self._items.insert_new({
+            "item_id": item_id, "key": key, "group_name": group, "payload": payload, "enqueued_at": now,
+            "state": ItemState.QUEUED.value, "permit_kind": "", "permit_id": "", "slot": 0, "started_at": 0,
+            "admitted": 0, "attempts": 0, "retry_at": 0, "checked_at": now, "finished_at": 0, "cancel": 0,
+            "done_pending": 0, "done_attempts": 0, "done_retry_at": 0, "owner": owner, "error": ""})
+        if row is None:  # known already: returned unchanged
+            existing = self._items.find(item_id)
+            assert existing is not None
             return self._item_of(existing)
-        row = {"item_id": item_id, "key": key, "group_name": group, "payload": payload, "enqueued_at": now,
-               "seq": seq, "state": ItemState.QUEUED.value, "permit_kind": "", "permit_id": "", "slot": 0,
-               "started_at": 0, "admitted": 0, "attempts": 0, "retry_at": 0, "checked_at": now, "finished_at": 0,
-               "cancel": 0, "done_pending": 0, "done_attempts": 0, "done_retry_at": 0, "owner": owner, "error": ""}
-        self._items.insert(row)
         self._set_wake(key, now if wake_at is None else wake_at, earlier_only=True)
         return QueueItem._from_row(row)
 
@@ -81,10 +82,12 @@ class _QueueItemsPart(_QueueBase):
         hook cannot roll back the key's admissions or replies."""
         if not item_ids:
             return
+        rows = [self._items.row(key, item_id) for item_id in item_ids]
+        permits = any(r is None or r["owner"] for r in rows)  # permit() items among them (unknown: maybe)
         self._items.update(key, item_ids, {  # a permit() item's caller knows when it is done: no hook for it
             "state": ItemState.DONE.value, "finished_at": now, "done_pending": DonePending(self.on_done is not None),
             "done_attempts": 0, "done_retry_at": now})
-        self.marks.finished(key, now)
+        self.marks.finished(key, now, permits=permits)
 
     def _run_done_hooks(self, key: str) -> None:
         """Call the pending ``on_done`` hooks of ``key`` that are due (each on its own)."""

@@ -181,11 +181,11 @@ class _QueuePump(_QueueCallbacks):
             self._side_syncs.pop(key, None)
 
     def _wake_due(self) -> int | None:
-        """The wake-up participant's ``next_due`` (SPEC R37): the earliest per-key wake time, one
-        read; ``None`` when there is no wake-up table (not created yet, or removed by
-        :meth:`migrate` ``(ctx, None)``: nothing to wake, and nothing re-created)."""
-        row = self._wakeups.read(lambda: self.storage.one(f"SELECT MIN(wake_at) AS at FROM {WAKEUPS}"))
-        return None if row is None or row["at"] is None else int(row["at"])
+        """The wake-up participant's ``next_due`` (SPEC R37): the earliest per-key wake time (read
+        once, then the marks' copy: :meth:`QueueMarks.earliest_wake`); ``None`` when there is no
+        wake-up table (not created yet, or removed by :meth:`migrate` ``(ctx, None)``: nothing to
+        wake, and nothing re-created)."""
+        return self._wakeups.read(self.marks.earliest_wake)
 
     async def _on_wake(self, name: str, due_at: int) -> None:
         """The wake-up participant's run: pump every key due at the time of the run (never before
@@ -199,13 +199,21 @@ class _QueuePump(_QueueCallbacks):
         # One bound for every pass: what is due at the time of this run (never before the time
         # the scheduler ran it for); keys that come due later get the next alarm.
         at = max(self._now(), int(due_at))
+        # The first pass reads the due keys from SQL (so a table dropped by migrate(ctx, None)
+        # while this instance lives is seen, and the copy of the wake times forgotten); the
+        # passes after it read the copy, which every wake-time write keeps.
+        rows = self._wakeups.read(lambda: self.storage.exec(
+            f"SELECT key FROM {WAKEUPS} WHERE wake_at <= ? ORDER BY wake_at, key", at))
+        if rows is None:  # migrated away while this instance lives: its copies are stale
+            self.marks.forget()
+            return
+        keys = [str(r["key"]) for r in rows]
         for _ in range(self.WAKE_PASSES):
-            keys = [str(r["key"]) for r in self.storage.exec(
-                f"SELECT key FROM {WAKEUPS} WHERE wake_at <= ? ORDER BY wake_at, key", at)]
             if not keys:
                 return
             for key in keys:
                 await self._wake_key(key)
+            keys = self.marks.due_keys(at)
 
     async def _wake_key(self, key: str) -> None:
         try:

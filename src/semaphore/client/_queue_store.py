@@ -8,8 +8,10 @@ write that would change nothing (a wake time set no earlier, a mark set that is 
 cleared that is clear) is not sent. A rolled back transaction forgets the copy
 (:meth:`QueueMarks.forget`, hooked to the storage's rollbacks).
 
-The wake-up participant's ``next_due`` and the keys due at a wake-up are still read from SQL
-(they must see a table removed by ``migrate(ctx, None)`` while an instance lives).
+The wake-up participant's ``next_due`` (the earliest wake time of every key) is read once, all
+keys' rows in one statement, then answered from the copy, which every wake-time write keeps
+current. The keys due at a wake-up are read from SQL, and a wake-up that finds the table gone
+(``migrate(ctx, None)`` while an instance lives) forgets the copy.
 
 It also knows when a purge of finished items would delete nothing (the earliest finished item
 is younger than the cutoff; no permit item of the key finished since the last delete), so the
@@ -39,7 +41,9 @@ class QueueMarks:
 
     def __init__(self, storage: Storage) -> None:
         self.storage = storage
+        #: Every key's wake time, once read (``_all_wakes``; a key absent from it has none).
         self._wake: dict[str, int | None] = {}
+        self._all_wakes = False
         self._pending: dict[str, int | None] = {}
         self._blocked: dict[str, bool] = {}
         #: The earliest ``finished_at`` of a done item (any key; ``None``: none), and the keys
@@ -51,6 +55,7 @@ class QueueMarks:
     def forget(self) -> None:
         """Drop every copy (a transaction rolled back)."""
         self._wake.clear()
+        self._all_wakes = False
         self._pending.clear()
         self._blocked.clear()
         self._done_min = _UNREAD
@@ -59,11 +64,22 @@ class QueueMarks:
     # ------------------------------------------------------------------ wake times
     def wake(self, key: str) -> int | None:
         """When the queue next wants to work on ``key`` (``None``: no row)."""
-        at = self._wake.get(key, _UNREAD)
-        if at is _UNREAD:
-            row = self.storage.one(f"SELECT wake_at FROM {WAKEUPS} WHERE key = ?", key)
-            at = self._wake[key] = None if row is None else int(row["wake_at"])
-        return at  # type: ignore[no-any-return]
+        self.earliest_wake()  # every key's row, read once
+        return self._wake.get(key)
+
+    def earliest_wake(self) -> int | None:
+        """The earliest wake time of any key (``None``: none): every key's row read once, then
+        the copy."""
+        if not self._all_wakes:
+            self._wake = {str(r["key"]): int(r["wake_at"])
+                          for r in self.storage.exec(f"SELECT key, wake_at FROM {WAKEUPS}")}
+            self._all_wakes = True
+        return min((at for at in self._wake.values() if at is not None), default=None)
+
+    def due_keys(self, at: int) -> list[str]:
+        """The keys whose wake time is ``at`` or earlier, earliest first (from the copy)."""
+        self.earliest_wake()
+        return [k for at_, k in sorted((w, k) for k, w in self._wake.items() if w is not None and w <= at)]
 
     def set_wake(self, key: str, at: int | None, *, earlier_only: bool = False) -> None:
         """Set (``earlier_only``: lower) the key's wake time; ``None`` removes it."""
@@ -129,11 +145,12 @@ class QueueMarks:
         """A purge ran: the earliest finished item is read again when next needed."""
         self._done_min = _UNREAD
 
-    def finished(self, key: str, now: int) -> None:
-        """An item of ``key`` turned done at ``now``."""
+    def finished(self, key: str, now: int, *, permits: bool = True) -> None:
+        """Items of ``key`` turned done at ``now`` (``permits``: ``permit()`` items among them)."""
         if self._done_min is not _UNREAD:
             self._done_min = now if self._done_min is None else min(self._done_min, now)
-        self._permits_done[key] = True
+        if permits:
+            self._permits_done[key] = True
 
     def permits_done(self, key: str) -> bool:
         """Finished permit items of ``key`` may wait to be deleted (unknown: yes)."""

@@ -69,6 +69,8 @@ class _Key:
     row: dict[str, Any] | None
     grant_tombs: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     lease_tombs: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    #: The cutoff of this instance's last prune of the key (``None``: none yet).
+    pruned_to: int | None = None
 
 
 class ClientRows:
@@ -78,11 +80,15 @@ class ClientRows:
     def __init__(self, storage: Storage) -> None:
         self.storage = storage
         self._keys: dict[str, _Key] = {}
+        #: Rows whose delivery (:meth:`delivered`) is in the copy only, until written with the
+        #: reply's merge (:meth:`write_grant`, :meth:`write_lease`) or by :meth:`flush`.
+        self._unwritten: dict[tuple[str, str, str], tuple[str, ...]] = {}
         storage.on_rollback(self.forget)
 
     def forget(self) -> None:
         """Drop the copy of every key (a transaction rolled back; the next read loads again)."""
         self._keys.clear()
+        self._unwritten.clear()
 
     def _key(self, key: str) -> _Key:
         k = self._keys.get(key)
@@ -167,20 +173,31 @@ class ClientRows:
 
     def delivered(self, kind: str, key: str, row_id: str, sent: dict[str, int], stamp: int) -> None:
         """The holder applied a report of the row: raise its acknowledged counts to ``sent``
-        and move it behind every entry still waiting to be reported (``report_at = stamp``)."""
+        and move it behind every entry still waiting to be reported (``report_at = stamp``).
+        In the copy at once; in SQL with the row's merge from the same reply, or by
+        :meth:`flush` (the caller's transaction calls it before it ends): one write per row."""
         r = self.grant_row(key, row_id) if kind == "grant" else self.lease_row(key, row_id)
         if r is None:
             return  # the SQL UPDATE would match no row
         new = {**r, **{c: max(int(r[c]), v) for c, v in sent.items()}, "report_at": stamp}
-        table, id_column = (GRANTS, "grant_id") if kind == "grant" else (LEASES, "lease_id")
-        sets = ", ".join(f"{c} = ?" for c in sent)
-        self.storage.exec(f"UPDATE {table} SET {sets}, report_at = ? WHERE key = ? AND {id_column} = ?",
-                          *(new[c] for c in sent), stamp, key, row_id)
         self._put(kind, key, row_id, new)
+        self._unwritten[(kind, key, row_id)] = tuple(sent)
+
+    def flush(self) -> None:
+        """Write the deliveries no merge wrote (:meth:`delivered`)."""
+        for (kind, key, row_id), columns in self._unwritten.items():
+            r = self.grant_row(key, row_id) if kind == "grant" else self.lease_row(key, row_id)
+            assert r is not None
+            table, id_column = (GRANTS, "grant_id") if kind == "grant" else (LEASES, "lease_id")
+            sets = ", ".join(f"{c} = ?" for c in columns)
+            self.storage.exec(f"UPDATE {table} SET {sets}, report_at = ? WHERE key = ? AND {id_column} = ?",
+                              *(r[c] for c in columns), r["report_at"], key, row_id)
+        self._unwritten.clear()
 
     def write_grant(self, g: ClientGrant, now: int) -> None:
         """Insert or update a grant as merged from a reply (a new row reports from ``now``)."""
         old = self.grant_row(g.key, g.grant_id)
+        report_at = now if old is None else old["report_at"]
         self.storage.exec(
             f"INSERT INTO {GRANTS}(key, grant_id, group_name, permits, claimed, released, confirmed,"
             " claim_by, status, sent_claimed, sent_released, updated_at, report_at)"
@@ -188,18 +205,21 @@ class ClientRows:
             " group_name = excluded.group_name, permits = excluded.permits, claimed = excluded.claimed,"
             " released = excluded.released, confirmed = excluded.confirmed, claim_by = excluded.claim_by,"
             " status = excluded.status, sent_claimed = excluded.sent_claimed,"
-            " sent_released = excluded.sent_released, updated_at = excluded.updated_at",
+            " sent_released = excluded.sent_released, updated_at = excluded.updated_at,"
+            " report_at = excluded.report_at",
             g.key, g.grant_id, g.group, g.permits, g.claimed, g.released, g.confirmed, g.claim_by,
-            g.status, g.sent_claimed, g.sent_released, now, now)
+            g.status, g.sent_claimed, g.sent_released, now, report_at)
+        self._unwritten.pop(("grant", g.key, g.grant_id), None)
         self._put("grant", g.key, g.grant_id, {
             "key": g.key, "grant_id": g.grant_id, "group_name": g.group, "permits": g.permits,
             "claimed": g.claimed, "released": g.released, "confirmed": g.confirmed, "claim_by": g.claim_by,
             "status": g.status, "sent_claimed": g.sent_claimed, "sent_released": g.sent_released,
-            "updated_at": now, "report_at": now if old is None else old["report_at"]})
+            "updated_at": now, "report_at": report_at})
 
     def write_lease(self, x: ClientLease, now: int) -> None:
         """Insert or update a lease as merged from a reply (a new row reports from ``now``)."""
         old = self.lease_row(x.key, x.lease_id)
+        report_at = now if old is None else old["report_at"]
         self.storage.exec(
             f"INSERT INTO {LEASES}(key, lease_id, group_name, permits, drawn, released, stopped, status,"
             " expires_at, heartbeat_at, sent_drawn, sent_released, sent_stopped, updated_at, report_at,"
@@ -210,16 +230,17 @@ class ClientRows:
             " expires_at = excluded.expires_at, heartbeat_at = excluded.heartbeat_at,"
             " sent_drawn = excluded.sent_drawn, sent_released = excluded.sent_released,"
             " sent_stopped = excluded.sent_stopped, updated_at = excluded.updated_at,"
-            " reusable = excluded.reusable",
+            " report_at = excluded.report_at, reusable = excluded.reusable",
             x.key, x.lease_id, x.group, x.permits, x.drawn, x.released, int(x.stopped), x.status,
-            x.expires_at, x.heartbeat_at, x.sent_drawn, x.sent_released, int(x.sent_stopped), now, now,
+            x.expires_at, x.heartbeat_at, x.sent_drawn, x.sent_released, int(x.sent_stopped), now, report_at,
             int(x.reusable))
+        self._unwritten.pop(("lease", x.key, x.lease_id), None)
         self._put("lease", x.key, x.lease_id, {
             "key": x.key, "lease_id": x.lease_id, "group_name": x.group, "permits": x.permits, "drawn": x.drawn,
             "released": x.released, "stopped": int(x.stopped), "status": x.status, "expires_at": x.expires_at,
             "heartbeat_at": x.heartbeat_at, "sent_drawn": x.sent_drawn, "sent_released": x.sent_released,
             "sent_stopped": int(x.sent_stopped), "updated_at": now,
-            "report_at": now if old is None else old["report_at"], "reusable": int(x.reusable)})
+            "report_at": report_at, "reusable": int(x.reusable)})
 
     def touch_key(self, key: str, now: int, **values: int) -> None:
         """Set columns of the key row (others kept, or their defaults for a new row)."""
@@ -228,6 +249,8 @@ class ClientRows:
         if row is not None:
             current.update({c: int(row.get(c) or 0) for c in KEY_COLUMNS})
         current.update(values)
+        if row is not None and all(int(row.get(c) or 0) == current[c] for c in KEY_COLUMNS):
+            return  # nothing changes (``updated_at`` is when the row last changed)
         self.storage.exec(
             f"INSERT INTO {KEYS}(key, next_request_at, contended, needs_sync, check_at, claim_ttl_ms, replied_at,"
             " lease_recheck_ms, room, contended_since, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -240,13 +263,18 @@ class ClientRows:
             key, *(current[c] for c in KEY_COLUMNS), now)
         self._key(key).row = {"key": key, **current, "updated_at": now}
 
-    def prune(self, key: str, cutoff: int) -> None:
+    def prune(self, key: str, cutoff: int, *, slack: int = 0) -> None:
         """Delete the key's tombstones last changed before ``cutoff`` (through the tombstone
-        indexes: literal status, so SQLite uses the partial index)."""
+        indexes: literal status, so SQLite uses the partial index), unless this instance pruned
+        the key to less than ``slack`` before ``cutoff`` (tombstones are then kept up to
+        ``slack`` longer: a prune per reply would be two statements per reply)."""
+        k = self._key(key)
+        if k.pruned_to is not None and cutoff - k.pruned_to < slack:
+            return
+        k.pruned_to = cutoff
         self.storage.exec(f"DELETE FROM {GRANTS} WHERE key = ? AND status = '{GONE}' AND updated_at < ?", key, cutoff)
         self.storage.exec(f"DELETE FROM {LEASES} WHERE key = ? AND status = '{_SETTLED}' AND updated_at < ?",
                           key, cutoff)
-        k = self._key(key)
         for tombs in (k.grant_tombs, k.lease_tombs):
             for row_id in [i for i, r in tombs.items() if r is not None and r["updated_at"] < cutoff]:
                 tombs[row_id] = None
