@@ -20,7 +20,7 @@ import pytest
 
 from semaphore import Demand, ItemState, QueueItem, SemaphoreClient
 from semaphore.client._client import GRANTS, LEASES, ClientGrant, ClientLease
-from semaphore.core.client_state import GONE
+from semaphore.core.client_state import GONE, PRUNE_EVERY, prune_due
 from semaphore.testing import (
     T0,
     ClientSide,
@@ -319,6 +319,57 @@ async def test_tombstones_are_pruned_through_their_index():
     await s.clock.advance(s.client.tombstone_ms + 1)
     await s.run(s.client.sync(KEY))
     assert [x.grant_id for x in s.client.grants(KEY, include_gone=True)] == [g.grant_id]
+
+
+def _record(storage: LocalStorage) -> list[str]:
+    """Every statement the storage runs from now on (appended to the list returned)."""
+    queries: list[str] = []
+    inner = storage.sql.exec
+
+    def exec_(query: str, *bindings: Any) -> Any:
+        queries.append(query)
+        return inner(query, *bindings)
+
+    storage.sql.exec = exec_
+    return queries
+
+
+def _deletes(queries: list[str], before: int) -> list[str]:
+    return [q for q in queries[before:] if q.startswith("DELETE")]
+
+
+@async_test
+async def test_r35_a_reply_prunes_tombstones_at_most_every_sixteenth_of_tombstone_ms():
+    # R35 decision (tombstones): a tombstone lives between tombstone_ms and 17/16 of it; a reply
+    # deletes them only tombstone_ms / 16 after the key's last prune (or its row's first write:
+    # a new key has no tombstones), so most replies run no DELETE.
+    s = ClientSetup(limit=5)
+    queries = _record(s.storage)
+    await s.run(s.client.request(KEY, [Demand("g", 1, T0)]))
+    now = s.clock.now
+    s.client.storage.transaction(lambda: s.client._write_grant(
+        ClientGrant(KEY, "dead", "old", 1, 1, 1, 1, now, GONE, 1, 1), now))
+    slack = s.client.tombstone_ms // PRUNE_EVERY
+    await s.run(s.client.sync(KEY))
+    assert _deletes(queries, 0) == []  # the key's row was written a moment ago
+    await s.clock.advance(s.client.tombstone_ms + 1)   # "dead" is past tombstone_ms ...
+    s.client.storage.transaction(lambda: s.client._touch_key(KEY, s.clock.now, pruned_at=s.clock.now - 2))
+    await s.run(s.client.sync(KEY))   # ... but the last prune was less than the slack ago
+    assert _deletes(queries, 0) == [] and s.client.grant(KEY, "dead") is not None
+    await s.clock.advance(slack)
+    before = len(queries)
+    await s.run(s.client.sync(KEY))
+    assert len(_deletes(queries, before)) == 2 and s.client.grant(KEY, "dead") is None
+    before = len(queries)
+    await s.run(s.client.sync(KEY))
+    assert _deletes(queries, before) == []
+
+
+def test_r35_prune_due_after_a_sixteenth_of_tombstone_ms():
+    # R35 decision (tombstones), the arithmetic
+    assert not prune_due(1000, 1000 + 3_600_000 // 16 - 1, 3_600_000)
+    assert prune_due(1000, 1000 + 3_600_000 // 16, 3_600_000)
+    assert prune_due(0, 5, 0)  # tombstone_ms 0: every reply
 
 
 # ----------------------------------------------------------------------------- schema upgrade

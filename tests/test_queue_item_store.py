@@ -101,3 +101,30 @@ def test_insert_new_numbers_the_item_and_refuses_a_known_id_in_one_statement(sto
     assert items.insert_new(new) is None  # a known id: nothing written
     assert storage.statements - before == 1
     assert items.find("a")["seq"] == 1
+
+
+def test_a_keys_load_reads_its_items_and_the_queues_marks_of_it_in_one_statement():
+    # The load of a key's items also reads the queue's marks of that key (since when releases
+    # wait, whether a blocked entry is kept, whether a finished permit() item is kept) in the same
+    # statement; the rows it gives are those SQL holds, long payloads left out.
+    storage = Storage(LocalContext(LocalStorage()))
+    SemaphoreQueue.migrate(storage, 1)
+    seen: list[tuple[str, int | None, bool, bool]] = []
+    writer = QueueItems(storage, done_hooks=True)
+    writer.insert(_row("a", 1, payload=json.dumps("x" * PAYLOAD_KEPT)))
+    writer.insert(_row("b", 2, payload='{"n": 1}'))
+    writer.insert(_row("p", 3, owner="tok"))
+    writer.rows("k")
+    writer.update("k", ["p"], {"state": "done", "done_pending": DonePending(False)})
+    storage.exec("INSERT INTO durability_semaphore_client_pending_releases(key, since) VALUES ('k', 42)")
+    storage.exec("INSERT INTO durability_semaphore_client_blocked(key, group_name, reason, waiting, at)"
+                 " VALUES ('k', 'g', 'limit', 1, 1)")
+    items = QueueItems(storage, done_hooks=True, on_load=lambda *marks: seen.append(marks))
+    before = storage.statements
+    rows = items.rows("k")
+    assert storage.statements - before == 1
+    assert seen == [("k", 42, True, True)]
+    assert _copy_rows(items, "k") == _sql_rows(storage, "k")
+    assert [r["payload"] for r in rows] == [None, '{"n": 1}']
+    items.rows("other")
+    assert seen[-1] == ("other", None, False, False)

@@ -265,6 +265,9 @@ def test_r16_a_prune_timer_row_of_an_earlier_release_is_harmless(entry):
         holder.scheduler.storage.exec(   # the earlier release's row, left early (attempts 0)
             "INSERT INTO durability_scheduler_timers(name, due_at) VALUES (?, ?) ON CONFLICT(name)"
             " DO UPDATE SET due_at = excluded.due_at, attempts = 0", entry.JOB_PRUNE_TIMER, done_at + 400)
+        # The upgraded release starts: a new instance over the same storage (an instance keeps
+        # the timer rows it read until it writes them; nothing else writes them while it lives).
+        holder = world.env.ACCOUNT_LIMIT.objects["a"] = entry.AccountLimit(ctx, world.env)
         await holder.scheduler.arm()
         assert holder.scheduler.due_times()[entry.JOB_PRUNE_TIMER] == done_at + 400
         assert ctx.storage.alarm == done_at + 400

@@ -54,7 +54,15 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 from ..clock import sleep_until, system_clock
-from ..core.client_state import ClientGrant, ClientLease, KeyState, contended_since, merge_grant, merge_lease
+from ..core.client_state import (
+    ClientGrant,
+    ClientLease,
+    KeyState,
+    contended_since,
+    merge_grant,
+    merge_lease,
+    prune_due,
+)
 from ..core.wire import (
     MAX_LIST_LENGTH,
     Demand,
@@ -98,11 +106,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("semaphore.client")
-
-#: A key's tombstones are pruned at most this many times per ``tombstone_ms`` (at the replies
-#: that come ``tombstone_ms / PRUNE_EVERY`` or more after the last prune), so each is deleted
-#: between ``tombstone_ms`` and 17/16 of it after it was dropped, and most replies prune nothing.
-PRUNE_EVERY = 16
 
 class SemaphoreClient:
     """Durable client state for any number of semaphore keys (SPEC R35).
@@ -477,7 +480,9 @@ class SemaphoreClient:
         elif isinstance(message, SyncMessage) and 0 < check_at <= now:
             check_at = 0
         sent = now if sent_at is None else sent_at
-        self._touch_key(key, now, next_request_at=response.ask_at(now),
+        # (a new key row counts as pruned when written: no tombstone of the key exists before it)
+        prune = row is not None and prune_due(int(row.get("pruned_at") or 0), now, self.tombstone_ms)
+        self._touch_key(key, now, next_request_at=response.ask_at(now), **({"pruned_at": now} if prune else {}),
                         contended=int(response.contended), needs_sync=needs_sync, check_at=check_at,
                         contended_since=contended_since(0 if row is None else int(row.get("contended_since") or 0),
                                                         response.contended, sent),
@@ -487,7 +492,8 @@ class SemaphoreClient:
                         replied_at=max(sent,
                                        0 if row is None else int(row.get("replied_at") or 0)),
                         lease_recheck_ms=response.lease_recheck_ms or 0, room=int(response.room))
-        self._prune(key, now)
+        if prune:
+            self.rows.prune(key, now - self.tombstone_ms)
         if on_reply is not None:
             on_reply(applied)
         return applied
@@ -516,5 +522,3 @@ class SemaphoreClient:
             if happened:
                 ids.append(s.lease_id)
 
-    def _prune(self, key: str, now: int) -> None:
-        self.rows.prune(key, now - self.tombstone_ms, slack=self.tombstone_ms // PRUNE_EVERY)

@@ -73,6 +73,8 @@ _ADDED_COLUMNS = (
     (KEYS, "room", "INTEGER NOT NULL DEFAULT 0"),
     # when the key's replies turned contended (0: the last was not): the room check's backoff
     (KEYS, "contended_since", "INTEGER NOT NULL DEFAULT 0"),
+    # when the key's tombstones were last pruned, or its row first written (SPEC R35 tombstones)
+    (KEYS, "pruned_at", "INTEGER NOT NULL DEFAULT 0"),
     # the lease's slots are reusable (SPEC R34a)
     (LEASES, "reusable", "INTEGER NOT NULL DEFAULT 0"),
 )

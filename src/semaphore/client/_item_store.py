@@ -22,15 +22,22 @@ the queue hooks it to the client's storage too). A new object instance starts wi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..runtime import JSON_IDS, Storage, chunks, json_list
 
-__all__ = ["QueueItems", "ITEMS", "PAYLOAD_KEPT"]
+__all__ = ["QueueItems", "ITEMS", "WAKEUPS", "PENDING", "BLOCKED", "PAYLOAD_KEPT"]
 
 ITEMS = "durability_semaphore_client_items"
+WAKEUPS = "durability_semaphore_client_wakeups"
+#: Per key, since when releases wait to be reported (``report_releases_within_ms``). Durable, so
+#: an object evicted more often than the bound still reports them on time.
+PENDING = "durability_semaphore_client_pending_releases"
+#: Per ``(key, group)``: the holder's latest ``blocked`` entry (why its queued items wait, R23).
+BLOCKED = "durability_semaphore_client_blocked"
 
 #: Longest payload (bytes of JSON text) kept in the copy; a longer one is read when needed.
 PAYLOAD_KEPT = 1024
@@ -39,8 +46,14 @@ PAYLOAD_KEPT = 1024
 COLUMNS = ("item_id", "key", "group_name", "enqueued_at", "seq", "state", "permit_kind", "permit_id", "slot",
            "started_at", "admitted", "attempts", "retry_at", "checked_at", "finished_at", "cancel",
            "done_pending", "done_attempts", "done_retry_at", "owner", "error")
-_SELECT = (", ".join(COLUMNS) + f", CASE WHEN length(CAST(payload AS BLOB)) <= {PAYLOAD_KEPT}"
-           " THEN payload END AS payload")
+_PAYLOAD = f"CASE WHEN length(CAST(payload AS BLOB)) <= {PAYLOAD_KEPT} THEN payload END"
+_SELECT = ", ".join(COLUMNS) + f", {_PAYLOAD} AS payload"
+#: An item row as one JSON object (the key's load reads rows of several tables in one statement).
+_JSON = "json_object(" + ", ".join(f"'{c}', {c}" for c in COLUMNS) + f", 'payload', {_PAYLOAD})"
+_LIVE = "state IN ('queued', 'claiming', 'running')"
+#: Called with what a key's load read besides its items: ``(key, pending since or None, some
+#: blocked entry kept, some finished permit() item kept)`` (the queue's marks).
+OnLoad = Callable[[str, "int | None", bool, bool], None]
 
 
 def kept(row: Mapping[str, Any]) -> bool:
@@ -60,9 +73,10 @@ class QueueItems:
     documentation). ``done_hooks``: the queue has an ``on_done`` hook (finished items whose
     hook is pending are kept too)."""
 
-    def __init__(self, storage: Storage, *, done_hooks: bool) -> None:
+    def __init__(self, storage: Storage, *, done_hooks: bool, on_load: OnLoad | None = None) -> None:
         self.storage = storage
         self.done_hooks = done_hooks
+        self.on_load = on_load
         self._keys: dict[str, _Key] = {}
         storage.on_rollback(self.forget)
 
@@ -73,12 +87,42 @@ class QueueItems:
     def _key(self, key: str) -> _Key:
         k = self._keys.get(key)
         if k is None:
-            rows = self.storage.exec(f"SELECT {_SELECT} FROM {ITEMS} WHERE key = ?"
-                                     " AND state IN ('queued', 'claiming', 'running')", key)
-            if self.done_hooks:  # the partial index of pending hooks
-                rows += self.storage.exec(f"SELECT {_SELECT} FROM {ITEMS} WHERE key = ? AND done_pending = 1", key)
-            k = self._keys[key] = _Key({str(r["item_id"]): dict(r) for r in rows})
+            k = _Key()
+            if self.on_load is None:
+                rows = self.storage.exec(f"SELECT {_SELECT} FROM {ITEMS} WHERE key = ? AND {_LIVE}", key)
+                if self.done_hooks:  # the partial index of pending hooks
+                    rows += self.storage.exec(f"SELECT {_SELECT} FROM {ITEMS} WHERE key = ? AND done_pending = 1", key)
+                k.rows = {str(r["item_id"]): dict(r) for r in rows}
+            else:
+                self._load(key, k, self.on_load)
+            self._keys[key] = k
         return k
+
+    def _load(self, key: str, k: _Key, on_load: OnLoad) -> None:
+        """The key's kept items and the queue's marks of it, in one statement (each part through
+        its index)."""
+        hooks = f" UNION ALL SELECT 'i', {_JSON} FROM {ITEMS} WHERE key = ? AND done_pending = 1" \
+            if self.done_hooks else ""
+        loaded = self.storage.exec(
+            f"SELECT 'i' AS t, {_JSON} AS r FROM {ITEMS} WHERE key = ? AND {_LIVE}{hooks}"
+            f" UNION ALL SELECT 'p', since FROM {PENDING} WHERE key = ?"
+            f" UNION ALL SELECT 'b', 1 WHERE EXISTS (SELECT 1 FROM {BLOCKED} WHERE key = ?)"
+            f" UNION ALL SELECT 'd', 1 WHERE EXISTS"
+            f" (SELECT 1 FROM {ITEMS} WHERE key = ? AND state = 'done' AND owner != '')",
+            *([key] * (5 if self.done_hooks else 4)))
+        pending: int | None = None
+        blocked = permits_done = False
+        for row in loaded:
+            if row["t"] == "i":
+                r = json.loads(row["r"])
+                k.rows[str(r["item_id"])] = r
+            elif row["t"] == "p":
+                pending = int(row["r"])
+            elif row["t"] == "b":
+                blocked = True
+            else:
+                permits_done = True
+        on_load(key, pending, blocked, permits_done)
 
     # ------------------------------------------------------------------ reads
     def rows(self, key: str, state: str | None = None) -> list[dict[str, Any]]:

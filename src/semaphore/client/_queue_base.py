@@ -65,7 +65,7 @@ class _QueueBase(abc.ABC):
         """The in-memory copies of the queue's rows (its marks, its items); a rollback of the
         queue's or the client's storage forgets every copy (theirs and the client's rows)."""
         self.marks = QueueMarks(self.storage)
-        self._items = QueueItems(self.storage, done_hooks=done_hooks)
+        self._items = QueueItems(self.storage, done_hooks=done_hooks, on_load=self.marks.loaded)
         if self.storage is not client.storage:
             self.storage.on_rollback(client.rows.forget)
             client.storage.on_rollback(self.marks.forget)

@@ -16,7 +16,6 @@ from ..core.queue_plan import ClaimingItem, Exchange, KeySnapshot, PendingReleas
 from ..core.wire import Demand
 from ..errors import ConfigurationError, SemaphoreError
 from ._client import AppliedReply, KeyUnit
-from ._item_store import ITEMS
 from ._queue_callbacks import _QueueCallbacks
 from ._queue_model import ItemState, PermitKind
 from ._queue_store import BLOCKED, WAKEUPS
@@ -365,7 +364,7 @@ class _QueuePump(_QueueCallbacks):
             unit.release(idle.grant_id, idle.count)
         if step.idle_slots:  # reported at once (the plan's idle slots)
             unit.ask_holder()
-        if step.purge_done_before is not None and self.marks.purge_due(ITEMS, step.purge_done_before):
+        if step.purge_done_before is not None and self.marks.purge_due(step.purge_done_before):
             kept = "" if self.on_done is None else " AND done_pending = 0"  # its hook has not run yet
             self._items.delete_done(f"finished_at < ?{kept}", step.purge_done_before)
             self.marks.purged()

@@ -23,15 +23,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..runtime import Storage
+from ._item_store import BLOCKED, ITEMS, PENDING, WAKEUPS
 
 __all__ = ["QueueMarks", "WAKEUPS", "PENDING", "BLOCKED"]
 
-WAKEUPS = "durability_semaphore_client_wakeups"
-#: Per key, since when releases wait to be reported (``report_releases_within_ms``). Durable, so
-#: an object evicted more often than the bound still reports them on time.
-PENDING = "durability_semaphore_client_pending_releases"
-#: Per ``(key, group)``: the holder's latest ``blocked`` entry (why its queued items wait, R23).
-BLOCKED = "durability_semaphore_client_blocked"
 
 _UNREAD: Any = object()
 
@@ -70,9 +65,13 @@ class QueueMarks:
     def earliest_wake(self) -> int | None:
         """The earliest wake time of any key (``None``: none): every key's row read once, then
         the copy."""
-        if not self._all_wakes:
-            self._wake = {str(r["key"]): int(r["wake_at"])
-                          for r in self.storage.exec(f"SELECT key, wake_at FROM {WAKEUPS}")}
+        if not self._all_wakes:  # and the earliest finished item, if not known (purge_due)
+            rows = self.storage.exec(f"SELECT key, wake_at FROM {WAKEUPS} UNION ALL"
+                                     f" SELECT NULL, MIN(finished_at) FROM {ITEMS} WHERE state = 'done'")
+            self._wake = {str(r["key"]): int(r["wake_at"]) for r in rows if r["key"] is not None}
+            if self._done_min is _UNREAD:
+                done = next(r["wake_at"] for r in rows if r["key"] is None)
+                self._done_min = None if done is None else int(done)
             self._all_wakes = True
         return min((at for at in self._wake.values() if at is not None), default=None)
 
@@ -96,6 +95,13 @@ class QueueMarks:
                 f"INSERT INTO {WAKEUPS}(key, wake_at) VALUES (?, ?)"
                 " ON CONFLICT(key) DO UPDATE SET wake_at = excluded.wake_at", key, new)
         self._wake[key] = new
+
+    def loaded(self, key: str, pending: int | None, blocked: bool, permits_done: bool) -> None:
+        """What the load of the key's items read of its marks (:class:`QueueItems` ``on_load``);
+        a mark this copy knows already stays."""
+        self._pending.setdefault(key, pending)
+        self._blocked.setdefault(key, blocked)
+        self._permits_done.setdefault(key, permits_done)
 
     # ------------------------------------------------------------------ pending releases
     def pending(self, key: str) -> int | None:
@@ -133,11 +139,11 @@ class QueueMarks:
         self._blocked[key] = kept
 
     # ------------------------------------------------------------------ finished items
-    def purge_due(self, items_table: str, cutoff: int) -> bool:
+    def purge_due(self, cutoff: int) -> bool:
         """Some done item finished before ``cutoff`` (a purge would delete something): one read
-        of the done items' index, then known until the next purge."""
+        of the done items' index (or read with the wake times), then known until the next purge."""
         if self._done_min is _UNREAD:
-            row = self.storage.one(f"SELECT MIN(finished_at) AS at FROM {items_table} WHERE state = 'done'")
+            row = self.storage.one(f"SELECT MIN(finished_at) AS at FROM {ITEMS} WHERE state = 'done'")
             self._done_min = None if row is None or row["at"] is None else int(row["at"])
         return self._done_min is not None and bool(self._done_min < cutoff)
 

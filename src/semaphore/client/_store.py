@@ -22,6 +22,7 @@ A new object instance (after eviction) starts with no copy.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,9 +40,24 @@ _SETTLED = LeaseStatus.SETTLED.value
 _LIVE = LeaseStatus.LIVE.value
 #: The key row's columns besides ``key`` and ``updated_at``, with their defaults.
 KEY_COLUMNS = {"next_request_at": 0, "contended": 0, "needs_sync": 0, "check_at": 0, "claim_ttl_ms": 0,
-               "replied_at": 0, "lease_recheck_ms": 0, "room": 0, "contended_since": 0}
-_LIVE_GRANTS = f"status <> '{GONE}'"
-_LIVE_LEASES = f"status <> '{_SETTLED}'"
+               "replied_at": 0, "lease_recheck_ms": 0, "room": 0, "contended_since": 0, "pruned_at": 0}
+GRANT_COLUMNS = ("key", "grant_id", "group_name", "permits", "claimed", "released", "confirmed", "claim_by",
+                 "status", "sent_claimed", "sent_released", "updated_at", "report_at")
+LEASE_COLUMNS = ("key", "lease_id", "group_name", "permits", "drawn", "released", "stopped", "status",
+                 "expires_at", "heartbeat_at", "sent_drawn", "sent_released", "sent_stopped", "updated_at",
+                 "report_at", "reusable")
+
+
+def _json_row(columns: tuple[str, ...] | list[str]) -> str:
+    return "json_object(" + ", ".join(f"'{c}', {c}" for c in columns) + ")"
+
+
+#: A key's live grants, live leases and key row, in one statement (each branch through its
+#: table's index), every row as a JSON object tagged with its table.
+_LOAD = (f"SELECT 'g' AS t, {_json_row(GRANT_COLUMNS)} AS r FROM {GRANTS} WHERE key = ? AND status <> '{GONE}'"
+         f" UNION ALL SELECT 'l', {_json_row(LEASE_COLUMNS)} FROM {LEASES}"
+         f" WHERE key = ? AND status <> '{LeaseStatus.SETTLED.value}'"
+         f" UNION ALL SELECT 'k', {_json_row(['key', *KEY_COLUMNS, 'updated_at'])} FROM {KEYS} WHERE key = ?")
 
 
 def grant_dirty(r: dict[str, Any]) -> bool:
@@ -69,8 +85,6 @@ class _Key:
     row: dict[str, Any] | None
     grant_tombs: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     lease_tombs: dict[str, dict[str, Any] | None] = field(default_factory=dict)
-    #: The cutoff of this instance's last prune of the key (``None``: none yet).
-    pruned_to: int | None = None
 
 
 class ClientRows:
@@ -93,14 +107,15 @@ class ClientRows:
     def _key(self, key: str) -> _Key:
         k = self._keys.get(key)
         if k is None:
-            s = self.storage
-            grants = s.exec(f"SELECT * FROM {GRANTS} WHERE key = ? AND {_LIVE_GRANTS}"
-                            " ORDER BY claim_by, grant_id", key)
-            leases = s.exec(f"SELECT * FROM {LEASES} WHERE key = ? AND {_LIVE_LEASES}"
-                            " ORDER BY expires_at, lease_id", key)
-            row = s.one(f"SELECT * FROM {KEYS} WHERE key = ?", key)
-            k = _Key({str(r["grant_id"]): dict(r) for r in grants}, {str(r["lease_id"]): dict(r) for r in leases},
-                     None if row is None else {**KEY_COLUMNS, **{c: v for c, v in row.items() if v is not None}})
+            k = _Key({}, {}, None)
+            for loaded in self.storage.exec(_LOAD, key, key, key):
+                r = json.loads(loaded["r"])
+                if loaded["t"] == "g":
+                    k.grants[str(r["grant_id"])] = r
+                elif loaded["t"] == "l":
+                    k.leases[str(r["lease_id"])] = r
+                else:
+                    k.row = {**KEY_COLUMNS, **{c: v for c, v in r.items() if v is not None}}
             self._keys[key] = k
         return k
 
@@ -248,30 +263,22 @@ class ClientRows:
         row = self.key_row(key)
         if row is not None:
             current.update({c: int(row.get(c) or 0) for c in KEY_COLUMNS})
+        else:  # no tombstone of the key exists before its row: as if pruned now (SPEC R35)
+            current["pruned_at"] = now
         current.update(values)
         if row is not None and all(int(row.get(c) or 0) == current[c] for c in KEY_COLUMNS):
             return  # nothing changes (``updated_at`` is when the row last changed)
         self.storage.exec(
-            f"INSERT INTO {KEYS}(key, next_request_at, contended, needs_sync, check_at, claim_ttl_ms, replied_at,"
-            " lease_recheck_ms, room, contended_since, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-            " ON CONFLICT(key) DO UPDATE SET"
-            " next_request_at = excluded.next_request_at, contended = excluded.contended,"
-            " needs_sync = excluded.needs_sync, check_at = excluded.check_at,"
-            " claim_ttl_ms = excluded.claim_ttl_ms, replied_at = excluded.replied_at,"
-            " lease_recheck_ms = excluded.lease_recheck_ms, room = excluded.room,"
-            " contended_since = excluded.contended_since, updated_at = excluded.updated_at",
+            f"INSERT INTO {KEYS}(key, {', '.join(KEY_COLUMNS)}, updated_at)"
+            f" VALUES (?, {', '.join('?' for _ in KEY_COLUMNS)}, ?) ON CONFLICT(key) DO UPDATE SET "
+            + ", ".join(f"{c} = excluded.{c}" for c in (*KEY_COLUMNS, "updated_at")),
             key, *(current[c] for c in KEY_COLUMNS), now)
         self._key(key).row = {"key": key, **current, "updated_at": now}
 
-    def prune(self, key: str, cutoff: int, *, slack: int = 0) -> None:
+    def prune(self, key: str, cutoff: int) -> None:
         """Delete the key's tombstones last changed before ``cutoff`` (through the tombstone
-        indexes: literal status, so SQLite uses the partial index), unless this instance pruned
-        the key to less than ``slack`` before ``cutoff`` (tombstones are then kept up to
-        ``slack`` longer: a prune per reply would be two statements per reply)."""
+        indexes: literal status, so SQLite uses the partial index)."""
         k = self._key(key)
-        if k.pruned_to is not None and cutoff - k.pruned_to < slack:
-            return
-        k.pruned_to = cutoff
         self.storage.exec(f"DELETE FROM {GRANTS} WHERE key = ? AND status = '{GONE}' AND updated_at < ?", key, cutoff)
         self.storage.exec(f"DELETE FROM {LEASES} WHERE key = ? AND status = '{_SETTLED}' AND updated_at < ?",
                           key, cutoff)

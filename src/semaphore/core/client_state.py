@@ -16,7 +16,7 @@ from .wire import MAX_INT, GrantReport, GrantState, GrantStatus, LeaseReport, Le
 
 __all__ = [
     "GONE", "ClientGrant", "ClientLease", "KeyState", "GrantMerge", "LeaseMerge",
-    "merge_grant", "merge_lease", "contended_since", "ROOM_CHECK_MIN_MS",
+    "merge_grant", "merge_lease", "contended_since", "ROOM_CHECK_MIN_MS", "PRUNE_EVERY", "prune_due",
 ]
 
 #: Local grant status of a dropped grant (tombstone).
@@ -169,6 +169,19 @@ class ClientLease:
                    int(r["drawn"]), int(r["released"]), bool(r["stopped"]), str(r["status"]),
                    int(r["expires_at"]), int(r["heartbeat_at"]), int(r["sent_drawn"]),
                    int(r["sent_released"]), bool(r["sent_stopped"]), bool(r["reusable"]))
+
+
+#: A key's tombstones are pruned at most this many times per ``tombstone_ms`` (SPEC R35).
+PRUNE_EVERY = 16
+
+
+def prune_due(pruned_at: int, now: int, tombstone_ms: int) -> bool:
+    """SPEC R35 decision (tombstones): whether a reply at ``now`` deletes the key's tombstones
+    older than ``tombstone_ms``, the key's last prune having run at ``pruned_at`` (or its row
+    having been written first then; 0: an older release's row). Only ``tombstone_ms /
+    PRUNE_EVERY`` after it: a tombstone lives between ``tombstone_ms`` and about 17/16 of it,
+    and most replies delete nothing (a prune is two statements)."""
+    return now - pruned_at >= tombstone_ms // PRUNE_EVERY
 
 
 #: The shortest wait of the room check (SPEC R34a): a key contended a moment ago asks again

@@ -1,0 +1,74 @@
+"""The client's copy of its grant, lease and key rows (:class:`semaphore.client._store.ClientRows`)
+over real SQLite: a key's load is one statement and gives the rows SQL holds, and a delivery is
+written with its merge, or by the flush, so SQL ends as the copy says."""
+
+from __future__ import annotations
+
+from semaphore.client._client_model import _install_schema
+from semaphore.client._store import GRANT_COLUMNS, GRANTS, KEY_COLUMNS, KEYS, LEASE_COLUMNS, LEASES, ClientRows
+from semaphore.core.client_state import GONE, ClientGrant, ClientLease
+from semaphore.runtime import Storage
+from semaphore.testing import LocalContext, LocalStorage
+
+
+def _storage() -> Storage:
+    storage = Storage(LocalContext(LocalStorage()))
+    _install_schema(storage)
+    return storage
+
+
+def _sql(storage: Storage, key: str) -> tuple[dict, dict, dict | None]:
+    grants = {r["grant_id"]: {c: r[c] for c in GRANT_COLUMNS} for r in storage.exec(
+        f"SELECT * FROM {GRANTS} WHERE key = ? AND status <> 'gone'", key)}
+    leases = {r["lease_id"]: {c: r[c] for c in LEASE_COLUMNS} for r in storage.exec(
+        f"SELECT * FROM {LEASES} WHERE key = ? AND status <> 'settled'", key)}
+    row = storage.one(f"SELECT * FROM {KEYS} WHERE key = ?", key)
+    return grants, leases, row
+
+
+def _fill(storage: Storage) -> None:
+    writer = ClientRows(storage)
+    writer.write_grant(ClientGrant("k", "g1", "a", 3, 2, 1, 2, 500, "live", 1, 0), 100)
+    writer.write_grant(ClientGrant("k", "g0", "a", 1, 1, 1, 1, 400, GONE, 1, 1), 90)
+    writer.write_lease(ClientLease("k", "l1", "a", 64, 5, 2, False, "live", 9000, 4000, 5, 2, False, True), 110)
+    writer.write_lease(ClientLease("k", "l0", "a", 64, 5, 5, True, "settled", 9000, 4000, 5, 5, True, False), 80)
+    writer.touch_key("k", 120, next_request_at=130, contended=1, room=1)
+    writer.write_grant(ClientGrant("other", "g9", "a", 1, 0, 0, 0, 500, "live", 0, 0), 100)
+
+
+def test_a_keys_load_is_one_statement_and_gives_the_rows_sql_holds():
+    storage = _storage()
+    _fill(storage)
+    rows = ClientRows(storage)
+    before = storage.statements
+    grants = {r["grant_id"]: r for r in rows.grant_rows("k")}
+    leases = {r["lease_id"]: r for r in rows.lease_rows("k")}
+    key_row = rows.key_row("k")
+    assert storage.statements - before == 1
+    sql_grants, sql_leases, sql_key = _sql(storage, "k")
+    assert grants == sql_grants and set(grants) == {"g1"}
+    assert leases == sql_leases and set(leases) == {"l1"}
+    assert key_row is not None and sql_key is not None
+    assert {c: key_row[c] for c in (*KEY_COLUMNS, "updated_at")} == {c: sql_key[c] for c in (*KEY_COLUMNS, "updated_at")}
+    assert rows.key_row("none") is None and rows.grant_rows("none") == []
+
+
+def test_a_delivery_is_written_with_its_merge_or_by_the_flush():
+    storage = _storage()
+    _fill(storage)
+    rows = ClientRows(storage)
+    rows.grant_rows("k")
+    before = storage.statements
+    rows.delivered("grant", "k", "g1", {"sent_claimed": 2, "sent_released": 1}, 150)
+    rows.delivered("lease", "k", "l1", {"sent_drawn": 5, "sent_released": 2, "sent_stopped": 0}, 151)
+    assert storage.statements == before  # in the copy only, so far
+    g = rows.grants("k")[0]
+    rows.write_grant(ClientGrant("k", "g1", "a", 3, 2, 1, 2, 500, "live", g.sent_claimed, g.sent_released), 150)
+    rows.flush()  # the lease's delivery, which no merge wrote
+    assert storage.statements - before == 2
+    fresh = ClientRows(storage)
+    assert fresh.grant_rows("k") == rows.grant_rows("k") and fresh.grant_rows("k")[0]["report_at"] == 150
+    assert fresh.lease_rows("k") == rows.lease_rows("k") and fresh.lease_rows("k")[0]["report_at"] == 151
+    before = storage.statements
+    rows.flush()
+    assert storage.statements == before
