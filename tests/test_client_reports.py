@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from semaphore import Demand, ItemState, QueueItem, SemaphoreClient
-from semaphore.client._client import GRANTS, LEASES, ClientGrant, ClientLease
-from semaphore.core.client_state import GONE, PRUNE_EVERY, prune_due
+from semaphore.client._store import GRANTS, LEASES
+from semaphore.core.client_state import GONE, PRUNE_EVERY, ClientGrant, ClientLease, prune_due
 from semaphore.testing import (
     T0,
     ClientSide,

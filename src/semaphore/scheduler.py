@@ -144,6 +144,15 @@ class DurabilityScheduler:
             raise ConfigurationError(f"migrate: unknown scheduler schema version {to_version!r}",
                                      field="to_version")
 
+    @staticmethod
+    def remove_timers(ctx: Any, prefix: str) -> None:
+        """Delete every timer row whose name starts with ``prefix`` from the object's table, if
+        it has one (for a component's ``migrate(ctx, None)``: its timers go, the table stays;
+        discard live instances afterwards)."""
+        storage = ctx if isinstance(ctx, Storage) else Storage(ctx)
+        if storage.one("SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?", TABLE):
+            storage.exec(f"DELETE FROM {TABLE} WHERE substr(name, 1, ?) = ?", len(prefix), prefix)
+
     @classmethod
     def backoff_ms(cls, attempts: int) -> int:
         """Delay before the retry of a timer whose handler has failed ``attempts`` times in a row."""

@@ -58,10 +58,9 @@ from ..core.client_state import (
     ClientGrant,
     ClientLease,
     KeyState,
-    contended_since,
+    ReplyFacts,
     merge_grant,
     merge_lease,
-    prune_due,
 )
 from ..core.wire import (
     MAX_LIST_LENGTH,
@@ -77,8 +76,6 @@ from ..core.wire import (
 from ..errors import HolderUnavailableError, SemaphoreError, error_from_reply
 from ..runtime import Storage, migrate_tables, plain
 from ._client_model import (
-    _LIVE_GRANTS,
-    _LIVE_LEASES,
     _SCHEMA,
     CLIENT_TABLES,
     OBJECT_NAME,
@@ -91,7 +88,7 @@ from ._client_model import (
     _Label,
 )
 from ._key_unit import KeyUnit
-from ._store import GRANTS, KEYS, LEASES, ClientRows
+from ._store import ClientRows
 
 __all__ = [
     "Transport",
@@ -176,10 +173,7 @@ class SemaphoreClient:
         """The grants known for ``key``, oldest claim deadline first. Tombstones are left out in
         SQL, through the ``_live`` partial index (they are never read), unless ``include_gone``."""
         self.ensure_schema()
-        if not include_gone:
-            return self.rows.grants(key)
-        rows = self.storage.exec(f"SELECT * FROM {GRANTS} WHERE key = ? ORDER BY claim_by, grant_id", key)
-        return [ClientGrant._from_row(r) for r in rows]
+        return self.rows.every_grant(key) if include_gone else self.rows.grants(key)
 
     def grant(self, key: str, grant_id: str) -> ClientGrant | None:
         """One grant (tombstones included), or ``None``."""
@@ -191,10 +185,7 @@ class SemaphoreClient:
         """The leases known for ``key``, earliest expiry first. Tombstones are left out in SQL,
         through the ``_live`` partial index, unless ``include_settled``."""
         self.ensure_schema()
-        if not include_settled:
-            return self.rows.leases(key)
-        rows = self.storage.exec(f"SELECT * FROM {LEASES} WHERE key = ? ORDER BY expires_at, lease_id", key)
-        return [ClientLease._from_row(r) for r in rows]
+        return self.rows.every_lease(key) if include_settled else self.rows.leases(key)
 
     def lease(self, key: str, lease_id: str) -> ClientLease | None:
         """One lease (tombstones included), or ``None``."""
@@ -205,10 +196,7 @@ class SemaphoreClient:
     def keys(self) -> list[str]:
         """Every key this client has talked to (or holds state for)."""
         self.ensure_schema()
-        rows = self.storage.exec(
-            f"SELECT key FROM {KEYS} UNION SELECT key FROM {GRANTS} WHERE {_LIVE_GRANTS}"
-            f" UNION SELECT key FROM {LEASES} WHERE {_LIVE_LEASES} ORDER BY key")
-        return [str(r["key"]) for r in rows]
+        return self.rows.every_key()
 
     def _key_row(self, key: str) -> dict[str, Any] | None:
         self.ensure_schema()
@@ -469,29 +457,14 @@ class SemaphoreClient:
         for lease_state in response.leases:
             self._apply_lease(key, lease_state, now, applied)
         self.rows.flush()  # deliveries no merge wrote
-        # A successful reply listed every grant and lease the holder has for us (SPEC R8).
         row = self._key_row(key)
-        check_at = 0 if row is None else int(row["check_at"])
-        needs_sync = 0
-        if isinstance(message, SyncMessage) and during_request:
-            # A sync sent or answered while a request of the key waits for its round cannot show
-            # what that round creates: the request's own reply (or a later message) must come.
-            needs_sync = 0 if row is None else int(row["needs_sync"])
-        elif isinstance(message, SyncMessage) and 0 < check_at <= now:
-            check_at = 0
-        sent = now if sent_at is None else sent_at
-        # (a new key row counts as pruned when written: no tombstone of the key exists before it)
-        prune = row is not None and prune_due(int(row.get("pruned_at") or 0), now, self.tombstone_ms)
-        self._touch_key(key, now, next_request_at=response.ask_at(now), **({"pruned_at": now} if prune else {}),
-                        contended=int(response.contended), needs_sync=needs_sync, check_at=check_at,
-                        contended_since=contended_since(0 if row is None else int(row.get("contended_since") or 0),
-                                                        response.contended, sent),
-                        claim_ttl_ms=response.claim_ttl_ms or 0,
-                        # when the message went, not when its reply came (the return leg is not
-                        # freshness); a slower reply of an earlier message never moves it back
-                        replied_at=max(sent,
-                                       0 if row is None else int(row.get("replied_at") or 0)),
-                        lease_recheck_ms=response.lease_recheck_ms or 0, room=int(response.room))
+        before = KeyState(pruned_at=now) if row is None else KeyState._from_row(row)
+        values, prune = before.after_reply(
+            ReplyFacts(response.ask_at(now), response.contended, response.claim_ttl_ms or 0,
+                       response.lease_recheck_ms or 0, response.room),
+            now=now, sent_at=now if sent_at is None else sent_at, sync=isinstance(message, SyncMessage),
+            during_request=during_request, tombstone_ms=self.tombstone_ms)
+        self._touch_key(key, now, **values)
         if prune:
             self.rows.prune(key, now - self.tombstone_ms)
         if on_reply is not None:

@@ -48,6 +48,10 @@ COLUMNS = ("item_id", "key", "group_name", "enqueued_at", "seq", "state", "permi
            "done_pending", "done_attempts", "done_retry_at", "owner", "error")
 _PAYLOAD = f"CASE WHEN length(CAST(payload AS BLOB)) <= {PAYLOAD_KEPT} THEN payload END"
 _SELECT = ", ".join(COLUMNS) + f", {_PAYLOAD} AS payload"
+#: Item rows with the ``blocked`` entry of a queued item's group (the public views).
+_VIEW = (f"SELECT i.*, b.reason AS blocked_reason, b.waiting AS blocked_waiting, b.at AS blocked_at"
+         f" FROM {ITEMS} i LEFT JOIN {BLOCKED} b"
+         " ON i.state = 'queued' AND b.key = i.key AND b.group_name = i.group_name")
 #: An item row as one JSON object (the key's load reads rows of several tables in one statement).
 _JSON = "json_object(" + ", ".join(f"'{c}', {c}" for c in COLUMNS) + f", 'payload', {_PAYLOAD})"
 _LIVE = "state IN ('queued', 'claiming', 'running')"
@@ -157,6 +161,18 @@ class QueueItems:
                 json_list(part)))
         return [dict(r) if r["payload"] is not None else {**r, "payload": texts.get(str(r["item_id"]), "null")}
                 for r in rows]
+
+    def view(self, key: str | None = None, state: str | None = None, item_id: str | None = None
+             ) -> list[dict[str, Any]]:
+        """Item rows from SQL (a view: finished items too), with the holder's ``blocked``
+        entry of a queued item's group, in enqueue order: of ``key``, in ``state``, of
+        ``item_id`` (each ``None``: any)."""
+        query, args = f"{_VIEW} WHERE 1 = 1", []
+        for column, value in (("key", key), ("state", state), ("item_id", item_id)):
+            if value is not None:
+                query += f" AND i.{column} = ?"
+                args.append(value)
+        return self.storage.exec(query + " ORDER BY i.seq", *args)
 
     # ------------------------------------------------------------------ writes
     def insert_new(self, row: dict[str, Any]) -> dict[str, Any] | None:

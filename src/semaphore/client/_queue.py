@@ -94,7 +94,6 @@ from ..scheduler import DurabilityScheduler
 from ._client import SemaphoreClient
 from ._queue_model import (
     _SCHEMA,
-    _VIEW,
     QUEUE_TABLES,
     AdmitCallback,
     CheckCallback,
@@ -110,7 +109,7 @@ from ._queue_model import (
     _payload_text,
 )
 from ._queue_pump import _QueuePump
-from ._queue_store import BLOCKED, WAKEUPS
+from ._queue_store import WAKEUPS
 
 __all__ = ["ItemState", "PermitKind", "Permit", "QueueItem", "SemaphoreQueue", "QUEUE_TABLES"]
 
@@ -241,18 +240,13 @@ class SemaphoreQueue(_QueuePump):
         The object's alarm is left as it is: when it fires the scheduler finds nothing of the
         queue's and re-arms for whatever timers are left. ``1`` creates the schema (done
         automatically on first use). Discard any live queue and client instances afterwards."""
-        from ..scheduler import TABLE as SCHEDULER_TABLE
-
         storage = ctx if isinstance(ctx, Storage) else Storage(ctx)
         SemaphoreClient.migrate(storage, to_version)
         if to_version is None:
             migrate_tables(storage, None, QUEUE_TABLES, _SCHEMA)
+            DurabilityScheduler.remove_timers(storage, SemaphoreQueue.TIMER.rsplit(":", 1)[0] + ":")
         else:
             _install_schema(storage)
-        if to_version is None and storage.one(
-                "SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?", SCHEDULER_TABLE):
-            prefix = SemaphoreQueue.TIMER.rsplit(":", 1)[0] + ":"
-            storage.exec(f"DELETE FROM {SCHEDULER_TABLE} WHERE substr(name, 1, ?) = ?", len(prefix), prefix)
 
     async def enqueue(self, key: str, group: str, item_id: str, payload: Any = None) -> QueueItem:
         """Queue ``item_id`` for ``(key, group)`` and schedule a wake-up. Idempotent: an item id
@@ -416,8 +410,7 @@ class SemaphoreQueue(_QueuePump):
         self.ensure_schema()
         return {str(r["group_name"]): Blocked(str(r["group_name"]), BlockedReason(str(r["reason"])),
                                               int(r["waiting"]))
-                for r in self.storage.exec(f"SELECT group_name, reason, waiting FROM {BLOCKED} WHERE key = ?"
-                                           " ORDER BY group_name", key)}
+                for r in self.marks.blocked_entries(key)}
 
     async def drain(self) -> None:
         """Wait until every callback task (``on_admit`` / ``work``) and background pump this
@@ -464,20 +457,14 @@ class SemaphoreQueue(_QueuePump):
     def item(self, item_id: str) -> QueueItem | None:
         """One item, or ``None``."""
         self.ensure_schema()
-        r = self.storage.one(f"{_VIEW} WHERE i.item_id = ?", item_id)
-        return None if r is None else QueueItem._from_row(r)
+        rows = self._items.view(item_id=item_id)
+        return QueueItem._from_row(rows[0]) if rows else None
 
     def items(self, key: str | None = None, state: ItemState | None = None) -> list[QueueItem]:
         """Items (of ``key``, in ``state``), in enqueue order."""
         self.ensure_schema()
-        query, args = f"{_VIEW} WHERE 1 = 1", []
-        if key is not None:
-            query += " AND i.key = ?"
-            args.append(key)
-        if state is not None:
-            query += " AND i.state = ?"
-            args.append(ItemState(state).value)
-        return [QueueItem._from_row(r) for r in self.storage.exec(query + " ORDER BY i.seq", *args)]
+        return [QueueItem._from_row(r)
+                for r in self._items.view(key, None if state is None else ItemState(state).value)]
 
     def demand(self, key: str) -> list[Demand]:
         """What the queue asks the holder for, for ``key``, per group (``count``, ``oldestAt``):
@@ -492,6 +479,5 @@ class SemaphoreQueue(_QueuePump):
 
     def wake_at(self, key: str) -> int | None:
         """When the queue next wants to work on ``key``, if at all."""
-        self.ensure_schema()  # read from SQL: what is stored, not the instance's copy
-        row = self.storage.one(f"SELECT wake_at FROM {WAKEUPS} WHERE key = ?", key)
-        return None if row is None else int(row["wake_at"])
+        self.ensure_schema()
+        return self.marks.stored_wake(key)  # what is stored, not the instance's copy

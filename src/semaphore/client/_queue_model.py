@@ -65,11 +65,6 @@ _INDEXES = (
 
 #: The public item view: each item with its key's latest ``blocked`` entry for its group while
 #: it is queued.
-_VIEW = (f"SELECT i.*, b.reason AS blocked_reason, b.waiting AS blocked_waiting, b.at AS blocked_at"
-         f" FROM {ITEMS} i LEFT JOIN {BLOCKED} b"
-         " ON i.state = 'queued' AND b.key = i.key AND b.group_name = i.group_name")
-
-
 def _install_schema(storage: Storage) -> None:
     """The queue tables, their columns added since the first release, and their indexes
     (:func:`~semaphore.runtime.install_schema`)."""

@@ -7,7 +7,6 @@ it; the wake-up participant of the scheduler's alarm, and the key's next wake ti
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from dataclasses import replace
 
@@ -18,7 +17,6 @@ from ..errors import ConfigurationError, SemaphoreError
 from ._client import AppliedReply, KeyUnit
 from ._queue_callbacks import _QueueCallbacks
 from ._queue_model import ItemState, PermitKind
-from ._queue_store import BLOCKED, WAKEUPS
 
 log = logging.getLogger("semaphore.queue")
 
@@ -67,8 +65,7 @@ class _QueuePump(_QueueCallbacks):
         nothing of the key is queued (nothing waits: the reason is stale)."""
         self._set_wake(key, self._next_wake(key, now))
         if self.marks.has_blocked(key) and not self._live(key, ItemState.QUEUED):
-            self.storage.exec(f"DELETE FROM {BLOCKED} WHERE key = ?", key)
-            self.marks.set_blocked(key, False)
+            self.marks.keep_blocked(key, [], now)
 
     async def _complete_item(self, item_id: str) -> bool:
         self.ensure_schema()
@@ -201,12 +198,10 @@ class _QueuePump(_QueueCallbacks):
         # The first pass reads the due keys from SQL (so a table dropped by migrate(ctx, None)
         # while this instance lives is seen, and the copy of the wake times forgotten); the
         # passes after it read the copy, which every wake-time write keeps.
-        rows = self._wakeups.read(lambda: self.storage.exec(
-            f"SELECT key FROM {WAKEUPS} WHERE wake_at <= ? ORDER BY wake_at, key", at))
-        if rows is None:  # migrated away while this instance lives: its copies are stale
+        keys = self._wakeups.read(lambda: self.marks.stored_due_keys(at))
+        if keys is None:  # migrated away while this instance lives: its copies are stale
             self.marks.forget()
             return
-        keys = [str(r["key"]) for r in rows]
         for _ in range(self.WAKE_PASSES):
             if not keys:
                 return
@@ -324,15 +319,8 @@ class _QueuePump(_QueueCallbacks):
     def _on_request_reply(self, applied: AppliedReply) -> None:
         """A reply to a request: keep its ``blocked`` entries as the key's latest word on why
         its groups wait (one statement; replaces the previous reply's), then as any reply."""
-        if self.marks.has_blocked(applied.key):
-            self.storage.exec(f"DELETE FROM {BLOCKED} WHERE key = ?", applied.key)
-        entries = [[b.group, b.reason.value, b.waiting] for b in applied.response.blocked]
-        self.marks.set_blocked(applied.key, bool(entries))
-        if entries:
-            self.storage.exec(
-                f"INSERT OR REPLACE INTO {BLOCKED}(key, group_name, reason, waiting, at)"
-                " SELECT ?, json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'), ?"
-                " FROM json_each(?)", applied.key, applied.now, json.dumps(entries))
+        self.marks.keep_blocked(applied.key, [[b.group, b.reason.value, b.waiting] for b in applied.response.blocked],
+                                applied.now)
         self._on_reply(applied)
 
     def _admit_locally(self, key: str, now: int, *, claims: bool = True) -> None:

@@ -20,6 +20,7 @@ admission step sends no such statement.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ..runtime import Storage
@@ -74,6 +75,12 @@ class QueueMarks:
                 self._done_min = None if done is None else int(done)
             self._all_wakes = True
         return min((at for at in self._wake.values() if at is not None), default=None)
+
+    def stored_due_keys(self, at: int) -> list[str]:
+        """The keys whose stored wake time is ``at`` or earlier, earliest first (from SQL: it
+        fails if the table is gone)."""
+        return [str(r["key"]) for r in self.storage.exec(
+            f"SELECT key FROM {WAKEUPS} WHERE wake_at <= ? ORDER BY wake_at, key", at)]
 
     def due_keys(self, at: int) -> list[str]:
         """The keys whose wake time is ``at`` or earlier, earliest first (from the copy)."""
@@ -134,9 +141,28 @@ class QueueMarks:
                 f"SELECT 1 AS x FROM {BLOCKED} WHERE key = ? LIMIT 1", key) is not None
         return kept
 
-    def set_blocked(self, key: str, kept: bool) -> None:
-        """Whether entries are kept for ``key`` now (the caller wrote or deleted them)."""
-        self._blocked[key] = kept
+    def keep_blocked(self, key: str, entries: list[list[Any]], now: int) -> None:
+        """The holder's ``blocked`` entries ``[group, reason, waiting]`` of a reply at ``now``
+        replace the key's (none: none are kept); one statement each way, none when nothing is
+        kept and nothing comes."""
+        if self.has_blocked(key):
+            self.storage.exec(f"DELETE FROM {BLOCKED} WHERE key = ?", key)
+        if entries:
+            self.storage.exec(
+                f"INSERT OR REPLACE INTO {BLOCKED}(key, group_name, reason, waiting, at)"
+                " SELECT ?, json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'), ?"
+                " FROM json_each(?)", key, now, json.dumps(entries))
+        self._blocked[key] = bool(entries)
+
+    def blocked_entries(self, key: str) -> list[dict[str, Any]]:
+        """The key's kept ``blocked`` entries, by group (from SQL: a view)."""
+        return self.storage.exec(f"SELECT group_name, reason, waiting FROM {BLOCKED} WHERE key = ?"
+                                 " ORDER BY group_name", key)
+
+    def stored_wake(self, key: str) -> int | None:
+        """The key's wake time as stored (from SQL, not the copy: a view)."""
+        row = self.storage.one(f"SELECT wake_at FROM {WAKEUPS} WHERE key = ?", key)
+        return None if row is None else int(row["wake_at"])
 
     # ------------------------------------------------------------------ finished items
     def purge_due(self, cutoff: int) -> bool:

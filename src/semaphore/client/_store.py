@@ -162,6 +162,23 @@ class ClientRows:
         """The key row (``None``: never written)."""
         return self._key(key).row
 
+    def every_grant(self, key: str) -> list[ClientGrant]:
+        """Every grant row of ``key``, tombstones included, from SQL (a view; the copy keeps
+        live rows only), oldest claim deadline first."""
+        return [ClientGrant._from_row(r) for r in self.storage.exec(
+            f"SELECT * FROM {GRANTS} WHERE key = ? ORDER BY claim_by, grant_id", key)]
+
+    def every_lease(self, key: str) -> list[ClientLease]:
+        """Every lease row of ``key``, tombstones included, from SQL, earliest expiry first."""
+        return [ClientLease._from_row(r) for r in self.storage.exec(
+            f"SELECT * FROM {LEASES} WHERE key = ? ORDER BY expires_at, lease_id", key)]
+
+    def every_key(self) -> list[str]:
+        """Every key with a key row, a live grant or a live lease, from SQL."""
+        return [str(r["key"]) for r in self.storage.exec(
+            f"SELECT key FROM {KEYS} UNION SELECT key FROM {GRANTS} WHERE status <> '{GONE}'"
+            f" UNION SELECT key FROM {LEASES} WHERE status <> '{_SETTLED}' ORDER BY key")]
+
     # ------------------------------------------------------------------ writes
     def _put(self, kind: str, key: str, row_id: str, row: dict[str, Any]) -> None:
         k = self._key(key)

@@ -16,7 +16,7 @@ from .wire import MAX_INT, GrantReport, GrantState, GrantStatus, LeaseReport, Le
 
 __all__ = [
     "GONE", "ClientGrant", "ClientLease", "KeyState", "GrantMerge", "LeaseMerge",
-    "merge_grant", "merge_lease", "contended_since", "ROOM_CHECK_MIN_MS", "PRUNE_EVERY", "prune_due",
+    "merge_grant", "merge_lease", "contended_since", "ROOM_CHECK_MIN_MS", "PRUNE_EVERY", "prune_due", "ReplyFacts",
 ]
 
 #: Local grant status of a dropped grant (tombstone).
@@ -216,6 +216,8 @@ class KeyState:
     :ivar contended_since: when the message of the first of the key's unbroken run of
         ``contended`` replies was sent (0: the last reply was not contended); the room check's
         backoff (:meth:`room_check_at`).
+    :ivar pruned_at: when the key's tombstones were last pruned, or its row first written
+        (SPEC R35 decision "tombstones"; 0: a row of an older release).
     """
 
     next_request_at: int = 0
@@ -227,6 +229,35 @@ class KeyState:
     lease_recheck_ms: int = 0
     room: bool = False
     contended_since: int = 0
+    pruned_at: int = 0
+
+    def after_reply(self, reply: ReplyFacts, *, now: int, sent_at: int, sync: bool, during_request: bool,
+                    tombstone_ms: int) -> tuple[dict[str, int], bool]:
+        """The key row after a reply to a message sent at ``sent_at`` is applied at ``now``, and
+        whether the reply prunes the key's tombstones; ``self`` is the row before (a key never
+        used: ``KeyState()`` with ``pruned_at = now``: no tombstone of it exists yet).
+
+        * R11: ``next_request_at`` from the reply's ``nextRequestAt``.
+        * A ``sync`` sent or answered while a request of the key waits for its round cannot
+          show what that round creates: the request's ``needs_sync`` mark stays (only the
+          request's own reply, or a later message, clears it). A sync clears a due re-check.
+        * R33a: ``replied_at`` is when the message went, not when its reply came (the return
+          leg is not freshness), and a slower reply of an earlier message never moves it back.
+        * R34a: ``contended_since`` (:func:`contended_since`); R35: :func:`prune_due`."""
+        check_at = self.check_at
+        needs_sync = 0
+        if sync and during_request:
+            needs_sync = int(self.needs_sync)
+        elif sync and 0 < check_at <= now:
+            check_at = 0
+        prune = prune_due(self.pruned_at, now, tombstone_ms)
+        return {
+            "next_request_at": reply.ask_at, "contended": int(reply.contended), "needs_sync": needs_sync,
+            "check_at": check_at, "claim_ttl_ms": reply.claim_ttl_ms,
+            "replied_at": max(sent_at, self.replied_at), "lease_recheck_ms": reply.lease_recheck_ms,
+            "room": int(reply.room), "contended_since": contended_since(self.contended_since, reply.contended, sent_at),
+            "pruned_at": now if prune else self.pruned_at,
+        }, prune
 
     def room_check_at(self) -> int:
         """SPEC R34a decision (the room check): when a key whose demand a busy reusable lease
@@ -248,7 +279,20 @@ class KeyState:
         return cls(int(r["next_request_at"]), bool(r["contended"]), bool(r["needs_sync"]), int(r["check_at"]),
                    int(r.get("claim_ttl_ms") or 0), int(r.get("replied_at") or 0),
                    int(r.get("lease_recheck_ms") or 0), bool(r.get("room") or 0),
-                   int(r.get("contended_since") or 0))
+                   int(r.get("contended_since") or 0), int(r.get("pruned_at") or 0))
+
+
+@dataclass(frozen=True)
+class ReplyFacts:
+    """What :meth:`KeyState.after_reply` needs of a reply: its ``nextRequestAt`` as a time
+    (``ask_at``), ``contended``, ``claimTtlMs`` and ``leaseRecheckMs`` (0: not set) and
+    ``room``."""
+
+    ask_at: int
+    contended: bool
+    claim_ttl_ms: int
+    lease_recheck_ms: int
+    room: bool
 
 
 @dataclass(frozen=True)

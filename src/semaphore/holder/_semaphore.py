@@ -500,15 +500,7 @@ class DurabilitySemaphore:
         storage = ctx if isinstance(ctx, Storage) else Storage(ctx)
         if to_version is None:
             drop_schema(storage)
-            timers = storage.one(
-                "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'durability_scheduler_timers'"
-            )
-            if timers is not None:
-                storage.exec(
-                    "DELETE FROM durability_scheduler_timers WHERE substr(name, 1, ?) = ?",
-                    len(TIMER_PREFIX),
-                    TIMER_PREFIX,
-                )
+            DurabilityScheduler.remove_timers(storage, TIMER_PREFIX)
             return
         if to_version != SCHEMA_VERSION:
             raise ConfigurationError(
