@@ -233,6 +233,10 @@ async def _round_record() -> str:
     return str(records[-1].to_json())
 
 
+def make_client_sql(page: Path) -> str:
+    return _text_block(_python("scripts/client_sql_count.py"))
+
+
 def make_round_log(page: Path) -> str:
     return "```json\n" + asyncio.run(_round_record()) + "\n```\n"
 
@@ -306,6 +310,9 @@ FIGURES: dict[str, Figure] = {f.name: f for f in (
     Figure("round-sql", ("src/semaphore/holder/**/*.py", "src/semaphore/core/**/*.py",
                          "src/semaphore/testing/_local.py"), make_round_sql,
            "scripts/figures.py round-sql", cheap=True),
+    Figure("client-sql", ("src/semaphore/client/**/*.py", "src/semaphore/core/**/*.py", "src/semaphore/scheduler.py",
+                          "src/semaphore/runtime.py", "src/semaphore/testing/*.py", "scripts/client_sql_count.py"),
+           make_client_sql, ".venv/bin/python scripts/client_sql_count.py", cheap=True),
     Figure("round-log", ("src/semaphore/holder/**/*.py", "src/semaphore/core/**/*.py"), make_round_log,
            "scripts/figures.py round-log", cheap=True, normalize=lambda body: DURATION.sub('"durationMs":_', body)),
     Figure("bench-rounds", ("src/semaphore/holder/**/*.py", "src/semaphore/core/**/*.py",

@@ -55,3 +55,30 @@ def test_the_measure_counts_def_to_last_line(tmp_path: Path):
     sample = tmp_path / "sample.py"
     sample.write_text("class A:\n    @staticmethod\n    def f():\n        x = 1\n\n        return x\n")
     assert function_lengths(sample) == [("A.f", 3, 4)]
+
+
+CLIENT = LIBRARY / "client"
+#: The client modules that read and write its tables (each over an in-memory copy).
+CLIENT_STORES = {"_store.py", "_item_store.py", "_queue_store.py"}
+MAX_CLIENT_MODULE_LINES = 500
+
+
+def sql_calls(path: Path) -> list[int]:
+    """Lines of ``path`` calling ``.exec(...)`` or ``.one(...)`` (a storage's SQL methods)."""
+    return [node.lineno for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("exec", "one")]
+
+
+def test_only_the_client_store_modules_run_sql():
+    # Every other client module asks a store, whose copy must see every write (docs/ARCHITECTURE.md).
+    found = {path.name: sql_calls(path) for path in sorted(CLIENT.glob("*.py"))}
+    assert all(found[name] for name in CLIENT_STORES)
+    outside = {name: lines for name, lines in found.items() if lines and name not in CLIENT_STORES}
+    assert not outside, f"SQL outside the client's store modules: {outside}"
+
+
+def test_no_client_module_is_longer_than_500_lines():
+    long = {p.name: n for p in sorted(CLIENT.glob("*.py"))
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_CLIENT_MODULE_LINES}
+    assert not long, f"client modules over {MAX_CLIENT_MODULE_LINES} lines (split them): {long}"
