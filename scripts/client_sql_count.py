@@ -3,14 +3,15 @@
 
 A client object of the test kit (:class:`~semaphore.testing.ClientSide`: SemaphoreClient,
 DurabilityScheduler and SemaphoreQueue over its own real SQLite) talks to a holder object
-(:class:`~semaphore.testing.HolderSide`, limit 1,000, ``leases=None``: the grant path) over the in-memory network, on
-one virtual clock. Its tables are created first (the queue's, the client's and the scheduler's); then every
+(:class:`~semaphore.testing.HolderSide`, limit 1,000) over the in-memory network, on one virtual
+clock: first with ``leases=None`` (the grant path: claim, confirming sync), then with the holder's
+default leases (the item is drawn from a lease). Its tables are created first (the queue's, the client's and the scheduler's); then every
 ``storage.sql.exec`` of the CLIENT object (the queue's, the client's and its scheduler's
 statements, alarms included) is counted while
 
-  (a) one item lives its whole life: enqueued, requested, claimed, confirmed by a sync, started
-      (``on_admit``), completed, and its release reported and applied at the holder (the
-      holder's charged capacity back to 0);
+  (a) one item lives its whole life: enqueued, requested, claimed, confirmed by a sync (or drawn
+      from a lease), started (``on_admit``), completed, and its release reported and applied at
+      the holder (the holder's charged capacity back to 0);
   (b) the same for 10 items enqueued together, and
   (c) for 100 items enqueued together.
 
@@ -59,10 +60,11 @@ async def _run_until(clock: SimClock, done: Any, what: str) -> None:
         await clock.advance_to(t)
 
 
-async def life(items: int) -> tuple[int, Counter[str]]:
-    """Client SQL statements (and their kinds) for ``items`` items' whole lives."""
+async def life(items: int, grants: bool) -> tuple[int, Counter[str]]:
+    """Client SQL statements (and their kinds) for ``items`` items' whole lives (``grants``: the
+    grant path, ``leases=None``; else the default leases)."""
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=1000, leases=None)  # the grant path (claim, confirming sync)
+    holder = HolderSide(clock, limit=1000, **({"leases": None} if grants else {}))
     net = Net(holder, clock)
     admitted: list[str] = []
     side = ClientSide("c1", clock, net, on_admit=lambda _side, item: admitted.append(item.item_id))
@@ -95,13 +97,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--detail", action="store_true", help="statements by kind for each run")
     args = parser.parse_args()
-    results = {n: asyncio.run(life(n)) for n in (1, 10, 100)}
-    for n, (total, kinds) in results.items():
-        print(f"{n:>4} item(s): {total:>6} client SQL statements ({total / n:.1f} per item)")
-        if args.detail:
-            for kind, count in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])):
-                print(f"        {count:>6}  {kind}")
-    print(f"100 items / 10 items: {results[100][0] / results[10][0]:.2f}x")
+    for grants, title in ((True, "the grant path (leases=None)"), (False, "the default leases")):
+        results = {n: asyncio.run(life(n, grants)) for n in (1, 10, 100)}
+        print(f"{title}:")
+        for n, (total, kinds) in results.items():
+            print(f"{n:>4} item(s): {total:>6} client SQL statements ({total / n:.1f} per item)")
+            if args.detail:
+                for kind, count in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])):
+                    print(f"        {count:>6}  {kind}")
+        print(f"100 items / 10 items: {results[100][0] / results[10][0]:.2f}x")
 
 
 if __name__ == "__main__":

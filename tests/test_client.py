@@ -273,6 +273,26 @@ async def test_draw_is_one_shot_and_stop_returns_undrawn():
 
 
 @async_test
+async def test_r30_drawing_many_permits_is_one_write_and_stops_where_draws_one_by_one_stop():
+    # R30, R34: the queue draws a step's items from a lease in one write: the same slots as
+    # drawing one at a time, as many as the lease still has, none from a stopped lease.
+    s = Setup(limit=10, leases=LEASES)
+    (lease,) = (await s.ask(count=1)).response.leases
+    lid = lease.lease_id
+    unit = s.client.unit("k")
+    before = s.client.storage.statements
+    assert s.client.storage.transaction(lambda: unit.draw_many(lid, 3)) == [1, 2, 3]
+    assert s.client.storage.statements - before == 1
+    rest = s.client.storage.transaction(lambda: unit.draw_many(lid, lease.permits))
+    assert rest == list(range(4, lease.permits + 1))
+    assert s.client.storage.transaction(lambda: unit.draw_many(lid, 1)) == []
+    assert s.client.lease("k", lid).drawn == lease.permits
+    assert s.client.stop_lease("k", lid)
+    s.client.release_lease("k", lid, lease.permits)
+    assert s.client.storage.transaction(lambda: unit.draw_many(lid, 1)) == []
+
+
+@async_test
 async def test_survives_eviction():
     # R35: everything the client needs is in its own storage
     s = Setup(limit=10, leases=LEASES)

@@ -72,12 +72,19 @@ class KeyUnit:
     def draw(self, lease_id: str, *, margin_ms: int = 0, now: int | None = None) -> int | None:
         """As :meth:`SemaphoreClient.draw` (SPEC R30, R34), judged at ``now`` (default: the
         client's clock): the drawn slot, or ``None``."""
+        slots = self.draw_many(lease_id, 1, margin_ms=margin_ms, now=now)
+        return slots[0] if slots else None
+
+    def draw_many(self, lease_id: str, count: int, *, margin_ms: int = 0, now: int | None = None) -> list[int]:
+        """:meth:`draw` ``count`` times, in one write: the slots drawn (fewer once the lease has
+        none left to draw, none if it cannot be drawn from)."""
         lease = self.lease(lease_id)
         at = self.client._now() if now is None else now
-        if lease is None or not lease.drawable(at, margin_ms):
-            return None
-        self.client._change_lease(self.key, lease_id, "drawn", lease.drawn + 1)
-        return lease.drawn + 1
+        if lease is None or count <= 0 or not lease.drawable(at, margin_ms):
+            return []
+        n = min(count, lease.undrawn)
+        self.client._change_lease(self.key, lease_id, "drawn", lease.drawn + n)
+        return list(range(lease.drawn + 1, lease.drawn + n + 1))
 
     def release_lease(self, lease_id: str, count: int = 1) -> int:
         """As :meth:`SemaphoreClient.release_lease` (SPEC R34): how many were released."""

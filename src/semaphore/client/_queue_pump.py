@@ -336,12 +336,7 @@ class _QueuePump(_QueueCallbacks):
                 "state": ItemState.CLAIMING.value, "permit_kind": PermitKind.GRANT.value, "permit_id": claim.grant_id},
                 {"slot": slots})
         for draw in step.draws:
-            drawn: list[int] = []
-            for _ in draw.item_ids:
-                slot = unit.draw(draw.lease_id, margin_ms=self.lease_margin_ms, now=now)
-                if slot is None:
-                    break
-                drawn.append(slot)
+            drawn = unit.draw_many(draw.lease_id, len(draw.item_ids), margin_ms=self.lease_margin_ms, now=now)
             self._start(key, list(draw.item_ids[:len(drawn)]), now, permit_kind=PermitKind.LEASE.value,
                         permit_id=draw.lease_id, slot=drawn)
         for lease_id in step.stops:
