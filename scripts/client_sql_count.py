@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""SQL statements the client object runs per item (issue 20's done-when figures).
+"""SQL statements the client object runs per item.
 
 A client object of the test kit (:class:`~semaphore.testing.ClientSide`: SemaphoreClient,
 DurabilityScheduler and SemaphoreQueue over its own real SQLite) talks to a holder object
 (:class:`~semaphore.testing.HolderSide`, limit 1,000) over the in-memory network, on one virtual
 clock: first with ``leases=None`` (the grant path: claim, confirming sync), then with the holder's
-default leases (the item is drawn from a lease). Its tables are created first (the queue's, the client's and the scheduler's); then every
-``storage.sql.exec`` of the CLIENT object (the queue's, the client's and its scheduler's
-statements, alarms included) is counted while
+default leases (the item is drawn from a lease). Its tables are created first (the queue's, the
+client's and the scheduler's); then every ``storage.sql.exec`` of the CLIENT object (the queue's,
+the client's and its scheduler's statements, alarms included) is counted while
 
   (a) one item lives its whole life: enqueued, requested, claimed, confirmed by a sync (or drawn
       from a lease), started (``on_admit``), completed, and its release reported and applied at

@@ -215,6 +215,24 @@ async def test_adopts_grants_and_leases_of_a_lost_reply():
 
 
 @async_test
+async def test_r13_a_delivered_report_is_durable_even_when_its_reply_merges_nothing():
+    # R13, R35: the holder applied the report, so its counts are acknowledged (sent_*) and the
+    # entry moves behind the others (report_at); that is written with the reply's merge of the
+    # row, or on its own when the reply lists the row nowhere: a new instance over the same
+    # storage knows it (here a reply that lists no grant at all).
+    s = Setup()
+    (g,) = (await s.ask(count=2)).response.grants
+    assert s.client.claim("k", g.grant_id, 2) == [1, 2]
+    empty = {"ok": True, "grants": [], "leases": [], "nextRequestAt": s.clock.now, "contended": False}
+    s.net.intercept = lambda key, msg: empty
+    await s.run(s.client.sync("k"))
+    assert s.net.sent[-1]["grants"] == [{"grantId": g.grant_id, "claimed": 2, "released": 0}]
+    fresh = s.new_client()
+    assert fresh.grant("k", g.grant_id).sent_claimed == 2
+    assert not fresh.dirty("k")
+
+
+@async_test
 async def test_stale_reply_cannot_resurrect_a_dropped_grant():
     # I2 on the client: tombstones keep a stale "active" from bringing a dropped grant back
     s = Setup()

@@ -571,3 +571,28 @@ async def test_r37_items_tables_of_an_older_release_gain_the_pending_hook_column
         "EXPLAIN QUERY PLAN SELECT MIN(done_retry_at) FROM durability_semaphore_client_items"
         " WHERE key = 'k' AND done_pending = 1"))
     assert "durability_semaphore_client_items_done_pending" in plan
+
+
+@async_test
+async def test_r37_callbacks_that_returned_are_not_called_again_when_a_later_one_raises_a_base_exception():
+    # R37 decision (callbacks): a synchronous on_admit that returned counts as admitted even when
+    # a later one of the same pass raises what is not an Exception (asyncio.CancelledError from
+    # a cancelled future's result()): only that one is called again.
+    clock = SimClock(T0)
+    holder = HolderSide(clock, limit=10, leases=None)
+    calls: list[str] = []
+
+    def on_admit(side, item):
+        calls.append(item.item_id)
+        if item.item_id == "i2" and calls.count("i2") == 1:
+            raise asyncio.CancelledError()
+
+    side = ClientSide("c1", clock, Net(holder, clock), on_admit=on_admit)
+    for item_id in ("i1", "i2", "i3"):
+        await side.queue.enqueue("k", "g", item_id)
+    end = clock.now + 600_000
+    while (t := clock.next_event()) is not None and t <= end and len(calls) < 10:
+        await clock.advance_to(t)
+    holder.driver.close()
+    side.driver.close()
+    assert calls.count("i1") == 1 and calls.count("i2") == 2 and calls.count("i3") == 1, calls

@@ -435,3 +435,20 @@ async def test_r37_an_instance_that_dies_before_pumping_its_enqueue_leaves_it_to
     assert admitted == [] and side.driver.fired == 0
     await clock.advance(3_000)   # the wake-up's request and its round
     assert side.driver.fired == 1 and [i.state.value for i in side.queue.items(KEY_A)] == ["running"]
+
+
+@async_test
+async def test_r3_r37_a_queue_reinstalled_under_a_live_instance_does_not_loop_its_wake_up():
+    # R3, R37: migrate(ctx, None) then migrate(ctx, 1) while an instance lives (its copy of the
+    # wake times says a key is due; SQL has no row): the wake-up sees its due keys differ from
+    # SQL, forgets the copy and is not due again, rather than backed off forever for no
+    # progress.
+    clock, net = SimClock(T0), Down()
+    side = client_object(clock, net)
+    await enqueue_unpumped(side, "a", "g", "item1")
+    await side.scheduler.arm()   # the copy: "a" due at S
+    SemaphoreQueue.migrate(side.ctx, None)
+    SemaphoreQueue.migrate(side.ctx, 1)
+    await deliver(side)
+    assert side.scheduler.attempts(WAKE) == 0 and timers(side.storage) == {}
+    assert side.storage.alarm is None and side.scheduler.due_times() == {}

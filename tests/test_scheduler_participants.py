@@ -500,6 +500,12 @@ async def test_r16_a_timer_written_after_an_arm_is_armed_by_the_next_arm():
     bed.scheduler.set_timer("app:soon", bed.clock.now + 5)
     await bed.scheduler.arm()
     assert bed.storage.alarm == bed.clock.now + 5
+    bed.scheduler.clear_timer("app:soon")
+    await bed.scheduler.arm()
+    assert bed.storage.alarm == armed
+    bed.scheduler.set_timer("app:soon", bed.clock.now + 6)
+    await bed.scheduler.arm()
+    assert bed.storage.alarm == bed.clock.now + 6
     bed.scheduler.clear_prefix("app:")
     await bed.scheduler.arm()
     assert bed.storage.alarm == armed

@@ -250,6 +250,7 @@ class DurabilityScheduler:
         if name in self._handlers:
             raise ConfigurationError(f"participate: {name!r} is a timer with a handler", field="name")
         self._participants[name] = _Participant(next_due, run)
+        self._rows = None  # what was read split the rows by the participants known then
 
     @property
     def participants(self) -> tuple[str, ...]:
@@ -341,8 +342,9 @@ class DurabilityScheduler:
         """Point the object's alarm at the earliest timer or participant due time (or delete it
         if there is none).
 
-        Idempotent and cheap (one read of the timer rows, each participant's ``next_due()``
-        (one read each for the library's participants) and the runtime's ``getAlarm``); call it
+        Idempotent and cheap (the timer rows, read once and kept until the table is next written
+        through this instance, each participant's ``next_due()`` (the queue's answers from its
+        copy, the holder's is one read) and the runtime's ``getAlarm``); call it
         after any change to the timers or to a participant's state (after the commit), and once
         when an instance starts (it repairs an alarm lost between a commit and a ``setAlarm``).
         A ``next_due()`` that raises is logged and arms the alarm now (:meth:`alarm` backs it

@@ -30,9 +30,10 @@ Dropped grants and settled leases are kept for a while as tombstones (``status``
 ``settled``) so that a stale reply cannot bring them back (:mod:`._client_model`).
 
 **Loaded once per key.** The rows live in :class:`~semaphore.client._store.ClientRows`: a key's
-live grants, live leases and key row are read once per instance (three indexed reads), then
-answered from memory; every change is written through to SQL in the caller's transaction, and
-a rolled back transaction makes the copy forget (the next read loads again).
+live grants, live leases and key row are read once per instance (one statement), then
+answered from memory; every change is written through to SQL in the caller's transaction (a
+delivered report with the reply's merge of its row, or when the reply is applied), and a rolled
+back transaction makes the copy forget (the next read loads again).
 
 **Reports beyond the wire limit.** A message carries at most 1,000 grant and 1,000 lease reports
 (SPEC R7). Each message takes, per list, first every entry with *something to report* (counts the

@@ -4,7 +4,8 @@
 (``durability_semaphore_client_items``; the public views :meth:`SemaphoreQueue.item` and
 :meth:`SemaphoreQueue.items` still read SQL, which every write reaches at once). The first use
 of a key loads its live items (queued, claiming or running) and its finished items whose
-``on_done`` hook is still pending (one or two indexed reads); from then on the pump's reads of
+``on_done`` hook is still pending, with the queue's marks of the key (``on_load``), in one
+statement; from then on the pump's reads of
 the key are answered from memory, and every change is written through to SQL at once (in the
 caller's storage transaction, if any) and to the copy: one statement per change of a step,
 whatever the number of items it changes (their ids travel as one JSON binding read with

@@ -79,25 +79,27 @@ class _QueueCallbacks(_QueueItemsPart):
             return False
         spawned = freed = False
         returned: list[QueueItem] = []  # admitted, written together before this pass next awaits
-        for item in self._calls_due(key, now):
-            if not self._still_due(item):
-                continue  # changed since (another pass started or finished it)
-            try:
-                result = self.work(item) if self.work is not None else cast(AdmitCallback, self.on_admit)(item)
-            except Exception as exc:  # noqa: BLE001 - a failing callback only delays its item
-                self._admitted(key, returned)
-                await self._callback_failed(item, exc)
-                continue
-            if inspect.isawaitable(result):
-                self._inflight[item.item_id] = asyncio.ensure_future(self._await_callback(item, result))
-                spawned = True
-            else:
-                returned.append(item)
-                if self.work is not None:  # a synchronous work function: it is done when it returns
+        try:
+            for item in self._calls_due(key, now):
+                if not self._still_due(item):
+                    continue  # changed since (another pass started or finished it)
+                try:
+                    result = self.work(item) if self.work is not None else cast(AdmitCallback, self.on_admit)(item)
+                except Exception as exc:  # noqa: BLE001 - a failing callback only delays its item
                     self._admitted(key, returned)
-                    await self._complete_logged(item.item_id)
-                freed = True
-        self._admitted(key, returned)
+                    await self._callback_failed(item, exc)
+                    continue
+                if inspect.isawaitable(result):
+                    self._inflight[item.item_id] = asyncio.ensure_future(self._await_callback(item, result))
+                    spawned = True
+                else:
+                    returned.append(item)
+                    if self.work is not None:  # a synchronous work function: it is done when it returns
+                        self._admitted(key, returned)
+                        await self._complete_logged(item.item_id)
+                    freed = True
+        finally:  # also when a callback raised what is not an Exception: those that returned count
+            self._admitted(key, returned)
         if spawned:
             await asyncio.sleep(0)  # let the new tasks take their first step (a quick one is done)
         return freed

@@ -61,10 +61,11 @@ _INDEXES = (
     f"CREATE INDEX IF NOT EXISTS {ITEMS}_permits ON {ITEMS}(key, checked_at) WHERE owner != '' AND state != 'done'",
     f"CREATE INDEX IF NOT EXISTS {ITEMS}_permits_done ON {ITEMS}(key) WHERE state = 'done' AND owner != ''",
     f"CREATE INDEX IF NOT EXISTS {ITEMS}_seq ON {ITEMS}(seq)",  # MAX(seq) at every insert
+    # the earliest wake times (QueueMarks), and the keys due at a wake-up
+    f"CREATE INDEX IF NOT EXISTS {WAKEUPS}_at ON {WAKEUPS}(wake_at, key)",
 )
 
-#: The public item view: each item with its key's latest ``blocked`` entry for its group while
-#: it is queued.
+
 def _install_schema(storage: Storage) -> None:
     """The queue tables, their columns added since the first release, and their indexes
     (:func:`~semaphore.runtime.install_schema`)."""

@@ -199,9 +199,11 @@ class _QueuePump(_QueueCallbacks):
         # while this instance lives is seen, and the copy of the wake times forgotten); the
         # passes after it read the copy, which every wake-time write keeps.
         keys = self._wakeups.read(lambda: self.marks.stored_due_keys(at))
-        if keys is None:  # migrated away while this instance lives: its copies are stale
+        if keys is None or keys != self.marks.due_keys(at):
+            # migrated away (or away and back) while this instance lives: its copies are stale
             self.marks.forget()
-            return
+            if keys is None:
+                return
         for _ in range(self.WAKE_PASSES):
             if not keys:
                 return

@@ -3,15 +3,18 @@
 :class:`QueueMarks` reads and writes the queue's small per-key tables: the wake time
 (``durability_semaphore_client_wakeups``), since when releases wait to be reported
 (``..._pending_releases``) and whether the holder's ``blocked`` entries are kept
-(``..._blocked``). A key's mark is read once (a point read) and then answered from memory; a
+(``..._blocked``). A key's mark is read once (with the key's items, or a point read) and then
+answered from memory; a
 write that would change nothing (a wake time set no earlier, a mark set that is set, a mark
 cleared that is clear) is not sent. A rolled back transaction forgets the copy
 (:meth:`QueueMarks.forget`, hooked to the storage's rollbacks).
 
-The wake-up participant's ``next_due`` (the earliest wake time of every key) is read once, all
-keys' rows in one statement, then answered from the copy, which every wake-time write keeps
-current. The keys due at a wake-up are read from SQL, and a wake-up that finds the table gone
-(``migrate(ctx, None)`` while an instance lives) forgets the copy.
+The wake-up participant's ``next_due`` (the earliest wake time of every key) is answered from a
+copy of the :data:`WAKES_KEPT` earliest wake times (one statement through the wake-time index,
+then kept by every wake-time write), so arming the alarm reads nothing and a first read costs
+the same with any number of keys. A wake-up reads its due keys from SQL on its first pass, and
+forgets the copy when they differ from it (the table dropped, or dropped and created again, by
+``migrate`` while an instance lives); its later passes read the copy.
 
 It also knows when a purge of finished items would delete nothing (the earliest finished item
 is younger than the cutoff; no permit item of the key finished since the last delete), so the
@@ -30,6 +33,9 @@ __all__ = ["QueueMarks", "WAKEUPS", "PENDING", "BLOCKED"]
 
 
 _UNREAD: Any = object()
+#: How many of the earliest wake times the copy keeps: every key's for an object of up to this
+#: many keys; with more, a first read costs no more, and the later ones are read as they come.
+WAKES_KEPT = 64
 
 
 class QueueMarks:
@@ -37,9 +43,12 @@ class QueueMarks:
 
     def __init__(self, storage: Storage) -> None:
         self.storage = storage
-        #: Every key's wake time, once read (``_all_wakes``; a key absent from it has none).
-        self._wake: dict[str, int | None] = {}
-        self._all_wakes = False
+        #: The copy of the wake times: ``_near`` holds every key whose ``(wake time, key)`` is
+        #: before ``_horizon`` (``None``: every key's; unread until first needed), ``_far`` the
+        #: point reads of keys past it.
+        self._near: dict[str, int] = {}
+        self._horizon: Any = _UNREAD
+        self._far: dict[str, int | None] = {}
         self._pending: dict[str, int | None] = {}
         self._blocked: dict[str, bool] = {}
         #: The earliest ``finished_at`` of a done item (any key; ``None``: none), and the keys
@@ -50,31 +59,52 @@ class QueueMarks:
 
     def forget(self) -> None:
         """Drop every copy (a transaction rolled back)."""
-        self._wake.clear()
-        self._all_wakes = False
+        self._near.clear()
+        self._horizon = _UNREAD
+        self._far.clear()
         self._pending.clear()
         self._blocked.clear()
         self._done_min = _UNREAD
         self._permits_done.clear()
 
     # ------------------------------------------------------------------ wake times
+    def _read_wakes(self) -> None:
+        """The :data:`WAKES_KEPT` earliest wake times (and the earliest finished item, if not
+        known: :meth:`purge_due`), in one statement through the wake-time index."""
+        rows = self.storage.exec(
+            f"SELECT key, wake_at FROM (SELECT key, wake_at FROM {WAKEUPS} ORDER BY wake_at, key LIMIT ?)"
+            f" UNION ALL SELECT NULL, MIN(finished_at) FROM {ITEMS} WHERE state = 'done'", WAKES_KEPT + 1)
+        wakes = sorted((int(r["wake_at"]), str(r["key"])) for r in rows if r["key"] is not None)
+        self._horizon = wakes[WAKES_KEPT] if len(wakes) > WAKES_KEPT else None
+        self._near = {k: w for w, k in wakes[:WAKES_KEPT]}
+        self._far.clear()
+        if self._done_min is _UNREAD:
+            done = next(r["wake_at"] for r in rows if r["key"] is None)
+            self._done_min = None if done is None else int(done)
+
+    def _beyond(self, key: str, at: int) -> bool:
+        """``(at, key)`` is past what the copy keeps (its wake time is not in ``_near``)."""
+        return self._horizon is not None and (at, key) >= self._horizon
+
     def wake(self, key: str) -> int | None:
         """When the queue next wants to work on ``key`` (``None``: no row)."""
-        self.earliest_wake()  # every key's row, read once
-        return self._wake.get(key)
+        if self._horizon is _UNREAD:
+            self._read_wakes()
+        if key in self._near:
+            return self._near[key]
+        if self._horizon is None:
+            return None
+        if key not in self._far:
+            row = self.storage.one(f"SELECT wake_at FROM {WAKEUPS} WHERE key = ?", key)
+            self._far[key] = None if row is None else int(row["wake_at"])
+        return self._far[key]
 
     def earliest_wake(self) -> int | None:
-        """The earliest wake time of any key (``None``: none): every key's row read once, then
-        the copy."""
-        if not self._all_wakes:  # and the earliest finished item, if not known (purge_due)
-            rows = self.storage.exec(f"SELECT key, wake_at FROM {WAKEUPS} UNION ALL"
-                                     f" SELECT NULL, MIN(finished_at) FROM {ITEMS} WHERE state = 'done'")
-            self._wake = {str(r["key"]): int(r["wake_at"]) for r in rows if r["key"] is not None}
-            if self._done_min is _UNREAD:
-                done = next(r["wake_at"] for r in rows if r["key"] is None)
-                self._done_min = None if done is None else int(done)
-            self._all_wakes = True
-        return min((at for at in self._wake.values() if at is not None), default=None)
+        """The earliest wake time of any key (``None``: none): read once, then the copy (read
+        again when every wake time it kept has moved past what it keeps)."""
+        if self._horizon is _UNREAD or (not self._near and self._horizon is not None):
+            self._read_wakes()
+        return min(self._near.values(), default=None)
 
     def stored_due_keys(self, at: int) -> list[str]:
         """The keys whose stored wake time is ``at`` or earlier, earliest first (from SQL: it
@@ -83,9 +113,12 @@ class QueueMarks:
             f"SELECT key FROM {WAKEUPS} WHERE wake_at <= ? ORDER BY wake_at, key", at)]
 
     def due_keys(self, at: int) -> list[str]:
-        """The keys whose wake time is ``at`` or earlier, earliest first (from the copy)."""
+        """The keys whose wake time is ``at`` or earlier, earliest first (from the copy, unless
+        ``at`` reaches past what it keeps)."""
         self.earliest_wake()
-        return [k for at_, k in sorted((w, k) for k, w in self._wake.items() if w is not None and w <= at)]
+        if self._horizon is not None and at >= self._horizon[0]:
+            return self.stored_due_keys(at)
+        return [k for w, k in sorted((w, k) for k, w in self._near.items() if w <= at)]
 
     def set_wake(self, key: str, at: int | None, *, earlier_only: bool = False) -> None:
         """Set (``earlier_only``: lower) the key's wake time; ``None`` removes it."""
@@ -93,7 +126,8 @@ class QueueMarks:
         if at is None:
             if current is not None:
                 self.storage.exec(f"DELETE FROM {WAKEUPS} WHERE key = ?", key)
-            self._wake[key] = None
+            self._near.pop(key, None)
+            self._far[key] = None
             return
         at = int(at)
         new = min(current, at) if earlier_only and current is not None else at
@@ -101,7 +135,12 @@ class QueueMarks:
             self.storage.exec(
                 f"INSERT INTO {WAKEUPS}(key, wake_at) VALUES (?, ?)"
                 " ON CONFLICT(key) DO UPDATE SET wake_at = excluded.wake_at", key, new)
-        self._wake[key] = new
+        if self._beyond(key, new):
+            self._near.pop(key, None)
+            self._far[key] = new
+        else:
+            self._near[key] = new
+            self._far.pop(key, None)
 
     def loaded(self, key: str, pending: int | None, blocked: bool, permits_done: bool) -> None:
         """What the load of the key's items read of its marks (:class:`QueueItems` ``on_load``);

@@ -2,9 +2,12 @@
 
 :class:`ClientRows` is the only code that reads or writes the client's tables
 (``durability_semaphore_client_grants``, ``..._leases``, ``..._keys``). The first use of a key
-loads its live grants, its live leases and its key row (three indexed reads); from then on every
-read of the key is answered from memory, and every change is written through to SQL at once
-(in the caller's storage transaction) and to the copy. A tombstone (a dropped grant, a settled
+loads its live grants, its live leases and its key row (one statement: a ``UNION ALL`` of the
+three indexed reads, each row as a JSON object); from then on every read of the key is answered
+from memory, and every change is written through to SQL at once (in the caller's storage
+transaction) and to the copy, but a delivered report (:meth:`ClientRows.delivered`): it is
+written with the reply's merge of its row, or by :meth:`ClientRows.flush` before the reply's
+transaction ends. A tombstone (a dropped grant, a settled
 lease) is read only when a reply names it (a point read, remembered), so tombstones cost
 nothing while they wait.
 
