@@ -236,6 +236,27 @@ def test_r28_equal_share_and_one_each_for_the_oldest():
     assert set(r.leases.values()) == {3}
 
 
+def test_r28_a_budget_of_one_goes_to_the_oldest_candidate():
+    # R28: one permit left for leases and two candidates: the oldest gets a lease of one (the
+    # share is zero), the other nothing; no budget, no lease.
+    cands = [E(c, "g", 0, oldest_at=t, count=1, lease=True) for c, t in (("x", 30), ("y", 10))]
+    cfg = LeaseConfig(permits_per_lease=64)
+    assert allocate(cands, limit=1, group_limits={}, usage=Usage(), leases=cfg).leases == {("y", "g"): 1}
+    assert allocate(cands, limit=1, group_limits={}, usage=Usage(grants=1), leases=cfg).leases == {}
+
+
+def test_r21_a_full_holder_serves_nothing_and_a_failed_limit_serves_nothing():
+    # R21: the room is what the limit leaves above the charged usage, never below zero: at or
+    # above the limit (a lowered one) the oldest entry gets nothing; a limit that failed to
+    # resolve serves nothing at all.
+    entries = [E("a", "g", 2, 1), E("b", "g", 1, 2)]
+    for charged in (5, 6):
+        r = allocate(entries, limit=5, group_limits={}, usage=Usage(grants=charged))
+        assert r.grants == {} and blocked(r) == {("a", "g"): (R.LIMIT, 2), ("b", "g"): (R.LIMIT, 1)}
+    r = allocate(entries, limit=LIMIT_ERROR, group_limits={}, usage=Usage())
+    assert r.grants == {} and r.leases == {}
+
+
 def test_r26_r27_lease_candidates_and_limited_groups():
     # R26/R27: non-candidates, not permitted entries and (under exclude) limited groups get
     # no lease; withinGroupLimit clips the lease to the group's room.

@@ -214,6 +214,27 @@ async def starve(bed: Bed, client: str, group: str, oldest_at: int) -> None:
 
 
 @async_test
+async def test_r31a_a_blocked_entry_starves_unless_its_client_holds_a_live_lease_in_its_group():
+    # R31a: a, whose live lease holds the whole limit, asks for more and is blocked: it draws
+    # from a lease, so it is served (not starving). Once that lease is retired (a lowered
+    # limit, R33) it no longer serves a: a blocked again starves.
+    limit = {"value": 4}
+    bed = Bed(lambda: limit["value"], leases=SHARE)
+    lid = await take(bed, "a", {"g": 9}, 1)
+    await bed.clock.advance(2000)
+    (r,) = await bed.round(request("a", {"g": 9}, leases=[(lid, 4, 0)], oldest_at=1))
+    assert r["grants"] == [] and blocked(r) == {"g": ("limit", 9)}
+    assert read_meta(bed.sem.storage).get("starving", 0) == 0
+    limit["value"] = 3  # lowered: every live lease is retired at the next round (R33)
+    await bed.clock.advance(2000)
+    (r,) = await bed.round(request("a", {"g": 9}, leases=[(lid, 4, 0)], oldest_at=1))
+    assert states(bed) == {lid: "retired"} and r["grants"] == []
+    assert [x["status"] for x in r["leases"]] == ["retired"]  # its own, answered retired
+    assert read_meta(bed.sem.storage)["starving"] == 1
+    bed.check()
+
+
+@async_test
 async def test_r31b_while_a_request_starves_a_reusable_lease_above_the_fair_share_is_retired_at_its_report():
     # Limit 4: a's reusable lease holds all 4; b asks 1 and gets nothing (starving 1, R31a).
     # Fair share = max(1, 4 // (1 live lease + 1 starving)) = 2 < 4: a's next report is
