@@ -497,18 +497,13 @@ async def test_r16_a_timer_written_after_an_arm_is_armed_by_the_next_arm():
     await bed.scheduler.arm()
     armed = bed.storage.alarm
     bed.scheduler.on("app:soon", lambda name, due: None)
-    bed.scheduler.set_timer("app:soon", bed.clock.now + 5)
-    await bed.scheduler.arm()
-    assert bed.storage.alarm == bed.clock.now + 5
-    bed.scheduler.clear_timer("app:soon")
-    await bed.scheduler.arm()
-    assert bed.storage.alarm == armed
-    bed.scheduler.set_timer("app:soon", bed.clock.now + 6)
-    await bed.scheduler.arm()
-    assert bed.storage.alarm == bed.clock.now + 6
-    bed.scheduler.clear_prefix("app:")
-    await bed.scheduler.arm()
-    assert bed.storage.alarm == armed
+    for at, clear in ((5, bed.scheduler.clear_timer), (6, lambda name: bed.scheduler.clear_prefix("app:"))):
+        bed.scheduler.set_timer("app:soon", bed.clock.now + at)
+        await bed.scheduler.arm()
+        assert bed.storage.alarm == bed.clock.now + at
+        clear("app:soon")
+        await bed.scheduler.arm()
+        assert bed.storage.alarm == armed
 
     def set_then_fail() -> None:
         bed.scheduler.set_timer("app:soon", bed.clock.now + 7)
