@@ -432,6 +432,7 @@ class SemaphoreQueue(_QueuePump):
             fut.cancel()
         self._inflight.clear()
         self._kicks.clear()
+        self._rekick.clear()
         self._besides.clear()
         self._side_syncs.clear()
         self._side_requests.clear()

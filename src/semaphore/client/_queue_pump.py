@@ -36,7 +36,10 @@ class _QueuePump(_QueueCallbacks):
         from grants (and confirm with a sync), start admitted items, heartbeat/stop leases,
         reconcile, and ask for permits when ``nextRequestAt`` has come (this waits for the
         holder's round). Then schedule the next wake-up. Called by the wake-up (the scheduler's
-        alarm); may be called directly."""
+        alarm); may be called directly. An instance that was abandoned pumps nothing (its copies
+        are stale once another instance works on the same storage)."""
+        if self._dead:
+            return
         self.ensure_schema()
         lock = self._locks.setdefault(key, asyncio.Lock())
         if lock.locked() and key in self._requesting:
@@ -217,7 +220,8 @@ class _QueuePump(_QueueCallbacks):
         except asyncio.CancelledError:
             raise
         except Exception:
-            if self._failed("queue pump", key):
+            # (also what replaced a cancellation: a write in a finally block that failed)
+            if self._dead or self._failed("queue pump", key):
                 return
             retry_at = self._now() + self.retry_ms
             self.storage.transaction(lambda: self._set_wake(key, retry_at))
@@ -260,7 +264,7 @@ class _QueuePump(_QueueCallbacks):
         self._kicks[key] = asyncio.ensure_future(self._kick_loop(key))
 
     async def _kick_loop(self, key: str) -> None:
-        while True:
+        while not self._dead:  # abandoned: even if a failure in a cleanup swallowed its cancellation
             self._rekick.discard(key)
             await self._wake_key(key)
             if key not in self._rekick:
