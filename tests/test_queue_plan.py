@@ -424,3 +424,20 @@ def test_r34a_a_room_check_due_with_a_heartbeat_gives_way_to_the_heartbeats_requ
     beating = replace(snap, leases=(replace(busy, heartbeat_at=NOW - 1),))
     assert plan.room_check_due(beating, OPTS) and plan.heartbeat_due(beating)
     assert plan.plan_exchange(beating, OPTS, demand=True) is plan.Exchange.REQUEST  # the heartbeat
+
+
+def test_r34a_only_an_active_reusable_lease_clear_of_its_expiry_margin_covers_its_group():
+    # R34a: while the key is contended, a group is covered by a reusable lease that may still be
+    # drawn from: not stopped, not one-shot, and not within lease_margin_ms of its expiry.
+    live = replace(lease("r", group="a"), reusable=True)
+
+    def covered(*leases: ClientLease, now: int = NOW) -> set[str]:
+        return plan.covered_groups(KeySnapshot(now, leases=leases, key=KeyState(contended=True)), OPTS)
+
+    assert covered(live) == {"a"}
+    assert covered(replace(live, stopped=True)) == set()
+    assert covered(replace(live, reusable=False)) == set()
+    edge = live.expires_at - OPTS.lease_margin_ms
+    assert covered(live, now=edge - 1) == {"a"}
+    assert covered(live, now=edge) == set()
+    assert covered(live, now=live.expires_at - OPTS.lease_margin_ms // 2) == set()

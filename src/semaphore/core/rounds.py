@@ -248,7 +248,7 @@ def decide_reclaim(ledger: Ledger, now: int) -> None:
     for g in ledger.due_grants(now):
         g.permits = g.claimed
         g.reclaimed = True
-        if g.claimed == 0 or g.released >= g.permits:
+        if g.released >= g.permits:  # every claimed permit released (none claimed: none to wait for)
             ledger.delete_grant(g)
         else:
             ledger.put_grant(g)
@@ -494,16 +494,20 @@ def _issue(ledger: Ledger, views: dict[str, View], result: Allocation, now: int,
     secret, epoch, writes = issuing_key(ledger.meta(), policy.app_secret, policy.new_secret)
     for k, v in writes.items():
         ledger.set_meta(k, v)
-    if policy.leases.reusable and ledger.meta().get("schema_version", 1) < REUSABLE_SCHEMA:
-        # SPEC R34a: a release before reusable leases would read them as one-shot and charge
-        # too little; from the first one stored, it refuses this storage (a newer schema).
-        ledger.set_meta("schema_version", REUSABLE_SCHEMA)
+    _mark_reusable_schema(ledger, policy.leases)
     for (client_id, group), permits in result.leases.items():
         lease_id = new_lease_id(policy.new_id(), (secret, epoch), client_id, permits, policy.leases.reusable)
         lease = LeaseRow(lease_id, client_id, group, permits, 0, 0, False, "live", now, now + policy.leases.ttl_ms,
                          policy.leases.reusable)
         ledger.put_lease(lease)
         views[client_id].leases = {lease.lease_id: _lease_wire(lease), **views[client_id].leases}
+
+
+def _mark_reusable_schema(ledger: Ledger, leases: LeaseConfig) -> None:
+    """SPEC R34a: a release before reusable leases would read them as one-shot and charge too
+    little; from the first one stored, it refuses this storage (a newer schema version)."""
+    if leases.reusable and ledger.meta().get("schema_version", 1) < REUSABLE_SCHEMA:
+        ledger.set_meta("schema_version", REUSABLE_SCHEMA)
 
 
 def _starving(ledger: Ledger, result: Allocation, policy: Policy) -> tuple[int, int]:
