@@ -441,3 +441,13 @@ def test_r34a_only_an_active_reusable_lease_clear_of_its_expiry_margin_covers_it
     assert covered(live, now=edge - 1) == {"a"}
     assert covered(live, now=edge) == set()
     assert covered(live, now=live.expires_at - OPTS.lease_margin_ms // 2) == set()
+
+
+def test_r31a_a_reusable_lease_is_stopped_from_lease_margin_ms_before_its_expiry():
+    # R31a: a reusable lease the holder did not extend is stopped before it expires, from
+    # lease_margin_ms before (its demand goes to a round again), even with items queued for it.
+    live = replace(lease("r", group="a", drawn=1), reusable=True)
+    edge = live.expires_at - OPTS.lease_margin_ms
+    snap = KeySnapshot(edge, queued=queued("x", group="a"), leases=(live,))
+    assert plan.leases_to_stop(replace(snap, now=edge - 1), OPTS, contended=False) == ()
+    assert plan.leases_to_stop(snap, OPTS, contended=False) == ("r",)
