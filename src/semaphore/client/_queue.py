@@ -424,7 +424,8 @@ class SemaphoreQueue(_QueuePump):
     def abandon(self) -> None:
         """Cancel this instance's callback tasks, background pumps and waiting :meth:`permit`
         callers without writing anything, as the death of the object would (the test kit's
-        eviction uses it). The durable state is left for the next instance."""
+        eviction uses it). The durable state is left for the next instance; whatever of this one
+        still runs (a cancellation a failed cleanup write swallowed) pumps nothing."""
         self._dead = True
         for task in (*self._inflight.values(), *self._pumps()):
             task.cancel()
