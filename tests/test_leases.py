@@ -841,6 +841,21 @@ async def test_r32_unknown_stopped_settled_report_is_answered_settled_without_ch
 
 
 @async_test
+async def test_r32_an_unknown_pre_reset_lease_not_stopped_is_charged_what_it_may_still_run():
+    # R32: before its stop a pre-reset lease's client may still draw: a report of one with
+    # nothing drawn (or everything released) is charged permits - released, not 0.
+    secret = APP_SECRET.encode()
+    bed = Bed(10, leases=leases("strict", permitsPerLease=3), lease_secret=APP_SECRET)
+    await bed.sem.handle(sync("warm-up"))
+    _, ry = await bed.round(
+        request("x", {}, leases=[(minted(bed, "x", "n0", 2, secret=secret), 0, 0)], oldest_at=1),
+        request("y", {"g": 10}, oldest_at=2),
+    )
+    assert only(ry, "grants")["permits"] == 10 - 2
+    bed.check()
+
+
+@async_test
 async def test_r32_lease_of_another_client_is_treated_as_unknown():
     bed = Bed(100, leases=leases("strict", permitsPerLease=4))
     (ra,) = await bed.round(request("a", {"g": 1}, leases=[], oldest_at=1))
