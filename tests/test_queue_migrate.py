@@ -15,8 +15,6 @@ None)`` drops it, for a full uninstall.
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from semaphore import DurabilityScheduler, DurabilitySemaphore, SemaphoreClient, SemaphoreQueue
@@ -224,38 +222,3 @@ async def test_r3_a_side_request_in_flight_at_migrate_none_stops_without_an_erro
     assert any(r.getMessage().startswith("side request") and "tables are gone" in r.getMessage()
                for r in caplog.records), [r.getMessage() for r in caplog.records]
     assert client_side_tables(side.storage) == set()
-
-
-@async_test
-async def test_r37_an_abandoned_instance_pumps_nothing_even_when_a_failed_write_swallowed_its_cancellation():
-    # R37 (one queue per object): the object is evicted while its pump waits for the holder and
-    # another enqueue asked for one more pass. The cancellation reaches the pump, whose cleanup
-    # write fails (a storage fault): that exception replaces the cancellation. The dead
-    # instance must still pump nothing: with its stale copy of the items it would admit an
-    # item the new instance already started, under a second permit (the soak found it: seed
-    # 106, mode over). Before, its kick loop ran one more pass.
-    clock = SimClock(T0)
-    holder = HolderSide(clock, limit=5, leases=None)
-    net = Net(holder, clock)
-
-    async def slow(key: str, message: dict) -> dict:
-        await clock.sleep(500)  # a holder call takes 500 ms
-        return await net(key, message)
-
-    side = ClientSide("c1", clock, slow, on_admit=lambda s, item: None)
-    await side.queue.enqueue(KEY, "g", "a")
-    await clock.advance(100)   # its pump waits for the holder
-    await side.queue.enqueue(KEY, "g", "b")   # one more pass asked of the running kick
-    old = side.queue
-    faults = iter([0])
-    side.storage.fail_transaction = lambda: next(faults, None)   # the old pump's cleanup write fails
-    side.evict()
-    for _ in range(20):
-        await asyncio.sleep(0)   # the cancelled pump runs its cleanup, which raises
-    side.storage.fail_transaction = None
-    before = old.storage.statements
-    await clock.advance(30_000)
-    assert old.storage.statements == before   # the dead instance ran no statement
-    assert {i.item_id: i.state.value for i in side.queue.items(KEY)} == {"a": "running", "b": "running"}
-    side.driver.close()
-    holder.driver.close()

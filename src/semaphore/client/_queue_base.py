@@ -123,6 +123,13 @@ class _QueueBase(abc.ABC):
     def _now(self) -> int:
         return int(self.clock())
 
+    def _alive(self) -> None:
+        """Raise :class:`asyncio.CancelledError` on an abandoned instance (:meth:`abandon`):
+        whatever of it still runs (a cancellation a callback or a failed cleanup turned into an
+        ordinary exception) stops before it admits or writes over its stale copies."""
+        if self._dead:
+            raise asyncio.CancelledError()
+
     def _set_wake(self, key: str, at: int | None, *, earlier_only: bool = False) -> None:
         self.marks.set_wake(key, at, earlier_only=earlier_only)
 

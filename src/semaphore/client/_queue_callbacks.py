@@ -115,8 +115,10 @@ class _QueueCallbacks(_QueueItemsPart):
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - a failing callback only delays its item
+                self._alive()  # (an abandoned instance: the call was cut short, it does not count)
                 await self._callback_failed(item, exc)
             else:
+                self._alive()
                 self._admitted(item.key, [item])
                 if self.work is not None:
                     await self._complete_logged(item.item_id)
@@ -207,6 +209,7 @@ class _QueueCallbacks(_QueueItemsPart):
             except asyncio.CancelledError:
                 raise
             except Exception:
+                self._alive()
                 log.exception("check_running failed for item %r", item.item_id)
                 running = True
             at = self._now()

@@ -59,9 +59,10 @@ class _QueuePump(_QueueCallbacks):
             try:
                 await self._pump(key)
             finally:
-                now = self._now()
-                self.storage.transaction(lambda: self._after_pump(key, now))
-                await self.scheduler.arm()
+                if not self._dead:  # an abandoned instance writes nothing (its copies are stale)
+                    now = self._now()
+                    self.storage.transaction(lambda: self._after_pump(key, now))
+                    await self.scheduler.arm()
 
     def _after_pump(self, key: str, now: int) -> None:
         """Schedule the key's next wake-up, and forget the holder's ``blocked`` word on it once
@@ -219,9 +220,10 @@ class _QueuePump(_QueueCallbacks):
             await self.pump(key)
         except asyncio.CancelledError:
             raise
-        except Exception:
-            # (also what replaced a cancellation: a write in a finally block that failed)
-            if self._dead or self._failed("queue pump", key):
+        except Exception as exc:
+            if self._dead:  # what replaced its cancellation (a callback's failed cleanup): it still is one
+                raise asyncio.CancelledError() from exc
+            if self._failed("queue pump", key):
                 return
             retry_at = self._now() + self.retry_ms
             self.storage.transaction(lambda: self._set_wake(key, retry_at))
@@ -384,9 +386,11 @@ class _QueuePump(_QueueCallbacks):
         self._release_orphans(key, self._now())
         requested = False
         for _ in range(plan.MAX_EXCHANGES):
+            self._alive()
             now = await self._admit_and_call(key)
             self._tries.signal_replied(key)  # what their answer brought is admitted now (R9b)
             await self._reconcile(key, now)
+            self._alive()
             self._run_done_hooks(key)  # no holder message is ever sent for them
             trying = self._tries.unsent(key)  # R9b: a try's request goes at once, unpaced
             if self._backoff.get(key, 0) > now and not trying:
@@ -457,6 +461,7 @@ class _QueuePump(_QueueCallbacks):
         (it would otherwise wait for the next request period). Returns the time of the last
         step."""
         while True:
+            self._alive()
             now = self._now()
             self.storage.transaction(lambda: self._admit_locally(key, now))  # noqa: B023 (run at once)
             freed = await self._run_callbacks(key, now)
