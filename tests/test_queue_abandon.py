@@ -14,6 +14,15 @@ from semaphore.testing import T0, ClientSide, HolderSide, Net, SimClock, async_t
 KEY = "acct"
 
 
+def holder_at(clock: SimClock) -> HolderSide:
+    return HolderSide(clock, limit=5, leases=None)
+
+
+def stop(side: ClientSide, holder: HolderSide) -> None:
+    side.driver.close()
+    holder.driver.close()
+
+
 @async_test
 async def test_r37_an_evicted_pump_with_a_pass_still_asked_of_it_writes_nothing():
     # The object is evicted while its pump waits for the holder and an enqueue asked that kick
@@ -21,7 +30,7 @@ async def test_r37_an_evicted_pump_with_a_pass_still_asked_of_it_writes_nothing(
     # copy, and when that write failed the failure replaced the cancellation and the kick loop
     # ran the pass that was asked for, admitting with the dead instance's copies.
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=5, leases=None)
+    holder = holder_at(clock)
     net = Net(holder, clock)
 
     async def slow(key: str, message: dict) -> dict:
@@ -38,8 +47,7 @@ async def test_r37_an_evicted_pump_with_a_pass_still_asked_of_it_writes_nothing(
     await clock.advance(30_000)
     assert old.storage.statements == before   # the dead instance ran no statement
     assert {i.item_id: i.state.value for i in side.queue.items(KEY)} == {"a": "running", "b": "running"}
-    side.driver.close()
-    holder.driver.close()
+    stop(side, holder)
 
 
 @async_test
@@ -48,7 +56,7 @@ async def test_r37_a_check_running_that_swallows_the_cancellation_does_not_keep_
     # exception: before, that counted as "still running" and the pump went on to request,
     # claim and admit with the dead instance's copies.
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=5, leases=None)
+    holder = holder_at(clock)
     block = {"on": False}
     admits: list[tuple[str, object]] = []
 
@@ -79,8 +87,7 @@ async def test_r37_a_check_running_that_swallows_the_cancellation_does_not_keep_
     await clock.advance(2_000)
     assert old.storage.statements == before
     assert [i for i, task in admits if task is stuck] == []
-    side.driver.close()
-    holder.driver.close()
+    stop(side, holder)
 
 
 @async_test
@@ -90,7 +97,7 @@ async def test_r37_work_whose_cleanup_fails_on_eviction_does_not_count_as_a_call
     # released over the dead instance's copy of the client's rows). A call cut short by an
     # eviction does not count: the item still runs, for the next instance to retry.
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=5, leases=None)
+    holder = holder_at(clock)
     calls: list[str] = []
 
     async def work(item):
@@ -112,5 +119,4 @@ async def test_r37_work_whose_cleanup_fails_on_eviction_does_not_count_as_a_call
     assert old.storage.statements == before
     item = side.queue.item("a")
     assert item is not None and item.state.value == "running" and not item.error
-    side.driver.close()
-    holder.driver.close()
+    stop(side, holder)
