@@ -451,3 +451,18 @@ def test_r31a_a_reusable_lease_is_stopped_from_lease_margin_ms_before_its_expiry
     snap = KeySnapshot(edge, queued=queued("x", group="a"), leases=(live,))
     assert plan.leases_to_stop(replace(snap, now=edge - 1), OPTS, contended=False) == ()
     assert plan.leases_to_stop(snap, OPTS, contended=False) == ("r",)
+
+
+def test_r31a_r34a_a_lease_heard_but_not_extended_heartbeats_again_at_half_of_what_is_left():
+    # R31a, R34a: a reply that does not extend a live lease (a reusable one while a request
+    # starves) moves a heartbeat that is due to half of what is left, at least 1 s on, never at
+    # once again; a heartbeat not due yet, or a retired lease's, is left where it is.
+    local = replace(lease("r", expires_at=NOW + 20_000, heartbeat_at=NOW - 1), reusable=True)
+    heard = LeaseState("r", "g", 4, 0, 0, NOW + 20_000, LeaseStatus.LIVE, reusable=True)
+    assert merge_lease(KEY, local, heard, NOW).row.heartbeat_at == NOW + 10_000
+    near = replace(local, expires_at=NOW + 1_500)
+    assert merge_lease(KEY, near, replace(heard, expires_at=NOW + 1_500), NOW).row.heartbeat_at == NOW + 1_000
+    later = replace(local, heartbeat_at=NOW + 5_000)
+    assert merge_lease(KEY, later, heard, NOW).row.heartbeat_at == NOW + 5_000
+    retired = merge_lease(KEY, later, replace(heard, status=LeaseStatus.RETIRED), NOW).row
+    assert retired.heartbeat_at == NOW + 5_000 and retired.stopped
