@@ -466,3 +466,13 @@ def test_r31a_r34a_a_lease_heard_but_not_extended_heartbeats_again_at_half_of_wh
     assert merge_lease(KEY, later, heard, NOW).row.heartbeat_at == NOW + 5_000
     retired = merge_lease(KEY, later, replace(heard, status=LeaseStatus.RETIRED), NOW).row
     assert retired.heartbeat_at == NOW + 5_000 and retired.stopped
+
+
+def test_r13_a_stale_lease_reply_never_lowers_what_was_acknowledged():
+    # R13 (high-water marks), R34a: a reply carrying older counts than the client has already
+    # had acknowledged (a late reply) keeps the acknowledged counts: nothing reads as unreported.
+    local = replace(lease("r", drawn=3, released=2), reusable=True)
+    stale = LeaseState("r", "g", 4, 1, 0, local.expires_at, LeaseStatus.LIVE, reusable=True)
+    row = merge_lease(KEY, local, stale, NOW).row
+    assert (row.drawn, row.released, row.sent_drawn, row.sent_released) == (3, 2, 3, 2)
+    assert not row.dirty
