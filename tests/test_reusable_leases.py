@@ -1382,7 +1382,7 @@ async def test_r34a_a_round_that_leaves_need_unserved_says_no_room_so_a_covered_
     # R34a decision (room): a round that left need unserved says no room, whatever capacity it
     # left free. Here a's group is at its own limit (withinGroupLimit): 8 of 10 permits free,
     # none a's. Before, syncs said room after every such round, and a's room checks each
-    # became a request and a round (a cold review: 22 requests in 10 minutes, now none).
+    # became a request and a round (before: 22 requests in 10 minutes; now none).
     from collections import Counter
     from dataclasses import replace
 
