@@ -630,8 +630,9 @@ class AccountLimit(DurableObject):
                 f"INSERT INTO {SETTINGS}(key, value) VALUES ('limit', ?)"
                 " ON CONFLICT(key) DO UPDATE SET value = excluded.value", limit)
         self._override, self._override_loaded = limit, True
-        # A raised limit may serve requests held open (HOLD_BLOCKED_MS): their next round would
-        # otherwise come only at their deadline. Does nothing while nothing is held.
+        # A raised limit may serve requests held open (HOLD_BLOCKED_MS): the holder finds it by
+        # itself within about two round periods (SPEC R9 decision "limits that rise"); this
+        # serves them at once. Does nothing while nothing is held.
         if self.semaphore is not None:
             self.semaphore.start_round()
         if limit is not None:

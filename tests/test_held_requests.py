@@ -441,3 +441,108 @@ async def test_r9_a_request_that_does_not_report_its_live_grant_or_lease_is_answ
         await bed.clock.advance(3000)
         assert not held.done(), entries
         bed.check()
+
+
+# ---------------------------------------------------------------- limits that rise (R9 decision)
+def _rounds_of(records: list) -> int:
+    return sum(1 for r in records if not r.failed)
+
+
+@async_test
+async def test_r9_a_limit_that_rises_serves_a_held_request_by_itself_within_the_check_period():
+    # R9 decision (limits that rise): the application raises its limit and calls nothing; the
+    # holder resolves the limit again every limit_check_ms while b is held and starts the round
+    # that serves it. Before, b waited for its deadline (10 s) unless the app called start_round().
+    box = {"limit": 1}
+    records: list = []
+    bed = Bed(limit=lambda: box["limit"], hold_blocked_ms=HOLD, leases=None, on_round=records.append)
+    [ra] = await bed.round(request("a", {"g": 1}))
+    await bed.one(sync("a", grants=[(ra["grants"][0]["grantId"], 1, 0)]))
+    b = bed.send(held_request("b", {"g": 1}))
+    await bed.clock.advance(3000)
+    assert not b.done() and _rounds_of(records) >= 2  # b's batched round held it
+    box["limit"] = 2
+    raised = bed.now
+    check = bed.sem.limit_check_ms
+    while not b.done() and bed.now - raised < HOLD:
+        await bed.clock.advance(100)
+    assert b.done() and bed.now - raised <= check + bed.sem.round_period_ms
+    assert [g["permits"] for g in b.result()["grants"]] == [1] and not b.result()["blocked"]
+    bed.check()
+
+
+@async_test
+async def test_r9_a_group_limit_raised_in_its_mapping_or_a_can_grant_that_turns_allowing_serves_a_held_request():
+    # R9 decision (limits that rise): a group_limit mapping changed in place, or can_grant
+    # turning allowing for the refused pair, is found the same way.
+    limits = {"g": 0}
+    bed = Bed(limit=5, group_limit=limits, hold_blocked_ms=HOLD, leases=None)
+    b = bed.send(held_request("b", {"g": 1}))
+    await bed.clock.advance(3000)
+    assert not b.done()
+    limits["g"] = 1
+    await bed.clock.advance(bed.sem.limit_check_ms + bed.sem.round_period_ms)
+    assert b.done() and [g["permits"] for g in b.result()["grants"]] == [1]
+
+    allowed: set[str] = set()
+    bed2 = Bed(limit=5, can_grant=lambda client, group: client in allowed, hold_blocked_ms=HOLD, leases=None)
+    c = bed2.send(held_request("c", {"g": 1}))
+    await bed2.clock.advance(3000)
+    assert not c.done()
+    allowed.add("c")
+    await bed2.clock.advance(bed2.sem.limit_check_ms + bed2.sem.round_period_ms)
+    assert c.done() and [g["permits"] for g in c.result()["grants"]] == [1]
+
+
+@async_test
+async def test_r9_limits_that_stay_or_fall_start_no_round_and_are_not_resolved_once_nothing_is_held():
+    # R9 decision (limits that rise): the checks start no round of their own while the limit
+    # stays or falls (the held request is answered at its deadline, by the rounds it would
+    # have had anyway), and stop once nothing is held.
+    box = {"limit": 1, "calls": 0}
+
+    def limit() -> int:
+        box["calls"] += 1
+        return box["limit"]
+
+    records: list = []
+    bed = Bed(limit=limit, hold_blocked_ms=HOLD, leases=None, on_round=records.append)
+    [ra] = await bed.round(request("a", {"g": 1}))
+    await bed.one(sync("a", grants=[(ra["grants"][0]["grantId"], 1, 0)]))
+    b = bed.send(held_request("b", {"g": 1}))
+    await bed.clock.advance(2000)
+    rounds = _rounds_of(records)
+    box["limit"] = 0  # lowered: serves nobody more
+    await bed.clock.advance(HOLD - 2000 - 1)
+    assert not b.done() and _rounds_of(records) == rounds
+    await bed.clock.advance(bed.sem.round_period_ms + 1)
+    assert b.done() and b.result()["blocked"]
+    calls = box["calls"]
+    assert calls > rounds  # the checks resolved it in between
+    await bed.clock.advance(10 * bed.sem.limit_check_ms)
+    assert box["calls"] == calls  # nothing held: no more checks
+
+
+def test_r9_limits_rose_compares_what_both_resolutions_have():
+    # R9 decision (limits that rise), the pure decision: more room anywhere the held requests
+    # were refused, never a fall, a failed resolution or a group only one side resolved.
+    from semaphore.core.allocation import LIMIT_ERROR
+    from semaphore.core.batching import limits_can_change, limits_rose
+    from semaphore.core.rounds import Limits
+
+    base = Limits(3, {"g": 2, "h": None}, {("c", "g"): False, ("c", "h"): True})
+    assert not limits_rose(base, base)
+    assert limits_rose(base, Limits(4, {}, {}))
+    assert not limits_rose(base, Limits(2, {}, {}))
+    assert not limits_rose(base, Limits(LIMIT_ERROR, {}, {}))
+    assert limits_rose(Limits(LIMIT_ERROR), Limits(0))
+    assert limits_rose(base, Limits(3, {"g": 3}, {}))
+    assert limits_rose(base, Limits(3, {"g": None}, {}))  # no group limit any more
+    assert not limits_rose(base, Limits(3, {"g": 1, "h": 5}, {}))  # h had none: 5 is lower
+    assert not limits_rose(base, Limits(3, {"x": 9}, {}))  # not resolved before
+    assert limits_rose(Limits(3, {"g": LIMIT_ERROR}), Limits(3, {"g": 0}))
+    assert limits_rose(base, Limits(3, {}, {("c", "g"): True}))
+    assert not limits_rose(base, Limits(3, {}, {("c", "h"): True, ("d", "g"): True}))
+    assert not limits_can_change(5, None, None) and not limits_can_change(5, 2, True)
+    assert limits_can_change(lambda: 5, None, None) and limits_can_change(5, {"g": 1}, None)
+    assert limits_can_change(5, lambda g: 1, None) and limits_can_change(5, None, lambda c, g: True)

@@ -8,9 +8,18 @@ from asyncio.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Timing", "next_request_at", "round_may_commit", "round_start", "sync_room"]
+from .allocation import LIMIT_ERROR
+from .wire import MAX_LIST_LENGTH, PermitRequest
+
+if TYPE_CHECKING:  # core.rounds imports this module
+    from .rounds import Limits
+
+__all__ = ["Timing", "hold_open", "limits_can_change", "limits_rose", "next_request_at", "reply_has_news",
+           "round_may_commit", "round_start", "sync_room"]
 
 
 @dataclass(frozen=True)
@@ -92,3 +101,70 @@ def room_after_round(*, reusable: bool, charged: int, ceiling: int | None, unser
     vain at every room check. Before, a committed round always cleared the flag: capacity it
     left free reached a covered client only at its lease's heartbeat."""
     return reusable and isinstance(ceiling, int) and charged < ceiling and not unserved
+
+
+def reply_has_news(reply: Mapping[str, Any], request: PermitRequest) -> bool:
+    """SPEC R9 decisions (waiting requests; a lost reply is not held): a reply the client must
+    hear at once even if the round served it nothing: a lease no longer live (retired, R33: it
+    stops drawing at once; settled), a grant no longer plain active (expired, not found), or a
+    grant or lease the request did not report (the client does not know it: the reply of the
+    round that issued it was lost, e.g. the process died after the commit; held, it would stay
+    charged unused until the deadline). A report list at the wire's bound (R7) may leave known
+    entries out, so it says nothing of them."""
+    leases, grants = reply.get("leases") or (), reply.get("grants") or ()
+    if any(x.get("status") != "live" for x in leases) or any(g.get("status") != "active" for g in grants):
+        return True
+    if len(request.grants) < MAX_LIST_LENGTH:
+        known = {r.grant_id for r in request.grants}
+        if any(g.get("grantId") not in known for g in grants):
+            return True
+    reported = request.leases or ()
+    if len(reported) < MAX_LIST_LENGTH:
+        known = {r.lease_id for r in reported}
+        return any(x.get("leaseId") not in known for x in leases)
+    return False
+
+
+def hold_open(*, hold_ms: int, is_try: bool, served: bool, blocked: bool, now: int, hold_until: int,
+              answered: bool, news: bool) -> bool:
+    """SPEC R9 decision (waiting requests): whether a request is held open instead of answered
+    by its round: holding is on (``hold_ms`` > 0), it is no try (R9b), the round served its
+    client nothing (``served`` false) and left it ``blocked``, its deadline (``hold_until``) has
+    not come, some call still waits for it (``answered`` false: every call gave up), and its
+    reply carries no news (:func:`reply_has_news`)."""
+    return (hold_ms > 0 and not is_try and not served and blocked and now < hold_until and not answered
+            and not news)
+
+
+def limits_can_change(limit: Any, group_limit: Any, can_grant: Any) -> bool:
+    """SPEC R9 decision (limits that rise): whether the holder's limit options can resolve to
+    something else later: a callable ``limit``, ``group_limit`` or ``can_grant``, or a
+    ``group_limit`` mapping (the application may change it in place). Plain values cannot: the
+    holder never re-reads them."""
+    return callable(limit) or callable(group_limit) or isinstance(group_limit, Mapping) or callable(can_grant)
+
+
+def _rose(before: Any, after: Any, *, none_is_unlimited: bool) -> bool:
+    """One resolved limit rose: a larger count, a count where resolution failed, or (a group
+    limit) none where there was one."""
+    if after is LIMIT_ERROR or after == before:
+        return False
+    if before is LIMIT_ERROR:
+        return True
+    if after is None:
+        return none_is_unlimited and before is not None
+    return isinstance(before, int) and isinstance(after, int) and after > before
+
+
+def limits_rose(before: Limits, after: Limits) -> bool:
+    """SPEC R9 decision (limits that rise): whether limits resolved again while requests are
+    held (``after``) let a round serve more than the round that held them (``before``): the
+    limit rose, a group limit of a group both resolved rose (or no longer applies), or
+    ``can_grant`` now allows a ``(client, group)`` pair it refused. A lowered limit starts
+    nothing: it can serve nobody more."""
+    if _rose(before.limit, after.limit, none_is_unlimited=False):
+        return True
+    if any(_rose(before.group_limits[g], gl, none_is_unlimited=True)
+           for g, gl in after.group_limits.items() if g in before.group_limits):
+        return True
+    return any(ok and before.permitted.get(pair) is False for pair, ok in after.permitted.items())

@@ -19,12 +19,22 @@ from typing import Any
 
 from ..clock import sleep_until
 from ..core.allocation import LIMIT_ERROR, ceiling
-from ..core.batching import Timing, next_request_at, room_after_round, round_start, sync_room
+from ..core.batching import (
+    Timing,
+    hold_open,
+    limits_can_change,
+    limits_rose,
+    next_request_at,
+    reply_has_news,
+    room_after_round,
+    round_start,
+    sync_room,
+)
 from ..core.config import DEFAULT_LEASES, LeaseConfig, holder_leases, option_int
 from ..core.lease_ids import LEASE_KEY_WORDS, configured_secret, holder_key
 from ..core.rounds import Limits, Pending, Policy, limit_lowered, stored_share
 from ..core.usage import measure
-from ..core.wire import MAX_LIST_LENGTH, LeaseStatus, PermitRequest, SyncMessage, parse_message, valid_count
+from ..core.wire import LeaseStatus, PermitRequest, SyncMessage, parse_message, valid_count
 from ..errors import ConfigurationError, InvalidMessageError, RoundFailedError
 from ..rpc import client as rpc_client
 from ..runtime import Storage, TableWatch, object_id
@@ -56,27 +66,6 @@ def _holder_key(secret: bytes | None, ctx: Any) -> bytes | None:
         raise ConfigurationError("lease_secret: needs the holder object's ctx (with an id), "
                                  "not a bare Storage", field="lease_secret")
     return holder_key(secret, ident)
-
-
-def _news(reply: Mapping[str, Any], request: PermitRequest) -> bool:
-    """A reply the client must hear at once even if the round served it nothing: a lease no
-    longer live (retired, R33: it stops drawing at once; settled), a grant no longer plain
-    active (expired, not found), or a grant or lease the request did not report (the client
-    does not know it: the reply of the round that issued it was lost, e.g. the process died
-    after the commit; held, it would stay charged unused until the deadline). A report list
-    at the wire's bound (R7) may leave known entries out, so it says nothing of them."""
-    leases, grants = reply.get("leases") or (), reply.get("grants") or ()
-    if any(x.get("status") != "live" for x in leases) or any(g.get("status") != "active" for g in grants):
-        return True
-    if len(request.grants) < MAX_LIST_LENGTH:
-        known = {r.grant_id for r in request.grants}
-        if any(g.get("grantId") not in known for g in grants):
-            return True
-    reported = request.leases or ()
-    if len(reported) < MAX_LIST_LENGTH:
-        known = {r.lease_id for r in reported}
-        return any(x.get("leaseId") not in known for x in leases)
-    return False
 
 
 @dataclass
@@ -209,7 +198,9 @@ class DurabilitySemaphore:
         smaller of the two (then the next round the period allows answers it), and
         every later round takes it again; a report that frees capacity (a sync that lowers the
         charged capacity, a reclaim) starts the next round as soon as ``round_period_ms``
-        allows. So blocked clients need not ask again each
+        allows, and so does a limit option that can change (a callable, a ``group_limit``
+        mapping) found risen by the checks run every ``max(round_period_ms, 100)`` ms while
+        requests are held. So blocked clients need not ask again each
         round: freed capacity reaches them with no client message, and a short
         ``round_period_ms`` costs no extra holder calls. The reply comes from the round that
         serves the client, or the first round at or after its deadline (``blocked``). Held
@@ -310,6 +301,10 @@ class DurabilitySemaphore:
         self._held: dict[str, _Waiting] = {}
         #: Wakes at the earliest held request's deadline (its round answers it).
         self._hold_task: asyncio.Task[None] | None = None
+        #: The limits the last committed round resolved: what its held requests were refused under.
+        self._round_limits: Limits | None = None
+        #: Re-resolves the limits while requests are held (R9 decision "limits that rise").
+        self._watch_task: asyncio.Task[None] | None = None
         self._arrivals = itertools.count()
         #: The round timer waiting to run the next round (``None`` once it took its batch).
         self._round_task: asyncio.Task[None] | None = None
@@ -704,6 +699,7 @@ class DurabilitySemaphore:
             self._last_share = outcome.share
             if outcome.limit is not None:
                 self._last_limit = outcome.limit  # meta last_limit (R33, R33a)
+            self._round_limits = limits
             try:
                 await self._arm()
             except Exception:  # the commit stands; the next instance start re-arms
@@ -750,9 +746,9 @@ class DurabilitySemaphore:
         """Hold ``p`` open instead of answering it (``hold_blocked_ms``): the round served it
         nothing, it is blocked, and its deadline has not come. Its reports are applied: the next
         round re-reads only its latest request."""
-        if (self.hold_blocked_ms <= 0 or _is_try(p) or p.client_id in served or not reply.get("blocked")
-                or now >= p.hold_until(self.hold_blocked_ms) or all(f.done() for f in p.futures)
-                or _news(reply, p.latest)):
+        if not hold_open(hold_ms=self.hold_blocked_ms, is_try=_is_try(p), served=p.client_id in served,
+                         blocked=bool(reply.get("blocked")), now=now, hold_until=p.hold_until(self.hold_blocked_ms),
+                         answered=all(f.done() for f in p.futures), news=reply_has_news(reply, p.latest)):
             return False
         del p.messages[:-1]
         newer = self._pending.get(p.client_id)
@@ -774,6 +770,49 @@ class DurabilitySemaphore:
         at = min(p.hold_until(self.hold_blocked_ms) for p in self._held.values())
         self._hold_task = asyncio.get_running_loop().create_task(self._hold_until(at))
         self._hold_task.add_done_callback(self._hold_ended)
+        self._watch_limits()
+
+    @property
+    def limit_check_ms(self) -> int:
+        """How often the holder resolves its limits again while requests are held and a limit
+        option can change (SPEC R9 decision "limits that rise"): ``round_period_ms``, at least
+        100 ms (a round cannot start sooner after the previous one anyway)."""
+        return max(self.round_period_ms, 100)
+
+    def _watch_limits(self) -> None:
+        """SPEC R9 decision (limits that rise): while requests are held and ``limit``,
+        ``group_limit`` or ``can_grant`` can change (:func:`~semaphore.core.batching.limits_can_change`),
+        one task resolves them again every :attr:`limit_check_ms` and starts the round when they
+        rose (:func:`~semaphore.core.batching.limits_rose`), so the application need not call
+        :meth:`start_round`. It stops once nothing is held."""
+        task = self._watch_task
+        if (not self._held or self._round_limits is None or (task is not None and not task.done())
+                or not limits_can_change(self.limit, self.group_limit, self.can_grant)):
+            return
+        self._watch_task = asyncio.get_running_loop().create_task(self._limits_watch())
+
+    async def _limits_watch(self) -> None:
+        while self._held:
+            await sleep_until(self.clock, int(self.clock()) + self.limit_check_ms)
+            before = self._round_limits
+            if not self._held or before is None or self._round_task is not None or self._running:
+                continue  # a round is on its way: it resolves the limits itself
+            try:
+                after = await self._resolve_again(before)
+            except Exception:  # the resolvers log and fail closed; never let the watch die
+                log.exception("resolving the limits again while requests are held failed")
+                continue
+            if self._held and limits_rose(before, after):
+                self.start_round()
+
+    async def _resolve_again(self, before: Limits) -> Limits:
+        """The limits of ``before`` resolved now (R12's resolvers): the limit, the group limits
+        it resolved, ``can_grant`` of the pairs it refused (only a refused pair can turn allowing)."""
+        limit = await self._resolve_limit(misconfigured=False)
+        group_limits = {g: await self._resolve_group_limit(g) for g in sorted(before.group_limits)}
+        permitted = {pair: await self._resolve_can_grant(*pair)
+                     for pair in sorted(pair for pair, ok in before.permitted.items() if not ok)}
+        return Limits(limit, group_limits, permitted)
 
     async def _hold_until(self, at: int) -> None:
         await sleep_until(self.clock, at)
@@ -790,11 +829,11 @@ class DurabilitySemaphore:
     def start_round(self) -> None:
         """Start the round timer for the held requests, if none is waiting: at once, but no
         sooner than ``round_period_ms`` after the previous round (R9). Called when capacity
-        frees (a releasing sync, a reclaim, a force-settle) and at a held request's deadline; does nothing
-        while nothing is held. The holder sees the application's limits only when it resolves
-        them (a round; a sync reporting leases, which calls it when ``limit`` rose, R33a): call
-        it after raising ``limit`` or a group limit, or after ``can_grant`` starts allowing, so
-        held requests are served at once rather than at their deadline."""
+        frees (a releasing sync, a reclaim, a force-settle), at a held request's deadline, and
+        when limits resolved again while requests are held rose (R9 decision "limits that rise",
+        every :attr:`limit_check_ms`); does nothing while nothing is held. Call it after raising
+        ``limit`` or a group limit, or after ``can_grant`` starts allowing, to serve held
+        requests at once rather than at the next check."""
         if not self._held or self._round_task is not None:
             return
         self._start_timer(next_request_at(self.timing, int(self.clock()), last_round_at=self._last_batched_at,

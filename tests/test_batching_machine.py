@@ -1,0 +1,220 @@
+"""Tier 1: a Hypothesis state machine over the holder's batching shell (SPEC R4, R9, R9a, R9b,
+R10, I1; the R9 decisions "waiting requests" and "limits that rise").
+
+``test_core_machine.py`` drives the pure decisions; ``test_lease_properties.py`` the holder on
+SQLite through whole rounds, one call at a time. This one drives what lies between: calls that
+wait for rounds and are held open, on the real holder (:class:`~semaphore.testing.Bed`, SQLite,
+a virtual clock), with requests sent without waiting for their answer, so several of one client
+wait together (R10), tries among them (R9b), rounds run at once and declined (R9a), batched
+rounds (R9), held requests (``hold_blocked_ms``, ``waitMs``) freed by releases, deadlines and a
+callable limit that moves (up: the held requests' round starts by itself; down), and evictions
+while calls wait (R4).
+
+Checked after every step:
+
+* R4 and the R9 bound: no call waits for ever. An eviction answers every waiting call at once
+  (``round_failed``); otherwise a call is answered within its hold (``waitMs`` capped by
+  ``hold_blocked_ms``) plus a round's wait and two round periods (the round its deadline allows,
+  and one it may have just missed).
+* R10: calls of one client answered at the same instant by one round carry the same answer.
+* I1: a committed round that admitted anything leaves charged capacity within its limit.
+* The aggregates equal a recount of the rows (:meth:`~semaphore.testing.Bed.check`).
+
+At teardown every client releases what it holds and charged capacity returns to zero (I3).
+
+Examples: ``BATCHING_MACHINE_EXAMPLES`` (default 40), 30 steps each; derandomized.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from semaphore.testing import Bed, request, sync
+
+CLIENTS = ("a", "b", "c")
+HOLD = 5_000
+WAIT = 1_000
+PERIOD = 2_000
+
+SETTINGS = settings(
+    max_examples=int(os.environ.get("BATCHING_MACHINE_EXAMPLES", "40")),
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    derandomize=True,
+)
+
+
+@dataclass
+class Call:
+    client: str
+    task: asyncio.Task[dict[str, Any]]
+    sent_at: int
+    hold_ms: int
+    #: Evictions before it was sent.
+    epoch: int
+    answered_at: int | None = None
+
+
+@dataclass
+class Holdings:
+    """One client's grants (grant id -> permits): each is claimed and released in one report."""
+
+    grants: dict[str, int] = field(default_factory=dict)
+    released: set[str] = field(default_factory=set)
+
+    def reports(self) -> list[tuple[str, int, int]]:
+        return [(gid, n, n if gid in self.released else 0) for gid, n in sorted(self.grants.items())]
+
+
+class BatchingMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.box = {"limit": 2}
+        self.records: list[Any] = []
+
+        async def make() -> Bed:
+            return Bed(limit=lambda: self.box["limit"], leases=None, hold_blocked_ms=HOLD, round_wait_ms=WAIT,
+                       round_period_ms=PERIOD, on_round=self.records.append)
+
+        self.bed = self.loop.run_until_complete(make())
+        self.clients = {c: Holdings() for c in CLIENTS}
+        self.calls: list[Call] = []
+
+    def teardown(self) -> None:
+        try:
+            self._run(self._drain())
+        finally:
+            self.bed.driver.close()
+            self.bed.tasks.cancel()
+
+            async def cancel_the_rest() -> None:
+                rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                for task in rest:
+                    task.cancel()
+                await asyncio.gather(*rest, return_exceptions=True)
+
+            self.loop.run_until_complete(cancel_the_rest())
+            self.loop.close()
+
+    def _run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(coro)
+
+    async def _advance(self, ms: int) -> None:
+        await self.bed.clock.advance(ms)
+        self._collect()
+
+    def _collect(self) -> None:
+        """Note the answers that came: the grants each reply tells its client of."""
+        for call in self.calls:
+            if call.answered_at is None and call.task.done():
+                call.answered_at = self.bed.now
+                reply = call.task.result()
+                for g in reply.get("grants") or ():
+                    if g.get("status") == "active":
+                        self.clients[call.client].grants.setdefault(g["grantId"], int(g["permits"]))
+
+    # ------------------------------------------------------------------ steps
+    @rule(client=st.sampled_from(CLIENTS), n=st.integers(1, 3), kind=st.sampled_from(["plain", "wait", "try"]))
+    def ask(self, client: str, n: int, kind: str) -> None:
+        """R9/R9a/R9b/R10: a request sent without waiting for its answer."""
+        message = request(client, {"g": n}, grants=self.clients[client].reports())
+        hold_ms = 0
+        if kind == "wait":
+            message["waitMs"] = hold_ms = HOLD
+        elif kind == "try":
+            message["noWait"] = True
+        async def send() -> asyncio.Task[dict[str, Any]]:
+            task = self.bed.send(message)
+            await self._advance(0)
+            return task
+
+        epoch = self.bed.evictions
+        self.calls.append(Call(client, self._run(send()), self.bed.now, hold_ms, epoch))
+        self._collect()
+
+    @rule(client=st.sampled_from(CLIENTS))
+    def release(self, client: str) -> None:
+        """A sync that claims and releases everything the client holds (it frees capacity: a
+        held request's round starts, R9 decision)."""
+        holdings = self.clients[client]
+        holdings.released |= set(holdings.grants)
+        self._run(self.bed.one(sync(client, grants=holdings.reports())))
+        self._collect()
+
+    @rule(ms=st.sampled_from([1, 100, 999, 1_000, 2_000, 5_000]))
+    def advance(self, ms: int) -> None:
+        self._run(self._advance(ms))
+
+    @rule(limit=st.integers(0, 4))
+    def set_limit(self, limit: int) -> None:
+        """The application's limit moves; nobody is told (R9 decision "limits that rise")."""
+        self.box["limit"] = limit
+
+    @rule()
+    def evict(self) -> None:
+        """R4: the instance is lost while calls wait."""
+        self.bed.evict()
+        self._run(self._advance(0))
+
+    # ------------------------------------------------------------------ checks
+    @invariant()
+    def no_call_waits_for_ever(self) -> None:
+        now = self.bed.now
+        for call in self.calls:
+            if call.answered_at is not None:
+                continue
+            assert call.epoch == self.bed.evictions, "an eviction left a call waiting (R4)"
+            bound = call.sent_at + call.hold_ms + WAIT + 2 * PERIOD
+            assert now <= bound, f"a call of {call.client} sent at {call.sent_at} still waits at {now} (R9)"
+
+    @invariant()
+    def calls_answered_together_agree(self) -> None:
+        answered: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        for call in self.calls:
+            if call.answered_at is not None and call.sent_at < call.answered_at:
+                answered.setdefault((call.client, call.answered_at), []).append(call.task.result())
+        for (client, at), replies in answered.items():
+            plain = [r for r in replies if "error" not in r]
+            rounds = {id(r) for r in plain}
+            # one round's answer is one dict shared by the client's calls (R10); two rounds at one
+            # instant (one run at once, then the next) may answer two calls apart
+            assert len(rounds) <= 2, f"{client} got {len(rounds)} different answers at {at}"
+
+    @invariant()
+    def rounds_admit_within_their_limit(self) -> None:
+        for r in self.records:
+            if not r.failed and r.admitted and isinstance(r.limit, int):
+                assert r.charged is not None and r.charged <= r.limit, f"I1: a round admitted past its limit: {r}"
+
+    @invariant()
+    def aggregates_match(self) -> None:
+        self.bed.check()
+
+    async def _drain(self) -> None:
+        for _ in range(4):
+            await self._advance(HOLD + WAIT + 2 * PERIOD)
+            for client, holdings in self.clients.items():
+                holdings.released |= set(holdings.grants)
+                await self.bed.one(sync(client, grants=holdings.reports()))
+            self._collect()
+        await self._advance(HOLD + WAIT + 2 * PERIOD)
+        assert all(call.answered_at is not None for call in self.calls)
+        for client, holdings in self.clients.items():  # grants the last answers told of
+            holdings.released |= set(holdings.grants)
+            await self.bed.one(sync(client, grants=holdings.reports()))
+        await self._advance(20_000)  # grants never told of (lost to an eviction) are reclaimed (R15)
+        assert self.bed.charged()[0] == 0, "charged capacity did not return to zero (I3)"
+        self.bed.check()
+
+
+BatchingMachine.TestCase.settings = SETTINGS
+test_batching_machine = BatchingMachine.TestCase
