@@ -120,3 +120,30 @@ async def test_r37_work_whose_cleanup_fails_on_eviction_does_not_count_as_a_call
     item = side.queue.item("a")
     assert item is not None and item.state.value == "running" and not item.error
     stop(side, holder)
+
+
+@async_test
+async def test_r37_a_permit_asked_of_an_abandoned_instance_is_refused_at_once():
+    # An abandoned instance pumps nothing: before, permit() on it wrote an item and waited for
+    # an admission that could never come (for ever without a timeout). It is refused instead,
+    # naming the misuse, and writes nothing.
+    from semaphore.errors import ConfigurationError
+
+    clock = SimClock(T0)
+    holder = holder_at(clock)
+    side = ClientSide("c1", clock, Net(holder, clock))
+    old = side.queue
+    side.evict()
+    before = old.storage.statements
+
+    async def use() -> None:
+        async with old.permit(KEY, "g"):
+            pass
+
+    task = asyncio.ensure_future(use())
+    await clock.advance(60_000)
+    assert task.done(), "permit() on an abandoned instance still waits"
+    assert isinstance(task.exception(), ConfigurationError) and "abandoned" in str(task.exception())
+    assert old.storage.statements == before
+    assert side.queue.items(KEY) == []
+    stop(side, holder)

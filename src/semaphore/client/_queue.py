@@ -308,11 +308,7 @@ class SemaphoreQueue(_QueuePump):
         the item at its first pump of the key (at the latest ``orphan_check_ms`` later, by the
         alarm), so the permit is released and nothing is charged for a caller that is gone. A
         cancelled caller withdraws like a timeout. Needs no ``on_admit``."""
-        _check_id(key, "key")
-        _check_id(group, "group")
-        if timeout_ms is not None:
-            option_int(timeout_ms, "timeout_ms", 0)
-        text = _payload_text(payload)
+        text = self._permit_arguments(key, group, timeout_ms, payload)
         self.ensure_schema()
         now = self._now()
         item_id = f"permit:{self._token}:{secrets.token_hex(8)}"
@@ -332,6 +328,19 @@ class SemaphoreQueue(_QueuePump):
             yield item
         finally:
             await self._withdraw(item_id)
+
+    def _permit_arguments(self, key: str, group: str, timeout_ms: int | None, payload: Any) -> str:
+        """:meth:`permit`'s arguments checked (:class:`ConfigurationError` names the field; an
+        abandoned instance, which admits nothing, R37, refuses at once rather than wait for
+        ever); the payload's JSON text."""
+        _check_id(key, "key")
+        _check_id(group, "group")
+        if timeout_ms is not None:
+            option_int(timeout_ms, "timeout_ms", 0)
+        if self._dead:
+            raise ConfigurationError("permit: this queue instance was abandoned (abandon(), the object's "
+                                     "eviction); ask the object's new instance")
+        return _payload_text(payload)
 
     async def _acquire(self, fut: asyncio.Future[QueueItem], key: str, group: str, item_id: str, text: str,
                        now: int, timeout_ms: int | None) -> QueueItem:
@@ -425,7 +434,8 @@ class SemaphoreQueue(_QueuePump):
         """Cancel this instance's callback tasks, background pumps and waiting :meth:`permit`
         callers without writing anything, as the death of the object would (the test kit's
         eviction uses it). The durable state is left for the next instance; whatever of this one
-        still runs (a cancellation a failed cleanup write swallowed) pumps nothing."""
+        still runs (a cancellation a failed cleanup write swallowed) pumps nothing, and a later
+        :meth:`permit` on it raises :class:`ConfigurationError` at once."""
         self._dead = True
         for task in (*self._inflight.values(), *self._pumps()):
             task.cancel()

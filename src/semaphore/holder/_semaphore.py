@@ -331,7 +331,7 @@ class DurabilitySemaphore:
         #: (R34a room). In memory only, so an instance that has committed no round yet (a new
         #: one, after an eviction) assumes there is some: a covered client that hears it asks
         #: once, and the first committed round sets it from what it leaves free.
-        self._room = self.leases is not None and self.leases.reusable
+        self._room = self._reusable_leases
         #: An arm() of the alarm failed (or is under way): the next sync arms even if it writes
         #: nothing (R16: an alarm lost between a commit and its setAlarm is repaired by the
         #: next call, as before a sync skipped arming, R38 decision "last seen").
@@ -508,6 +508,11 @@ class DurabilitySemaphore:
         """Earliest time the next round can run (SPEC R11, R9a)."""
         return next_request_at(self.timing, int(self.clock()), last_round_at=self._last_batched_at,
                                contended=self._contention, round_at=self._round_at)
+
+    @property
+    def _reusable_leases(self) -> bool:
+        """The holder issues reusable leases (R34a)."""
+        return self.leases is not None and self.leases.reusable
 
     @property
     def _contention(self) -> bool:
@@ -690,7 +695,7 @@ class DurabilitySemaphore:
             replies, served = outcome.replies, outcome.served
             self._last_contended = outcome.contended  # R29: only a committed round changes the flag
             self._room = room_after_round(
-                reusable=self.leases is not None and self.leases.reusable, charged=outcome.charged,
+                reusable=self._reusable_leases, charged=outcome.charged,
                 ceiling=None if outcome.limit is None else ceiling(outcome.limit, self.leases),
                 unserved=outcome.unserved)
             self._last_unserved = outcome.unserved
@@ -894,7 +899,7 @@ class DurabilitySemaphore:
     def _freed(self, room: bool = True) -> None:
         """Capacity freed (or the limit rose): a held request may wait for it (R9, R18), and
         with reusable leases the syncs that follow say there is room (R34a)."""
-        if room and self.leases is not None and self.leases.reusable:
+        if room and self._reusable_leases:
             self._room = True
         self.start_round()
 
