@@ -16,13 +16,20 @@ Checked after every step:
   (``round_failed``); otherwise a call is answered within its hold (``waitMs`` capped by
   ``hold_blocked_ms``) plus a round's wait and two round periods (the round its deadline allows,
   and one it may have just missed).
+* The R9 decision "limits that rise": while requests are held and the limit is above the one
+  the last committed round resolved, a round comes within ``limit_check_ms`` plus a round
+  period and a round's wait. The generated programs seldom reach that state (a held request
+  and a rise above the last round's limit before its round comes): with the watch switched off
+  this machine still passes, so the rise itself is checked by the deterministic tests of
+  ``test_held_requests.py``. A hold that ignored its deadline is caught here (the claim step
+  keeps capacity charged).
 * R10: calls of one client answered at the same instant by one round carry the same answer.
 * I1: a committed round that admitted anything leaves charged capacity within its limit.
 * The aggregates equal a recount of the rows (:meth:`~semaphore.testing.Bed.check`).
 
 At teardown every client releases what it holds and charged capacity returns to zero (I3).
 
-Examples: ``BATCHING_MACHINE_EXAMPLES`` (default 40), 30 steps each; derandomized.
+Examples: ``BATCHING_MACHINE_EXAMPLES`` (default 100), 40 steps each; derandomized.
 """
 
 from __future__ import annotations
@@ -39,13 +46,13 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from semaphore.testing import Bed, request, sync
 
 CLIENTS = ("a", "b", "c")
-HOLD = 5_000
+HOLD = 20_000  # longer than a risen limit may take to reach a held request
 WAIT = 1_000
 PERIOD = 2_000
 
 SETTINGS = settings(
-    max_examples=int(os.environ.get("BATCHING_MACHINE_EXAMPLES", "40")),
-    stateful_step_count=30,
+    max_examples=int(os.environ.get("BATCHING_MACHINE_EXAMPLES", "100")),
+    stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     derandomize=True,
@@ -88,6 +95,8 @@ class BatchingMachine(RuleBasedStateMachine):
         self.bed = self.loop.run_until_complete(make())
         self.clients = {c: Holdings() for c in CLIENTS}
         self.calls: list[Call] = []
+        #: Since when requests are held while the limit is above the last committed round's.
+        self.rose_since: int | None = None
 
     def teardown(self) -> None:
         try:
@@ -123,7 +132,7 @@ class BatchingMachine(RuleBasedStateMachine):
                         self.clients[call.client].grants.setdefault(g["grantId"], int(g["permits"]))
 
     # ------------------------------------------------------------------ steps
-    @rule(client=st.sampled_from(CLIENTS), n=st.integers(1, 3), kind=st.sampled_from(["plain", "wait", "try"]))
+    @rule(client=st.sampled_from(CLIENTS), n=st.integers(1, 3), kind=st.sampled_from(["wait", "wait", "plain", "try"]))
     def ask(self, client: str, n: int, kind: str) -> None:
         """R9/R9a/R9b/R10: a request sent without waiting for its answer."""
         message = request(client, {"g": n}, grants=self.clients[client].reports())
@@ -142,6 +151,13 @@ class BatchingMachine(RuleBasedStateMachine):
         self._collect()
 
     @rule(client=st.sampled_from(CLIENTS))
+    def claim(self, client: str) -> None:
+        """A sync that claims every grant the client knows (R15a) and releases none: the
+        capacity stays charged, so held requests wait for their deadline or a rise."""
+        self._run(self.bed.one(sync(client, grants=self.clients[client].reports())))
+        self._collect()
+
+    @rule(client=st.sampled_from(CLIENTS))
     def release(self, client: str) -> None:
         """A sync that claims and releases everything the client holds (it frees capacity: a
         held request's round starts, R9 decision)."""
@@ -154,10 +170,10 @@ class BatchingMachine(RuleBasedStateMachine):
     def advance(self, ms: int) -> None:
         self._run(self._advance(ms))
 
-    @rule(limit=st.integers(0, 4))
-    def set_limit(self, limit: int) -> None:
-        """The application's limit moves; nobody is told (R9 decision "limits that rise")."""
-        self.box["limit"] = limit
+    @rule(step=st.sampled_from([-2, -1, 1, 1, 2]))
+    def set_limit(self, step: int) -> None:
+        """The application's limit moves (0 to 5); nobody is told (R9 decision "limits that rise")."""
+        self.box["limit"] = min(5, max(0, self.box["limit"] + step))
 
     @rule()
     def evict(self) -> None:
@@ -175,6 +191,22 @@ class BatchingMachine(RuleBasedStateMachine):
             assert call.epoch == self.bed.evictions, "an eviction left a call waiting (R4)"
             bound = call.sent_at + call.hold_ms + WAIT + 2 * PERIOD
             assert now <= bound, f"a call of {call.client} sent at {call.sent_at} still waits at {now} (R9)"
+
+    @invariant()
+    def a_limit_that_rose_reaches_the_held_requests(self) -> None:
+        """R9 decision (limits that rise): while requests are held and the limit is above the
+        one the last committed round resolved, a round comes within a check period, a round
+        period, and a round's wait (a batched round timer already waiting)."""
+        sem = self.bed.sem
+        committed = [r for r in self.records if not r.failed]
+        last = committed[-1].limit if committed else None
+        if not (sem._held and isinstance(last, int) and self.box["limit"] > last):
+            self.rose_since = None
+            return
+        if self.rose_since is None:
+            self.rose_since = self.bed.now
+        waited = self.bed.now - self.rose_since
+        assert waited <= sem.limit_check_ms + PERIOD + WAIT, f"held requests missed a risen limit for {waited} ms"
 
     @invariant()
     def calls_answered_together_agree(self) -> None:

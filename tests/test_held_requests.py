@@ -468,6 +468,7 @@ async def test_r9_a_limit_that_rises_serves_a_held_request_by_itself_within_the_
         await bed.clock.advance(100)
     assert b.done() and bed.now - raised <= check + bed.sem.round_period_ms
     assert [g["permits"] for g in b.result()["grants"]] == [1] and not b.result()["blocked"]
+    assert bed.sem._watch_task is None  # nothing held: no check is left pending
     bed.check()
 
 
@@ -496,9 +497,9 @@ async def test_r9_a_group_limit_raised_in_its_mapping_or_a_can_grant_that_turns_
 
 @async_test
 async def test_r9_limits_that_stay_or_fall_start_no_round_and_are_not_resolved_once_nothing_is_held():
-    # R9 decision (limits that rise): the checks start no round of their own while the limit
-    # stays or falls (the held request is answered at its deadline, by the rounds it would
-    # have had anyway), and stop once nothing is held.
+    # R9 decision (limits that rise): the checks resolve the limit between rounds but start no
+    # round of their own while it stays or falls (the held request is answered at its deadline,
+    # by the round it would have had anyway); once nothing is held no check is left pending.
     box = {"limit": 1, "calls": 0}
 
     def limit() -> int:
@@ -511,16 +512,71 @@ async def test_r9_limits_that_stay_or_fall_start_no_round_and_are_not_resolved_o
     await bed.one(sync("a", grants=[(ra["grants"][0]["grantId"], 1, 0)]))
     b = bed.send(held_request("b", {"g": 1}))
     await bed.clock.advance(2000)
-    rounds = _rounds_of(records)
+    assert not b.done()
+    rounds, calls = _rounds_of(records), box["calls"]
     box["limit"] = 0  # lowered: serves nobody more
-    await bed.clock.advance(HOLD - 2000 - 1)
+    check = bed.sem.limit_check_ms
+    await bed.clock.advance(3 * check)
+    assert _rounds_of(records) == rounds  # no round in this window ...
+    assert box["calls"] - calls >= 2  # ... but the checks resolved the limit
+    await bed.clock.advance(HOLD - 2000 - 3 * check - 1)
     assert not b.done() and _rounds_of(records) == rounds
     await bed.clock.advance(bed.sem.round_period_ms + 1)
     assert b.done() and b.result()["blocked"]
+    assert bed.sem._watch_task is None  # nothing held: the check is not left pending
     calls = box["calls"]
-    assert calls > rounds  # the checks resolved it in between
-    await bed.clock.advance(10 * bed.sem.limit_check_ms)
-    assert box["calls"] == calls  # nothing held: no more checks
+    await bed.clock.advance(10 * check)
+    assert box["calls"] == calls
+
+
+@async_test
+async def test_r9_the_checks_resolve_only_what_the_held_requests_wait_on():
+    # R9 decision (limits that rise): a group or pair of a client that is not held is not
+    # resolved by the checks (a callable group_limit per lease group, every period, before).
+    seen: list[str] = []
+    gl = {"g": 1, "h": 0}
+
+    def group_limit(group: str) -> int:
+        seen.append(group)
+        return gl[group]
+
+    bed = Bed(limit=5, group_limit=group_limit, hold_blocked_ms=HOLD, leases=None)
+    [ra] = await bed.round(request("a", {"g": 1}))
+    await bed.one(sync("a", grants=[(ra["grants"][0]["grantId"], 1, 0)]))
+    b = bed.send(held_request("b", {"g": 1}))
+    c = bed.send(request("c", {"h": 1}))  # answered blocked by b's round: not held
+    await bed.clock.advance(3000)
+    assert not b.done() and c.done()
+    seen.clear()
+    await bed.clock.advance(3 * bed.sem.limit_check_ms)
+    assert "g" in seen and "h" not in seen
+
+
+@async_test
+async def test_r9_a_limit_that_keeps_failing_is_not_logged_at_every_check(caplog: Any):
+    # R9 decision (limits that rise): the checks repeat every period; a failing limit is
+    # logged by the rounds (ERROR), the checks log it at DEBUG only.
+    import logging
+
+    box = {"limit": 1, "fail": False}
+
+    def limit() -> int:
+        if box["fail"]:
+            raise RuntimeError("the limit's store is down")
+        return box["limit"]
+
+    bed = Bed(limit=limit, hold_blocked_ms=HOLD, leases=None)
+    [ra] = await bed.round(request("a", {"g": 1}))
+    await bed.one(sync("a", grants=[(ra["grants"][0]["grantId"], 1, 0)]))
+    b = bed.send(held_request("b", {"g": 1}))
+    await bed.clock.advance(3000)
+    assert not b.done()
+    logging.disable(logging.NOTSET)
+    box["fail"] = True
+    with caplog.at_level(logging.DEBUG, logger="semaphore"):
+        await bed.clock.advance(3 * bed.sem.limit_check_ms)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors and any("limit callback raised" in r.getMessage() for r in caplog.records)
 
 
 def test_r9_limits_rose_compares_what_both_resolutions_have():

@@ -13,7 +13,7 @@ import itertools
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,11 +132,13 @@ class DurabilitySemaphore:
         timer row is kept in step with it; the scheduler has a row of that name only while the
         reclaim is failing (its backoff).
     :param limit: the shared limit: an ``int`` >= 0, or a callable (sync or async) returning one,
-        resolved once per round (SPEC R12). If it raises or returns something else, the round
+        resolved once per round (SPEC R12), and every :attr:`limit_check_ms` while requests are
+        held (R9 decision "limits that rise"). If it raises or returns something else, the round
         admits nothing (``limit_resolution_error``) but still applies reports.
     :param group_limit: per-group ceilings under the limit: ``None`` (no group limits), an ``int``
         for every group, a mapping ``{group: limit}`` (groups absent have none), or a callable
-        ``group -> int | None`` (sync or async), resolved once per group per round. A group whose
+        ``group -> int | None`` (sync or async), resolved once per group per round (and for
+        held requests' groups every :attr:`limit_check_ms`). A group whose
         limit raises fails closed for that round (``limit_resolution_error``).
     :param can_grant: ``None`` (everything permitted), a ``bool``, or a callable
         ``(client_id, group) -> bool`` (sync or async) resolved once per ``(client, group)`` per
@@ -751,6 +753,8 @@ class DurabilitySemaphore:
         """Hold ``p`` open instead of answering it (``hold_blocked_ms``): the round served it
         nothing, it is blocked, and its deadline has not come. Its reports are applied: the next
         round re-reads only its latest request."""
+        if self.hold_blocked_ms <= 0:  # holding off (the default): no news to look for
+            return False
         if not hold_open(hold_ms=self.hold_blocked_ms, is_try=_is_try(p), served=p.client_id in served,
                          blocked=bool(reply.get("blocked")), now=now, hold_until=p.hold_until(self.hold_blocked_ms),
                          answered=all(f.done() for f in p.futures), news=reply_has_news(reply, p.latest)):
@@ -771,6 +775,9 @@ class DurabilitySemaphore:
             task.cancel()
         self._hold_task = None
         if not self._held:
+            watch, self._watch_task = self._watch_task, None
+            if watch is not None:
+                watch.cancel()  # nothing held: no check is left pending
             return
         at = min(p.hold_until(self.hold_blocked_ms) for p in self._held.values())
         self._hold_task = asyncio.get_running_loop().create_task(self._hold_until(at))
@@ -780,8 +787,9 @@ class DurabilitySemaphore:
     @property
     def limit_check_ms(self) -> int:
         """How often the holder resolves its limits again while requests are held and a limit
-        option can change (SPEC R9 decision "limits that rise"): ``round_period_ms``, at least
-        100 ms (a round cannot start sooner after the previous one anyway)."""
+        option can change (SPEC R9 decision "limits that rise"): ``round_period_ms`` (a round
+        started by a check cannot run sooner after the previous round anyway), but at least
+        100 ms, so a period of 0 does not call a callable limit at every turn of the loop."""
         return max(self.round_period_ms, 100)
 
     def _watch_limits(self) -> None:
@@ -803,20 +811,26 @@ class DurabilitySemaphore:
             if not self._held or before is None or self._round_task is not None or self._running:
                 continue  # a round is on its way: it resolves the limits itself
             try:
-                after = await self._resolve_again(before)
+                after = await self._resolve_again(before, self._held.values())
             except Exception:  # the resolvers log and fail closed; never let the watch die
                 log.exception("resolving the limits again while requests are held failed")
                 continue
-            if self._held and limits_rose(before, after):
+            # a round that committed meanwhile resolved them itself: compare with nothing stale
+            if self._held and self._round_limits is before and limits_rose(before, after):
                 self.start_round()
 
-    async def _resolve_again(self, before: Limits) -> Limits:
-        """The limits of ``before`` resolved now (R12's resolvers): the limit, the group limits
-        it resolved, ``can_grant`` of the pairs it refused (only a refused pair can turn allowing)."""
-        limit = await self._resolve_limit(misconfigured=False)
-        group_limits = {g: await self._resolve_group_limit(g) for g in sorted(before.group_limits)}
-        permitted = {pair: await self._resolve_can_grant(*pair)
-                     for pair in sorted(pair for pair, ok in before.permitted.items() if not ok)}
+    async def _resolve_again(self, before: Limits, held: Iterable[_Waiting]) -> Limits:
+        """What of ``before`` the ``held`` requests wait on, resolved now (R12's resolvers,
+        failures logged at DEBUG: a check repeats every period): the limit, the group limits of
+        the groups they demand, ``can_grant`` of their pairs it refused (only a refused pair can
+        turn allowing). Groups and pairs of clients not held are left out: a rise there serves
+        no held request."""
+        pairs = {(p.client_id, d.group) for p in held for d in p.latest.demand}
+        limit = await self._resolve_limit(misconfigured=False, quiet=True)
+        groups = sorted({g for _, g in pairs} & set(before.group_limits))
+        group_limits = {g: await self._resolve_group_limit(g, quiet=True) for g in groups}
+        refused = sorted(pair for pair in pairs if before.permitted.get(pair) is False)
+        permitted = {pair: await self._resolve_can_grant(*pair, quiet=True) for pair in refused}
         return Limits(limit, group_limits, permitted)
 
     async def _hold_until(self, at: int) -> None:
@@ -959,29 +973,32 @@ class DurabilitySemaphore:
                             sum(n for _, _, n in freed), len(freed), freed[0][0], self.claim_ttl_ms)
 
     # ================================================================== limits (SPEC R12)
-    async def _resolve_limit(self, *, misconfigured: bool = True) -> Any:
+    async def _resolve_limit(self, *, misconfigured: bool = True, quiet: bool = False) -> Any:
         """The limit (R12), or LIMIT_ERROR when it cannot be resolved. A ConfigurationError the
         callable raises (the application says it is misconfigured: a var the Worker does not
         set, see :func:`semaphore.runtime.env_int`) is raised on (R12 decision) unless
-        ``misconfigured`` is false (a read: it shows the limit as unresolved)."""
+        ``misconfigured`` is false (a read: it shows the limit as unresolved). ``quiet``: failures
+        are logged at DEBUG (the checks of held requests' limits repeat them every period)."""
+        report = log.debug if quiet else log.error
         try:
             value = await _call(self.limit) if callable(self.limit) else self.limit
         except ConfigurationError as exc:
-            log.error("limit: %s", exc.message)
+            report("limit: %s", exc.message)
             if misconfigured:
                 raise
             return LIMIT_ERROR
         except Exception:
-            log.exception("limit callback raised")
+            report("limit callback raised", exc_info=True)
             return LIMIT_ERROR
         count = valid_count(value)
         if count is None:
-            log.error("limit resolved to an invalid value %r", value)
+            report("limit resolved to an invalid value %r", value)
             return LIMIT_ERROR
         return count
 
-    async def _resolve_group_limit(self, group: str) -> Any:
+    async def _resolve_group_limit(self, group: str, *, quiet: bool = False) -> Any:
         source = self.group_limit
+        report = log.debug if quiet else log.error
         try:
             if source is None:
                 return None
@@ -992,17 +1009,17 @@ class DurabilitySemaphore:
             else:
                 value = source
         except Exception:
-            log.exception("group_limit callback raised for group %r", group)
+            report("group_limit callback raised for group %r", group, exc_info=True)
             return LIMIT_ERROR
         if value is None:
             return None
         count = valid_count(value)
         if count is None:
-            log.error("group_limit(%r) resolved to an invalid value %r", group, value)
+            report("group_limit(%r) resolved to an invalid value %r", group, value)
             return LIMIT_ERROR
         return count
 
-    async def _resolve_can_grant(self, client_id: str, group: str) -> bool:
+    async def _resolve_can_grant(self, client_id: str, group: str, *, quiet: bool = False) -> bool:
         source = self.can_grant
         if source is None:
             return True
@@ -1011,5 +1028,6 @@ class DurabilitySemaphore:
         try:
             return bool(await _call(source, client_id, group))
         except Exception:
-            log.exception("can_grant callback raised for (%r, %r); not permitted", client_id, group)
+            (log.debug if quiet else log.error)("can_grant callback raised for (%r, %r); not permitted",
+                                                client_id, group, exc_info=True)
             return False
