@@ -14,15 +14,13 @@ Checked after every step:
 
 * R4 and the R9 bound: no call waits for ever. An eviction answers every waiting call at once
   (``round_failed``); otherwise a call is answered within its hold (``waitMs`` capped by
-  ``hold_blocked_ms``) plus a round's wait and two round periods (the round its deadline allows,
-  and one it may have just missed).
+  ``hold_blocked_ms``; a call of a client that asked with ``waitMs`` may join its held request,
+  R10, and wait with it) plus a round's wait and two round periods (the round its deadline
+  allows, and one it may have just missed).
 * The R9 decision "limits that rise": while requests are held and the limit is above the one
   the last committed round resolved, a round comes within ``limit_check_ms`` plus a round
-  period and a round's wait. The generated programs seldom reach that state (a held request
-  and a rise above the last round's limit before its round comes): with the watch switched off
-  this machine still passes, so the rise itself is checked by the deterministic tests of
-  ``test_held_requests.py``. A hold that ignored its deadline is caught here (the claim step
-  keeps capacity charged).
+  period and a round's wait (the ``wait_behind`` step builds held requests, which random steps
+  seldom do; the claim step keeps capacity charged, so a hold that ignored its deadline shows).
 * R10: calls of one client answered at the same instant by one round carry the same answer.
 * I1: a committed round that admitted anything leaves charged capacity within its limit.
 * The aggregates equal a recount of the rows (:meth:`~semaphore.testing.Bed.check`).
@@ -35,6 +33,7 @@ Examples: ``BATCHING_MACHINE_EXAMPLES`` (default 100), 40 steps each; derandomiz
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,6 +67,8 @@ class Call:
     #: Evictions before it was sent.
     epoch: int
     answered_at: int | None = None
+    #: Its answer's grants were noted.
+    seen: bool = False
 
 
 @dataclass
@@ -121,11 +122,17 @@ class BatchingMachine(RuleBasedStateMachine):
         await self.bed.clock.advance(ms)
         self._collect()
 
+    def _answered(self, call: Call) -> None:
+        """A call's answer came: when (the virtual instant, not the end of the step)."""
+        if call.answered_at is None:
+            call.answered_at = self.bed.now
+
     def _collect(self) -> None:
-        """Note the answers that came: the grants each reply tells its client of."""
+        """Note the grants each answer that came tells its client of."""
         for call in self.calls:
-            if call.answered_at is None and call.task.done():
-                call.answered_at = self.bed.now
+            if call.task.done() and not call.seen:
+                call.seen = True
+                self._answered(call)
                 reply = call.task.result()
                 for g in reply.get("grants") or ():
                     if g.get("status") == "active":
@@ -141,14 +148,32 @@ class BatchingMachine(RuleBasedStateMachine):
             message["waitMs"] = hold_ms = HOLD
         elif kind == "try":
             message["noWait"] = True
-        async def send() -> asyncio.Task[dict[str, Any]]:
-            task = self.bed.send(message)
-            await self._advance(0)
-            return task
+        call = Call(client, None, self.bed.now, hold_ms, self.bed.evictions)  # type: ignore[arg-type]
 
-        epoch = self.bed.evictions
-        self.calls.append(Call(client, self._run(send()), self.bed.now, hold_ms, epoch))
+        async def send() -> None:
+            call.task = self.bed.send(message)
+            call.task.add_done_callback(lambda _: self._answered(call))
+            await self._advance(0)
+
+        self.calls.append(call)
+        self._run(send())
         self._collect()
+
+    @rule(waiter=st.sampled_from(CLIENTS), n=st.integers(1, 5), rise=st.booleans())
+    def wait_behind(self, waiter: str, n: int, rise: bool) -> None:
+        """A held request, the state a rise needs (random steps seldom build it, and seldom
+        raise the limit then): another client takes ``n`` permits and claims them, ``waiter``
+        asks with ``waitMs``, and time runs to its batched round; with ``rise`` the limit then
+        rises by one and time runs past the bound of :meth:`a_limit_that_rose_reaches_the_held_requests`."""
+        other = next(c for c in CLIENTS if c != waiter)
+        self.ask(other, n, "plain")
+        self.claim(other)
+        self.ask(waiter, 1, "wait")
+        self._run(self._advance(WAIT + PERIOD))
+        if rise:
+            self.set_limit(1)
+            self.a_limit_that_rose_reaches_the_held_requests()
+            self._run(self._advance(self.bed.sem.limit_check_ms + PERIOD + WAIT + 1))
 
     @rule(client=st.sampled_from(CLIENTS))
     def claim(self, client: str) -> None:
@@ -166,7 +191,7 @@ class BatchingMachine(RuleBasedStateMachine):
         self._run(self.bed.one(sync(client, grants=holdings.reports())))
         self._collect()
 
-    @rule(ms=st.sampled_from([1, 100, 999, 1_000, 2_000, 5_000]))
+    @rule(ms=st.sampled_from([1, 100, 999, 1_000, 2_000, 5_000, 10_000]))
     def advance(self, ms: int) -> None:
         self._run(self._advance(ms))
 
@@ -189,7 +214,9 @@ class BatchingMachine(RuleBasedStateMachine):
             if call.answered_at is not None:
                 continue
             assert call.epoch == self.bed.evictions, "an eviction left a call waiting (R4)"
-            bound = call.sent_at + call.hold_ms + WAIT + 2 * PERIOD
+            # a call joins its client's held request (R10), whose latest waitMs holds it too
+            joined = any(c.client == call.client and c.hold_ms and c.epoch == call.epoch for c in self.calls)
+            bound = call.sent_at + (HOLD if joined else call.hold_ms) + WAIT + 2 * PERIOD
             assert now <= bound, f"a call of {call.client} sent at {call.sent_at} still waits at {now} (R9)"
 
     @invariant()
@@ -215,11 +242,11 @@ class BatchingMachine(RuleBasedStateMachine):
             if call.answered_at is not None and call.sent_at < call.answered_at:
                 answered.setdefault((call.client, call.answered_at), []).append(call.task.result())
         for (client, at), replies in answered.items():
-            plain = [r for r in replies if "error" not in r]
-            rounds = {id(r) for r in plain}
-            # one round's answer is one dict shared by the client's calls (R10); two rounds at one
-            # instant (one run at once, then the next) may answer two calls apart
-            assert len(rounds) <= 2, f"{client} got {len(rounds)} different answers at {at}"
+            # one round's answer for the client (R10), each call's copy with its own joinInMs;
+            # two rounds at one instant (one run at once, then the next) may answer two calls apart
+            answers = {json.dumps({k: r.get(k) for k in ("grants", "leases", "blocked")}, sort_keys=True)
+                       for r in replies if "error" not in r}
+            assert len(answers) <= 2, f"{client} got {len(answers)} different answers at {at}"
 
     @invariant()
     def rounds_admit_within_their_limit(self) -> None:
