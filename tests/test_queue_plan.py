@@ -476,3 +476,26 @@ def test_r13_a_stale_lease_reply_never_lowers_what_was_acknowledged():
     row = merge_lease(KEY, local, stale, NOW).row
     assert (row.drawn, row.released, row.sent_drawn, row.sent_released) == (3, 2, 3, 2)
     assert not row.dirty
+
+
+def test_r9b_a_tries_answer_admission_first_then_a_claim_being_confirmed_then_the_failure():
+    # R9b: what a try's caller gets once the holder answered. An admission wins over a failed
+    # request (the lease served it before the request went); a claim being confirmed was served;
+    # a failed request raises its error; anything else is refused. Only timeout 0 is a try.
+    answer = plan.try_answer
+    assert answer(admitted=True, state="running", failed=True) is plan.TryAnswer.ADMITTED
+    assert answer(admitted=False, state="claiming", failed=True) is plan.TryAnswer.CONFIRMING
+    assert answer(admitted=False, state="queued", failed=True) is plan.TryAnswer.FAILED
+    assert answer(admitted=False, state=None, failed=False) is plan.TryAnswer.REFUSED
+    assert answer(admitted=False, state="queued", failed=False) is plan.TryAnswer.REFUSED
+    assert plan.is_try(0) and not plan.is_try(None) and not plan.is_try(1)
+
+
+def test_r23_a_refused_permit_says_why_the_holder_left_its_group_waiting():
+    from semaphore.core.wire import Blocked, BlockedReason
+
+    blocked = Blocked("g", BlockedReason.LIMIT, 3)
+    assert plan.refusal("k", "g", blocked, 0) == "no permit free now for key 'k', group 'g' (holder: limit, 3 waiting)"
+    assert plan.refusal("k", "g", None, 0) == "no permit free now for key 'k', group 'g'"
+    assert plan.refusal("k", "g", blocked, 250) == \
+        "no permit for key 'k', group 'g' within 250 ms (holder: limit, 3 waiting)"

@@ -86,6 +86,7 @@ import secrets
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from ..core import queue_plan as plan
 from ..core.config import option_int
 from ..core.wire import Blocked, BlockedReason, Demand
 from ..errors import ConfigurationError, PermitTimeoutError
@@ -346,7 +347,7 @@ class SemaphoreQueue(_QueuePump):
                        now: int, timeout_ms: int | None) -> QueueItem:
         """:meth:`permit`'s item, queued and admitted: at once from a live lease, else when the
         holder's answer serves it (a try: its one answer, R9b)."""
-        answered = self._tries.add(key, item_id) if timeout_ms == 0 else None
+        answered = self._tries.add(key, item_id) if plan.is_try(timeout_ms) else None
         wake_at = self._kick_wake(now)
         self.storage.transaction(lambda: self._insert(key, group, item_id, text, now, owner=self._token,
                                                       wake_at=wake_at))
@@ -370,17 +371,19 @@ class SemaphoreQueue(_QueuePump):
             await asyncio.wait({fut, waiter}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             waiter.cancel()
-        if fut.done():
-            return fut.result()
         item = self.item(item_id)
-        if item is not None and item.state is ItemState.CLAIMING:
-            return await fut  # served: its claim is being confirmed (R15a)
         error = self._tries.error(item_id)
-        if error is not None:
+        answer = plan.try_answer(admitted=fut.done(), state=None if item is None else item.state.value,
+                                 failed=error is not None)
+        if answer is plan.TryAnswer.ADMITTED:
+            return fut.result()
+        if answer is plan.TryAnswer.CONFIRMING:
+            return await fut  # served: its claim is being confirmed (R15a)
+        if answer is plan.TryAnswer.FAILED:
+            assert error is not None
             raise error
         blocked = self.blocked(key).get(group)
-        why = "" if blocked is None else f" (holder: {blocked.reason.value}, {blocked.waiting} waiting)"
-        raise PermitTimeoutError(f"no permit free now for key {key!r}, group {group!r}{why}", blocked=blocked)
+        raise PermitTimeoutError(plan.refusal(key, group, blocked, 0), blocked=blocked)
 
     async def _await_permit(self, fut: asyncio.Future[QueueItem], key: str, group: str, now: int,
                             timeout_ms: int | None) -> QueueItem:
@@ -396,9 +399,7 @@ class SemaphoreQueue(_QueuePump):
         if fut.done():
             return fut.result()
         blocked = self.blocked(key).get(group)
-        why = "" if blocked is None else f" (holder: {blocked.reason.value}, {blocked.waiting} waiting)"
-        raise PermitTimeoutError(f"no permit for key {key!r}, group {group!r} within {timeout_ms} ms{why}",
-                                 blocked=blocked)
+        raise PermitTimeoutError(plan.refusal(key, group, blocked, timeout_ms), blocked=blocked)
 
     async def _withdraw(self, item_id: str) -> None:
         """Complete a permit item (cancel it, or release its permit); never raises over the

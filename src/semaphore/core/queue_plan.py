@@ -19,6 +19,9 @@ storage or awaits:
   permit gone at the holder (:func:`permit_gone`), ``work`` attempts used up
   (:func:`work_exhausted`), the pause after :data:`MAX_EXCHANGES` exchanges
   (:func:`pause_after_exchanges`).
+* A :meth:`~semaphore.client.SemaphoreQueue.permit` call: whether it is a try
+  (:func:`is_try`), what a try's caller gets once the holder answered (:func:`try_answer`), and
+  the words of a permit refused (:func:`refusal`).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .client_state import ClientGrant, ClientLease, KeyState
-from .wire import MAX_LIST_LENGTH
+from .wire import MAX_LIST_LENGTH, Blocked
 
 __all__ = [
     "QueueOptions", "QueuedItem", "ClaimingItem", "KeySnapshot",
@@ -40,6 +43,7 @@ __all__ = [
     "room_check_due", "room_check_pending",
     "MAX_EXCHANGES", "Pause", "pause_after_exchanges", "retry_waits_for_holder", "permit_gone", "work_exhausted",
     "item_times", "admit_room", "demand_grew", "reconcile_due",
+    "TryAnswer", "is_try", "try_answer", "refusal",
 ]
 
 
@@ -712,3 +716,46 @@ def reconcile_due(started_at: int, checked_at: int, *, now: int, reconcile_after
     """SPEC R37 decision (reconciliation): an admitted item running for ``reconcile_after_ms``
     and not checked for as long is checked with ``check_running``."""
     return started_at <= now - reconcile_after_ms and checked_at <= now - reconcile_after_ms
+
+
+# ---------------------------------------------------------------------- permit() calls (R9b, R37)
+def is_try(timeout_ms: int | None) -> bool:
+    """SPEC R9b: ``permit(timeout_ms=0)`` is a try (one ``noWait`` request, its one answer);
+    any other timeout (or none) waits for the rounds."""
+    return timeout_ms == 0
+
+
+class TryAnswer(str, enum.Enum):
+    """What a try's caller gets once the holder's answer to its request is known (R9b)."""
+
+    #: The item was admitted (from a lease, or a grant's confirmed claim): the block runs.
+    ADMITTED = "admitted"
+    #: The answer served it: its claim waits for the confirming sync (R15a), then the block runs.
+    CONFIRMING = "confirming"
+    #: The request that carried the try failed: its error is raised.
+    FAILED = "failed"
+    #: The answer did not serve it: :class:`~semaphore.errors.PermitTimeoutError`, with the
+    #: holder's ``blocked`` entry.
+    REFUSED = "refused"
+
+
+def try_answer(*, admitted: bool, state: str | None, failed: bool) -> TryAnswer:
+    """SPEC R9b decision: a try whose answer is known, its item ``admitted`` or in ``state``
+    (``None``: gone), its request ``failed`` or not. An admission wins over everything; a claim
+    being confirmed was served (a failed confirming sync is the claim's business, R15a)."""
+    if admitted:
+        return TryAnswer.ADMITTED
+    if state == "claiming":
+        return TryAnswer.CONFIRMING
+    if failed:
+        return TryAnswer.FAILED
+    return TryAnswer.REFUSED
+
+
+def refusal(key: str, group: str, blocked: Blocked | None, timeout_ms: int | None) -> str:
+    """The message of a permit refused (a try, ``timeout_ms`` 0, or a timeout), with why the
+    holder left the group waiting when it said so (R23)."""
+    why = "" if blocked is None else f" (holder: {blocked.reason.value}, {blocked.waiting} waiting)"
+    if not timeout_ms:
+        return f"no permit free now for key {key!r}, group {group!r}{why}"
+    return f"no permit for key {key!r}, group {group!r} within {timeout_ms} ms{why}"
