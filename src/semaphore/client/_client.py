@@ -89,6 +89,7 @@ from ._client_model import (
     _Label,
 )
 from ._key_unit import KeyUnit
+from ._rows import ClientStore
 from ._store import ClientRows
 
 __all__ = [
@@ -146,7 +147,7 @@ class SemaphoreClient:
         self._ready = False
         self._last_report_stamp = 0
         #: The rows of every key used so far, loaded once per key (:mod:`._store`).
-        self.rows = ClientRows(self.storage)
+        self.rows: ClientStore = ClientRows(self.storage)
 
     # ================================================================== schema
     def ensure_schema(self) -> None:

@@ -32,24 +32,26 @@ from typing import Any
 from ..core.client_state import GONE, ClientGrant, ClientLease
 from ..core.wire import LeaseStatus
 from ..runtime import Storage
+from ._rows import (
+    GRANT_COLUMNS,
+    GRANTS,
+    KEY_COLUMNS,
+    KEYS,
+    LEASE_COLUMNS,
+    LEASES,
+    ClientStore,
+    changed_row,
+    delivered_row,
+    grant_row_of,
+    lease_row_of,
+    report_order,
+    reports_waiting,
+    touched_key,
+)
 
-__all__ = ["ClientRows", "GRANTS", "LEASES", "KEYS", "KEY_COLUMNS"]
-
-GRANTS = "durability_semaphore_client_grants"
-LEASES = "durability_semaphore_client_leases"
-KEYS = "durability_semaphore_client_keys"
+__all__ = ["ClientStore", "ClientRows", "GRANTS", "LEASES", "KEYS", "KEY_COLUMNS", "GRANT_COLUMNS", "LEASE_COLUMNS"]
 
 _SETTLED = LeaseStatus.SETTLED.value
-_LIVE = LeaseStatus.LIVE.value
-#: The key row's columns besides ``key`` and ``updated_at``, with their defaults.
-KEY_COLUMNS = {"next_request_at": 0, "contended": 0, "needs_sync": 0, "check_at": 0, "claim_ttl_ms": 0,
-               "replied_at": 0, "lease_recheck_ms": 0, "room": 0, "contended_since": 0, "pruned_at": 0}
-GRANT_COLUMNS = ("key", "grant_id", "group_name", "permits", "claimed", "released", "confirmed", "claim_by",
-                 "status", "sent_claimed", "sent_released", "updated_at", "report_at")
-LEASE_COLUMNS = ("key", "lease_id", "group_name", "permits", "drawn", "released", "stopped", "status",
-                 "expires_at", "heartbeat_at", "sent_drawn", "sent_released", "sent_stopped", "updated_at",
-                 "report_at", "reusable")
-
 
 def _json_row(columns: tuple[str, ...] | list[str]) -> str:
     return "json_object(" + ", ".join(f"'{c}', {c}" for c in columns) + ")"
@@ -61,22 +63,6 @@ _LOAD = (f"SELECT 'g' AS t, {_json_row(GRANT_COLUMNS)} AS r FROM {GRANTS} WHERE 
          f" UNION ALL SELECT 'l', {_json_row(LEASE_COLUMNS)} FROM {LEASES}"
          f" WHERE key = ? AND status <> '{LeaseStatus.SETTLED.value}'"
          f" UNION ALL SELECT 'k', {_json_row(['key', *KEY_COLUMNS, 'updated_at'])} FROM {KEYS} WHERE key = ?")
-
-
-def grant_dirty(r: dict[str, Any]) -> bool:
-    """Something to report (unacknowledged claims or releases)."""
-    return bool(r["claimed"] > r["sent_claimed"] or r["released"] > r["sent_released"])
-
-
-def lease_dirty(r: dict[str, Any]) -> bool:
-    """Something to report (unacknowledged draws, releases or stop)."""
-    return bool(r["drawn"] > r["sent_drawn"] or r["released"] > r["sent_released"]
-                or (r["stopped"] != 0 and r["sent_stopped"] == 0))
-
-
-def lease_due(r: dict[str, Any], now: int) -> bool:
-    """:func:`lease_dirty`, or a live lease's heartbeat is due (R31)."""
-    return lease_dirty(r) or (r["status"] == _LIVE and r["stopped"] == 0 and r["heartbeat_at"] <= now)
 
 
 @dataclass
@@ -195,16 +181,15 @@ class ClientRows:
 
     def change(self, kind: str, key: str, row_id: str, column: str, value: int, now: int) -> None:
         """Set one count of a row (a local change, SPEC R13): a clean row that turns dirty has
-        had something to report since ``now`` (report order)."""
+        had something to report since ``now`` (report order, :func:`changed_row`)."""
         r = self.grant_row(key, row_id) if kind == "grant" else self.lease_row(key, row_id)
         if r is None:
             return  # no such row (the SQL UPDATE would match none)
-        dirty = grant_dirty(r) if kind == "grant" else lease_dirty(r)
-        report_at = r["report_at"] if dirty else now
+        new = changed_row(r, kind, column, value, now)
         table, id_column = (GRANTS, "grant_id") if kind == "grant" else (LEASES, "lease_id")
         self.storage.exec(f"UPDATE {table} SET {column} = ?, updated_at = ?, report_at = ?"
-                          f" WHERE key = ? AND {id_column} = ?", value, now, report_at, key, row_id)
-        self._put(kind, key, row_id, {**r, column: value, "updated_at": now, "report_at": report_at})
+                          f" WHERE key = ? AND {id_column} = ?", value, now, new["report_at"], key, row_id)
+        self._put(kind, key, row_id, new)
 
     def delivered(self, kind: str, key: str, row_id: str, sent: dict[str, int], stamp: int) -> None:
         """The holder applied a report of the row: raise its acknowledged counts to ``sent``
@@ -214,8 +199,7 @@ class ClientRows:
         r = self.grant_row(key, row_id) if kind == "grant" else self.lease_row(key, row_id)
         if r is None:
             return  # the SQL UPDATE would match no row
-        new = {**r, **{c: max(int(r[c]), v) for c, v in sent.items()}, "report_at": stamp}
-        self._put(kind, key, row_id, new)
+        self._put(kind, key, row_id, delivered_row(r, sent, stamp))
         self._unwritten[(kind, key, row_id)] = tuple(sent)
 
     def flush(self) -> None:
@@ -231,69 +215,38 @@ class ClientRows:
 
     def write_grant(self, g: ClientGrant, now: int) -> None:
         """Insert or update a grant as merged from a reply (a new row reports from ``now``)."""
-        old = self.grant_row(g.key, g.grant_id)
-        report_at = now if old is None else old["report_at"]
+        row = grant_row_of(g, self.grant_row(g.key, g.grant_id), now)
         self.storage.exec(
-            f"INSERT INTO {GRANTS}(key, grant_id, group_name, permits, claimed, released, confirmed,"
-            " claim_by, status, sent_claimed, sent_released, updated_at, report_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(key, grant_id) DO UPDATE SET"
-            " group_name = excluded.group_name, permits = excluded.permits, claimed = excluded.claimed,"
-            " released = excluded.released, confirmed = excluded.confirmed, claim_by = excluded.claim_by,"
-            " status = excluded.status, sent_claimed = excluded.sent_claimed,"
-            " sent_released = excluded.sent_released, updated_at = excluded.updated_at,"
-            " report_at = excluded.report_at",
-            g.key, g.grant_id, g.group, g.permits, g.claimed, g.released, g.confirmed, g.claim_by,
-            g.status, g.sent_claimed, g.sent_released, now, report_at)
+            f"INSERT INTO {GRANTS}({', '.join(GRANT_COLUMNS)}) VALUES ({', '.join('?' for _ in GRANT_COLUMNS)})"
+            " ON CONFLICT(key, grant_id) DO UPDATE SET "
+            + ", ".join(f"{c} = excluded.{c}" for c in GRANT_COLUMNS[2:]),
+            *(row[c] for c in GRANT_COLUMNS))
         self._unwritten.pop(("grant", g.key, g.grant_id), None)
-        self._put("grant", g.key, g.grant_id, {
-            "key": g.key, "grant_id": g.grant_id, "group_name": g.group, "permits": g.permits,
-            "claimed": g.claimed, "released": g.released, "confirmed": g.confirmed, "claim_by": g.claim_by,
-            "status": g.status, "sent_claimed": g.sent_claimed, "sent_released": g.sent_released,
-            "updated_at": now, "report_at": report_at})
+        self._put("grant", g.key, g.grant_id, row)
 
     def write_lease(self, x: ClientLease, now: int) -> None:
         """Insert or update a lease as merged from a reply (a new row reports from ``now``)."""
-        old = self.lease_row(x.key, x.lease_id)
-        report_at = now if old is None else old["report_at"]
+        row = lease_row_of(x, self.lease_row(x.key, x.lease_id), now)
         self.storage.exec(
-            f"INSERT INTO {LEASES}(key, lease_id, group_name, permits, drawn, released, stopped, status,"
-            " expires_at, heartbeat_at, sent_drawn, sent_released, sent_stopped, updated_at, report_at,"
-            " reusable)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(key, lease_id) DO UPDATE SET"
-            " group_name = excluded.group_name, permits = excluded.permits, drawn = excluded.drawn,"
-            " released = excluded.released, stopped = excluded.stopped, status = excluded.status,"
-            " expires_at = excluded.expires_at, heartbeat_at = excluded.heartbeat_at,"
-            " sent_drawn = excluded.sent_drawn, sent_released = excluded.sent_released,"
-            " sent_stopped = excluded.sent_stopped, updated_at = excluded.updated_at,"
-            " report_at = excluded.report_at, reusable = excluded.reusable",
-            x.key, x.lease_id, x.group, x.permits, x.drawn, x.released, int(x.stopped), x.status,
-            x.expires_at, x.heartbeat_at, x.sent_drawn, x.sent_released, int(x.sent_stopped), now, report_at,
-            int(x.reusable))
+            f"INSERT INTO {LEASES}({', '.join(LEASE_COLUMNS)}) VALUES ({', '.join('?' for _ in LEASE_COLUMNS)})"
+            " ON CONFLICT(key, lease_id) DO UPDATE SET "
+            + ", ".join(f"{c} = excluded.{c}" for c in LEASE_COLUMNS[2:]),
+            *(row[c] for c in LEASE_COLUMNS))
         self._unwritten.pop(("lease", x.key, x.lease_id), None)
-        self._put("lease", x.key, x.lease_id, {
-            "key": x.key, "lease_id": x.lease_id, "group_name": x.group, "permits": x.permits, "drawn": x.drawn,
-            "released": x.released, "stopped": int(x.stopped), "status": x.status, "expires_at": x.expires_at,
-            "heartbeat_at": x.heartbeat_at, "sent_drawn": x.sent_drawn, "sent_released": x.sent_released,
-            "sent_stopped": int(x.sent_stopped), "updated_at": now,
-            "report_at": report_at, "reusable": int(x.reusable)})
+        self._put("lease", x.key, x.lease_id, row)
 
     def touch_key(self, key: str, now: int, **values: int) -> None:
-        """Set columns of the key row (others kept, or their defaults for a new row)."""
-        current = dict(KEY_COLUMNS)
-        row = self.key_row(key)
-        if row is not None:
-            current.update({c: int(row.get(c) or 0) for c in KEY_COLUMNS})
-        else:  # no tombstone of the key exists before its row: as if pruned now (SPEC R35)
-            current["pruned_at"] = now
-        current.update(values)
-        if row is not None and all(int(row.get(c) or 0) == current[c] for c in KEY_COLUMNS):
-            return  # nothing changes (``updated_at`` is when the row last changed)
+        """Set columns of the key row (others kept, or their defaults for a new row; no write
+        when nothing changes, :func:`touched_key`)."""
+        row = touched_key(self.key_row(key), key, now, values)
+        if row is None:
+            return
         self.storage.exec(
             f"INSERT INTO {KEYS}(key, {', '.join(KEY_COLUMNS)}, updated_at)"
             f" VALUES (?, {', '.join('?' for _ in KEY_COLUMNS)}, ?) ON CONFLICT(key) DO UPDATE SET "
             + ", ".join(f"{c} = excluded.{c}" for c in (*KEY_COLUMNS, "updated_at")),
-            key, *(current[c] for c in KEY_COLUMNS), now)
-        self._key(key).row = {"key": key, **current, "updated_at": now}
+            key, *(row[c] for c in KEY_COLUMNS), now)
+        self._key(key).row = row
 
     def prune(self, key: str, cutoff: int) -> None:
         """Delete the key's tombstones last changed before ``cutoff`` (through the tombstone
@@ -312,19 +265,11 @@ class ClientRows:
         """Per list, the rows with something to report first (longest waiting first, by
         ``report_at``), then the least recently reported others: ``(grants, grants cut,
         leases, leases cut)`` of at most ``limit`` each; "cut": a row with something to
-        report did not fit."""
-        grants = sorted(self._key(key).grants.values(),
-                        key=lambda r: (not grant_dirty(r), r["report_at"], r["claim_by"], r["grant_id"]))
-        lease_list: list[dict[str, Any]] = []
-        if leases:
-            lease_list = sorted(self._key(key).leases.values(),
-                                key=lambda r: (not lease_due(r, now), r["report_at"], r["expires_at"], r["lease_id"]))
-        return (grants[:limit], len(grants) > limit and grant_dirty(grants[limit]),
-                lease_list[:limit], len(lease_list) > limit and lease_due(lease_list[limit], now))
+        report did not fit (:func:`report_order`)."""
+        k = self._key(key)
+        return report_order(list(k.grants.values()), list(k.leases.values()) if leases else [], now, limit)
 
     def waiting(self, key: str, now: int, *, leases: bool) -> int:
         """The most entries of one list with something to report (:meth:`window`)."""
-        grants = sum(1 for r in self._key(key).grants.values() if grant_dirty(r))
-        due = sum(1 for r in self._key(key).leases.values() if lease_due(r, now)) if leases else 0
-        return max(grants, due)
-
+        k = self._key(key)
+        return reports_waiting(list(k.grants.values()), list(k.leases.values()) if leases else [], now)

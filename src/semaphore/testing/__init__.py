@@ -39,6 +39,10 @@ The holder's decisions without SQLite (:mod:`._memory_store`): :class:`MemorySto
 store's interface over dicts), :func:`run_round`, :func:`run_sync`, :func:`run_reclaim` (the
 holder's own load -> decide -> persist) and :func:`resolve_limits` (its limit resolution for
 plain synchronous sources).
+
+The client's rows without SQLite (:mod:`._memory_client_store`): :class:`MemoryClientRows`, the
+twin of the client's SQL store (its interface, ``semaphore.client._rows.ClientStore``, over
+dicts).
 """
 
 from ._bed import Bed, HolderSide
@@ -77,6 +81,7 @@ from ._memory_store import (
     run_round,
     run_sync,
 )
+from ._memory_client_store import MemoryClientRows
 from ._messages import blocked, by_id, request, sync
 from ._namespace import Namespace
 from ._runner import async_test, run
@@ -99,4 +104,6 @@ __all__ = [
     # the holder's decisions over an in-memory store
     "MemoryStore", "Store", "StoreState", "resolve_limits", "resolve_sync_limits", "run_round", "run_sync",
     "run_reclaim",
+    # the client's rows in memory
+    "MemoryClientRows",
 ]

@@ -1,0 +1,186 @@
+"""Tier 1: the client's SQL store and its in-memory twin answer the same (SPEC R13, R35).
+
+One Hypothesis state machine runs the same operations against
+:class:`semaphore.client._store.ClientRows` over real SQLite (each step inside
+``Storage.transaction`` with the store's ``flush`` before it ends, as the client runs them) and
+against :class:`semaphore.testing.MemoryClientRows`:
+
+* replies merged into grants and leases (new rows, rows changed, tombstones: ``gone`` grants,
+  ``settled`` leases, rows brought back from a tombstone), of two keys (one non-ASCII);
+* local count changes (claimed, released, confirmed; drawn, released, stopped) of live rows,
+  tombstones and ids never written;
+* deliveries, flushed at the transaction's end or written by a merge of the same row in the
+  same transaction;
+* key rows touched (changing and not changing anything), tombstones pruned;
+* a transaction that raises after a change (SQL rolls back and the store forgets its copy; the
+  twin is restored);
+* the SQL store's copy dropped (as a new object instance starts).
+
+Checked after every step, per key: the live rows, every row (tombstones included), single rows
+of every id used (tombstones and unknown ids too), the key row, every key, the report window
+(with and without leases, cut at 2) and the number of entries waiting to be reported. The same
+reads from a fresh SQL store (a new instance loading what SQL holds) answer the same too: the
+SQL store's copy never drifts from its tables.
+
+Examples: ``CLIENT_STORE_CONTRACT_EXAMPLES`` (default 60, 40 steps), derandomized.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from semaphore.client._client_model import _install_schema
+from semaphore.client._rows import GRANT_COLUMNS, LEASE_COLUMNS, ClientStore
+from semaphore.client._store import ClientRows
+from semaphore.core.client_state import GONE, ClientGrant, ClientLease
+from semaphore.runtime import Storage
+from semaphore.testing import LocalContext, LocalStorage, MemoryClientRows
+
+KEYS = ("k", "κλειδί")
+GRANT_IDS = ("g1", "g2", "γ3")
+LEASE_IDS = ("l1", "l2", "λ3")
+counts = st.integers(0, 6)
+
+
+class Boom(Exception):
+    """Raised inside a transaction to roll it back."""
+
+
+def _norm(row: dict[str, Any] | None, columns: tuple[str, ...]) -> dict[str, Any] | None:
+    return None if row is None else {c: row[c] for c in columns}
+
+
+def _reads(store: ClientStore, now: int) -> dict[str, Any]:
+    """Everything a client reads of a store, as plain values."""
+    out: dict[str, Any] = {"every_key": store.every_key()}
+    for key in KEYS:
+        window = store.window(key, now, 2, leases=True)
+        grants_only = store.window(key, now, 2, leases=False)
+        key_row = store.key_row(key)
+        out[key] = {
+            "grant_rows": [_norm(r, GRANT_COLUMNS) for r in store.grant_rows(key)],
+            "lease_rows": [_norm(r, LEASE_COLUMNS) for r in store.lease_rows(key)],
+            "grants": store.grants(key), "leases": store.leases(key),
+            "every_grant": store.every_grant(key), "every_lease": store.every_lease(key),
+            "grant": {g: _norm(store.grant_row(key, g), GRANT_COLUMNS) for g in GRANT_IDS},
+            "lease": {x: _norm(store.lease_row(key, x), LEASE_COLUMNS) for x in LEASE_IDS},
+            "key_row": None if key_row is None else dict(key_row),
+            "window": ([_norm(r, GRANT_COLUMNS) for r in window[0]], window[1],
+                       [_norm(r, LEASE_COLUMNS) for r in window[2]], window[3]),
+            "window_grants": ([_norm(r, GRANT_COLUMNS) for r in grants_only[0]], grants_only[1], grants_only[2]),
+            "waiting": (store.waiting(key, now, leases=True), store.waiting(key, now, leases=False)),
+        }
+    return out
+
+
+grants = st.builds(
+    lambda key, gid, permits, claimed, released, confirmed, claim_by, gone, sent_c, sent_r: ClientGrant(
+        key, gid, "a", permits, claimed, released, confirmed, claim_by, GONE if gone else "active", sent_c, sent_r),
+    st.sampled_from(KEYS), st.sampled_from(GRANT_IDS), counts, counts, counts, counts,
+    st.integers(0, 50), st.booleans(), counts, counts)
+leases = st.builds(
+    lambda key, lid, permits, drawn, released, stopped, status, expires, beat, sent_d, sent_r, sent_s, reusable:
+    ClientLease(key, lid, "a", permits, drawn, released, stopped, status, expires, beat, sent_d, sent_r, sent_s,
+                reusable),
+    st.sampled_from(KEYS), st.sampled_from(LEASE_IDS), counts, counts, counts, st.booleans(),
+    st.sampled_from(["live", "retired", "settled"]), st.integers(0, 50), st.integers(0, 50), counts, counts,
+    st.booleans(), st.booleans())
+kinds_ids = st.one_of(st.tuples(st.just("grant"), st.sampled_from(GRANT_IDS)),
+                      st.tuples(st.just("lease"), st.sampled_from(LEASE_IDS)))
+COLUMNS = {"grant": ("claimed", "released", "confirmed"), "lease": ("drawn", "released", "stopped")}
+SENT = {"grant": ("sent_claimed", "sent_released"), "lease": ("sent_drawn", "sent_released", "sent_stopped")}
+
+
+class ClientStoreContract(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.storage = Storage(LocalContext(LocalStorage()))
+        _install_schema(self.storage)
+        self.sql = ClientRows(self.storage)
+        self.mem = MemoryClientRows()
+        self.now = 10
+
+    def _both(self, op: Callable[[ClientStore], None], *, fail: bool = False) -> None:
+        """``op`` on both stores: on SQL in one transaction that flushes before it ends (or
+        raises after ``op``, rolled back), on the twin in place (restored when it failed)."""
+        self.now += 1
+
+        def body() -> None:
+            op(self.sql)
+            if fail:
+                raise Boom
+            self.sql.flush()
+
+        before = self.mem.snapshot()
+        try:
+            self.storage.transaction(body)
+        except Boom:
+            pass
+        op(self.mem)
+        if fail:
+            self.mem.restore(before)
+
+    @rule(g=grants)
+    def merge_grant(self, g: ClientGrant) -> None:
+        self._both(lambda s: s.write_grant(g, self.now))
+
+    @rule(x=leases)
+    def merge_lease(self, x: ClientLease) -> None:
+        self._both(lambda s: s.write_lease(x, self.now))
+
+    @rule(key=st.sampled_from(KEYS), kind_id=kinds_ids, data=st.data(), fail=st.booleans())
+    def change(self, key: str, kind_id: tuple[str, str], data: st.DataObject, fail: bool) -> None:
+        kind, row_id = kind_id
+        column = data.draw(st.sampled_from(COLUMNS[kind]))
+        value = data.draw(st.integers(0, 1) if column == "stopped" else counts)
+        self._both(lambda s: s.change(kind, key, row_id, column, value, self.now), fail=fail)
+
+    @rule(key=st.sampled_from(KEYS), kind_id=kinds_ids, data=st.data(), merged=st.one_of(st.none(), grants, leases))
+    def deliver(self, key: str, kind_id: tuple[str, str], data: st.DataObject,
+                merged: ClientGrant | ClientLease | None) -> None:
+        # A delivery, maybe followed in the same transaction by a merge of some row (the same
+        # row's merge writes the delivery with it; the flush writes the others).
+        kind, row_id = kind_id
+        sent = {c: data.draw(st.integers(0, 1) if c == "sent_stopped" else counts) for c in SENT[kind]}
+        stamp = self.now + 1
+
+        def op(s: ClientStore) -> None:
+            s.delivered(kind, key, row_id, sent, stamp)
+            if isinstance(merged, ClientGrant):
+                s.write_grant(merged, self.now)
+            elif isinstance(merged, ClientLease):
+                s.write_lease(merged, self.now)
+
+        self._both(op)
+
+    @rule(key=st.sampled_from(KEYS), values=st.dictionaries(
+        st.sampled_from(["next_request_at", "contended", "needs_sync", "room", "pruned_at"]), st.integers(0, 3)))
+    def touch_key(self, key: str, values: dict[str, int]) -> None:
+        self._both(lambda s: s.touch_key(key, self.now, **values))
+
+    @rule(key=st.sampled_from(KEYS), back=st.integers(0, 30))
+    def prune(self, key: str, back: int) -> None:
+        cutoff = self.now - back
+        self._both(lambda s: s.prune(key, cutoff))
+
+    @rule()
+    def new_instance(self) -> None:
+        self.sql.forget()
+
+    @invariant()
+    def both_answer_the_same(self) -> None:
+        mem = _reads(self.mem, self.now)
+        assert _reads(self.sql, self.now) == mem
+        assert _reads(ClientRows(self.storage), self.now) == mem
+
+
+ClientStoreContract.TestCase.settings = settings(
+    max_examples=int(os.environ.get("CLIENT_STORE_CONTRACT_EXAMPLES", "60")), stateful_step_count=40,
+    derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+TestClientStoreContract = ClientStoreContract.TestCase
