@@ -86,10 +86,9 @@ import secrets
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from ..core import queue_plan as plan
 from ..core.config import option_int
 from ..core.wire import Blocked, BlockedReason, Demand
-from ..errors import ConfigurationError, PermitTimeoutError
+from ..errors import ConfigurationError
 from ..runtime import Storage, TableWatch, migrate_tables
 from ..scheduler import DurabilityScheduler
 from ._client import SemaphoreClient
@@ -109,7 +108,7 @@ from ._queue_model import (
     _install_schema,
     _payload_text,
 )
-from ._queue_pump import _QueuePump
+from ._queue_permits import _QueuePermits
 from ._queue_store import WAKEUPS
 
 __all__ = ["ItemState", "PermitKind", "Permit", "QueueItem", "SemaphoreQueue", "QUEUE_TABLES"]
@@ -117,7 +116,7 @@ __all__ = ["ItemState", "PermitKind", "Permit", "QueueItem", "SemaphoreQueue", "
 log = logging.getLogger("semaphore.queue")
 
 
-class SemaphoreQueue(_QueuePump):
+class SemaphoreQueue(_QueuePermits):
     """Durable work items per ``(key, group)`` admitted under the semaphore of ``key``
     (SPEC R37). See the module documentation for the life of an item.
 
@@ -342,76 +341,6 @@ class SemaphoreQueue(_QueuePump):
             raise ConfigurationError("permit: this queue instance was abandoned (abandon(), the object's "
                                      "eviction); ask the object's new instance")
         return _payload_text(payload)
-
-    async def _acquire(self, fut: asyncio.Future[QueueItem], key: str, group: str, item_id: str, text: str,
-                       now: int, timeout_ms: int | None) -> QueueItem:
-        """:meth:`permit`'s item, queued and admitted: at once from a live lease, else when the
-        holder's answer serves it (a try: its one answer, R9b)."""
-        answered = self._tries.add(key, item_id) if plan.is_try(timeout_ms) else None
-        wake_at = self._kick_wake(now)
-        self.storage.transaction(lambda: self._insert(key, group, item_id, text, now, owner=self._token,
-                                                      wake_at=wake_at))
-        self.storage.transaction(lambda: self._admit_locally(key, now))  # a live lease serves it at once
-        self._hand_over(key)
-        self._kick(key)  # schedules the item's next wake-up (its orphan check, a lease heartbeat)
-        await self.scheduler.arm()
-        if not fut.done() and answered is not None:
-            self._start_side_request(key)  # a request in flight: the try must not wait for it
-        if answered is not None:
-            return await self._await_try(fut, answered, key, item_id, group)
-        return await self._await_permit(fut, key, group, now, timeout_ms)
-
-    async def _await_try(self, fut: asyncio.Future[QueueItem], answered: asyncio.Event, key: str,
-                         item_id: str, group: str) -> QueueItem:
-        """A try (R9b): the item's admission, or the holder's answer to the try's request
-        without it (then :class:`PermitTimeoutError` with the ``blocked`` entry, or the error of
-        the request). An answer that gave the item a grant waits for its confirming sync."""
-        waiter: asyncio.Future[Any] = asyncio.ensure_future(answered.wait())
-        try:
-            await asyncio.wait({fut, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-        item = self.item(item_id)
-        error = self._tries.error(item_id)
-        answer = plan.try_answer(admitted=fut.done(), state=None if item is None else item.state.value,
-                                 failed=error is not None)
-        if answer is plan.TryAnswer.ADMITTED:
-            return fut.result()
-        if answer is plan.TryAnswer.CONFIRMING:
-            return await fut  # served: its claim is being confirmed (R15a)
-        if answer is plan.TryAnswer.FAILED:
-            assert error is not None
-            raise error
-        blocked = self.blocked(key).get(group)
-        raise PermitTimeoutError(plan.refusal(key, group, blocked, 0), blocked=blocked)
-
-    async def _await_permit(self, fut: asyncio.Future[QueueItem], key: str, group: str, now: int,
-                            timeout_ms: int | None) -> QueueItem:
-        if timeout_ms is None:
-            return await fut
-        sleep_until = getattr(self.clock, "sleep_until", None)
-        timer: asyncio.Future[Any] = asyncio.ensure_future(
-            sleep_until(now + timeout_ms) if sleep_until is not None else asyncio.sleep(timeout_ms / 1000))
-        try:
-            await asyncio.wait({fut, timer}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            timer.cancel()
-        if fut.done():
-            return fut.result()
-        blocked = self.blocked(key).get(group)
-        raise PermitTimeoutError(plan.refusal(key, group, blocked, timeout_ms), blocked=blocked)
-
-    async def _withdraw(self, item_id: str) -> None:
-        """Complete a permit item (cancel it, or release its permit); never raises over the
-        caller's own outcome (a failure is logged: the next instance or check releases it)."""
-        if self._dead:
-            return  # abandoned: a dead object writes nothing
-        try:
-            await self._complete_item(item_id)
-        except Exception:  # noqa: BLE001 - the caller's exception (or result) wins
-            log.exception("could not complete permit item %r; it is released by a later pump", item_id)
-        finally:
-            self._permits.discard(item_id)
 
     def blocked(self, key: str) -> dict[str, Blocked]:
         """Why ``key``'s queued items wait, per group: the holder's ``blocked`` entries of the

@@ -2,7 +2,8 @@
 options, its collaborators (client, scheduler, storage), its in-memory copies of rows
 (:class:`~._queue_store.QueueMarks`, :class:`~._item_store.QueueItems`) and its per-instance
 memory; the queue is assembled from layers over it, each below the next
-(:mod:`._queue_items`, :mod:`._queue_callbacks`, :mod:`._queue_pump`, :mod:`._queue`)."""
+(:mod:`._queue_items`, :mod:`._queue_callbacks`, :mod:`._queue_pump`, :mod:`._queue_permits`,
+:mod:`._queue`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import secrets
 from collections.abc import Callable
 
 from ..core import queue_plan as plan
-from ..core.wire import Demand
+from ..core.wire import Blocked, Demand
 from ..runtime import Storage, TableWatch
 from ..scheduler import DurabilityScheduler
 from ._client import SemaphoreClient
@@ -146,6 +147,14 @@ class _QueueBase(abc.ABC):
     @abc.abstractmethod
     async def complete(self, item_id: str) -> bool:
         """:meth:`SemaphoreQueue.complete`."""
+
+    @abc.abstractmethod
+    def item(self, item_id: str) -> QueueItem | None:
+        """:meth:`SemaphoreQueue.item`."""
+
+    @abc.abstractmethod
+    def blocked(self, key: str) -> dict[str, Blocked]:
+        """:meth:`SemaphoreQueue.blocked`."""
 
     @abc.abstractmethod
     def _kick(self, key: str) -> None:
