@@ -13,7 +13,10 @@ the client's and its scheduler's statements, alarms included) is counted while
       from a lease), started (``on_admit``), completed, and its release reported and applied at
       the holder (the holder's charged capacity back to 0);
   (b) the same for 10 items enqueued together, and
-  (c) for 100 items enqueued together.
+  (c) for 100 items enqueued together,
+
+each enqueued by its own ``enqueue()`` call, then by one ``enqueue_many()`` call (one
+transaction, one INSERT for the batch); completed one by one either way (``complete()``).
 
 Virtual time runs event by event until the holder has applied every release (the client's
 alarms, its report wait ``report_releases_within_ms`` included). Prints the counts, the ratio
@@ -60,9 +63,10 @@ async def _run_until(clock: SimClock, done: Any, what: str) -> None:
         await clock.advance_to(t)
 
 
-async def life(items: int, grants: bool) -> tuple[int, Counter[str]]:
+async def life(items: int, grants: bool, many: bool = False) -> tuple[int, Counter[str]]:
     """Client SQL statements (and their kinds) for ``items`` items' whole lives (``grants``: the
-    grant path, ``leases=None``; else the default leases)."""
+    grant path, ``leases=None``; else the default leases; ``many``: enqueued by one
+    ``enqueue_many()`` call, else one ``enqueue()`` each)."""
     clock = SimClock(T0)
     holder = HolderSide(clock, limit=1000, **({"leases": None} if grants else {}))
     net = Net(holder, clock)
@@ -80,8 +84,11 @@ async def life(items: int, grants: bool) -> tuple[int, Counter[str]]:
 
     sql.exec = counted  # type: ignore[method-assign]
     ids = [f"item-{i}" for i in range(items)]
-    for item_id in ids:
-        await side.queue.enqueue(KEY, GROUP, item_id)
+    if many:
+        await side.queue.enqueue_many(KEY, GROUP, ids)
+    else:
+        for item_id in ids:
+            await side.queue.enqueue(KEY, GROUP, item_id)
     await _run_until(clock, lambda: len(set(admitted)) == items, "every item was admitted")
     for item_id in ids:
         await side.queue.complete(item_id)
@@ -97,16 +104,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--detail", action="store_true", help="statements by kind for each run")
     args = parser.parse_args()
-    for grants, title in ((True, "the grant path (leases=None)"), (False, "the default leases")):
-        results = {n: asyncio.run(life(n, grants)) for n in (1, 10, 100)}
-        print(f"{title}:")
-        for n, (total, kinds) in results.items():
-            print(f"{n:>4} item(s): {total:>6} client SQL statements ({total / n:.1f} per item)")
-            if args.detail:
-                for kind, count in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])):
-                    print(f"        {count:>6}  {kind}")
-        print(f"100 items / 10 items: {results[100][0] / results[10][0]:.2f}x")
-
+    for grants, path in ((True, "the grant path (leases=None)"), (False, "the default leases")):
+        for many, how in ((False, "one enqueue() each"), (True, "one enqueue_many()")):
+            results = {n: asyncio.run(life(n, grants, many)) for n in (1, 10, 100)}
+            print(f"{path}, {how}:")
+            for n, (total, kinds) in results.items():
+                print(f"{n:>4} item(s): {total:>6} client SQL statements ({total / n:.1f} per item)")
+                if args.detail:
+                    for kind, count in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])):
+                        print(f"        {count:>6}  {kind}")
+            print(f"100 items / 10 items: {results[100][0] / results[10][0]:.2f}x")
 
 if __name__ == "__main__":
     main()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -596,3 +598,85 @@ async def test_r37_callbacks_that_returned_are_not_called_again_when_a_later_one
     holder.driver.close()
     side.driver.close()
     assert calls.count("i1") == 1 and calls.count("i2") == 2 and calls.count("i3") == 1, calls
+
+
+@contextlib.contextmanager
+def item_inserts(side: ClientSide) -> Iterator[list[str]]:
+    """The INSERT statements into the items table ``side``'s storage runs meanwhile."""
+    statements: list[str] = []
+    sql = side.storage.sql
+    inner = sql.exec
+
+    def counted(query: str, *bindings: Any) -> Any:
+        if query.lstrip().upper().startswith("INSERT INTO DURABILITY_SEMAPHORE_CLIENT_ITEMS"):
+            statements.append(query)
+        return inner(query, *bindings)
+
+    sql.exec = counted  # type: ignore[method-assign]
+    try:
+        yield statements
+    finally:
+        sql.exec = inner  # type: ignore[method-assign]
+
+
+@async_test
+async def test_r37_enqueue_many_queues_in_order_in_one_statement_and_returns_known_ids_unchanged():
+    # R37: a batch is queued as enqueue() queues each item, oldest first in the order given
+    # (their seq), in one transaction whose new items are one INSERT, with one wake-up; an id
+    # already known (queued, running or finished) comes back unchanged, in its place.
+    s = Setup(limit=100, free_at_once=False)
+    await s.queue.enqueue(KEY, "g", "known", {"first": True})
+    ids = [f"item-{n:02}" for n in range(60)]
+    with item_inserts(s.side) as statements:
+        items = await s.queue.enqueue_many(KEY, "g", [ids[0], "known", *ids[1:]],
+                                           [{"n": 0}, {"ignored": True}, *({"n": n} for n in range(1, 60))])
+    assert len(statements) == 1, statements
+    assert [i.item_id for i in items] == [ids[0], "known", *ids[1:]]
+    assert items[1].payload == {"first": True} and items[2].payload == {"n": 1}
+    queued = [i.item_id for i in s.queue.items(KEY, ItemState.QUEUED)]  # in enqueue (seq) order
+    assert queued == ["known", *ids]
+    (d,) = s.queue.demand(KEY)
+    assert (d.count, d.oldest_at) == (61, T0)
+    await s.clock.advance(6000)
+    assert sorted(i.item_id for i in s.admitted) == sorted(["known", *ids])
+    assert await s.queue.enqueue_many(KEY, "g", []) == []
+    again = await s.queue.enqueue_many(KEY, "g", ids[:3])  # a retried batch: nothing queued twice
+    assert [i.state for i in again] == [ItemState.RUNNING] * 3 and len(s.queue.items()) == 61
+
+
+@async_test
+async def test_r37_enqueue_many_splits_large_payloads_into_batches_and_keeps_their_order():
+    # R37: a batch's ids and payloads travel as one JSON binding per statement, each within
+    # INSERT_BATCH_BYTES (a Durable Object's SQLite takes at most 2 MB in one value); larger
+    # payloads take more statements, an item over the bound alone one of its own.
+    from semaphore.client._item_store import INSERT_BATCH_BYTES
+
+    s = Setup(limit=100, free_at_once=False)
+    big = "x" * (INSERT_BATCH_BYTES // 3)
+    payloads: list[Any] = [{"b": big}, "small", {"b": big}, {"b": big}, {"b": "y" * INSERT_BATCH_BYTES}, 7]
+    ids = [f"i{n}" for n in range(len(payloads))]
+    with item_inserts(s.side) as statements:
+        items = await s.queue.enqueue_many(KEY, "g", ids, payloads)
+    # [big, "small"], [big], [big], [the one over the bound], [7]: each part's JSON (escapes
+    # counted at most twice) within the bound.
+    assert len(statements) == 5
+    assert [i.payload for i in items] == payloads
+    assert [i.item_id for i in s.queue.items(KEY, ItemState.QUEUED)] == ids
+    assert [i.payload for i in s.queue.items(KEY, ItemState.QUEUED)] == payloads
+
+
+@pytest.mark.parametrize("item_ids, payloads, field", [
+    ("abc", None, "item_ids"),
+    (["a", "b", "a"], None, "item_ids[2]"),
+    (["a", "b\x00c"], None, "item_ids[1]"),
+    (["a", "b"], [1], "payloads"),
+    (["a", "b"], [1, float("nan")], "payloads[1]"),
+], ids=["a string", "an id twice", "an id outside the alphabet", "payloads of another length", "a payload not JSON"])
+@async_test
+async def test_r37_enqueue_many_refuses_a_bad_batch_naming_the_field_and_writes_nothing(item_ids, payloads, field):
+    # R37, R7: every id and payload of a batch is checked before anything is written.
+    s = Setup()
+    with pytest.raises(ConfigurationError) as refused:
+        await s.queue.enqueue_many(KEY, "g", item_ids, payloads)
+    assert refused.value.field == field
+    assert s.queue.items() == [] and s.sent() == []

@@ -24,13 +24,13 @@ the queue hooks it to the client's storage too). A new object instance starts wi
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..runtime import JSON_IDS, Storage, chunks, json_list
 
-__all__ = ["QueueItems", "ITEMS", "WAKEUPS", "PENDING", "BLOCKED", "PAYLOAD_KEPT"]
+__all__ = ["QueueItems", "ITEMS", "WAKEUPS", "PENDING", "BLOCKED", "PAYLOAD_KEPT", "INSERT_BATCH_BYTES"]
 
 ITEMS = "durability_semaphore_client_items"
 WAKEUPS = "durability_semaphore_client_wakeups"
@@ -42,6 +42,10 @@ BLOCKED = "durability_semaphore_client_blocked"
 
 #: Longest payload (bytes of JSON text) kept in the copy; a longer one is read when needed.
 PAYLOAD_KEPT = 1024
+#: Most bytes of new items (their ids and payloads as one JSON binding) one statement of
+#: :meth:`QueueItems.insert_many` carries: well under the 2 MB a Durable Object's SQLite takes in
+#: one value. An item larger than this alone goes in a statement of its own.
+INSERT_BATCH_BYTES = 512 * 1024
 
 #: The columns of an item row besides ``payload`` (in the table's order).
 COLUMNS = ("item_id", "key", "group_name", "enqueued_at", "seq", "state", "permit_kind", "permit_id", "slot",
@@ -193,6 +197,46 @@ class QueueItems:
         self._keep(new)
         return new
 
+    def insert_many(self, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """:meth:`insert_new` for each of ``rows`` (distinct ids; every column but ``seq``, and
+        the same values but ``item_id`` and ``payload``), newest last: one statement per
+        :data:`INSERT_BATCH_BYTES` of ids and payloads (their ``seq`` follow their order).
+        Returns the rows inserted (an id that exists is left out: :meth:`find_many` it)."""
+        known = {item_id for k in self._keys.values() for item_id in k.rows}
+        fresh = [r for r in rows if str(r["item_id"]) not in known]
+        out: list[dict[str, Any]] = []
+        for part in _batches(fresh):
+            if len(part) == 1:
+                new = self.insert_new(part[0])
+                out += [] if new is None else [new]
+                continue
+            shared = [c for c in COLUMNS if c not in ("item_id", "seq")]
+            assert all(r[c] == part[0][c] for r in part for c in shared)
+            seqs = {str(r["item_id"]): int(r["seq"]) for r in self.storage.exec(
+                f"INSERT INTO {ITEMS}(item_id, payload, {', '.join(shared)}, seq)"
+                f" SELECT json_extract(j.value, '$[0]'), json_extract(j.value, '$[1]'),"
+                f" {', '.join('?' for _ in shared)}, (SELECT COALESCE(MAX(seq), 0) FROM {ITEMS}) + j.key + 1"
+                " FROM json_each(?) AS j WHERE true ON CONFLICT(item_id) DO NOTHING RETURNING item_id, seq",
+                *(part[0][c] for c in shared), json_list([[r["item_id"], r["payload"]] for r in part]))}
+            for r in part:
+                if str(r["item_id"]) in seqs:
+                    new = {**r, "seq": seqs[str(r["item_id"])]}
+                    self._keep(new)
+                    out.append(new)
+        return out
+
+    def find_many(self, item_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """The rows of ``item_ids`` that exist (as :meth:`find`): from the loaded copies, the
+        others in one read per 1,000."""
+        found: dict[str, dict[str, Any]] = {}
+        for k in self._keys.values():
+            found.update((i, dict(k.rows[i])) for i in item_ids if i in k.rows)
+        missing = [i for i in item_ids if i not in found]
+        for part in chunks(missing, JSON_IDS):
+            found.update((str(r["item_id"]), r) for r in self.storage.exec(
+                f"SELECT {_SELECT} FROM {ITEMS} WHERE item_id IN (SELECT value FROM json_each(?))", json_list(part)))
+        return found
+
     def insert(self, row: dict[str, Any]) -> None:
         """A new item (``row`` holds every column, ``payload`` included)."""
         cols = (*COLUMNS, "payload")
@@ -260,6 +304,22 @@ class QueueItems:
         """Delete finished items (``state = 'done' AND <where>``); the copy keeps none of them
         unless its hook is pending, which ``where`` must exclude."""
         self.storage.exec(f"DELETE FROM {ITEMS} WHERE state = 'done' AND {where}", *args)
+
+
+def _batches(rows: Sequence[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+    """``rows`` in order, cut so each part's ids and payloads stay within
+    :data:`INSERT_BATCH_BYTES` (a larger row alone)."""
+    part: list[dict[str, Any]] = []
+    size = 0
+    for r in rows:
+        n = len(str(r["item_id"]).encode()) + 2 * len(str(r["payload"]).encode()) + 8  # escapes double at most
+        if part and size + n > INSERT_BATCH_BYTES:
+            yield part
+            part, size = [], 0
+        part.append(r)
+        size += n
+    if part:
+        yield part
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from ..core.config import option_int
@@ -253,24 +253,64 @@ class SemaphoreQueue(_QueuePermits):
         already known (queued, running or recently finished) is returned unchanged.
         ``payload`` must be strict JSON (no NaN or Infinity) of at most 1,000,000 bytes
         (:data:`MAX_PAYLOAD_BYTES`), else :class:`ConfigurationError` (field ``payload``)."""
+        self._enqueue_checks(key, group)
+        _check_id(item_id, "item_id")
+        return (await self._enqueue(key, group, [(item_id, _payload_text(payload))]))[0]
+
+    async def enqueue_many(self, key: str, group: str, item_ids: Sequence[str],
+                           payloads: Sequence[Any] | None = None) -> list[QueueItem]:
+        """Queue several items of ``(key, group)`` at once, oldest first in the order given: as
+        :meth:`enqueue` for each (an id already known is returned unchanged), but in one storage
+        transaction with one wake-up, and one SQL statement per batch of new items (up to
+        :data:`~semaphore.client._item_store.INSERT_BATCH_BYTES` of ids and payloads), so 100
+        small items cost about what one does. Returns the items in the order of ``item_ids``.
+
+        :param payloads: one payload per id (``None``: every payload ``None``), each as
+            :meth:`enqueue` takes it.
+
+        Everything is checked before anything is written; :class:`ConfigurationError` names the
+        field (``item_ids[3]``, ``payloads[3]``): an id given twice, a string instead of a list
+        of ids, or payloads of another length are refused."""
+        self._enqueue_checks(key, group)
+        if isinstance(item_ids, (str, bytes)) or not isinstance(item_ids, Sequence):
+            raise ConfigurationError(f"item_ids: expected a list of item ids, got {type(item_ids).__name__}",
+                                     field="item_ids")
+        if payloads is not None and (isinstance(payloads, (str, bytes)) or not isinstance(payloads, Sequence)
+                                     or len(payloads) != len(item_ids)):
+            raise ConfigurationError(f"payloads: expected one payload per item id ({len(item_ids)}), got"
+                                     f" {len(payloads) if isinstance(payloads, Sequence) else payloads!r}",
+                                     field="payloads")
+        seen: set[str] = set()
+        entries: list[tuple[str, str]] = []
+        for n, item_id in enumerate(item_ids):
+            _check_id(item_id, f"item_ids[{n}]")
+            if item_id in seen:
+                raise ConfigurationError(f"item_ids[{n}]: {item_id!r} is given twice", field=f"item_ids[{n}]")
+            seen.add(item_id)
+            entries.append((item_id, _payload_text(None if payloads is None else payloads[n], f"payloads[{n}]")))
+        return await self._enqueue(key, group, entries)
+
+    def _enqueue_checks(self, key: str, group: str) -> None:
         if self.on_admit is None and self.work is None:
             raise ConfigurationError("enqueue: this queue has neither on_admit nor work, so nothing would run"
                                      " the item; use permit() or give the queue a callback", field="on_admit")
         _check_id(key, "key")
         _check_id(group, "group")
-        _check_id(item_id, "item_id")
-        text = _payload_text(payload)
+
+    async def _enqueue(self, key: str, group: str, entries: list[tuple[str, str]]) -> list[QueueItem]:
+        """:meth:`enqueue_many` of checked ``(item id, payload text)`` entries."""
+        if not entries:
+            return []
         self.ensure_schema()
         now = self._now()
         wake_at = self._kick_wake(now)
-        item = self.storage.transaction(lambda: self._insert(key, group, item_id, text, now, owner="",
-                                                             wake_at=wake_at))
+        items = self.storage.transaction(lambda: self._insert_many(key, group, entries, now, wake_at))
         # Pumped by this instance at once, in the background (also beside a request in flight,
         # maybe held, request_wait_ms, that the wake-up run may be waiting for), even if arming
         # the alarm fails.
         self._kick(key)
         await self.scheduler.arm()
-        return item
+        return items
 
     @contextlib.asynccontextmanager
     async def permit(self, key: str, group: str = "default", *, timeout_ms: int | None = None,

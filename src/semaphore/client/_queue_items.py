@@ -22,6 +22,14 @@ from ._queue_model import ItemState, PermitKind, QueueItem
 log = logging.getLogger("semaphore.queue")
 
 
+def _new_row(key: str, group: str, item_id: str, payload: str, now: int, owner: str) -> dict[str, Any]:
+    """A queued item's row (every column but ``seq``)."""
+    return {"item_id": item_id, "key": key, "group_name": group, "payload": payload, "enqueued_at": now,
+            "state": ItemState.QUEUED.value, "permit_kind": "", "permit_id": "", "slot": 0, "started_at": 0,
+            "admitted": 0, "attempts": 0, "retry_at": 0, "checked_at": now, "finished_at": 0, "cancel": 0,
+            "done_pending": 0, "done_attempts": 0, "done_retry_at": 0, "owner": owner, "error": ""}
+
+
 class _QueueItemsPart(_QueueBase):
     """Item transitions and reads (see the module documentation)."""
 
@@ -29,17 +37,26 @@ class _QueueItemsPart(_QueueBase):
                 wake_at: int | None = None) -> QueueItem:
         """Queue a new item (or return the existing one of ``item_id``) and wake its key (its
         durable wake-up ``wake_at``, default ``now``, at the latest)."""
-        row = self._items.insert_new({
-            "item_id": item_id, "key": key, "group_name": group, "payload": payload, "enqueued_at": now,
-            "state": ItemState.QUEUED.value, "permit_kind": "", "permit_id": "", "slot": 0, "started_at": 0,
-            "admitted": 0, "attempts": 0, "retry_at": 0, "checked_at": now, "finished_at": 0, "cancel": 0,
-            "done_pending": 0, "done_attempts": 0, "done_retry_at": 0, "owner": owner, "error": ""})
+        row = self._items.insert_new(_new_row(key, group, item_id, payload, now, owner))
         if row is None:  # known already: returned unchanged
             existing = self._items.find(item_id)
             assert existing is not None
             return self._item_of(existing)
         self._set_wake(key, now if wake_at is None else wake_at, earlier_only=True)
         return QueueItem._from_row(row)
+
+    def _insert_many(self, key: str, group: str, entries: list[tuple[str, str]], now: int,
+                     wake_at: int) -> list[QueueItem]:
+        """:meth:`_insert` of callback items ``(item id, payload)`` of ``(key, group)``, in their
+        order, with one wake-up (:meth:`QueueItems.insert_many`: one statement per batch)."""
+        new = {str(r["item_id"]): r for r in self._items.insert_many(
+            [_new_row(key, group, item_id, payload, now, "") for item_id, payload in entries])}
+        if new:
+            self._set_wake(key, wake_at, earlier_only=True)
+        known = self._items.find_many([item_id for item_id, _ in entries if item_id not in new])
+        rows = self._items.payloads(list(known.values()))  # an existing item returned unchanged
+        existing = {str(r["item_id"]): QueueItem._from_row(r) for r in rows}
+        return [QueueItem._from_row(new[i]) if i in new else existing[i] for i, _ in entries]
 
     def _item_of(self, row: dict[str, Any]) -> QueueItem:
         """The item of a row of :attr:`_items` (its payload read if the copy does not keep it)."""

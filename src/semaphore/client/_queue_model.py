@@ -208,18 +208,18 @@ def _check_options(o: dict[str, Any]) -> None:
 MAX_PAYLOAD_BYTES = 1_000_000
 
 
-def _payload_text(payload: Any) -> str:
+def _payload_text(payload: Any, field: str = "payload") -> str:
     """``payload`` as the queue stores it: strict JSON (no NaN or Infinity, which no JSON
     reader takes back) of at most :data:`MAX_PAYLOAD_BYTES`; else :class:`ConfigurationError`
-    (field ``payload``), before anything is written."""
+    (naming ``field``), before anything is written."""
     try:
         text = json.dumps(payload, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise ConfigurationError(f"payload: not strict JSON ({exc})", field="payload") from None
+        raise ConfigurationError(f"{field}: not strict JSON ({exc})", field=field) from None
     size = len(text.encode("utf-8"))
     if size > MAX_PAYLOAD_BYTES:
-        raise ConfigurationError(f"payload: {size} bytes of JSON, over the {MAX_PAYLOAD_BYTES} a queued item "
-                                 "may carry (a Durable Object SQL row holds 2 MB)", field="payload")
+        raise ConfigurationError(f"{field}: {size} bytes of JSON, over the {MAX_PAYLOAD_BYTES} a queued item "
+                                 "may carry (a Durable Object SQL row holds 2 MB)", field=field)
     return text
 
 

@@ -71,6 +71,7 @@ from ._local import (
     StorageFault,
     VirtualClock,
 )
+from ._memory_client_store import MemoryClientRows
 from ._memory_store import (
     MemoryStore,
     Store,
@@ -81,7 +82,6 @@ from ._memory_store import (
     run_round,
     run_sync,
 )
-from ._memory_client_store import MemoryClientRows
 from ._messages import blocked, by_id, request, sync
 from ._namespace import Namespace
 from ._runner import async_test, run
