@@ -4,6 +4,8 @@ written with its merge, or by the flush, so SQL ends as the copy says."""
 
 from __future__ import annotations
 
+import pytest
+
 from semaphore.client._client_model import _install_schema
 from semaphore.client._store import GRANT_COLUMNS, GRANTS, KEY_COLUMNS, KEYS, LEASE_COLUMNS, LEASES, ClientRows
 from semaphore.core.client_state import GONE, ClientGrant, ClientLease
@@ -72,3 +74,55 @@ def test_a_delivery_is_written_with_its_merge_or_by_the_flush():
     before = storage.statements
     rows.flush()
     assert storage.statements == before
+
+
+def test_a_rows_changes_keep_its_place_in_the_report_order_while_it_has_something_to_report():
+    # R13, R7 (fair rotation): the pure changes both stores make (client/_rows.py). A row that
+    # turns dirty has waited since now; one already dirty keeps the time it has waited since; a
+    # delivery raises the acknowledged counts (never lowers them) and sends the row behind every
+    # entry still waiting.
+    from semaphore.client._rows import changed_row, delivered_row, report_order, reports_waiting, touched_key
+
+    clean = {"claimed": 1, "released": 0, "sent_claimed": 1, "sent_released": 0, "report_at": 5, "updated_at": 5,
+             "claim_by": 9, "grant_id": "g1"}
+    dirty = changed_row(clean, "grant", "released", 1, 20)
+    assert (dirty["released"], dirty["report_at"], dirty["updated_at"]) == (1, 20, 20)
+    again = changed_row({**dirty, "claimed": 2}, "grant", "released", 2, 30)
+    assert (again["report_at"], again["updated_at"]) == (20, 30)
+    acked = delivered_row(again, {"sent_claimed": 2, "sent_released": 1}, 40)
+    assert (acked["sent_claimed"], acked["sent_released"], acked["report_at"]) == (2, 1, 40)
+    assert delivered_row(acked, {"sent_claimed": 1, "sent_released": 0}, 41)["sent_claimed"] == 2
+    # The report window: rows with something to report first, longest waiting first; "cut" only
+    # when one of those did not fit; the grant-only window counts no lease.
+    a = {**clean, "grant_id": "a", "released": 1, "report_at": 30}
+    b = {**clean, "grant_id": "b", "released": 1, "report_at": 10}
+    c = {**clean, "grant_id": "c", "report_at": 0}
+    assert [r["grant_id"] for r in report_order([c, a, b], [], 0, 2)[0]] == ["b", "a"]
+    assert report_order([c, a, b], [], 0, 2)[1] is False and report_order([c, a, b], [], 0, 1)[1] is True
+    assert reports_waiting([a, b, c], [], 0) == 2
+    # A key row: a change writes it (a new one as if pruned now); no change writes nothing.
+    row = touched_key(None, "k", 50, {"room": 1})
+    assert row is not None and (row["room"], row["pruned_at"], row["updated_at"]) == (1, 50, 50)
+    assert touched_key(row, "k", 60, {"room": 1}) is None
+    later = touched_key(row, "k", 70, {"contended": 1})
+    assert later is not None and (later["room"], later["contended"], later["pruned_at"]) == (1, 1, 50)
+
+
+def test_a_delivery_rolled_back_leaves_nothing_to_write_after_its_row_is_pruned():
+    # A transaction that raises rolls back a delivery it made: the copy forgets it, its pending
+    # write included, so a later prune of that (tombstone) row and any later transaction's
+    # flush still work; a write left behind would wedge every later transaction of the client.
+    storage = _storage()
+    rows = ClientRows(storage)
+    storage.transaction(lambda: (rows.write_grant(ClientGrant("k", "g1", "a", 1, 1, 1, 1, 0, GONE, 1, 1), 10),
+                                 rows.flush()))
+
+    def delivered_then_failed() -> None:
+        rows.delivered("grant", "k", "g1", {"sent_claimed": 1, "sent_released": 1}, 11)
+        raise RuntimeError("the reply's transaction failed")
+
+    with pytest.raises(RuntimeError):
+        storage.transaction(delivered_then_failed)
+    storage.transaction(lambda: (rows.prune("k", 100), rows.flush()))
+    storage.transaction(lambda: (rows.touch_key("k", 50, room=1), rows.flush()))
+    assert rows.grant_row("k", "g1") is None and rows.key_row("k")["room"] == 1

@@ -665,18 +665,25 @@ async def test_r37_enqueue_many_splits_large_payloads_into_batches_and_keeps_the
     assert [i.payload for i in s.queue.items(KEY, ItemState.QUEUED)] == payloads
 
 
-@pytest.mark.parametrize("item_ids, payloads, field", [
-    ("abc", None, "item_ids"),
-    (["a", "b", "a"], None, "item_ids[2]"),
-    (["a", "b\x00c"], None, "item_ids[1]"),
-    (["a", "b"], [1], "payloads"),
-    (["a", "b"], [1, float("nan")], "payloads[1]"),
-], ids=["a string", "an id twice", "an id outside the alphabet", "payloads of another length", "a payload not JSON"])
+@pytest.mark.parametrize("item_ids, payloads, field, words", [
+    ("abc", None, "item_ids", "expected a list of item ids, got str"),
+    (["a", "b", "a"], None, "item_ids[2]", "given twice"),
+    (["a", "b\x00c"], None, "item_ids[1]", "control character"),
+    (["a", "b"], [1], "payloads", "one payload per item id (2), got 1 payloads"),
+    (["a", "b"], "ab", "payloads", "expected a list of payloads, one per item id, got str"),
+    (["a", "b"], {1, 2}, "payloads", "got set"),
+    (["a", "b"], [1, float("nan")], "payloads[1]", "not strict JSON"),
+    ([f"i{n}" for n in range(10_001)], None, "item_ids", "10001 items, over the 10000"),
+    ([f"i{n}" for n in range(20)], ["x" * 900_000] * 20, "payloads", "16000000 bytes"),
+], ids=["a string", "an id twice", "an id outside the alphabet", "payloads of another length",
+        "payloads a string", "payloads a set", "a payload not JSON", "over 10,000 items", "over 16 MB of payloads"])
 @async_test
-async def test_r37_enqueue_many_refuses_a_bad_batch_naming_the_field_and_writes_nothing(item_ids, payloads, field):
-    # R37, R7: every id and payload of a batch is checked before anything is written.
+async def test_r37_enqueue_many_refuses_a_bad_batch_naming_the_field_and_writes_nothing(item_ids, payloads, field,
+                                                                                        words):
+    # R37, R7: every id and payload of a batch is checked before anything is written, and a
+    # batch is bounded (one transaction, held in memory meanwhile): the error says what is wrong.
     s = Setup()
     with pytest.raises(ConfigurationError) as refused:
         await s.queue.enqueue_many(KEY, "g", item_ids, payloads)
-    assert refused.value.field == field
+    assert refused.value.field == field and words in str(refused.value), str(refused.value)
     assert s.queue.items() == [] and s.sent() == []

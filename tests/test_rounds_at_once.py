@@ -259,6 +259,9 @@ class _Queue:
 @async_test
 async def test_r9b_a_try_on_free_capacity_runs_its_block_at_once_even_on_a_batched_holder():
     q = _Queue(limit=2, free_at_once=False)
+    views: list[str] = []
+    view = q.side.queue.item
+    q.side.queue.item = lambda item_id: views.append(item_id) or view(item_id)  # type: ignore[method-assign]
 
     async def body() -> int:
         asked = q.clock.now
@@ -267,6 +270,7 @@ async def test_r9b_a_try_on_free_capacity_runs_its_block_at_once_even_on_a_batch
 
     assert await q.run(body()) <= 50
     assert [m.get("noWait") for m in q.net.sent if m["type"] == "request"] == [True]
+    assert views == []  # an admitted try reads no item view (a SQL read) to learn what it knows
 
 
 @async_test

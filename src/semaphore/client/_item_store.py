@@ -44,7 +44,8 @@ BLOCKED = "durability_semaphore_client_blocked"
 PAYLOAD_KEPT = 1024
 #: Most bytes of new items (their ids and payloads as one JSON binding) one statement of
 #: :meth:`QueueItems.insert_many` carries: well under the 2 MB a Durable Object's SQLite takes in
-#: one value. An item larger than this alone goes in a statement of its own.
+#: one value. An item larger than this alone goes in a statement of its own, its payload bound
+#: as it is.
 INSERT_BATCH_BYTES = 512 * 1024
 
 #: The columns of an item row besides ``payload`` (in the table's order).
@@ -202,8 +203,7 @@ class QueueItems:
         the same values but ``item_id`` and ``payload``), newest last: one statement per
         :data:`INSERT_BATCH_BYTES` of ids and payloads (their ``seq`` follow their order).
         Returns the rows inserted (an id that exists is left out: :meth:`find_many` it)."""
-        known = {item_id for k in self._keys.values() for item_id in k.rows}
-        fresh = [r for r in rows if str(r["item_id"]) not in known]
+        fresh = [r for r in rows if not any(str(r["item_id"]) in k.rows for k in self._keys.values())]
         out: list[dict[str, Any]] = []
         for part in _batches(fresh):
             if len(part) == 1:
@@ -312,7 +312,8 @@ def _batches(rows: Sequence[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
     part: list[dict[str, Any]] = []
     size = 0
     for r in rows:
-        n = len(str(r["item_id"]).encode()) + 2 * len(str(r["payload"]).encode()) + 8  # escapes double at most
+        # its JSON: the id and the payload as strings (an escape doubles a byte at most), 8 more
+        n = 2 * (len(str(r["item_id"]).encode()) + len(str(r["payload"]).encode())) + 8
         if part and size + n > INSERT_BATCH_BYTES:
             yield part
             part, size = [], 0

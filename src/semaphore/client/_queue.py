@@ -94,6 +94,8 @@ from ..scheduler import DurabilityScheduler
 from ._client import SemaphoreClient
 from ._queue_model import (
     _SCHEMA,
+    MAX_BATCH_BYTES,
+    MAX_BATCH_ITEMS,
     QUEUE_TABLES,
     AdmitCallback,
     CheckCallback,
@@ -114,6 +116,26 @@ from ._queue_store import WAKEUPS
 __all__ = ["ItemState", "PermitKind", "Permit", "QueueItem", "SemaphoreQueue", "QUEUE_TABLES"]
 
 log = logging.getLogger("semaphore.queue")
+
+
+def _batch_entries(item_ids: Sequence[str], payloads: Sequence[Any] | None) -> list[tuple[str, str]]:
+    """:meth:`SemaphoreQueue.enqueue_many`'s ``(item id, payload text)`` entries, each id and
+    payload checked, no id twice, at most :data:`MAX_BATCH_BYTES` of payloads."""
+    seen: set[str] = set()
+    entries: list[tuple[str, str]] = []
+    size = 0
+    for n, item_id in enumerate(item_ids):
+        _check_id(item_id, f"item_ids[{n}]")
+        if item_id in seen:
+            raise ConfigurationError(f"item_ids[{n}]: {item_id!r} is given twice", field=f"item_ids[{n}]")
+        seen.add(item_id)
+        text = _payload_text(None if payloads is None else payloads[n], f"payloads[{n}]")
+        size += len(text.encode("utf-8"))
+        if size > MAX_BATCH_BYTES:
+            raise ConfigurationError(f"payloads[{n}]: the batch's payloads pass {MAX_BATCH_BYTES} bytes of JSON,"
+                                     " the most one call takes; split the batch", field="payloads")
+        entries.append((item_id, text))
+    return entries
 
 
 class SemaphoreQueue(_QueuePermits):
@@ -261,34 +283,32 @@ class SemaphoreQueue(_QueuePermits):
                            payloads: Sequence[Any] | None = None) -> list[QueueItem]:
         """Queue several items of ``(key, group)`` at once, oldest first in the order given: as
         :meth:`enqueue` for each (an id already known is returned unchanged), but in one storage
-        transaction with one wake-up, and one SQL statement per batch of new items (up to
-        :data:`~semaphore.client._item_store.INSERT_BATCH_BYTES` of ids and payloads), so 100
-        small items cost about what one does. Returns the items in the order of ``item_ids``.
+        transaction with one wake-up, and one SQL statement per batch of new items (about
+        512 KB of ids and payloads each) instead of one per item. Returns the items in the
+        order of ``item_ids``.
 
         :param payloads: one payload per id (``None``: every payload ``None``), each as
             :meth:`enqueue` takes it.
 
-        Everything is checked before anything is written; :class:`ConfigurationError` names the
-        field (``item_ids[3]``, ``payloads[3]``): an id given twice, a string instead of a list
-        of ids, or payloads of another length are refused."""
+        At most :data:`MAX_BATCH_ITEMS` (10,000) items and :data:`MAX_BATCH_BYTES` (16 MB) of
+        payloads per call. Everything is checked before anything is written;
+        :class:`ConfigurationError` names the field (``item_ids[3]``, ``payloads[3]``): an id
+        given twice, a string instead of a list of ids, payloads of another length or a batch
+        over those bounds are refused."""
         self._enqueue_checks(key, group)
         if isinstance(item_ids, (str, bytes)) or not isinstance(item_ids, Sequence):
             raise ConfigurationError(f"item_ids: expected a list of item ids, got {type(item_ids).__name__}",
                                      field="item_ids")
-        if payloads is not None and (isinstance(payloads, (str, bytes)) or not isinstance(payloads, Sequence)
-                                     or len(payloads) != len(item_ids)):
+        if len(item_ids) > MAX_BATCH_ITEMS:
+            raise ConfigurationError(f"item_ids: {len(item_ids)} items, over the {MAX_BATCH_ITEMS} one call"
+                                     " takes; split the batch", field="item_ids")
+        if payloads is not None and (isinstance(payloads, (str, bytes)) or not isinstance(payloads, Sequence)):
+            raise ConfigurationError(f"payloads: expected a list of payloads, one per item id, got"
+                                     f" {type(payloads).__name__}", field="payloads")
+        if payloads is not None and len(payloads) != len(item_ids):
             raise ConfigurationError(f"payloads: expected one payload per item id ({len(item_ids)}), got"
-                                     f" {len(payloads) if isinstance(payloads, Sequence) else payloads!r}",
-                                     field="payloads")
-        seen: set[str] = set()
-        entries: list[tuple[str, str]] = []
-        for n, item_id in enumerate(item_ids):
-            _check_id(item_id, f"item_ids[{n}]")
-            if item_id in seen:
-                raise ConfigurationError(f"item_ids[{n}]: {item_id!r} is given twice", field=f"item_ids[{n}]")
-            seen.add(item_id)
-            entries.append((item_id, _payload_text(None if payloads is None else payloads[n], f"payloads[{n}]")))
-        return await self._enqueue(key, group, entries)
+                                     f" {len(payloads)} payloads", field="payloads")
+        return await self._enqueue(key, group, _batch_entries(item_ids, payloads))
 
     def _enqueue_checks(self, key: str, group: str) -> None:
         if self.on_admit is None and self.work is None:

@@ -18,7 +18,8 @@ from ..runtime import Storage, install_schema
 from ._item_store import ITEMS
 from ._queue_store import BLOCKED, PENDING, WAKEUPS
 
-__all__ = ["ItemState", "PermitKind", "Permit", "QueueItem", "QUEUE_TABLES", "MAX_PAYLOAD_BYTES"]
+__all__ = ["ItemState", "PermitKind", "Permit", "QueueItem", "QUEUE_TABLES", "MAX_PAYLOAD_BYTES", "MAX_BATCH_ITEMS",
+           "MAX_BATCH_BYTES"]
 
 #: Tables owned by :class:`SemaphoreQueue`.
 QUEUE_TABLES = (ITEMS, WAKEUPS, PENDING, BLOCKED)
@@ -206,6 +207,12 @@ def _check_options(o: dict[str, Any]) -> None:
 #: Most bytes of an item's payload as stored (JSON, UTF-8): a row of Durable Object SQL holds
 #: at most 2 MB, and the item's other columns need room too.
 MAX_PAYLOAD_BYTES = 1_000_000
+#: Most items one :meth:`~semaphore.client.SemaphoreQueue.enqueue_many` call takes, and most bytes
+#: of their payloads (JSON, UTF-8): the batch is written in one transaction, held in memory
+#: meanwhile (an isolate has 128 MB), and 10,000 small items take a few tenths of a second of
+#: CPU. Split a larger batch into several calls.
+MAX_BATCH_ITEMS = 10_000
+MAX_BATCH_BYTES = 16_000_000
 
 
 def _payload_text(payload: Any, field: str = "payload") -> str:

@@ -50,7 +50,7 @@ class _QueuePermits(_QueuePump):
             await asyncio.wait({fut, waiter}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             waiter.cancel()
-        item = self.item(item_id)
+        item = None if fut.done() else self.item(item_id)  # admitted: no need to read its state
         error = self._tries.error(item_id)
         answer = plan.try_answer(admitted=fut.done(), state=None if item is None else item.state.value,
                                  failed=error is not None)

@@ -107,7 +107,8 @@ class ClientStore(Protocol):
     read. Rows are dicts of
     :data:`GRANT_COLUMNS`, :data:`LEASE_COLUMNS`, or the key row's ``key``,
     :data:`KEY_COLUMNS` and ``updated_at``. A change happens inside the caller's storage
-    transaction; :meth:`flush` is called before it ends."""
+    transaction; :meth:`flush` is called before it ends. A row read may be the store's own (the
+    SQL store lends its copy's dicts, so reads cost no copying): callers never change one."""
 
     def forget(self) -> None:
         """A transaction rolled back: drop whatever is not in storage."""
