@@ -602,3 +602,23 @@ def test_r9_limits_rose_compares_what_both_resolutions_have():
     assert not limits_can_change(5, None, None) and not limits_can_change(5, 2, True)
     assert limits_can_change(lambda: 5, None, None) and limits_can_change(5, {"g": 1}, None)
     assert limits_can_change(5, lambda g: 1, None) and limits_can_change(5, None, lambda c, g: True)
+
+
+def test_r9_the_hold_decision_reads_the_reply_for_news_last_and_only_when_it_would_hold():
+    # R9 (waiting requests): whether a request is held is decided by one pure function; its
+    # costliest input, whether the reply carries news (a look through every entry of the reply),
+    # is asked only when everything else says hold: never with holding off, the default.
+    from semaphore.core.batching import hold_open
+
+    asked: list[int] = []
+
+    def news(answer: bool) -> Any:
+        return lambda: asked.append(1) or answer
+
+    hold = dict(hold_ms=10_000, is_try=False, served=False, blocked=True, now=0, hold_until=5, answered=False)
+    assert hold_open(**hold, news=news(False)) and len(asked) == 1
+    assert not hold_open(**hold, news=news(True)) and len(asked) == 2
+    for change in ({"hold_ms": 0}, {"is_try": True}, {"served": True}, {"blocked": False}, {"now": 5},
+                   {"answered": True}):
+        assert not hold_open(**{**hold, **change}, news=news(False)), change
+    assert len(asked) == 2

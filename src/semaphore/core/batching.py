@@ -8,7 +8,7 @@ from asyncio.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -126,14 +126,15 @@ def reply_has_news(reply: Mapping[str, Any], request: PermitRequest) -> bool:
 
 
 def hold_open(*, hold_ms: int, is_try: bool, served: bool, blocked: bool, now: int, hold_until: int,
-              answered: bool, news: bool) -> bool:
+              answered: bool, news: Callable[[], bool]) -> bool:
     """SPEC R9 decision (waiting requests): whether a request is held open instead of answered
     by its round: holding is on (``hold_ms`` > 0), it is no try (R9b), the round served its
     client nothing (``served`` false) and left it ``blocked``, its deadline (``hold_until``) has
     not come, some call still waits for it (``answered`` false: every call gave up), and its
-    reply carries no news (:func:`reply_has_news`)."""
+    reply carries no news (``news()``, :func:`reply_has_news`: asked last, and only then, since
+    it reads the whole reply; with holding off, the default, never)."""
     return (hold_ms > 0 and not is_try and not served and blocked and now < hold_until and not answered
-            and not news)
+            and not news())
 
 
 def limits_can_change(limit: Any, group_limit: Any, can_grant: Any) -> bool:

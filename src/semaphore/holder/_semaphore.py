@@ -753,11 +753,9 @@ class DurabilitySemaphore:
         """Hold ``p`` open instead of answering it (``hold_blocked_ms``): the round served it
         nothing, it is blocked, and its deadline has not come. Its reports are applied: the next
         round re-reads only its latest request."""
-        if self.hold_blocked_ms <= 0:  # holding off (the default): no news to look for
-            return False
         if not hold_open(hold_ms=self.hold_blocked_ms, is_try=_is_try(p), served=p.client_id in served,
                          blocked=bool(reply.get("blocked")), now=now, hold_until=p.hold_until(self.hold_blocked_ms),
-                         answered=all(f.done() for f in p.futures), news=reply_has_news(reply, p.latest)):
+                         answered=all(f.done() for f in p.futures), news=lambda: reply_has_news(reply, p.latest)):
             return False
         del p.messages[:-1]
         newer = self._pending.get(p.client_id)
@@ -1028,6 +1026,6 @@ class DurabilitySemaphore:
         try:
             return bool(await _call(source, client_id, group))
         except Exception:
-            (log.debug if quiet else log.error)("can_grant callback raised for (%r, %r); not permitted",
-                                                client_id, group, exc_info=True)
+            report = log.debug if quiet else log.error
+            report("can_grant callback raised for (%r, %r); not permitted", client_id, group, exc_info=True)
             return False
