@@ -49,6 +49,11 @@ LIMIT_MS = 600_000
 def _kind(query: str) -> str:
     """``SELECT durability_semaphore_client_items`` etc.: the statement's verb and first table."""
     verb = query.split(None, 1)[0].upper() if query.strip() else "?"
+    while True:  # not a table read in a subquery: the statement's own
+        outer = re.sub(r"\([^()]*\)", "", query)
+        if outer == query:
+            break
+        query = outer
     table = re.search(r"(durability_\w+|sqlite_master)", query)
     return f"{verb} {table.group(1) if table else '-'}"
 

@@ -12,6 +12,11 @@ against :class:`semaphore.testing.MemoryClientRows`:
 * deliveries, flushed at the transaction's end or written by a merge of the same row in the
   same transaction;
 * key rows touched (changing and not changing anything), tombstones pruned;
+* releases recorded by the caller in a table of its own (as the queue records a finished
+  item's, ``release_n``): the SQL store may leave the row unwritten, and then reads it back
+  from SQL with the recorded count; records folded into the rows and deleted. Counts only
+  rise in a client (SPEC R13), so a step never sets ``released`` (nor ``claimed``,
+  ``drawn``) below what was recorded for the row;
 * any of these in a transaction that raises after it (SQL rolls back and the store forgets its
   copy and its unwritten deliveries; the twin is restored);
 * the SQL store's copy dropped (as a new object instance starts).
@@ -27,6 +32,7 @@ Examples: ``CLIENT_STORE_CONTRACT_EXAMPLES`` (default 60, 40 steps), derandomize
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from typing import Any
@@ -100,15 +106,40 @@ COLUMNS = {"grant": ("claimed", "released", "confirmed"), "lease": ("drawn", "re
 SENT = {"grant": ("sent_claimed", "sent_released"), "lease": ("sent_drawn", "sent_released", "sent_stopped")}
 
 
+#: The caller's table of recorded releases (the queue's items table, reduced to what the
+#: store reads of it, with the same partial index).
+RECORDS = "recorded_releases"
+_RECORDS_SCHEMA = (
+    f"CREATE TABLE {RECORDS} (n INTEGER PRIMARY KEY, key TEXT NOT NULL, permit_kind TEXT NOT NULL,"
+    " permit_id TEXT NOT NULL, release_n INTEGER NOT NULL)",
+    f"CREATE INDEX {RECORDS}_released ON {RECORDS}(key, permit_kind, permit_id, release_n) WHERE release_n > 0",
+)
+
+
+def _sql_store(local: LocalStorage) -> ClientRows:
+    store = ClientRows(Storage(LocalContext(local)))
+    store.records_releases_in(RECORDS)
+    return store
+
+
 class ClientStoreContract(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.local = LocalStorage()
         self.storage = Storage(LocalContext(self.local))
         _install_schema(self.storage)
+        for statement in _RECORDS_SCHEMA:
+            self.storage.exec(statement)
         self.sql = ClientRows(self.storage)
+        self.sql.records_releases_in(RECORDS)
         self.mem = MemoryClientRows()
+        self.mem.records_releases_in(RECORDS)
         self.now = 10
+        #: The highest release recorded per row: no step sets ``released`` below it.
+        self.floor: dict[tuple[str, str, str], int] = {}
+
+    def _floor(self, kind: str, key: str, row_id: str) -> int:
+        return self.floor.get((kind, key, row_id), 0)
 
     def _both(self, op: Callable[[ClientStore], None], *, fail: bool = False) -> None:
         """``op`` on both stores: on SQL in one transaction that flushes before it ends (or
@@ -130,19 +161,68 @@ class ClientStoreContract(RuleBasedStateMachine):
         if fail:
             self.mem.restore(before)
 
+    def _raised(self, row: ClientGrant | ClientLease) -> Any:
+        if isinstance(row, ClientGrant):
+            floor = self._floor("grant", row.key, row.grant_id)
+            return dataclasses.replace(row, claimed=max(row.claimed, floor), released=max(row.released, floor))
+        floor = self._floor("lease", row.key, row.lease_id)
+        return dataclasses.replace(row, drawn=max(row.drawn, floor), released=max(row.released, floor))
+
     @rule(g=grants, fail=st.booleans())
     def merge_grant(self, g: ClientGrant, fail: bool) -> None:
+        g = self._raised(g)
         self._both(lambda s: s.write_grant(g, self.now), fail=fail)
 
     @rule(x=leases, fail=st.booleans())
     def merge_lease(self, x: ClientLease, fail: bool) -> None:
+        x = self._raised(x)
         self._both(lambda s: s.write_lease(x, self.now), fail=fail)
+
+    @rule(data=st.data(), fail=st.booleans())
+    def record_release(self, data: st.DataObject, fail: bool) -> None:
+        # One more release of a row with a permit to release (the unit releases only what it
+        # claimed or drew), which the caller records in its own table in the same transaction
+        # when the store leaves the row unwritten (both stores decide alike).
+        releasable = [(kind, key, row_id) for key in KEYS
+                      for kind, ids in (("grant", GRANT_IDS), ("lease", LEASE_IDS)) for row_id in ids
+                      if (r := (self.mem.grant_row if kind == "grant" else self.mem.lease_row)(key, row_id))
+                      and int(r["released"]) < int(r["claimed" if kind == "grant" else "drawn"])]
+        if not releasable:
+            return
+        kind, key, row_id = data.draw(st.sampled_from(releasable))
+        row = self.mem.grant_row(key, row_id) if kind == "grant" else self.mem.lease_row(key, row_id)
+        assert row is not None
+        released = int(row["released"]) + 1
+        answers: list[bool] = []
+
+        def op(s: ClientStore) -> None:
+            answers.append(s.record_release(kind, key, row_id, released, self.now))
+            if answers[-1] and s is self.sql:
+                self.storage.exec(f"INSERT INTO {RECORDS}(key, permit_kind, permit_id, release_n) VALUES (?, ?, ?, ?)",
+                                  key, kind, row_id, released)
+
+        self._both(op, fail=fail)
+        assert answers[0] == answers[1]
+        if answers[0] and not fail:
+            self.floor[(kind, key, row_id)] = max(released, self._floor(kind, key, row_id))
+
+    @rule(key=st.sampled_from(KEYS), fail=st.booleans())
+    def fold_records(self, key: str, fail: bool) -> None:
+        # The caller deletes the key's records, folding them into the rows first.
+        def op(s: ClientStore) -> None:
+            s.fold_releases("key = ?", key)
+            if s is self.sql:
+                self.storage.exec(f"DELETE FROM {RECORDS} WHERE key = ?", key)
+
+        self._both(op, fail=fail)
 
     @rule(key=st.sampled_from(KEYS), kind_id=kinds_ids, data=st.data(), fail=st.booleans())
     def change(self, key: str, kind_id: tuple[str, str], data: st.DataObject, fail: bool) -> None:
         kind, row_id = kind_id
         column = data.draw(st.sampled_from(COLUMNS[kind]))
         value = data.draw(st.integers(0, 1) if column == "stopped" else counts)
+        if column in ("released", "claimed", "drawn"):
+            value = max(value, self._floor(kind, key, row_id))
         self._both(lambda s: s.change(kind, key, row_id, column, value, self.now), fail=fail)
 
     @rule(key=st.sampled_from(KEYS), kind_id=kinds_ids, data=st.data(), merged=st.one_of(st.none(), grants, leases),
@@ -183,7 +263,7 @@ class ClientStoreContract(RuleBasedStateMachine):
     def both_answer_the_same(self) -> None:
         mem = _reads(self.mem, self.now)
         assert _reads(self.sql, self.now) == mem
-        assert _reads(ClientRows(Storage(LocalContext(self.local))), self.now) == mem  # a new instance
+        assert _reads(_sql_store(self.local), self.now) == mem  # a new instance
 
 
 ClientStoreContract.TestCase.settings = settings(

@@ -14,12 +14,9 @@ A client Durable Object talks to one holder per semaphore *key*. The client:
   ``not_found``, applies ``expired`` clamps, and adopts grants and leases a reply mentions that it
   did not know (their original reply was lost, SPEC R8).
 
-The transport is any coroutine function ``(key, message_dict) -> reply_dict``; the RPC helper of
-:mod:`semaphore.rpc` provides one, tests use an in-memory one.
+The transport is any coroutine function ``(key, message_dict) -> reply_dict`` (:mod:`semaphore.rpc`).
 
-**Per-key unit of work.** :meth:`SemaphoreClient.unit` returns a :class:`KeyUnit`
-(:mod:`._key_unit`). The schema, its upgrades and :class:`AppliedReply` are in
-:mod:`._client_model`.
+**Per-key unit of work:** :meth:`SemaphoreClient.unit` (:mod:`._key_unit`). Schema: :mod:`._client_model`.
 
 Claims are *local* until confirmed (SPEC R15a): :meth:`SemaphoreClient.claim` records the claim
 and returns the claimed slot numbers; a slot ``k`` of a grant is confirmed once
@@ -32,7 +29,8 @@ Dropped grants and settled leases are kept for a while as tombstones (``status``
 **Loaded once per key.** The rows live in :class:`~semaphore.client._store.ClientRows`: a key's
 live grants, live leases and key row are read once per instance (one statement), then
 answered from memory; every change is written through to SQL in the caller's transaction (a
-delivered report with the reply's merge of its row, or when the reply is applied), and a rolled
+delivered report with the reply's merge of its row, or when the reply is applied; a release a
+queue records in its finished item's row, ``release_n``, counted when read), and a rolled
 back transaction makes the copy forget (the next read loads again).
 
 **Reports beyond the wire limit.** A message carries at most 1,000 grant and 1,000 lease reports
@@ -90,7 +88,7 @@ from ._client_model import (
 )
 from ._key_unit import KeyUnit
 from ._rows import ClientStore
-from ._store import ClientRows
+from ._store import ClientRows, releases_recorded_in
 
 __all__ = [
     "Transport",
@@ -156,6 +154,8 @@ class SemaphoreClient:
         if self._ready:
             return
         _install_schema(self.storage)
+        if (records := releases_recorded_in(self.storage)) is not None:  # a queue's items, SPEC R35
+            self.rows.records_releases_in(records)
         self._ready = True
 
     @staticmethod

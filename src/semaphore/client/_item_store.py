@@ -51,7 +51,7 @@ INSERT_BATCH_BYTES = 512 * 1024
 #: The columns of an item row besides ``payload`` (in the table's order).
 COLUMNS = ("item_id", "key", "group_name", "enqueued_at", "seq", "state", "permit_kind", "permit_id", "slot",
            "started_at", "admitted", "attempts", "retry_at", "checked_at", "finished_at", "cancel",
-           "done_pending", "done_attempts", "done_retry_at", "owner", "error")
+           "done_pending", "done_attempts", "done_retry_at", "owner", "error", "release_n")
 _PAYLOAD = f"CASE WHEN length(CAST(payload AS BLOB)) <= {PAYLOAD_KEPT} THEN payload END"
 _SELECT = ", ".join(COLUMNS) + f", {_PAYLOAD} AS payload"
 #: Item rows with the ``blocked`` entry of a queued item's group (the public views).
@@ -83,8 +83,12 @@ class QueueItems:
     documentation). ``done_hooks``: the queue has an ``on_done`` hook (finished items whose
     hook is pending are kept too)."""
 
-    def __init__(self, storage: Storage, *, done_hooks: bool, on_load: OnLoad | None = None) -> None:
+    def __init__(self, storage: Storage, *, done_hooks: bool, on_load: OnLoad | None = None,
+                 before_delete: Callable[..., None] | None = None) -> None:
         self.storage = storage
+        #: Called with :meth:`delete_done`'s condition and arguments before it deletes (the
+        #: client folds the releases recorded in those rows into its own, ``release_n``).
+        self.before_delete = before_delete
         self.done_hooks = done_hooks
         self.on_load = on_load
         self._keys: dict[str, _Key] = {}
@@ -300,9 +304,14 @@ class QueueItems:
         self.storage.exec(f"UPDATE {ITEMS} SET {', '.join(sets)}"
                           " WHERE item_id IN (SELECT json_extract(value, '$[0]') FROM json_each(?))", *args, rows)
 
-    def delete_done(self, where: str, *args: Any) -> None:
+    def delete_done(self, where: str, *args: Any, fold: bool = True) -> None:
         """Delete finished items (``state = 'done' AND <where>``); the copy keeps none of them
-        unless its hook is pending, which ``where`` must exclude."""
+        unless its hook is pending, which ``where`` must exclude. The releases recorded in them
+        are folded into the client's rows first (:attr:`before_delete`), unless ``fold`` is
+        false: then ``where`` must keep every row with one (``release_n = 0``)."""
+        assert fold or "release_n = 0" in where
+        if fold and self.before_delete is not None:
+            self.before_delete(f"state = 'done' AND {where}", *args)
         self.storage.exec(f"DELETE FROM {ITEMS} WHERE state = 'done' AND {where}", *args)
 
 

@@ -62,12 +62,39 @@ class KeyUnit:
 
     def release(self, grant_id: str, count: int = 1) -> int:
         """As :meth:`SemaphoreClient.release`: how many claimed permits were released."""
-        g = self.grant(grant_id)
-        n = 0 if g is None or g.status == GONE or count <= 0 else min(count, g.releasable)
-        if g is None or n <= 0:
-            return 0
-        self.client._change_grant(self.key, grant_id, "released", g.released + n)
+        n = self._releasable("grant", grant_id, count)
+        if n > 0:
+            g = self.grant(grant_id)
+            assert g is not None
+            self.client._change_grant(self.key, grant_id, "released", g.released + n)
         return n
+
+    def _releasable(self, kind: str, permit_id: str, count: int) -> int:
+        """How many of ``count`` permits of a grant (``kind`` ``"grant"``: confirmed, not
+        released, SPEC R15a) or of a lease (``"lease"``: drawn, not released, R34) a release
+        frees."""
+        if count <= 0:
+            return 0
+        if kind == "grant":
+            g = self.grant(permit_id)
+            return 0 if g is None or g.status == GONE else min(count, g.releasable)
+        x = self.lease(permit_id)
+        return 0 if x is None or x.status == _SETTLED else min(count, x.in_use)
+
+    def release_recorded(self, kind: str, permit_id: str) -> int:
+        """Release one permit of a grant (``kind`` ``"grant"``) or a lease (``"lease"``), as
+        :meth:`release` / :meth:`release_lease` do, for a caller that records the release itself
+        in this transaction (the queue: ``release_n`` of the finished item, SPEC R35). Returns
+        what to record, the row's new ``released`` count, while the row stays unwritten
+        (:meth:`~semaphore.client._rows.ClientStore.record_release`); 0 when there is nothing to
+        record (nothing to release, or the row was written)."""
+        if self._releasable(kind, permit_id, 1) <= 0:
+            return 0
+        row = self.grant(permit_id) if kind == "grant" else self.lease(permit_id)
+        assert row is not None
+        released = row.released + 1
+        recorded = self.client.rows.record_release(kind, self.key, permit_id, released, self.client._now())
+        return released if recorded else 0
 
     def draw(self, lease_id: str, *, margin_ms: int = 0, now: int | None = None) -> int | None:
         """As :meth:`SemaphoreClient.draw` (SPEC R30, R34), judged at ``now`` (default: the
@@ -88,11 +115,11 @@ class KeyUnit:
 
     def release_lease(self, lease_id: str, count: int = 1) -> int:
         """As :meth:`SemaphoreClient.release_lease` (SPEC R34): how many were released."""
-        lease = self.lease(lease_id)
-        n = 0 if lease is None or lease.status == _SETTLED or count <= 0 else min(count, lease.in_use)
-        if lease is None or n <= 0:
-            return 0
-        self.client._change_lease(self.key, lease_id, "released", lease.released + n)
+        n = self._releasable("lease", lease_id, count)
+        if n > 0:
+            lease = self.lease(lease_id)
+            assert lease is not None
+            self.client._change_lease(self.key, lease_id, "released", lease.released + n)
         return n
 
     def ask_holder(self) -> None:

@@ -18,7 +18,7 @@ from ..core.wire import Blocked, Demand
 from ..runtime import Storage, TableWatch
 from ..scheduler import DurabilityScheduler
 from ._client import SemaphoreClient
-from ._item_store import QueueItems
+from ._item_store import ITEMS, QueueItems
 from ._queue_model import AdmitCallback, CheckCallback, DoneCallback, QueueItem, WorkCallback, _install_schema
 from ._queue_store import QueueMarks
 from ._tries import Tries
@@ -66,7 +66,8 @@ class _QueueBase(abc.ABC):
         """The in-memory copies of the queue's rows (its marks, its items); a rollback of the
         queue's or the client's storage forgets every copy (theirs and the client's rows)."""
         self.marks = QueueMarks(self.storage)
-        self._items = QueueItems(self.storage, done_hooks=done_hooks, on_load=self.marks.loaded)
+        self._items = QueueItems(self.storage, done_hooks=done_hooks, on_load=self.marks.loaded,
+                                 before_delete=self.client.rows.fold_releases)
         if self.storage is not client.storage:
             self.storage.on_rollback(client.rows.forget)
             client.storage.on_rollback(self.marks.forget)
@@ -113,6 +114,7 @@ class _QueueBase(abc.ABC):
             return
         self.client.ensure_schema()
         _install_schema(self.storage)
+        self.client.rows.records_releases_in(ITEMS)  # a finished item's release_n
         self._wakeups.created()
         self._ready = True
 

@@ -27,7 +27,7 @@ def _new_row(key: str, group: str, item_id: str, payload: str, now: int, owner: 
     return {"item_id": item_id, "key": key, "group_name": group, "payload": payload, "enqueued_at": now,
             "state": ItemState.QUEUED.value, "permit_kind": "", "permit_id": "", "slot": 0, "started_at": 0,
             "admitted": 0, "attempts": 0, "retry_at": 0, "checked_at": now, "finished_at": 0, "cancel": 0,
-            "done_pending": 0, "done_attempts": 0, "done_retry_at": 0, "owner": owner, "error": ""}
+            "done_pending": 0, "done_attempts": 0, "done_retry_at": 0, "owner": owner, "error": "", "release_n": 0}
 
 
 class _QueueItemsPart(_QueueBase):
@@ -62,14 +62,21 @@ class _QueueItemsPart(_QueueBase):
         """The item of a row of :attr:`_items` (its payload read if the copy does not keep it)."""
         return QueueItem._from_row(self._items.payloads([row])[0])
 
-    def _release_permit(self, key: str, row: Mapping[str, Any]) -> None:
+    def _release_permit(self, key: str, row: Mapping[str, Any], *, record: bool = False) -> int:
+        """Release the item's permit (if it has one). ``record``: the caller records the
+        release in the item's row (``release_n``, the value returned; 0: nothing to record),
+        so the permit's row need not be written for it (SPEC R35)."""
         if not row["permit_kind"]:
-            return
+            return 0
         unit = self.client.unit(key)
-        if row["permit_kind"] == PermitKind.GRANT.value:
+        kind = PermitKind(row["permit_kind"]).value
+        if record:
+            return unit.release_recorded(kind, str(row["permit_id"]))
+        if kind == PermitKind.GRANT.value:
             unit.release(str(row["permit_id"]), 1)
         else:
             unit.release_lease(str(row["permit_id"]), 1)
+        return 0
 
     def _complete(self, item_id: str, now: int) -> bool:
         return self._complete_key(item_id, now) is not None
@@ -77,7 +84,9 @@ class _QueueItemsPart(_QueueBase):
     def _complete_key(self, item_id: str, now: int, wake_at: int | None = None) -> str | None:
         """Complete ``item_id`` (see :meth:`complete`); its key, or ``None`` when it is unknown
         or finished already. The key's durable wake-up is ``wake_at`` (default ``now``) at the
-        latest."""
+        latest. A callback item's release is recorded in its own row, written anyway
+        (:meth:`_release_permit`); a :meth:`permit` item's row is deleted soon after, so its
+        permit's row is written."""
         row = self._items.find(item_id)
         if row is None or row["state"] == ItemState.DONE.value:
             return None
@@ -86,24 +95,28 @@ class _QueueItemsPart(_QueueBase):
             # The claim may be confirmed: resolve it first, then release at once.
             self._items.update(key, [item_id], {"cancel": 1})
         else:
+            release_n = 0
             if row["state"] == ItemState.RUNNING.value:
-                self._release_permit(key, row)
-            self._finish(key, [item_id], now)
+                release_n = self._release_permit(key, row, record=not row["owner"])
+            self._finish(key, [item_id], now, release_n=release_n)
         self._set_wake(key, now if wake_at is None else wake_at, earlier_only=True)
         return key
 
-    def _finish(self, key: str, item_ids: list[str], now: int) -> None:
+    def _finish(self, key: str, item_ids: list[str], now: int, *, release_n: int = 0) -> None:
         """Mark the items done (inside the caller's transaction; the caller wakes the key). With
         ``on_done`` their hooks are only recorded as pending, due at once: each runs later in a
         transaction of its own (:meth:`_run_done_hook`), never in this shared step, so a failing
-        hook cannot roll back the key's admissions or replies."""
+        hook cannot roll back the key's admissions or replies. ``release_n``: the permit
+        release the (one) item records (:meth:`_release_permit`)."""
         if not item_ids:
             return
+        assert not release_n or len(item_ids) == 1
         rows = [self._items.row(key, item_id) for item_id in item_ids]
         permits = any(r is None or r["owner"] for r in rows)  # permit() items among them (unknown: maybe)
+        recorded = {"release_n": release_n} if release_n else {}
         self._items.update(key, item_ids, {  # a permit() item's caller knows when it is done: no hook for it
             "state": ItemState.DONE.value, "finished_at": now, "done_pending": DonePending(self.on_done is not None),
-            "done_attempts": 0, "done_retry_at": now})
+            "done_attempts": 0, "done_retry_at": now, **recorded})
         self.marks.finished(key, now, permits=permits)
 
     def _run_done_hooks(self, key: str) -> None:

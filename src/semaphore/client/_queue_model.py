@@ -46,13 +46,16 @@ _SCHEMA = (
 #: item is done and its ``on_done`` hook has not run yet; ``done_attempts`` / ``done_retry_at``:
 #: failed calls of the hook and when to call it again; ``owner``: for an item of
 #: :meth:`SemaphoreQueue.permit`, the queue instance whose caller waits for it or holds it (empty
-#: for callback items); ``error``: the last failure of the item's ``on_admit`` / ``work``.
+#: for callback items); ``error``: the last failure of the item's ``on_admit`` / ``work``;
+#: ``release_n``: a finished callback item's release of its permit, recorded here instead of in
+#: the permit's row (the permit's ``released`` count after it; 0: none recorded; SPEC R35).
 _ADDED_COLUMNS = (
     (ITEMS, "done_pending", "INTEGER NOT NULL DEFAULT 0"),
     (ITEMS, "done_attempts", "INTEGER NOT NULL DEFAULT 0"),
     (ITEMS, "done_retry_at", "INTEGER NOT NULL DEFAULT 0"),
     (ITEMS, "owner", "TEXT NOT NULL DEFAULT ''"),
     (ITEMS, "error", "TEXT NOT NULL DEFAULT ''"),
+    (ITEMS, "release_n", "INTEGER NOT NULL DEFAULT 0"),
 )
 
 # Created after the added columns (they index them). Partial: the pump finds pending hooks
@@ -62,6 +65,9 @@ _INDEXES = (
     f"CREATE INDEX IF NOT EXISTS {ITEMS}_permits ON {ITEMS}(key, checked_at) WHERE owner != '' AND state != 'done'",
     f"CREATE INDEX IF NOT EXISTS {ITEMS}_permits_done ON {ITEMS}(key) WHERE state = 'done' AND owner != ''",
     f"CREATE INDEX IF NOT EXISTS {ITEMS}_seq ON {ITEMS}(seq)",  # MAX(seq) at every insert
+    # a permit's highest recorded release, read with the client's rows (ClientRows)
+    f"CREATE INDEX IF NOT EXISTS {ITEMS}_released ON {ITEMS}(key, permit_kind, permit_id, release_n)"
+    " WHERE release_n > 0",
     # the earliest wake times (QueueMarks), and the keys due at a wake-up
     f"CREATE INDEX IF NOT EXISTS {WAKEUPS}_at ON {WAKEUPS}(wake_at, key)",
 )

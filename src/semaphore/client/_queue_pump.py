@@ -361,7 +361,7 @@ class _QueuePump(_QueueCallbacks):
             self.marks.purged()
         # A finished permit() item is never enqueued again (its id is random): nothing to keep.
         if self.marks.permits_done(key):
-            self._items.delete_done("key = ? AND owner != ''", key)
+            self._items.delete_done("key = ? AND owner != '' AND release_n = 0", key, fold=False)
             self.marks.permits_deleted(key)
 
     def _report_due(self, key: str, snap: KeySnapshot) -> plan.ReportDue:

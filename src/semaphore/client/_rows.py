@@ -15,7 +15,7 @@ from ..core.wire import LeaseStatus
 
 __all__ = ["ClientStore", "GONE_GRANT", "SETTLED_LEASE", "GRANTS", "LEASES", "KEYS", "KEY_COLUMNS",
            "GRANT_COLUMNS", "LEASE_COLUMNS",
-           "grant_dirty", "lease_dirty", "lease_due", "changed_row", "delivered_row", "grant_row_of",
+           "grant_dirty", "lease_dirty", "lease_due", "changed_row", "recorded_row", "delivered_row", "grant_row_of",
            "lease_row_of", "touched_key", "report_order", "reports_waiting"]
 
 
@@ -59,6 +59,18 @@ def changed_row(r: dict[str, Any], kind: str, column: str, value: int, now: int)
     had something to report since ``now`` (report order)."""
     dirty = grant_dirty(r) if kind == "grant" else lease_dirty(r)
     return {**r, column: value, "updated_at": now, "report_at": r["report_at"] if dirty else now}
+
+
+def recorded_row(r: dict[str, Any], kind: str, released: int) -> dict[str, Any] | None:
+    """``r`` with its ``released`` count raised to ``released`` by a release the caller records
+    in a row of its own (:meth:`ClientStore.record_release`: the queue's finished item), or
+    ``None`` when the row must be written instead: it has nothing to report yet (turning dirty
+    moves its report time, which only a write of the row keeps), or the count would not rise.
+    Nothing else of the row changes (``updated_at`` is when the row was last written)."""
+    dirty = grant_dirty(r) if kind == "grant" else lease_dirty(r)
+    if not dirty or released <= int(r["released"]):
+        return None
+    return {**r, "released": released}
 
 
 def delivered_row(r: dict[str, Any], sent: dict[str, int], stamp: int) -> dict[str, Any]:
@@ -145,6 +157,23 @@ class ClientStore(Protocol):
 
     def change(self, kind: str, key: str, row_id: str, column: str, value: int, now: int) -> None:
         """Set one count of a grant or lease row (``kind``), a local change (SPEC R13)."""
+
+    def record_release(self, kind: str, key: str, row_id: str, released: int, now: int) -> bool:
+        """Raise a row's ``released`` count to ``released`` (a local change, SPEC R13) for a
+        caller that records it durably itself, in the same transaction, in the table named to
+        :meth:`records_releases_in` (the queue: ``release_n`` of the finished item). True when
+        only that record holds it (:func:`recorded_row`: the row stays unwritten); False when
+        the row was written instead (:meth:`change`), so the caller need record nothing."""
+
+    def records_releases_in(self, table: str) -> None:
+        """Releases are recorded in ``table`` too (its ``key``, ``permit_kind``, ``permit_id``,
+        ``release_n``): a row's ``released`` read from storage is at least the highest
+        ``release_n`` recorded for it, never above its claimed (drawn) count."""
+
+    def fold_releases(self, where: str, *args: Any) -> None:
+        """Write into their rows the releases recorded in the rows of the records table
+        matching ``where`` (SQL over that table, with ``args``), before the caller deletes
+        those rows."""
 
     def delivered(self, kind: str, key: str, row_id: str, sent: dict[str, int], stamp: int) -> None:
         """The holder applied a report of the row: its acknowledged counts raised to ``sent``."""

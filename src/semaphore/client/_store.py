@@ -21,6 +21,15 @@ and what the copy holds are the same rows, as long as
   and the next read loads again.
 
 A new object instance (after eviction) starts with no copy.
+
+**Recorded releases** (SPEC R35). A queue completing a callback item may record the release of
+its permit in the item's own row (``release_n``, the permit's ``released`` count after it)
+instead of writing the permit's row (:meth:`ClientRows.record_release`, when the row has
+something to report already, :func:`~._rows.recorded_row`). Every read of a grant or lease from
+SQL (the key's load, a tombstone's point read, the views) therefore takes ``released`` as at
+least the highest count recorded for the row, never above its claimed (drawn) count, through the
+items' partial index; before finished items are deleted, :meth:`ClientRows.fold_releases` writes
+their recorded releases into the rows. Counts only rise (R13), so the highest is the count.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from typing import Any
 from ..core.client_state import GONE, ClientGrant, ClientLease
 from ..core.wire import LeaseStatus
 from ..runtime import Storage
+from ._item_store import ITEMS
 from ._rows import (
     GRANT_COLUMNS,
     GRANTS,
@@ -44,25 +54,60 @@ from ._rows import (
     delivered_row,
     grant_row_of,
     lease_row_of,
+    recorded_row,
     report_order,
     reports_waiting,
     touched_key,
 )
 
-__all__ = ["ClientStore", "ClientRows", "GRANTS", "LEASES", "KEYS", "KEY_COLUMNS", "GRANT_COLUMNS", "LEASE_COLUMNS"]
+__all__ = ["ClientStore", "ClientRows", "releases_recorded_in",
+           "GRANTS", "LEASES", "KEYS", "KEY_COLUMNS", "GRANT_COLUMNS", "LEASE_COLUMNS"]
 
 _SETTLED = LeaseStatus.SETTLED.value
+
+
+def releases_recorded_in(storage: Storage) -> str | None:
+    """The table a queue over ``storage`` records permit releases in (its items, with their
+    ``release_n`` column; :meth:`ClientRows.records_releases_in`), or ``None``: no such table
+    yet (a queue adds the column, then names the table itself)."""
+    present = {str(r["name"]) for r in storage.exec(f"PRAGMA table_info({ITEMS})")}
+    return ITEMS if "release_n" in present else None
+
 
 def _json_row(columns: tuple[str, ...] | list[str]) -> str:
     return "json_object(" + ", ".join(f"'{c}', {c}" for c in columns) + ")"
 
 
-#: A key's live grants, live leases and key row, in one statement (each branch through its
-#: table's index), every row as a JSON object tagged with its table.
-_LOAD = (f"SELECT 'g' AS t, {_json_row(GRANT_COLUMNS)} AS r FROM {GRANTS} WHERE key = ? AND status <> '{GONE}'"
-         f" UNION ALL SELECT 'l', {_json_row(LEASE_COLUMNS)} FROM {LEASES}"
-         f" WHERE key = ? AND status <> '{LeaseStatus.SETTLED.value}'"
-         f" UNION ALL SELECT 'k', {_json_row(['key', *KEY_COLUMNS, 'updated_at'])} FROM {KEYS} WHERE key = ?")
+def _select(kind: str, records: str | None) -> list[tuple[str, str]]:
+    """``(column, SQL)`` of a grant or lease row read through the alias ``r``: ``released`` is
+    at least the highest release ``records`` holds for the row (:meth:`ClientRows.record_release`;
+    never above the row's claimed or drawn count), through that table's partial index."""
+    used, id_column = ("claimed", "grant_id") if kind == "grant" else ("drawn", "lease_id")
+    out = []
+    for c in GRANT_COLUMNS if kind == "grant" else LEASE_COLUMNS:
+        sql = f"r.{c}"
+        if c == "released" and records is not None:
+            recorded = (f"(SELECT MAX(release_n) FROM {records} WHERE release_n > 0 AND key = r.key"
+                        f" AND permit_kind = '{kind}' AND permit_id = r.{id_column})")
+            sql = f"MAX(r.released, MIN(r.{used}, COALESCE({recorded}, 0)))"
+        out.append((c, sql))
+    return out
+
+
+def _columns(kind: str, records: str | None) -> str:
+    return ", ".join(f"{sql} AS {c}" for c, sql in _select(kind, records))
+
+
+def _load(records: str | None) -> str:
+    """A key's live grants, live leases and key row, in one statement (each branch through its
+    table's index), every row as a JSON object tagged with its table."""
+    def json_row(kind: str) -> str:
+        return "json_object(" + ", ".join(f"'{c}', {sql}" for c, sql in _select(kind, records)) + ")"
+
+    return (f"SELECT 'g' AS t, {json_row('grant')} AS r FROM {GRANTS} r WHERE r.key = ? AND r.status <> '{GONE}'"
+            f" UNION ALL SELECT 'l', {json_row('lease')} FROM {LEASES} r"
+            f" WHERE r.key = ? AND r.status <> '{LeaseStatus.SETTLED.value}'"
+            f" UNION ALL SELECT 'k', {_json_row(['key', *KEY_COLUMNS, 'updated_at'])} FROM {KEYS} WHERE key = ?")
 
 
 @dataclass
@@ -86,7 +131,21 @@ class ClientRows:
         #: Rows whose delivery (:meth:`delivered`) is in the copy only, until written with the
         #: reply's merge (:meth:`write_grant`, :meth:`write_lease`) or by :meth:`flush`.
         self._unwritten: dict[tuple[str, str, str], tuple[str, ...]] = {}
+        #: The table that records releases too (:meth:`records_releases_in`), if any.
+        self._records: str | None = None
+        self._load_sql = _load(None)
         storage.on_rollback(self.forget)
+
+    def records_releases_in(self, table: str) -> None:
+        """Releases are recorded in ``table`` too (the queue's items: ``key``, ``permit_kind``,
+        ``permit_id``, ``release_n``, indexed where ``release_n > 0``): from now on every read of
+        a row from SQL counts them (:meth:`record_release`)."""
+        if table == self._records:
+            return
+        assert not self._unwritten, "records_releases_in inside a transaction that delivered reports"
+        self._records = table
+        self._load_sql = _load(table)
+        self._keys.clear()  # a key loaded before did not count them
 
     def forget(self) -> None:
         """Drop the copy of every key (a transaction rolled back; the next read loads again)."""
@@ -97,7 +156,7 @@ class ClientRows:
         k = self._keys.get(key)
         if k is None:
             k = _Key({}, {}, None)
-            for loaded in self.storage.exec(_LOAD, key, key, key):
+            for loaded in self.storage.exec(self._load_sql, key, key, key):
                 r = json.loads(loaded["r"])
                 if loaded["t"] == "g":
                     k.grants[str(r["grant_id"])] = r
@@ -125,7 +184,8 @@ class ClientRows:
             return r
         if grant_id not in k.grant_tombs:
             k.grant_tombs[grant_id] = self.storage.one(
-                f"SELECT * FROM {GRANTS} WHERE key = ? AND grant_id = ?", key, grant_id)
+                f"SELECT {_columns('grant', self._records)} FROM {GRANTS} r WHERE r.key = ? AND r.grant_id = ?",
+                key, grant_id)
         return k.grant_tombs[grant_id]
 
     def lease_row(self, key: str, lease_id: str) -> dict[str, Any] | None:
@@ -136,7 +196,8 @@ class ClientRows:
             return r
         if lease_id not in k.lease_tombs:
             k.lease_tombs[lease_id] = self.storage.one(
-                f"SELECT * FROM {LEASES} WHERE key = ? AND lease_id = ?", key, lease_id)
+                f"SELECT {_columns('lease', self._records)} FROM {LEASES} r WHERE r.key = ? AND r.lease_id = ?",
+                key, lease_id)
         return k.lease_tombs[lease_id]
 
     def grants(self, key: str) -> list[ClientGrant]:
@@ -155,12 +216,14 @@ class ClientRows:
         """Every grant row of ``key``, tombstones included, from SQL (a view; the copy keeps
         live rows only), oldest claim deadline first."""
         return [ClientGrant._from_row(r) for r in self.storage.exec(
-            f"SELECT * FROM {GRANTS} WHERE key = ? ORDER BY claim_by, grant_id", key)]
+            f"SELECT {_columns('grant', self._records)} FROM {GRANTS} r WHERE r.key = ?"
+            " ORDER BY r.claim_by, r.grant_id", key)]
 
     def every_lease(self, key: str) -> list[ClientLease]:
         """Every lease row of ``key``, tombstones included, from SQL, earliest expiry first."""
         return [ClientLease._from_row(r) for r in self.storage.exec(
-            f"SELECT * FROM {LEASES} WHERE key = ? ORDER BY expires_at, lease_id", key)]
+            f"SELECT {_columns('lease', self._records)} FROM {LEASES} r WHERE r.key = ?"
+            " ORDER BY r.expires_at, r.lease_id", key)]
 
     def every_key(self) -> list[str]:
         """Every key with a key row, a live grant or a live lease, from SQL."""
@@ -190,6 +253,36 @@ class ClientRows:
         self.storage.exec(f"UPDATE {table} SET {column} = ?, updated_at = ?, report_at = ?"
                           f" WHERE key = ? AND {id_column} = ?", value, now, new["report_at"], key, row_id)
         self._put(kind, key, row_id, new)
+
+    def record_release(self, kind: str, key: str, row_id: str, released: int, now: int) -> bool:
+        """Raise a row's ``released`` to ``released`` for a caller that records it in the table
+        named to :meth:`records_releases_in`, in this transaction: in the copy only, when the
+        row has something to report already (:func:`recorded_row`), and True; else written as
+        :meth:`change` does, and False (the caller need record nothing)."""
+        r = self.grant_row(key, row_id) if kind == "grant" else self.lease_row(key, row_id)
+        new = None if r is None or self._records is None else recorded_row(r, kind, released)
+        if new is None:
+            self.change(kind, key, row_id, "released", released, now)
+            return False
+        self._put(kind, key, row_id, new)
+        return True
+
+    def fold_releases(self, where: str, *args: Any) -> None:
+        """Write into the grant and lease rows the releases recorded in the records' rows that
+        match ``where`` (over the records table, with ``args``), before the caller deletes
+        them: one statement per table, through the records' partial index. The copy holds
+        these counts already."""
+        if self._records is None:
+            return
+        for kind, table, id_column, used in (("grant", GRANTS, "grant_id", "claimed"),
+                                             ("lease", LEASES, "lease_id", "drawn")):
+            self.storage.exec(
+                f"UPDATE {table} SET released = MAX(released, MIN({used}, x.n))"
+                f" FROM (SELECT key, permit_id, MAX(release_n) AS n FROM {self._records}"
+                f" WHERE release_n > 0 AND permit_kind = '{kind}' AND ({where}) GROUP BY key, permit_id) AS x"
+                f" WHERE {table}.key = x.key AND {table}.{id_column} = x.permit_id"
+                f" AND {table}.released < MIN({table}.{used}, x.n)",
+                *args)
 
     def delivered(self, kind: str, key: str, row_id: str, sent: dict[str, int], stamp: int) -> None:
         """The holder applied a report of the row: raise its acknowledged counts to ``sent``

@@ -26,6 +26,7 @@ from ..client._rows import (
     delivered_row,
     grant_row_of,
     lease_row_of,
+    recorded_row,
     report_order,
     reports_waiting,
     touched_key,
@@ -45,6 +46,15 @@ class MemoryClientRows:
         self._grants: dict[tuple[str, str], dict[str, Any]] = {}
         self._leases: dict[tuple[str, str], dict[str, Any]] = {}
         self._keys: dict[str, dict[str, Any]] = {}
+        self._records: str | None = None
+
+    def records_releases_in(self, table: str) -> None:
+        """Releases are recorded in ``table`` too (:meth:`record_release` may keep a row
+        unwritten, as the SQL store does)."""
+        self._records = table
+
+    def fold_releases(self, where: str, *args: Any) -> None:
+        """Nothing to write: a recorded release is in its row already."""
 
     # ------------------------------------------------------------------ rollback (for callers)
     def snapshot(self) -> _State:
@@ -121,6 +131,17 @@ class MemoryClientRows:
         r = self._rows(kind).get((key, row_id))
         if r is not None:
             self._rows(kind)[(key, row_id)] = changed_row(r, kind, column, value, now)
+
+    def record_release(self, kind: str, key: str, row_id: str, released: int, now: int) -> bool:
+        """Raise a row's ``released`` (:func:`~semaphore.client._rows.recorded_row`, else as
+        :meth:`change`); True when the caller's record holds it."""
+        r = self._rows(kind).get((key, row_id))
+        new = None if r is None or self._records is None else recorded_row(r, kind, released)
+        if new is None:
+            self.change(kind, key, row_id, "released", released, now)
+            return False
+        self._rows(kind)[(key, row_id)] = new
+        return True
 
     def delivered(self, kind: str, key: str, row_id: str, sent: dict[str, int], stamp: int) -> None:
         """Raise the row's acknowledged counts (:func:`~semaphore.client._rows.delivered_row`)."""

@@ -1,0 +1,141 @@
+"""Tier 1: a finished callback item records its permit's release in its own row (SPEC R35).
+
+When the queue completes a running callback item whose grant (or lease) already has something
+to report, the release is written once, in the item's own row (``release_n``: the permit's
+``released`` count after it), and the permit's row stays unwritten: one write per completion
+instead of two. Every read of the permit's row from SQL counts the recorded releases
+(:class:`~semaphore.client._store.ClientRows`), a new instance included, and the purge of
+finished items folds them into the permit's row before it deletes them. Nothing is lost: the
+holder gets every release back, across evictions and purges.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from semaphore import ItemState
+from semaphore.client import SemaphoreClient
+from semaphore.runtime import Storage
+from semaphore.testing import T0, ClientSide, HolderSide, Net, SimClock, async_test
+
+KEY = "acct"
+GRANTS = "durability_semaphore_client_grants"
+ITEMS = "durability_semaphore_client_items"
+
+pytestmark = pytest.mark.usefixtures("quiet_logs")
+
+
+class Setup:
+    """A client object (limit 3, the grant path) whose callback items run until completed."""
+
+    def __init__(self, **queue_options: Any) -> None:
+        self.clock = SimClock(T0)
+        self.holder = HolderSide(self.clock, limit=3, leases=None)
+        self.net = Net(self.holder, self.clock)
+        self.side = ClientSide("c1", self.clock, self.net, on_admit=lambda side, item: None, **queue_options)
+
+    def sql(self, query: str, *args: Any) -> list[dict[str, Any]]:
+        return [dict(r) for r in Storage(self.side.ctx).exec(query, *args)]
+
+    def grant_released(self) -> list[int]:
+        """The ``released`` column of the key's grant rows as SQL holds it (not counting records)."""
+        return [int(r["released"]) for r in self.sql(f"SELECT released FROM {GRANTS} WHERE key = ?", KEY)]
+
+    async def running(self, n: int) -> list[str]:
+        for i in range(n):
+            await self.side.queue.enqueue(KEY, "g", f"i{i}")
+        await self.clock.advance(3000)
+        running = sorted(i.item_id for i in self.side.queue.items(state=ItemState.RUNNING))
+        assert len(running) == n
+        return running
+
+    async def outstanding(self) -> int:
+        return int((await self.holder.usage())["outstanding"])
+
+
+@async_test
+async def test_a_completion_on_a_permit_with_something_to_report_writes_only_the_items_row():
+    # R35: the first release turns the grant dirty (written: its report time moves); the next
+    # ones are recorded in the finished items' rows, and the grant's row is not written for them.
+    s = Setup()
+    running = await s.running(3)
+    assert s.grant_released() == [0]
+    writes: list[str] = []
+    storage = s.side.storage
+    inner = storage.sql.exec
+
+    def counted(query: str, *args: Any) -> Any:
+        if query.lstrip().upper().startswith(("UPDATE", "INSERT", "DELETE")):
+            writes.append(query)
+        return inner(query, *args)
+
+    storage.sql.exec = counted
+    try:
+        await s.side.queue.complete(running[0])
+        assert s.grant_released() == [1] and any(GRANTS in w for w in writes)
+        writes.clear()
+        await s.side.queue.complete(running[1])
+        await s.side.queue.complete(running[2])
+    finally:
+        storage.sql.exec = inner
+    assert not any(w.split()[1] == GRANTS for w in writes if w.split()[0].upper() == "UPDATE")
+    assert s.grant_released() == [1]  # SQL's own column: the two later releases are recorded
+    recorded = s.sql(f"SELECT item_id, release_n FROM {ITEMS} ORDER BY item_id")
+    assert [r["release_n"] for r in recorded] == [0, 2, 3]
+    (grant,) = s.side.client.grants(KEY)
+    assert grant.released == 3  # this instance's copy
+    fresh = SemaphoreClient(s.side.ctx, s.side.transport, clock=s.clock, client_id="c1")
+    assert [g.released for g in fresh.grants(KEY)] == [3]  # a new instance reads the records
+    assert [g.released for g in fresh.grants(KEY, include_gone=True)] == [3]
+    await s.clock.advance(15_000)
+    assert await s.outstanding() == 0  # all three releases reached the holder
+
+
+@async_test
+async def test_recorded_releases_survive_an_eviction_and_reach_the_holder():
+    # R35, I2: the object is evicted after the completions, before the report: the new
+    # instance reads the recorded releases back and reports them; none counted twice.
+    s = Setup()
+    running = await s.running(3)
+    for item_id in running:
+        await s.side.queue.complete(item_id)
+    assert s.grant_released() == [1]
+    s.side.evict()
+    assert [g.released for g in s.side.client.grants(KEY)] == [3]
+    await s.clock.advance(15_000)
+    assert await s.outstanding() == 0
+    await s.side.queue.enqueue(KEY, "g", "after")  # the freed capacity is there again
+    await s.clock.advance(3000)
+    assert s.side.queue.item("after").state is ItemState.RUNNING
+
+
+@async_test
+async def test_the_purge_of_finished_items_folds_their_recorded_releases_into_the_permits_row():
+    # R35: finished items' rows are deleted (after retention_ms); a release recorded in one is
+    # written into its permit's row first, in the same transaction, so no read loses it.
+    s = Setup()
+    running = await s.running(3)
+    for item_id in running:
+        await s.side.queue.complete(item_id)
+    assert s.grant_released() == [1]
+    queue = s.side.queue
+    queue.storage.transaction(lambda: queue._items.delete_done("finished_at <= ?", s.clock.now))
+    assert s.sql(f"SELECT item_id FROM {ITEMS}") == []
+    assert s.grant_released() == [3]  # folded into SQL's own column
+    fresh = SemaphoreClient(s.side.ctx, s.side.transport, clock=s.clock, client_id="c1")
+    assert [g.released for g in fresh.grants(KEY)] == [3]
+    s.side.evict()
+    await s.clock.advance(15_000)
+    assert await s.outstanding() == 0
+
+
+def test_a_delete_that_does_not_fold_must_keep_every_row_with_a_recorded_release():
+    # R35: deleting finished items without folding is only for rows that record nothing.
+    clock = SimClock(T0)
+    side = ClientSide("c1", clock, Net(HolderSide(clock, limit=1), clock))
+    side.queue.ensure_schema()
+    with pytest.raises(AssertionError):
+        side.queue._items.delete_done("key = ?", KEY, fold=False)
+    side.queue._items.delete_done("key = ? AND release_n = 0", KEY, fold=False)
