@@ -15,8 +15,10 @@ against :class:`semaphore.testing.MemoryClientRows`:
 * releases recorded by the caller in a table of its own (as the queue records a finished
   item's, ``release_n``): the SQL store may leave the row unwritten, and then reads it back
   from SQL with the recorded count; records folded into the rows and deleted. Counts only
-  rise in a client (SPEC R13), so a step never sets ``released`` (nor ``claimed``,
-  ``drawn``) below what was recorded for the row;
+  rise in a client (SPEC R13), so a local change never sets ``released`` (nor ``claimed``,
+  ``drawn``) below what was recorded for the row, and a merge raises ``released`` to it but
+  never above the merged claimed (drawn) count, as ``raise_counts`` does (a clamp below the
+  record);
 * any of these in a transaction that raises after it (SQL rolls back and the store forgets its
   copy and its unwritten deliveries; the twin is restored);
 * the SQL store's copy dropped (as a new object instance starts).
@@ -162,11 +164,14 @@ class ClientStoreContract(RuleBasedStateMachine):
             self.mem.restore(before)
 
     def _raised(self, row: ClientGrant | ClientLease) -> Any:
-        if isinstance(row, ClientGrant):
-            floor = self._floor("grant", row.key, row.grant_id)
-            return dataclasses.replace(row, claimed=max(row.claimed, floor), released=max(row.released, floor))
-        floor = self._floor("lease", row.key, row.lease_id)
-        return dataclasses.replace(row, drawn=max(row.drawn, floor), released=max(row.released, floor))
+        # As a reply's merge does (core.marks.raise_counts): released only rises, but never
+        # above the merged claimed (drawn) count, which may clamp it below a record.
+        grant = isinstance(row, ClientGrant)
+        floor = self._floor("grant" if grant else "lease", row.key, row.grant_id if grant else row.lease_id)
+        if floor == 0:
+            return row
+        used = row.claimed if grant else row.drawn
+        return dataclasses.replace(row, released=min(max(row.released, floor), used))
 
     @rule(g=grants, fail=st.booleans())
     def merge_grant(self, g: ClientGrant, fail: bool) -> None:

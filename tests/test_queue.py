@@ -687,3 +687,22 @@ async def test_r37_enqueue_many_refuses_a_bad_batch_naming_the_field_and_writes_
         await s.queue.enqueue_many(KEY, "g", item_ids, payloads)
     assert refused.value.field == field and words in str(refused.value), str(refused.value)
     assert s.queue.items() == [] and s.sent() == []
+
+
+@async_test
+async def test_finished_items_are_purged_in_batches_a_sixteenth_of_the_retention_apart():
+    # R37 (finished items' purge): a pump deletes finished items once the earliest is 1/16 of
+    # retention_ms past it, then every one older than retention_ms, not one purge per pump.
+    s = Setup()
+    s.side.queue.retention_ms = 16_000
+    await s.queue.enqueue(KEY, "g", "a")
+    await s.clock.advance(3000)
+    await s.complete("a")
+    await s.clock.advance(16_500)  # past the retention, within its 1/16
+    await s.queue.enqueue(KEY, "g", "b")  # a pump
+    await s.clock.advance(100)
+    assert s.queue.item("a") is not None
+    await s.clock.advance(1000)  # past 17/16 of the retention
+    await s.queue.enqueue(KEY, "g", "c")
+    await s.clock.advance(100)
+    assert s.queue.item("a") is None and s.queue.item("b") is not None

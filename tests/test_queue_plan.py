@@ -499,3 +499,12 @@ def test_r23_a_refused_permit_says_why_the_holder_left_its_group_waiting():
     assert plan.refusal("k", "g", None, 0) == "no permit free now for key 'k', group 'g'"
     assert plan.refusal("k", "g", blocked, 250) == \
         "no permit for key 'k', group 'g' within 250 ms (holder: limit, 3 waiting)"
+
+
+def test_a_purge_of_finished_items_waits_for_a_sixteenth_of_the_retention_beyond_its_cutoff():
+    # R37 (finished items' purge): kept at least retention_ms, purged once the earliest
+    # finished item is 1/16 of the retention older than the cutoff.
+    from semaphore.core.queue_plan import purge_due_before
+
+    assert purge_due_before(100_000, 16_000) == 100_000 - 16_000 - 1_000
+    assert purge_due_before(100_000, 86_400_000) == 100_000 - 86_400_000 - 5_400_000

@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from semaphore import ItemState
+from semaphore import ItemState, PermitKind
 from semaphore.client import SemaphoreClient
+from semaphore.client._store import ClientRows
 from semaphore.runtime import Storage
 from semaphore.testing import T0, ClientSide, HolderSide, Net, SimClock, async_test
 
@@ -131,11 +132,117 @@ async def test_the_purge_of_finished_items_folds_their_recorded_releases_into_th
     assert await s.outstanding() == 0
 
 
-def test_a_delete_that_does_not_fold_must_keep_every_row_with_a_recorded_release():
-    # R35: deleting finished items without folding is only for rows that record nothing.
+@async_test
+async def test_deleting_finished_permit_items_keeps_every_item_that_records_a_release():
+    # R35: the quick delete of finished permit() items folds nothing, so it deletes no item
+    # that records a release (the purge, which folds, deletes those).
+    s = Setup()
+    running = await s.running(3)
+    for item_id in running:
+        await s.side.queue.complete(item_id)
+    queue = s.side.queue
+    queue.storage.transaction(lambda: queue._items.delete_done_unrecorded("key = ?", KEY))
+    assert [r["item_id"] for r in s.sql(f"SELECT item_id FROM {ITEMS} ORDER BY item_id")] == ["i1", "i2"]
+    fresh = SemaphoreClient(s.side.ctx, s.side.transport, clock=s.clock, client_id="c1")
+    assert [g.released for g in fresh.grants(KEY)] == [3]
+
+
+def test_a_purge_folds_through_the_finished_items_index_not_every_record():
+    # R35: the fold reads the purged items through the finished items' index; the records'
+    # partial index would walk every record kept (a day of them, by default) at every purge.
     clock = SimClock(T0)
     side = ClientSide("c1", clock, Net(HolderSide(clock, limit=1), clock))
     side.queue.ensure_schema()
-    with pytest.raises(AssertionError):
-        side.queue._items.delete_done("key = ?", KEY, fold=False)
-    side.queue._items.delete_done("key = ? AND release_n = 0", KEY, fold=False)
+    rows = side.client.rows
+    storage = Storage(side.ctx)
+    plans: list[str] = []
+    inner = rows.storage.exec
+
+    def explained(query: str, *args: Any) -> Any:
+        if query.startswith("UPDATE"):
+            plans.extend(str(r["detail"]) for r in storage.exec("EXPLAIN QUERY PLAN " + query, *args))
+        return inner(query, *args)
+
+    rows.storage.exec = explained  # type: ignore[method-assign]
+    rows.fold_releases("state = 'done' AND finished_at < ? AND done_pending = 0", 10)
+    assert plans and not any(p.startswith("SCAN") and ITEMS in p for p in plans), plans
+
+
+@async_test
+async def test_a_permit_items_release_is_written_to_its_permits_row():
+    # R35: a permit() item's row is deleted soon after it finishes: its release is not recorded.
+    s = Setup()
+    async with s.side.queue.permit(KEY, "g"):
+        async with s.side.queue.permit(KEY, "g"):
+            pass
+    assert s.grant_released() and sum(s.grant_released()) == 2
+    assert s.sql(f"SELECT item_id FROM {ITEMS} WHERE release_n > 0") == []
+
+
+@async_test
+async def test_a_lease_items_recorded_releases_survive_an_eviction_and_reach_the_holder():
+    # R35 with the default leases: releases of drawn permits are recorded the same way.
+    clock = SimClock(T0)
+    holder = HolderSide(clock, limit=3)
+    side = ClientSide("c1", clock, Net(holder, clock), on_admit=lambda side, item: None)
+    for i in range(3):
+        await side.queue.enqueue(KEY, "g", f"i{i}")
+    await clock.advance(3000)
+    running = sorted(i.item_id for i in side.queue.items(state=ItemState.RUNNING))
+    assert running and all(i.permit is not None and i.permit.kind == PermitKind.LEASE
+                           for i in side.queue.items(state=ItemState.RUNNING))
+    for item_id in running:
+        await side.queue.complete(item_id)
+    recorded = [r["release_n"] for r in Storage(side.ctx).exec(f"SELECT release_n FROM {ITEMS} WHERE release_n > 0")]
+    assert recorded  # some releases live in the items only
+    side.evict()
+    assert sum(x.released for x in side.client.leases(KEY, include_settled=True)) == len(running)
+    await clock.advance(60_000)
+    usage = await holder.usage()  # long before the lease's expiry (30 minutes): returned, all released
+    assert (usage["outstanding"], usage["leaseFootprint"], usage["liveLeases"]) == (0, 0, 0)
+
+
+@async_test
+async def test_the_retention_purge_folds_releases_the_holder_has_not_received():
+    # R35, R37: the holder is unreachable, so the grant's row stays behind its records; the
+    # pump's purge (after 17/16 of retention_ms) deletes the items and folds their releases
+    # into the row first; once the holder is back, it gets all of them.
+    from semaphore import HolderUnavailableError
+
+    s = Setup(retention_ms=16_000)
+    running = await s.running(3)
+    down = {"on": True}
+
+    def unreachable(key: str, message: dict) -> Any:
+        if down["on"]:
+            raise HolderUnavailableError("down")
+        return None
+
+    s.net.intercept = unreachable
+    for item_id in running:
+        await s.side.queue.complete(item_id)
+    assert s.grant_released() == [1]
+    await s.clock.advance(20_000)
+    await s.side.queue.enqueue(KEY, "g", "later")  # a pump after the retention: the purge runs
+    await s.clock.advance(1000)
+    assert s.sql(f"SELECT item_id FROM {ITEMS} WHERE item_id IN ('i0', 'i1', 'i2')") == []
+    assert s.grant_released() == [3]  # folded before the delete
+    s.side.evict()
+    down["on"] = False
+    await s.clock.advance(30_000)
+    await s.side.queue.complete("later")
+    await s.clock.advance(30_000)
+    assert await s.outstanding() == 0
+
+
+@async_test
+async def test_naming_the_records_table_reloads_a_key_read_before_it():
+    # R35: a store that loaded a key before it knew of the records reads the key again.
+    s = Setup()
+    running = await s.running(3)
+    for item_id in running:
+        await s.side.queue.complete(item_id)
+    rows = ClientRows(Storage(s.side.ctx))
+    assert [g.released for g in rows.grants(KEY)] == [1]  # the row alone
+    rows.records_releases_in(ITEMS)
+    assert [g.released for g in rows.grants(KEY)] == [3]

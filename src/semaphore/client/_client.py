@@ -16,7 +16,8 @@ A client Durable Object talks to one holder per semaphore *key*. The client:
 
 The transport is any coroutine function ``(key, message_dict) -> reply_dict`` (:mod:`semaphore.rpc`).
 
-**Per-key unit of work:** :meth:`SemaphoreClient.unit` (:mod:`._key_unit`). Schema: :mod:`._client_model`.
+**Per-key unit of work:** :meth:`SemaphoreClient.unit` (:mod:`._key_unit`); the schema and
+:class:`AppliedReply`: :mod:`._client_model`.
 
 Claims are *local* until confirmed (SPEC R15a): :meth:`SemaphoreClient.claim` records the claim
 and returns the claimed slot numbers; a slot ``k`` of a grant is confirmed once

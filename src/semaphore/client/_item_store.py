@@ -304,15 +304,18 @@ class QueueItems:
         self.storage.exec(f"UPDATE {ITEMS} SET {', '.join(sets)}"
                           " WHERE item_id IN (SELECT json_extract(value, '$[0]') FROM json_each(?))", *args, rows)
 
-    def delete_done(self, where: str, *args: Any, fold: bool = True) -> None:
+    def delete_done(self, where: str, *args: Any) -> None:
         """Delete finished items (``state = 'done' AND <where>``); the copy keeps none of them
         unless its hook is pending, which ``where`` must exclude. The releases recorded in them
-        are folded into the client's rows first (:attr:`before_delete`), unless ``fold`` is
-        false: then ``where`` must keep every row with one (``release_n = 0``)."""
-        assert fold or "release_n = 0" in where
-        if fold and self.before_delete is not None:
+        are folded into the client's rows first (:attr:`before_delete`)."""
+        if self.before_delete is not None:
             self.before_delete(f"state = 'done' AND {where}", *args)
         self.storage.exec(f"DELETE FROM {ITEMS} WHERE state = 'done' AND {where}", *args)
+
+    def delete_done_unrecorded(self, where: str, *args: Any) -> None:
+        """:meth:`delete_done` of the finished items that record no release (``release_n =
+        0``): nothing to fold. One that records one stays for :meth:`delete_done`."""
+        self.storage.exec(f"DELETE FROM {ITEMS} WHERE state = 'done' AND release_n = 0 AND {where}", *args)
 
 
 def _batches(rows: Sequence[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:

@@ -84,9 +84,9 @@ class _QueueItemsPart(_QueueBase):
     def _complete_key(self, item_id: str, now: int, wake_at: int | None = None) -> str | None:
         """Complete ``item_id`` (see :meth:`complete`); its key, or ``None`` when it is unknown
         or finished already. The key's durable wake-up is ``wake_at`` (default ``now``) at the
-        latest. A callback item's release is recorded in its own row, written anyway
-        (:meth:`_release_permit`); a :meth:`permit` item's row is deleted soon after, so its
-        permit's row is written."""
+        latest. A callback item's release is recorded in its own row, written anyway, when its
+        permit's row has something to report already (:meth:`_release_permit`); a
+        :meth:`permit` item's row is deleted soon after, so its permit's row is written."""
         row = self._items.find(item_id)
         if row is None or row["state"] == ItemState.DONE.value:
             return None

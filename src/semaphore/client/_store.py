@@ -270,8 +270,9 @@ class ClientRows:
     def fold_releases(self, where: str, *args: Any) -> None:
         """Write into the grant and lease rows the releases recorded in the records' rows that
         match ``where`` (over the records table, with ``args``), before the caller deletes
-        them: one statement per table, through the records' partial index. The copy holds
-        these counts already."""
+        them: one statement per table, through the index ``where`` picks (the finished items'
+        ``finished_at``: the unary ``+`` keeps SQLite off the records' partial index, which
+        would walk every record kept). The copy holds these counts already."""
         if self._records is None:
             return
         for kind, table, id_column, used in (("grant", GRANTS, "grant_id", "claimed"),
@@ -279,7 +280,7 @@ class ClientRows:
             self.storage.exec(
                 f"UPDATE {table} SET released = MAX(released, MIN({used}, x.n))"
                 f" FROM (SELECT key, permit_id, MAX(release_n) AS n FROM {self._records}"
-                f" WHERE release_n > 0 AND permit_kind = '{kind}' AND ({where}) GROUP BY key, permit_id) AS x"
+                f" WHERE +release_n > 0 AND permit_kind = '{kind}' AND ({where}) GROUP BY key, permit_id) AS x"
                 f" WHERE {table}.key = x.key AND {table}.{id_column} = x.permit_id"
                 f" AND {table}.released < MIN({table}.{used}, x.n)",
                 *args)

@@ -43,7 +43,7 @@ __all__ = [
     "room_check_due", "room_check_pending",
     "MAX_EXCHANGES", "Pause", "pause_after_exchanges", "retry_waits_for_holder", "permit_gone", "work_exhausted",
     "item_times", "admit_room", "demand_grew", "reconcile_due",
-    "TryAnswer", "is_try", "try_answer", "refusal",
+    "TryAnswer", "is_try", "try_answer", "refusal", "purge_due_before",
 ]
 
 
@@ -260,7 +260,8 @@ class AdmissionPlan:
     give-backs (claimed), idle slots (released, and reported at once, as the stop of a lease
     that returns undrawn permits, R29: nothing used them and others may wait); ``wake_now``: an
     item finished (its ``on_done`` hook is due);
-    ``purge_done_before``: delete finished items older than this (``None``: keep them)."""
+    ``purge_done_before``: delete finished items older than this (``None``: keep them), once
+    the earliest finished item is older than ``purge_due_before`` (:func:`purge_due_before`)."""
 
     resolutions: tuple[Resolution, ...] = ()
     claims: tuple[Claim, ...] = ()
@@ -270,6 +271,16 @@ class AdmissionPlan:
     idle_slots: tuple[GiveBack, ...] = ()
     wake_now: bool = False
     purge_done_before: int | None = None
+    purge_due_before: int | None = None
+
+
+def purge_due_before(now: int, retention_ms: int) -> int:
+    """SPEC R37 (finished items kept ``retention_ms``): a purge of finished items runs once the
+    earliest of them finished before this, 1/16 of the retention beyond its cutoff, so one
+    purge deletes what finished over that 1/16 instead of each pump deleting the few items
+    that have just aged out (and folding their recorded releases, R35). A finished item is
+    kept between ``retention_ms`` and about 17/16 of it."""
+    return now - retention_ms - retention_ms // 16
 
 
 def admissible(snap: KeySnapshot) -> dict[str, list[str]]:
@@ -434,7 +445,8 @@ def plan_admission(snap: KeySnapshot, opts: QueueOptions, *, with_claims: bool =
     give_backs = _give_backs(after, opts, claims) if with_claims else ()
     finished = any(r.action in (Resolve.RELEASE, Resolve.FINISH) for r in resolutions)
     return AdmissionPlan(resolutions, claims, draws, stops, give_backs, idle, wake_now=finished and opts.done_hook,
-                         purge_done_before=snap.now - opts.retention_ms if opts.retention_ms else None)
+                         purge_done_before=snap.now - opts.retention_ms if opts.retention_ms else None,
+                         purge_due_before=purge_due_before(snap.now, opts.retention_ms) if opts.retention_ms else None)
 
 
 @dataclass(frozen=True)
