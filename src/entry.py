@@ -45,8 +45,8 @@ What the routes expose and create (docs/reference/http.md):
 * ``ADMIN_TOKEN`` and ``READ_TOKEN`` are read without surrounding whitespace; blank means not
   configured.
 * The job directory (job id -> queue, in the account's holder) forgets a job
-  ``JOB_RETENTION_MS`` after its completion, the same time the queue keeps the finished job (by a
-  scheduler timer on the holder's alarm), so it holds only live and recently finished jobs. The
+  ``JOB_RETENTION_MS`` after its completion (by a scheduler timer on the holder's alarm), the
+  least time the queue keeps the finished job, so it holds only live and recently finished jobs. The
   job's ``JobQueue`` is the directory's only writer for its jobs: it registers a job before it
   creates it (and withdraws the entry if creating it then fails and the job does not exist;
   a failure after the job's insert answers it queued, with a ``warning``), and tells the directory of

@@ -706,3 +706,69 @@ async def test_finished_items_are_purged_in_batches_a_sixteenth_of_the_retention
     await s.queue.enqueue(KEY, "g", "c")
     await s.clock.advance(100)
     assert s.queue.item("a") is None and s.queue.item("b") is not None
+
+
+@async_test
+async def test_a_finished_item_whose_hook_keeps_failing_does_not_make_every_pump_purge():
+    # R37 (finished items' purge): the purge keeps an item whose on_done hook is pending, so
+    # the earliest finished time that makes a purge due does not count it; else every pump
+    # would purge (and fold, R35) for as long as the hook keeps failing.
+    clock = SimClock(T0)
+
+    def on_done(item: QueueItem) -> None:
+        if item.item_id == "stuck":
+            raise RuntimeError("hook down")
+
+    side = ClientSide("c1", clock, Net(HolderSide(clock, limit=3, leases=None), clock),
+                      on_admit=lambda side, item: None, on_done=on_done, retention_ms=16_000)
+    await side.queue.enqueue(KEY, "g", "stuck")
+    await clock.advance(3000)
+    await side.queue.complete("stuck")
+    await clock.advance(20_000)
+    purges: list[str] = []
+    inner = side.storage.sql.exec
+
+    def counted(query: str, *args: Any) -> Any:
+        if query.startswith("DELETE") and "finished_at" in query:
+            purges.append(query)
+        return inner(query, *args)
+
+    side.storage.sql.exec = counted
+    try:
+        for i in range(6):  # six pumps, each past the retention of "stuck"
+            await side.queue.enqueue(KEY, "g", f"n{i}")
+            await clock.advance(500)
+    finally:
+        side.storage.sql.exec = inner
+    assert purges == [] and side.queue.item("stuck") is not None
+
+
+@async_test
+async def test_steady_completions_purge_finished_items_once_per_sixteenth_of_the_retention():
+    # R37 (finished items' purge): with an item finishing every 250 ms, purges run at least
+    # 1/16 of retention_ms apart (not at nearly every pump), and nothing is kept past 17/16 of it.
+    clock = SimClock(T0)
+    side = ClientSide("c1", clock, Net(HolderSide(clock, limit=3, leases=None), clock),
+                      on_admit=lambda side, item: None, retention_ms=16_000)
+    purges: list[int] = []
+    inner = side.storage.sql.exec
+
+    def counted(query: str, *args: Any) -> Any:
+        if query.startswith("DELETE") and "finished_at" in query:
+            purges.append(clock.now)
+        return inner(query, *args)
+
+    side.storage.sql.exec = counted
+    try:
+        for n in range(160):  # 40 s
+            await side.queue.enqueue(KEY, "g", f"i{n}")
+            await clock.advance(125)
+            for item in side.queue.items(state=ItemState.RUNNING):
+                await side.queue.complete(item.item_id)
+            await clock.advance(125)
+    finally:
+        side.storage.sql.exec = inner
+    assert len(purges) >= 10 and all(b - a >= 1000 for a, b in zip(purges, purges[1:])), purges
+    kept = [i.item_id for i in side.queue.items(state=ItemState.DONE)
+            if 0 < i.finished_at < clock.now - 17_000 - 1000]
+    assert kept == []

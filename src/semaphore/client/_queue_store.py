@@ -38,6 +38,9 @@ _UNREAD: Any = object()
 WAKES_KEPT = 64
 
 
+#: The finished items a purge may delete (a pending ``on_done`` hook keeps its item).
+_PURGEABLE = "state = 'done' AND done_pending = 0"
+
 class QueueMarks:
     """Wake times, pending-release marks and kept ``blocked`` entries per key."""
 
@@ -73,7 +76,7 @@ class QueueMarks:
         known: :meth:`purge_due`), in one statement through the wake-time index."""
         rows = self.storage.exec(
             f"SELECT key, wake_at FROM (SELECT key, wake_at FROM {WAKEUPS} ORDER BY wake_at, key LIMIT ?)"
-            f" UNION ALL SELECT NULL, MIN(finished_at) FROM {ITEMS} WHERE state = 'done'", WAKES_KEPT + 1)
+            f" UNION ALL SELECT NULL, MIN(finished_at) FROM {ITEMS} WHERE {_PURGEABLE}", WAKES_KEPT + 1)
         wakes = sorted((int(r["wake_at"]), str(r["key"])) for r in rows if r["key"] is not None)
         self._horizon = wakes[WAKES_KEPT] if len(wakes) > WAKES_KEPT else None
         self._near = {k: w for w, k in wakes[:WAKES_KEPT]}
@@ -206,9 +209,11 @@ class QueueMarks:
     # ------------------------------------------------------------------ finished items
     def purge_due(self, cutoff: int) -> bool:
         """Some done item finished before ``cutoff`` (a purge would delete something): one read
-        of the done items' index (or read with the wake times), then known until the next purge."""
+        of the done items' index (or read with the wake times), then known until the next purge.
+        An item whose ``on_done`` hook is pending is not counted: the purge keeps it, and counting
+        it would make every pump purge while its hook keeps failing."""
         if self._done_min is _UNREAD:
-            row = self.storage.one(f"SELECT MIN(finished_at) AS at FROM {ITEMS} WHERE state = 'done'")
+            row = self.storage.one(f"SELECT MIN(finished_at) AS at FROM {ITEMS} WHERE {_PURGEABLE}")
             self._done_min = None if row is None or row["at"] is None else int(row["at"])
         return self._done_min is not None and bool(self._done_min < cutoff)
 
