@@ -350,3 +350,31 @@ async def test_recheck_sync_after_a_request():
     assert late_lease["leaseId"] in applied.adopted_leases
     assert not s.client.needs_sync("k") and s.client.check_at("k") is None
     assert first.response.grants[0].status is GrantStatus.ACTIVE
+
+
+@async_test
+async def test_a_sent_reply_changes_nothing_until_the_caller_applies_it_in_its_own_transaction():
+    # R35 (issue 20's inversion): send_sync/send_request return the checked answer unapplied;
+    # apply() runs in the CALLER's transaction, so a caller whose own step fails rolls back
+    # the reply's merge with it, and nothing of the reply is lost: the same answer applies later.
+    s = Setup()
+    applied = await s.ask(count=2)
+    (g,) = applied.response.grants
+    assert s.client.claim("k", g.grant_id, 1) == [1]
+    reply = await s.run(s.client.send_sync("k"))
+    assert s.client.grant("k", g.grant_id).confirmed == 0  # sent and answered, not applied
+
+    def fails() -> None:
+        s.client.apply(reply)
+        assert s.client.grant("k", g.grant_id).confirmed == 1  # applied inside the transaction
+        raise RuntimeError("the caller's own step failed")
+
+    with pytest.raises(RuntimeError):
+        s.client.storage.transaction(fails)
+    fresh = s.new_client()  # what SQL holds: nothing of the reply
+    assert fresh.grant("k", g.grant_id).confirmed == 0
+    assert s.client.grant("k", g.grant_id).confirmed == 0  # the copy forgot it too
+    s.client.storage.transaction(lambda: s.client.apply(reply))
+    assert s.client.grant("k", g.grant_id).confirmed == 1
+    assert s.new_client().grant("k", g.grant_id).confirmed == 1
+    assert s.client.grant("k", g.grant_id).sent_claimed == 1  # its report counts as delivered

@@ -82,3 +82,36 @@ def test_no_client_module_is_longer_than_500_lines():
     long = {p.name: n for p in sorted(CLIENT.glob("*.py"))
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_CLIENT_MODULE_LINES}
     assert not long, f"client modules over {MAX_CLIENT_MODULE_LINES} lines (split them): {long}"
+
+
+def client_calls_with_hooks(path: Path) -> list[str]:
+    """``line: call`` of every call in ``path`` that hands a callback to the client
+    (``on_reply=``) or sends through the client's own apply-and-commit methods
+    (``client.request`` / ``client.sync`` / ``client.flush``)."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if not isinstance(node, ast.Call):
+            continue
+        if any(k.arg == "on_reply" for k in node.keywords):
+            found.append(f"{node.lineno}: on_reply=")
+        func = node.func
+        if (isinstance(func, ast.Attribute) and func.attr in ("request", "sync", "flush")
+                and isinstance(func.value, ast.Attribute) and func.value.attr == "client"):
+            found.append(f"{node.lineno}: client.{func.attr}(...)")
+    return found
+
+
+def test_the_queue_applies_replies_in_its_own_transaction_with_no_callback_from_the_client():
+    # R35, R37: the queue sends (client.send_request / send_sync) and applies the answer with its
+    # own step in one transaction it opens; the client never calls back into the queue.
+    found = {p.name: calls for p in sorted(CLIENT.glob("_queue*.py")) if (calls := client_calls_with_hooks(p))}
+    assert not found, f"the queue hands the client a callback, or lets it commit a reply: {found}"
+    pump = (CLIENT / "_queue_pump.py").read_text(encoding="utf-8")
+    assert "self.client.apply(reply)" in pump
+
+
+def test_the_hook_finder_sees_hooks_and_the_committing_calls(tmp_path: Path):
+    src = tmp_path / "m.py"
+    src.write_text("async def f(self):\n    await self.client.sync(k, on_reply=self.h)\n"
+                   "    await self.client.request(k, d)\n    await self.client.send_sync(k)\n")
+    assert client_calls_with_hooks(src) == ["2: on_reply=", "2: client.sync(...)", "3: client.request(...)"]

@@ -9,13 +9,14 @@ from ._client import (
                       ClientLease,
                       KeyState,
                       KeyUnit,
+                      Reply,
                       SemaphoreClient,
                       Transport,
 )
 from ._queue import QUEUE_TABLES, ItemState, Permit, PermitKind, QueueItem, SemaphoreQueue
 
 __all__ = [
-    "SemaphoreClient", "ClientGrant", "ClientLease", "KeyState", "KeyUnit", "AppliedReply", "Transport",
+    "SemaphoreClient", "ClientGrant", "ClientLease", "KeyState", "KeyUnit", "AppliedReply", "Reply", "Transport",
     "CLIENT_TABLES", "OBJECT_NAME",
     "SemaphoreQueue", "QueueItem", "ItemState", "Permit", "PermitKind", "QUEUE_TABLES",
 ]

@@ -54,21 +54,12 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 from ..clock import sleep_until, system_clock
-from ..core.client_state import (
-    ClientGrant,
-    ClientLease,
-    KeyState,
-    ReplyFacts,
-    merge_grant,
-    merge_lease,
-)
+from ..core.client_state import ClientGrant, ClientLease, KeyState
 from ..core.wire import (
     MAX_LIST_LENGTH,
     Demand,
     GrantReport,
-    GrantState,
     LeaseReport,
-    LeaseState,
     PermitRequest,
     PermitResponse,
     SyncMessage,
@@ -88,6 +79,7 @@ from ._client_model import (
     _Label,
 )
 from ._key_unit import KeyUnit
+from ._replies import Reply, apply_reply
 from ._rows import ClientStore
 from ._store import ClientRows, releases_recorded_in
 
@@ -98,6 +90,7 @@ __all__ = [
     "KeyState",
     "KeyUnit",
     "AppliedReply",
+    "Reply",
     "SemaphoreClient",
     "CLIENT_TABLES",
     "OBJECT_NAME",
@@ -338,14 +331,23 @@ class SemaphoreClient:
         wait_ms: int = 0,
         no_wait: bool = False,
     ) -> AppliedReply:
-        """Send a ``request`` with ``demand`` plus cumulative reports and apply the reply.
+        """Send a ``request`` with ``demand`` plus cumulative reports and apply the reply
+        (:meth:`send_request`, then :meth:`apply` in a transaction of its own; ``on_reply``, if
+        given, runs inside that transaction with what it changed)."""
+        reply = await self.send_request(key, demand, leases=leases, force=force, wait_ms=wait_ms, no_wait=no_wait)
+        return self.storage.transaction(lambda: self._applied(reply, on_reply))
+
+    async def send_request(self, key: str, demand: Iterable[Demand | Mapping[str, Any]], *, leases: bool = True,
+                           force: bool = False, wait_ms: int = 0, no_wait: bool = False) -> Reply:
+        """Send a ``request`` with ``demand`` plus cumulative reports; the holder's answer,
+        checked, is returned unapplied: apply it with :meth:`apply` inside your transaction
+        (before your next ``await``), beside your own changes.
         ``wait_ms`` > 0 tells the holder how long the caller waits for an answer its round
         cannot give at once (``waitMs``: a holder with ``hold_blocked_ms`` holds it open);
         ``no_wait`` makes it a try (``noWait``, SPEC R9b: answered by a round run at once).
 
         Waits until :meth:`not_before` first unless ``force`` (SPEC R35). ``leases=True``
-        announces lease support (SPEC R5). ``on_reply`` runs inside the storage transaction
-        that applies the reply. Raises the typed exception of an error reply, or
+        announces lease support (SPEC R5). Raises the typed exception of an error reply, or
         :class:`HolderUnavailableError` when the transport fails."""
         self.ensure_schema()
         if not force:
@@ -363,23 +365,30 @@ class SemaphoreClient:
                                                          check_at=now + self.recheck_ms if self.recheck_ms else 0))
         self._requests_in_flight[key] = self._requests_in_flight.get(key, 0) + 1
         try:
-            return await self._send(key, message, on_reply, more)
+            return await self._send(key, message, more)
         finally:
             left = self._requests_in_flight.pop(key) - 1
             if left:
                 self._requests_in_flight[key] = left
 
     async def sync(self, key: str, *, leases: bool = True, on_reply: ReplyHook | None = None) -> AppliedReply:
-        """Send a ``sync`` (reports only; answered at once, SPEC R6) and apply the reply. It
-        carries at most 1,000 reports per list (R7); :attr:`AppliedReply.more` says whether
-        entries with something to report were left for the next message (see :meth:`flush`)."""
+        """Send a ``sync`` and apply the reply (:meth:`send_sync`, then :meth:`apply` in a
+        transaction of its own; ``on_reply`` as for :meth:`request`)."""
+        reply = await self.send_sync(key, leases=leases)
+        return self.storage.transaction(lambda: self._applied(reply, on_reply))
+
+    async def send_sync(self, key: str, *, leases: bool = True) -> Reply:
+        """Send a ``sync`` (reports only; answered at once, SPEC R6); the answer is returned
+        unapplied, as by :meth:`send_request`. It carries at most 1,000 reports per list (R7);
+        :attr:`Reply.more` says whether entries with something to report were left for the
+        next message (see :meth:`flush`)."""
         self.ensure_schema()
         grants, lease_reports, more = self._window(key, self._now(), leases=leases)
         message = SyncMessage(self.client_id, grants, lease_reports if leases else None, self.label)
         # Sent while a request of the key waits for its round: its reply cannot show what that
         # round creates, even if the request has failed by the time it is applied.
         during_request = bool(self._requests_in_flight.get(key))
-        return await self._send(key, message, on_reply, more, during_request=during_request)
+        return await self._send(key, message, more, during_request=during_request)
 
     async def flush(self, key: str, *, leases: bool = True, on_reply: ReplyHook | None = None) -> list[AppliedReply]:
         """Send ``sync`` messages until every grant and lease of ``key`` with something to report
@@ -398,8 +407,8 @@ class SemaphoreClient:
                 break
         return replies
 
-    async def _send(self, key: str, message: PermitRequest | SyncMessage, on_reply: ReplyHook | None,
-                    more: bool = False, *, during_request: bool = False) -> AppliedReply:
+    async def _send(self, key: str, message: PermitRequest | SyncMessage, more: bool = False, *,
+                    during_request: bool = False) -> Reply:
         wire = message.to_wire()
         sent_at = self._now()  # the reply shows the holder as of no earlier than this (R33a)
         try:
@@ -418,83 +427,29 @@ class SemaphoreClient:
             response = PermitResponse.from_wire(reply)
         except (KeyError, ValueError, TypeError) as exc:
             raise SemaphoreError(f"malformed reply from holder {key!r}: {exc}") from exc
-        now = self._now()
-        return self.storage.transaction(
-            lambda: self._apply(key, message, response, now, on_reply, more, during_request or bool(
-                self._requests_in_flight.get(key)), sent_at=sent_at))
+        return Reply(key, message, response, sent_at, more, during_request or bool(self._requests_in_flight.get(key)))
 
     # ================================================================== applying replies
-    def _touch_key(self, key: str, now: int, **values: int) -> None:
+    def apply(self, reply: Reply) -> AppliedReply:
+        """Apply a :class:`Reply` of :meth:`send_request` or :meth:`send_sync` (SPEC R8, R13,
+        R15, R17, R31, R33: :func:`~._replies.apply_reply`) inside the caller's storage
+        transaction, so the caller commits its own changes in the same one. Apply it before
+        the caller next awaits (a reply applied late could undo what happened meanwhile)."""
         self.ensure_schema()
-        self.rows.touch_key(key, now, **values)
+        return apply_reply(self, reply, self._now())
 
-    def _apply(
-        self,
-        key: str,
-        message: PermitRequest | SyncMessage,
-        response: PermitResponse,
-        now: int,
-        on_reply: ReplyHook | None,
-        more: bool = False,
-        during_request: bool = False,
-        *,
-        sent_at: int | None = None,
-    ) -> AppliedReply:
-        applied = AppliedReply(key, response, now, more=more)
-        # The holder applied every report of the message: mark them delivered, and move them
-        # behind every entry still waiting to be reported (fair rotation, R7). The stamp is
-        # ``now``, or one more than the previous one: two messages within one millisecond must
-        # still rotate.
-        stamp = self._last_report_stamp = max(now, self._last_report_stamp + 1)
-        for r in message.grants:
-            self.rows.delivered("grant", key, r.grant_id, {"sent_claimed": r.claimed, "sent_released": r.released},
-                                stamp)
-        for lr in message.leases or ():
-            self.rows.delivered("lease", key, lr.lease_id, {"sent_drawn": lr.drawn, "sent_released": lr.released,
-                                                             "sent_stopped": int(lr.stopped)}, stamp)
-        # Reported or not: the reply lists every grant and lease the holder has for us (R8), and
-        # each is merged the same way (an unreported one keeps its own report_at and its claims
-        # the holder does not show yet stay unconfirmed, R15a).
-        for grant_state in response.grants:
-            self._apply_grant(key, grant_state, now, applied)
-        for lease_state in response.leases:
-            self._apply_lease(key, lease_state, now, applied)
-        self.rows.flush()  # deliveries no merge wrote
-        row = self._key_row(key)
-        before = KeyState(pruned_at=now) if row is None else KeyState._from_row(row)
-        values, prune = before.after_reply(
-            ReplyFacts(response.ask_at(now), response.contended, response.claim_ttl_ms or 0,
-                       response.lease_recheck_ms or 0, response.room),
-            now=now, sent_at=now if sent_at is None else sent_at, sync=isinstance(message, SyncMessage),
-            during_request=during_request, tombstone_ms=self.tombstone_ms)
-        self._touch_key(key, now, **values)
-        if prune:
-            self.rows.prune(key, now - self.tombstone_ms)
+    def _applied(self, reply: Reply, on_reply: ReplyHook | None) -> AppliedReply:
+        applied = self.apply(reply)
         if on_reply is not None:
             on_reply(applied)
         return applied
 
+    def _touch_key(self, key: str, now: int, **values: int) -> None:
+        self.ensure_schema()
+        self.rows.touch_key(key, now, **values)
+
     def _write_grant(self, g: ClientGrant, now: int) -> None:
         self.rows.write_grant(g, now)
 
-    def _apply_grant(self, key: str, s: GrantState, now: int, applied: AppliedReply) -> None:
-        merge = merge_grant(key, self.grant(key, s.grant_id), s)  # R8, R13, R15, R17
-        if merge.row is not None:
-            self._write_grant(merge.row, now)
-        for happened, ids in ((merge.dropped, applied.dropped), (merge.adopted, applied.adopted_grants),
-                              (merge.expired, applied.expired)):
-            if happened:
-                ids.append(s.grant_id)
-
     def _write_lease(self, x: ClientLease, now: int) -> None:
         self.rows.write_lease(x, now)
-
-    def _apply_lease(self, key: str, s: LeaseState, now: int, applied: AppliedReply) -> None:
-        merge = merge_lease(key, self.lease(key, s.lease_id), s, now)  # R8, R13, R31, R33
-        if merge.row is not None:
-            self._write_lease(merge.row, now)
-        for happened, ids in ((merge.settled, applied.settled), (merge.adopted, applied.adopted_leases),
-                              (merge.retired, applied.retired)):
-            if happened:
-                ids.append(s.lease_id)
-

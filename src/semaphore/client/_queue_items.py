@@ -97,7 +97,7 @@ class _QueueItemsPart(_QueueBase):
         else:
             release_n = 0
             if row["state"] == ItemState.RUNNING.value:
-                release_n = self._release_permit(key, row, record=not row["owner"])
+                release_n = self._release_permit(key, row, record=plan.records_release(str(row["owner"])))
             self._finish(key, [item_id], now, release_n=release_n)
         self._set_wake(key, now if wake_at is None else wake_at, earlier_only=True)
         return key

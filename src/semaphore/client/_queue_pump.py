@@ -130,9 +130,7 @@ class _QueuePump(_QueueCallbacks):
 
     async def _side_request(self, key: str, demand: list[Demand], trying: set[str]) -> None:
         try:
-            await self.client.request(key, demand, leases=self.leases, force=True,
-                                      on_reply=self._on_request_reply, wait_ms=self.request_wait_ms,
-                                      no_wait=bool(trying))
+            await self._request(key, demand, trying)
             self._tries.sent(key, trying)
         except SemaphoreError as exc:
             self._tries.sent(key, trying, exc)
@@ -169,7 +167,7 @@ class _QueuePump(_QueueCallbacks):
                 if not (recheck or self._side_release_due(key)):
                     return
                 try:
-                    await self.client.sync(key, leases=self.leases, on_reply=self._on_reply)
+                    await self._sync(key)
                 except SemaphoreError as exc:
                     log.warning("holder %r: %s; the releases go after the waiting request", key, exc)
                     return
@@ -304,6 +302,19 @@ class _QueuePump(_QueueCallbacks):
         if wake_now:
             self._set_wake(unit.key, now, earlier_only=True)  # a hook is due, even if this instance dies
 
+    async def _sync(self, key: str) -> None:
+        """A ``sync`` of ``key``; its reply applied (:meth:`SemaphoreClient.apply`) and the
+        key's items moved on it (:meth:`_on_reply`) in one transaction of the queue's own."""
+        reply = await self.client.send_sync(key, leases=self.leases)
+        self.storage.transaction(lambda: self._on_reply(self.client.apply(reply)))
+
+    async def _request(self, key: str, demand: list[Demand], trying: set[str]) -> None:
+        """A ``request`` of ``key`` with ``demand`` (a try if ``trying``, R9b), applied as by
+        :meth:`_sync` with the reply's ``blocked`` words (:meth:`_on_request_reply`)."""
+        reply = await self.client.send_request(key, demand, leases=self.leases, force=True,
+                                               wait_ms=self.request_wait_ms, no_wait=bool(trying))
+        self.storage.transaction(lambda: self._on_request_reply(self.client.apply(reply)))
+
     def _on_reply(self, applied: AppliedReply) -> None:
         # The holder has answered: admitted items still to be (re)started have their permit
         # checked by this reply (a retry waits for one, see _run_callbacks).
@@ -404,14 +415,12 @@ class _QueuePump(_QueueCallbacks):
             requested = requested or exchange is Exchange.REQUEST
             try:
                 if exchange is Exchange.SYNC:
-                    await self.client.sync(key, leases=self.leases, on_reply=self._on_reply)
+                    await self._sync(key)
                 elif exchange is Exchange.REQUEST:
                     self._sent_demand[key] = demand
                     self._requesting.add(key)
                     try:
-                        await self.client.request(key, demand, leases=self.leases, force=True,
-                                                  on_reply=self._on_request_reply, wait_ms=self.request_wait_ms,
-                                                  no_wait=bool(trying))
+                        await self._request(key, demand, trying)
                     finally:
                         self._requesting.discard(key)
                     self._tries.sent(key, trying)

@@ -41,6 +41,7 @@ WAKES_KEPT = 64
 #: The finished items a purge may delete (a pending ``on_done`` hook keeps its item).
 _PURGEABLE = "state = 'done' AND done_pending = 0"
 
+
 class QueueMarks:
     """Wake times, pending-release marks and kept ``blocked`` entries per key."""
 

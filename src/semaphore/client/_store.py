@@ -78,6 +78,13 @@ def _json_row(columns: tuple[str, ...] | list[str]) -> str:
     return "json_object(" + ", ".join(f"'{c}', {c}" for c in columns) + ")"
 
 
+def _released_sql(released: str, used: str, recorded: str) -> str:
+    """SQL of a grant's or lease's ``released`` count given the highest release ``recorded`` for
+    it (SPEC R35): counts only rise (R13), so the higher of the two, and never above the row's
+    claimed or drawn count ``used`` (the read and the fold share this one clamp)."""
+    return f"MAX({released}, MIN({used}, {recorded}))"
+
+
 def _select(kind: str, records: str | None) -> list[tuple[str, str]]:
     """``(column, SQL)`` of a grant or lease row read through the alias ``r``: ``released`` is
     at least the highest release ``records`` holds for the row (:meth:`ClientRows.record_release`;
@@ -89,7 +96,7 @@ def _select(kind: str, records: str | None) -> list[tuple[str, str]]:
         if c == "released" and records is not None:
             recorded = (f"(SELECT MAX(release_n) FROM {records} WHERE release_n > 0 AND key = r.key"
                         f" AND permit_kind = '{kind}' AND permit_id = r.{id_column})")
-            sql = f"MAX(r.released, MIN(r.{used}, COALESCE({recorded}, 0)))"
+            sql = _released_sql("r.released", f"r.{used}", f"COALESCE({recorded}, 0)")
         out.append((c, sql))
     return out
 
@@ -278,7 +285,7 @@ class ClientRows:
         for kind, table, id_column, used in (("grant", GRANTS, "grant_id", "claimed"),
                                              ("lease", LEASES, "lease_id", "drawn")):
             self.storage.exec(
-                f"UPDATE {table} SET released = MAX(released, MIN({used}, x.n))"
+                f"UPDATE {table} SET released = {_released_sql('released', used, 'x.n')}"
                 f" FROM (SELECT key, permit_id, MAX(release_n) AS n FROM {self._records}"
                 f" WHERE +release_n > 0 AND permit_kind = '{kind}' AND ({where}) GROUP BY key, permit_id) AS x"
                 f" WHERE {table}.key = x.key AND {table}.{id_column} = x.permit_id"

@@ -41,7 +41,8 @@ __all__ = [
     "resolve_claims", "admissible", "demand_of", "leases_to_stop", "plan_admission", "plan_reply", "report_due",
     "heartbeat_due", "plan_exchange", "next_wake", "covered_groups", "wants_round", "recheck_due",
     "room_check_due", "room_check_pending",
-    "MAX_EXCHANGES", "Pause", "pause_after_exchanges", "retry_waits_for_holder", "permit_gone", "work_exhausted",
+    "MAX_EXCHANGES", "Pause", "pause_after_exchanges", "retry_waits_for_holder", "permit_gone", "records_release",
+    "work_exhausted",
     "item_times", "admit_room", "demand_grew", "reconcile_due",
     "TryAnswer", "is_try", "try_answer", "refusal", "purge_due_before",
 ]
@@ -667,6 +668,16 @@ def permit_gone(kind: str, grant: ClientGrant | None, lease: ClientLease | None)
     if kind == "grant":
         return grant is None or grant.status == "gone"
     return lease is None or lease.status == "settled"
+
+
+def records_release(owner: str) -> bool:
+    """SPEC R35 decision: whether a completed item may record its permit's release in its own
+    row (``release_n``) instead of writing the permit's row: a callback item (no ``owner``)
+    may; a :meth:`~semaphore.client.SemaphoreQueue.permit` item (owned by its caller's
+    instance) may not, its row is deleted soon after it finishes, so its permit's row is
+    written. Whether the permit's row needs a write anyway is the client's
+    (:func:`semaphore.client._rows.recorded_row`)."""
+    return not owner
 
 
 def work_exhausted(attempts: int, work_attempts: int) -> bool:
