@@ -166,8 +166,34 @@ async def _maybe_await(value: Any) -> Any:
 
 try:  # pragma: no cover - only inside Pyodide
     from pyodide.ffi import create_once_callable as _create_once_callable  # type: ignore[import-not-found]
+    from pyodide.ffi import jsnull as _JS_NULL  # type: ignore[import-not-found]
+    from pyodide.ffi import to_js as _to_js  # type: ignore[import-not-found]
 except ImportError:  # CPython (tests): looked up once here, not at every transaction
-    _create_once_callable = None
+    _create_once_callable = _JS_NULL = _to_js = None
+
+
+def _sdk_inner(storage: Any) -> Any:
+    """The JavaScript ``ctx.storage`` that the Workers SDK's ``_BindingWrapper`` holds
+    (``workers-runtime-sdk``, ``workers/rpc.py``: the SDK wraps ``ctx.storage`` because its JS
+    class is ``DurableObjectStorage``), or ``None`` for anything else (a test's stand-in, the
+    runtime's own object). Through the wrapper, every SQL call converts each argument and its
+    cursor with the SDK's RPC converters (deep copies and checks meant for RPC), several times
+    the cost of the statement itself; :class:`Storage` calls the JS object directly instead."""
+    if type(storage).__name__ != "_BindingWrapper":
+        return None
+    inner = vars(storage).get("_binding")
+    return inner if inner is not None and _to_js is not None else None
+
+
+def _js_binding(value: Any) -> Any:  # pragma: no cover - only inside Pyodide
+    """A bound SQL parameter for a direct JS call: ``None`` as JavaScript ``null`` (Pyodide
+    would pass ``undefined``), bytes as a ``Uint8Array``; str, int, float and bool convert
+    implicitly, as the SDK's ``to_js`` converts them."""
+    if value is None:
+        return _JS_NULL
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return _to_js(bytes(value))
+    return value
 
 
 def _once_callable(fn: Callable[[], Any]) -> Any:
@@ -194,7 +220,11 @@ class Storage:
             raise ConfigurationError(not_sqlite(ctx), field="migrations")
         self._ctx = ctx
         self._storage = storage
-        self._sql = sql
+        inner = _sdk_inner(storage)
+        #: SQL and transactions go to the JS object itself when the SDK wraps it (_sdk_inner).
+        self._direct = inner is not None
+        self._sql = inner.sql if inner is not None else sql
+        self._transaction_sync = (inner if inner is not None else storage).transactionSync
         #: Number of SQL statements executed through this adapter (for benchmarks).
         self.statements = 0
         self._rollback_hooks: list[Callable[[], None]] = []
@@ -205,6 +235,8 @@ class Storage:
         if len(bindings) > MAX_BINDINGS:
             raise ValueError(f"{len(bindings)} bound parameters exceed the limit of {MAX_BINDINGS}")
         self.statements += 1
+        if self._direct:  # pragma: no cover - only inside Pyodide
+            bindings = tuple(map(_js_binding, bindings))
         try:
             cursor = self._sql.exec(query, *bindings)
         except Exception as exc:
@@ -221,8 +253,9 @@ class Storage:
     @staticmethod
     def _rows(cursor: Any) -> list[dict[str, Any]]:
         to_array = getattr(cursor, "toArray", None)
-        raw: Iterable[Any] = to_array() if callable(to_array) else cursor
-        rows = list(raw)
+        raw: Any = to_array() if callable(to_array) else cursor
+        to_py = getattr(raw, "to_py", None)  # a JS array (a direct call): converted in one step
+        rows = list(to_py() if callable(to_py) else raw)
         if not rows:
             return []
         # Fast path (the common case): dicts or JsDicts with str keys (the rows of one statement
@@ -258,7 +291,7 @@ class Storage:
             box.append(fn())
 
         try:
-            self._storage.transactionSync(_once_callable(body))
+            self._transaction_sync(_once_callable(body))
         except BaseException:
             for hook in self._rollback_hooks:
                 hook()

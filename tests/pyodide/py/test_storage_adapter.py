@@ -1,0 +1,55 @@
+"""semaphore.runtime.Storage over the SDK-wrapped ``ctx.storage`` inside Pyodide: SQL statements
+and transactions go to the JavaScript object itself, not through the SDK's RPC converters
+(``workers/rpc.py`` ``_BindingWrapper``), and every value still crosses as it did through them."""
+
+from standins import Runtime
+from workers import DurableObject
+from workers.rpc import _BindingWrapper
+
+from semaphore.runtime import Storage
+
+
+class Plain(DurableObject):
+    pass
+
+
+async def storage_of_an_object():
+    rt = Runtime({"PLAIN": Plain}, auto_alarms=False)
+    inst = await rt.instance("PLAIN", "p")
+    assert isinstance(inst.ctx.storage, _BindingWrapper)  # what workerd's SDK hands a Python object
+    return Storage(inst.ctx)
+
+
+async def test_sql_and_transactions_bypass_the_sdk_converters():
+    storage = await storage_of_an_object()
+    assert storage._direct  # the JS object's own sql.exec and transactionSync
+    assert not isinstance(storage._sql, _BindingWrapper)
+    storage.exec("CREATE TABLE t (k TEXT PRIMARY KEY, n INTEGER, x REAL, b BLOB, z TEXT)")
+    storage.exec("INSERT INTO t VALUES (?, ?, ?, ?, ?)", "a", 2**40, 1.5, b"\x00\x01\xff", None)
+    (row,) = storage.exec("SELECT k, n, x, b, z, z IS NULL AS z_null, typeof(b) AS bt FROM t")
+    # None is bound as SQL NULL (Pyodide alone would pass undefined), bytes as a BLOB
+    assert row == {"k": "a", "n": 2**40, "x": 1.5, "b": b"\x00\x01\xff", "z": None, "z_null": 1, "bt": "blob"}
+    assert all(type(v) in (str, int, float, bytes, type(None)) for v in row.values())
+    assert storage.exec("SELECT k FROM t WHERE z IS ?", None) == [{"k": "a"}]
+    assert storage.exec("SELECT k FROM t WHERE k = ?", "missing") == []
+
+
+async def test_a_direct_transaction_commits_returns_and_rolls_back():
+    storage = await storage_of_an_object()
+    storage.exec("CREATE TABLE t (k TEXT PRIMARY KEY)")
+    forgot = []
+    storage.on_rollback(lambda: forgot.append(1))
+    assert storage.transaction(lambda: storage.exec("INSERT INTO t VALUES ('a')") or {"kept": [1]}) == {"kept": [1]}
+
+    def fails():
+        storage.exec("INSERT INTO t VALUES ('b')")
+        raise KeyError("boom")
+
+    try:
+        storage.transaction(fails)
+    except KeyError as exc:  # the Python exception itself comes back through JavaScript
+        assert exc.args == ("boom",)
+    else:
+        raise AssertionError("the transaction did not raise")
+    assert forgot == [1]
+    assert storage.exec("SELECT k FROM t") == [{"k": "a"}]
