@@ -27,7 +27,13 @@ one run:
     is the round's ``durationMs`` (from taking the batch to the commit) in the holder's round log
     line (logger ``semaphore.round``), median over ``--rounds`` rounds after a warm-up round; the
     same workload on CPython (the test kit's real SQLite, the same library code) is measured
-    beside it.
+    beside it;
+(e) **jobs through client objects**, on the first workerd (after (b), before (c)): ``--jobs`` in-Worker jobs
+    (``{"workMs": 1}`` payloads) enqueued at once over ``--queues`` ``JobQueue`` objects under a
+    limit of a tenth of them, until every job has run once and the holder charges nothing: the
+    workerd CPU per job (its whole life: the enqueue through the front, the queue object's
+    admission, run and completion, the holder's share) and its ratio against the no-op RPC's CPU
+    per call.
 
 The throughput phases run ``--duration`` seconds each. Every figure is printed with its ratio
 against the no-op RPC (throughputs: figure / no-op throughput; latencies and the round:
@@ -377,6 +383,49 @@ async def big_round_phase(proc: WorkerdProcess, conns: list[Conn], admin: Conn, 
     return records, deliveries
 
 
+async def jobs_phase(proc: WorkerdProcess, conns: list[Conn], admin: Conn, jobs: int, queues: int
+                     ) -> tuple[Result, int]:
+    """``jobs`` in-Worker jobs (``{"workMs": 1}``) enqueued at once over ``queues`` JobQueue
+    client objects (``POST .../queues/{q}/jobs``), under a limit of a tenth of them: each is
+    registered, queued, admitted (a lease or a grant of the holder), run, completed and its
+    release applied at the holder. Measured from the first enqueue until every job has run once
+    and the holder charges nothing (``GET .../usage`` every 250 ms). Returns the phase (``done``
+    = jobs) and the number of usage polls."""
+    ok(*await admin.call("PUT", f"/accounts/{ACCOUNT}/limit", {"limit": max(1, jobs // 10)}), "PUT .../limit")
+    run = secrets.token_hex(4)
+    result = Result()
+    cpu0, t0 = workerd_cpu_s(proc), time.perf_counter()
+
+    async def enqueue(i: int) -> None:
+        conn = conns[i % len(conns)]
+        status, body = await conn.call("POST", f"/accounts/{ACCOUNT}/queues/q{i % queues}/jobs",
+                                       {"id": f"bench-{run}-{i}", "group": f"g{i % GROUPS}", "payload": {"workMs": 1}})
+        if status != 201:
+            raise BenchError(f"enqueue of job {i}: HTTP {status}: {body}")
+
+    for start in range(0, jobs, len(conns)):  # one call per connection at a time
+        await asyncio.gather(*(enqueue(i) for i in range(start, min(jobs, start + len(conns)))))
+    polls, deadline = 0, time.perf_counter() + 600
+    while True:
+        usage = ok(*await admin.call("GET", f"/accounts/{ACCOUNT}/usage"), "GET .../usage")
+        polls += 1
+        if usage["charged"] == 0 and usage["outstanding"] == 0:
+            runs = [ok(*await admin.call("GET", f"/accounts/{ACCOUNT}/queues/q{q}/runs"), "GET .../runs")["runs"]
+                    for q in range(queues)]
+            ended = [r["jobId"] for rs in runs for r in rs if r["jobId"].startswith(f"bench-{run}-") and r["endedAt"]]
+            if len(ended) == jobs:
+                break
+        if time.perf_counter() > deadline:
+            raise BenchError(f"jobs phase: not done after 600 s (usage {usage})")
+        await asyncio.sleep(0.25)
+    result.seconds = time.perf_counter() - t0
+    result.cpu_s = workerd_cpu_s(proc) - cpu0
+    if len(set(ended)) != jobs:
+        raise BenchError(f"jobs phase: {len(ended)} runs for {len(set(ended))} of {jobs} jobs (a job ran twice)")
+    result.done = jobs
+    return result, polls
+
+
 def cpython_round(clients: int, rounds: int) -> list[float]:
     """The same workload as :func:`big_round_phase` on CPython: the library's holder on the test
     kit (real SQLite in a temp file), requests handed to ``handle()`` directly. ``durationMs``
@@ -525,6 +574,10 @@ def report(args: argparse.Namespace, figures: dict[str, Any]) -> None:
         cms = statistics.median(cp)
         rows.append(("(d) the same round on CPython (test kit, real SQLite)", f"{cms:.1f} ms", "",
                      f"workerd / CPython {ms / cms:.2f}x", ""))
+    jobs: Result = figures["jobs"]
+    rows.append((f"(e) {jobs.done:,} jobs through {args.queues} queue objects, per job",
+                 f"{jobs.seconds * 1000 / jobs.done:.1f} ms of wall time", cpu(jobs),
+                 f"{jobs.cpu_ms_per_op / noop_loaded.cpu_ms_per_op:.1f}x the no-op's CPU", ""))
     head = ("figure", "value", "workerd CPU", "vs no-op", "goal (issue)")
     width = [max(len(r[i]) for r in [*rows, head]) for i in range(len(head))]
     print("  ".join(h.ljust(w) for h, w in zip(head, width)))
@@ -534,7 +587,11 @@ def report(args: argparse.Namespace, figures: dict[str, Any]) -> None:
     print(f"\nvs no-op: a throughput / the no-op RPC's ({base_per_s:,.0f}/s with {c} clients); a latency or a\n"
           f"round / the no-op RPC's 1-client p50 ({base_ms:.1f} ms; for (d) {base_d:.1f} ms, measured again after\n"
           "the restart). workerd CPU: its user + system time over the phase (100% = one core; ms/op: per\n"
-          "answered call), the load it carried beside this script's clients and the machine's other work.")
+          "answered call), the load it carried beside this script's clients and the machine's other work.\n"
+          "(e): each job's whole life, in workerd: its enqueue (the front, the job's registration at the\n"
+          "holder, the queue object's insert), its admission, run and completion in the queue object, the\n"
+          "holder's share of the requests and syncs, and the phase's usage polls "
+          f"({figures['job_polls']}); vs no-op: its CPU\nper job / the no-op RPC's CPU per call.")
     errors = [e for k in ("noop_loaded", "sync_loaded", "requests") for e in figures[k].errors]
     if errors:
         print(f"errors during the throughput phases: {len(errors)}, e.g. {errors[0]}")
@@ -563,6 +620,11 @@ async def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
                 proc, conns, admin, args.samples, args.duration)
             print(f"  (b) syncs: p50 {figures['sync_serial'].pct(0.5):.1f} ms, "
                   f"{figures['sync_loaded'].per_s:,.0f}/s", flush=True)
+            # (e) before (c): the contended rounds of (c) are the last ones (d)'s holder ran, so
+            # (d)'s first requests wait for its batched round instead of being served at once (R9a)
+            figures["jobs"], figures["job_polls"] = await jobs_phase(proc, conns, admin, args.jobs, args.queues)
+            print(f"  (e) jobs: {args.jobs} in {figures['jobs'].seconds:.1f} s, "
+                  f"{figures['jobs'].cpu_ms_per_op:.1f} ms of workerd CPU each", flush=True)
             figures["requests"], figures["request_rounds"] = await request_phase(proc, conns, admin, args.duration)
             print(f"  (c) requests: {figures['requests'].per_s:,.0f}/s in {len(figures['request_rounds'])} rounds",
                   flush=True)
@@ -606,10 +668,12 @@ def main() -> int:
     ap.add_argument("--round-period-ms", type=int, default=100, help="ROUND_PERIOD_MS of (a)-(c) (default 100)")
     ap.add_argument("--big-round-wait-ms", type=int, default=6000,
                     help="ROUND_WAIT_MS of (d): every client's request must arrive within it (default 6000)")
+    ap.add_argument("--jobs", type=int, default=400, help="in-Worker jobs of (e) (default 400)")
+    ap.add_argument("--queues", type=int, default=4, help="queue objects the jobs of (e) go to (default 4)")
     ap.add_argument("--no-cpython", action="store_true", help="skip the CPython round of (d)")
     ap.add_argument("--keep", action="store_true", help="keep workerd's config, logs and storage (printed)")
     args = ap.parse_args()
-    for name in ("duration", "concurrency", "clients", "rounds", "samples", "big_round_wait_ms"):
+    for name in ("duration", "concurrency", "clients", "rounds", "samples", "big_round_wait_ms", "jobs", "queues"):
         if getattr(args, name) <= 0:
             ap.error(f"--{name.replace('_', '-')} must be > 0")
     if args.round_wait_ms < 0 or args.round_period_ms < 0:
