@@ -12,8 +12,9 @@ one call (the apply in a transaction of its own).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..core.client_state import KeyState, ReplyFacts, merge_grant, merge_lease
 from ..core.wire import GrantState, LeaseState, PermitRequest, PermitResponse, SyncMessage
@@ -87,19 +88,22 @@ def apply_reply(client: SemaphoreClient, reply: Reply, now: int) -> AppliedReply
 
 def _apply_grant(client: SemaphoreClient, key: str, s: GrantState, now: int, applied: AppliedReply) -> None:
     merge = merge_grant(key, client.grant(key, s.grant_id), s)  # R8, R13, R15, R17
-    if merge.row is not None:
-        client.rows.write_grant(merge.row, now)
-    for happened, ids in ((merge.dropped, applied.dropped), (merge.adopted, applied.adopted_grants),
-                          (merge.expired, applied.expired)):
-        if happened:
-            ids.append(s.grant_id)
+    _merged(merge.row, client.rows.write_grant, now, s.grant_id, (
+        (merge.dropped, applied.dropped), (merge.adopted, applied.adopted_grants), (merge.expired, applied.expired)))
 
 
 def _apply_lease(client: SemaphoreClient, key: str, s: LeaseState, now: int, applied: AppliedReply) -> None:
     merge = merge_lease(key, client.lease(key, s.lease_id), s, now)  # R8, R13, R31, R33
-    if merge.row is not None:
-        client.rows.write_lease(merge.row, now)
-    for happened, ids in ((merge.settled, applied.settled), (merge.adopted, applied.adopted_leases),
-                          (merge.retired, applied.retired)):
-        if happened:
-            ids.append(s.lease_id)
+    _merged(merge.row, client.rows.write_lease, now, s.lease_id, (
+        (merge.settled, applied.settled), (merge.adopted, applied.adopted_leases), (merge.retired, applied.retired)))
+
+
+def _merged(row: Any, write: Callable[[Any, int], None], now: int, entry_id: str,
+            happened: Iterable[tuple[bool, list[str]]]) -> None:
+    """Write a merge's ``row`` (``None``: nothing changed) and list ``entry_id`` under each of
+    the :class:`AppliedReply` lists whose flag the merge set."""
+    if row is not None:
+        write(row, now)
+    for flag, ids in happened:
+        if flag:
+            ids.append(entry_id)
