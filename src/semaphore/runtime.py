@@ -182,7 +182,13 @@ def _sdk_inner(storage: Any) -> Any:
     if type(storage).__name__ != "_BindingWrapper":
         return None
     inner = vars(storage).get("_binding")
-    return inner if inner is not None and _to_js is not None else None
+    if inner is None or _to_js is None:  # pragma: no cover - an SDK that no longer keeps it there
+        return None
+    try:  # pragma: no cover - only inside Pyodide
+        usable = callable(getattr(inner.sql, "exec", None)) and callable(getattr(inner, "transactionSync", None))
+    except Exception:  # noqa: BLE001 - not the storage object we know: keep the wrapper (slower, correct)
+        return None
+    return inner if usable else None  # pragma: no cover
 
 
 def _js_binding(value: Any) -> Any:  # pragma: no cover - only inside Pyodide

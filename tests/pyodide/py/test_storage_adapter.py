@@ -53,3 +53,26 @@ async def test_a_direct_transaction_commits_returns_and_rolls_back():
         raise AssertionError("the transaction did not raise")
     assert forgot == [1]
     assert storage.exec("SELECT k FROM t") == [{"k": "a"}]
+
+
+async def test_a_wrapper_whose_inner_object_is_not_the_storage_keeps_the_wrapper():
+    # An SDK release that keeps something else under ``_binding``: the adapter must not break
+    # (it goes through the wrapper, as before the direct path).
+    from pyodide.ffi import to_js
+
+    real = (await storage_of_an_object())._storage
+
+    class _BindingWrapper:  # noqa: N801 - the SDK's class name is what the adapter recognises
+        def __init__(self) -> None:
+            self._binding = to_js({})  # a JS object without sql / transactionSync
+            self.sql = real.sql
+            self.transactionSync = real.transactionSync
+
+    class Ctx:
+        storage = _BindingWrapper()
+
+    storage = Storage(Ctx())
+    assert not storage._direct
+    storage.exec("CREATE TABLE u (k TEXT)")
+    storage.transaction(lambda: storage.exec("INSERT INTO u VALUES (?)", "a"))
+    assert storage.exec("SELECT k FROM u") == [{"k": "a"}]
