@@ -413,15 +413,15 @@ async def jobs_phase(proc: WorkerdProcess, conns: list[Conn], admin: Conn, jobs:
             runs = [ok(*await admin.call("GET", f"/accounts/{ACCOUNT}/queues/q{q}/runs"), "GET .../runs")["runs"]
                     for q in range(queues)]
             ended = [r["jobId"] for rs in runs for r in rs if r["jobId"].startswith(f"bench-{run}-") and r["endedAt"]]
-            if len(ended) == jobs:
+            if len(set(ended)) == jobs:
                 break
         if time.perf_counter() > deadline:
             raise BenchError(f"jobs phase: not done after 600 s (usage {usage})")
         await asyncio.sleep(0.25)
     result.seconds = time.perf_counter() - t0
     result.cpu_s = workerd_cpu_s(proc) - cpu0
-    if len(set(ended)) != jobs:
-        raise BenchError(f"jobs phase: {len(ended)} runs for {len(set(ended))} of {jobs} jobs (a job ran twice)")
+    if len(ended) != jobs:
+        raise BenchError(f"jobs phase: {len(ended)} finished runs for {jobs} jobs (a job ran twice)")
     result.done = jobs
     return result, polls
 

@@ -251,8 +251,8 @@ def _bury(side: ClientSide, count: int, now: int) -> None:
 
     def body() -> None:
         for i in range(count):
-            client._write_grant(ClientGrant(KEY, f"dead-g{i}", "old", 1, 1, 1, 1, now, GONE, 1, 1), now)
-            client._write_lease(ClientLease(KEY, f"dead-l{i}", "old", 4, 2, 2, True, "settled", now, now,
+            client.rows.write_grant(ClientGrant(KEY, f"dead-g{i}", "old", 1, 1, 1, 1, now, GONE, 1, 1), now)
+            client.rows.write_lease(ClientLease(KEY, f"dead-l{i}", "old", 4, 2, 2, True, "settled", now, now,
                                             2, 2, True), now)
 
     client.storage.transaction(body)
@@ -309,7 +309,7 @@ async def test_tombstones_are_pruned_through_their_index():
 
     def body() -> None:
         for i in range(50):
-            s.client._write_grant(ClientGrant(KEY, f"dead{i}", "old", 1, 1, 1, 1, now, GONE, 1, 1), now)
+            s.client.rows.write_grant(ClientGrant(KEY, f"dead{i}", "old", 1, 1, 1, 1, now, GONE, 1, 1), now)
 
     s.client.storage.transaction(body)
     plan = " | ".join(str(r[3]) for r in side_storage.connection.execute(
@@ -347,7 +347,7 @@ async def test_r35_a_reply_prunes_tombstones_at_most_every_sixteenth_of_tombston
     queries = _record(s.storage)
     await s.run(s.client.request(KEY, [Demand("g", 1, T0)]))
     now = s.clock.now
-    s.client.storage.transaction(lambda: s.client._write_grant(
+    s.client.storage.transaction(lambda: s.client.rows.write_grant(
         ClientGrant(KEY, "dead", "old", 1, 1, 1, 1, now, GONE, 1, 1), now))
     slack = s.client.tombstone_ms // PRUNE_EVERY
     await s.run(s.client.sync(KEY))

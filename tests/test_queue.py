@@ -772,3 +772,35 @@ async def test_steady_completions_purge_finished_items_once_per_sixteenth_of_the
     kept = [i.item_id for i in side.queue.items(state=ItemState.DONE)
             if 0 < i.finished_at < clock.now - 17_000 - 1000]
     assert kept == []
+
+
+@async_test
+async def test_a_queue_step_that_fails_after_a_reply_was_applied_rolls_the_reply_back_in_sql_and_in_memory(
+        monkeypatch: pytest.MonkeyPatch):
+    # R35, R37: the queue applies a reply (client.apply) and moves its items on it in ONE
+    # transaction of its own. When its step raises after the apply, the reply's merge is rolled
+    # back in SQL and the client's in-memory copy forgets it too (the queue's and the client's
+    # Storage objects are distinct here, as in the test kit: the rollback hook between them
+    # carries it), so memory and SQL never disagree; the pump asks again and the item runs.
+    from semaphore import SemaphoreClient
+    from semaphore.client import _queue_pump
+
+    s = Setup()
+    assert s.queue.storage is not s.side.client.storage
+    real = _queue_pump.plan.plan_reply
+    seen: list[list[str]] = []
+
+    def fails_once(*args: Any, **kwargs: Any) -> Any:
+        if not seen:
+            seen.append([g.grant_id for g in s.side.client.grants(KEY)])  # the merge, visible inside
+            raise RuntimeError("the queue's step failed")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_queue_pump.plan, "plan_reply", fails_once)
+    await s.queue.enqueue(KEY, "g", "a")
+    await s.clock.settle()
+    assert seen and seen[0], "the reply's grant was not visible inside the queue's step"
+    fresh = SemaphoreClient(s.side.ctx, s.side.client.transport, clock=s.clock, client_id="c1")
+    assert [g.grant_id for g in s.side.client.grants(KEY)] == [g.grant_id for g in fresh.grants(KEY)] == []
+    await s.clock.advance(10_000)
+    assert [i.item_id for i in s.admitted] == ["a"]

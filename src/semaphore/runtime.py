@@ -165,9 +165,11 @@ async def _maybe_await(value: Any) -> Any:
 
 
 try:  # pragma: no cover - only inside Pyodide
-    from pyodide.ffi import create_once_callable as _create_once_callable  # type: ignore[import-not-found]
-    from pyodide.ffi import jsnull as _JS_NULL  # type: ignore[import-not-found]
-    from pyodide.ffi import to_js as _to_js  # type: ignore[import-not-found]
+    from pyodide.ffi import (  # type: ignore[import-not-found]
+        create_once_callable as _create_once_callable,
+    )
+    from pyodide.ffi import jsnull as _JS_NULL
+    from pyodide.ffi import to_js as _to_js
 except ImportError:  # CPython (tests): looked up once here, not at every transaction
     _create_once_callable = _JS_NULL = _to_js = None
 
@@ -177,8 +179,9 @@ def _sdk_inner(storage: Any) -> Any:
     (``workers-runtime-sdk``, ``workers/rpc.py``: the SDK wraps ``ctx.storage`` because its JS
     class is ``DurableObjectStorage``), or ``None`` for anything else (a test's stand-in, the
     runtime's own object). Through the wrapper, every SQL call converts each argument and its
-    cursor with the SDK's RPC converters (deep copies and checks meant for RPC), several times
-    the cost of the statement itself; :class:`Storage` calls the JS object directly instead."""
+    cursor with the SDK's RPC converters (deep copies and checks meant for RPC); :class:`Storage`
+    calls the JS object directly instead (``scripts/bench_runtime.py`` measures a sync, a
+    request and a job's life on the real runtime)."""
     if type(storage).__name__ != "_BindingWrapper":
         return None
     inner = vars(storage).get("_binding")
@@ -192,14 +195,20 @@ def _sdk_inner(storage: Any) -> Any:
 
 
 def _js_binding(value: Any) -> Any:  # pragma: no cover - only inside Pyodide
-    """A bound SQL parameter for a direct JS call: ``None`` as JavaScript ``null`` (Pyodide
-    would pass ``undefined``), bytes as a ``Uint8Array``; str, int, float and bool convert
-    implicitly, as the SDK's ``to_js`` converts them."""
+    """A bound SQL parameter for a direct JS call, bound as CPython's ``sqlite3`` binds it:
+    ``None`` as JavaScript ``null`` (Pyodide would pass ``undefined``), bytes as a
+    ``Uint8Array`` (a BLOB), a bool as 0 or 1 (JavaScript ``true`` would be bound as the text
+    ``'true'``); str, int and float convert implicitly. Anything else raises ``TypeError``, as
+    through the SDK's converters (workerd would bind a list as its text)."""
     if value is None:
         return _JS_NULL
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (str, int, float)):
+        return value
     if isinstance(value, (bytes, bytearray, memoryview)):
         return _to_js(bytes(value))
-    return value
+    raise TypeError(f"cannot bind a {type(value).__name__} as an SQL parameter")
 
 
 def _once_callable(fn: Callable[[], Any]) -> Any:
@@ -230,7 +239,7 @@ class Storage:
         #: SQL and transactions go to the JS object itself when the SDK wraps it (_sdk_inner).
         self._direct = inner is not None
         self._sql = inner.sql if inner is not None else sql
-        self._transaction_sync = (inner if inner is not None else storage).transactionSync
+        self._inner = inner
         #: Number of SQL statements executed through this adapter (for benchmarks).
         self.statements = 0
         self._rollback_hooks: list[Callable[[], None]] = []
@@ -297,7 +306,8 @@ class Storage:
             box.append(fn())
 
         try:
-            self._transaction_sync(_once_callable(body))
+            # looked up at each call (a test may wrap ctx.storage.transactionSync to inject faults)
+            (self._storage if self._inner is None else self._inner).transactionSync(_once_callable(body))
         except BaseException:
             for hook in self._rollback_hooks:
                 hook()

@@ -447,9 +447,3 @@ class SemaphoreClient:
     def _touch_key(self, key: str, now: int, **values: int) -> None:
         self.ensure_schema()
         self.rows.touch_key(key, now, **values)
-
-    def _write_grant(self, g: ClientGrant, now: int) -> None:
-        self.rows.write_grant(g, now)
-
-    def _write_lease(self, x: ClientLease, now: int) -> None:
-        self.rows.write_lease(x, now)

@@ -31,6 +31,7 @@ class Reply:
     """The holder's answer to one message of ``key``, not applied yet
     (:meth:`SemaphoreClient.apply` applies it).
 
+    :ivar key: the semaphore key the message went to.
     :ivar message: the message sent (its reports are marked delivered when applied).
     :ivar response: the typed answer.
     :ivar sent_at: the client's clock when it was sent (the answer shows the holder as of no

@@ -34,6 +34,33 @@ async def test_sql_and_transactions_bypass_the_sdk_converters():
     assert storage.exec("SELECT k FROM t WHERE k = ?", "missing") == []
 
 
+def test_bindings_for_a_direct_call_are_bound_as_cpython_binds_them():
+    # None would reach JavaScript as undefined, a bool as true (bound as the text 'true' by
+    # workerd), a list as its text: the adapter binds them as CPython's sqlite3 does, or refuses.
+    from pyodide.ffi import JsProxy, jsnull
+
+    from semaphore.runtime import _js_binding
+
+    assert _js_binding(None) is jsnull
+    assert _js_binding(True) == 1 and type(_js_binding(True)) is int and _js_binding(False) == 0
+    assert _js_binding("a") == "a" and _js_binding(7) == 7 and _js_binding(1.5) == 1.5
+    blob = _js_binding(b"\x00\xff")
+    assert isinstance(blob, JsProxy) and blob.constructor.name == "Uint8Array" and blob.to_py() == b"\x00\xff"
+    for bad in ([1], (1,), {"a": 1}):
+        try:
+            _js_binding(bad)
+        except TypeError:
+            continue
+        raise AssertionError(f"{bad!r} was bound")
+
+
+async def test_a_bool_reads_back_as_an_integer():
+    storage = await storage_of_an_object()
+    (row,) = storage.exec("SELECT ? AS t, ? AS f, ? = 1 AS one", True, False, True)
+    assert row == {"t": 1, "f": 0, "one": 1}, row  # a number, never the text 'true'
+
+
+
 async def test_a_direct_transaction_commits_returns_and_rolls_back():
     storage = await storage_of_an_object()
     storage.exec("CREATE TABLE t (k TEXT PRIMARY KEY)")
