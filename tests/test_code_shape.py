@@ -8,6 +8,7 @@ and count toward their enclosing function too."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,6 +69,30 @@ def sql_calls(path: Path) -> list[int]:
     return [node.lineno for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)))
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
             and node.func.attr in ("exec", "one")]
+
+
+#: The client modules that hold its schema (tables and indexes), installed through the runtime.
+CLIENT_SCHEMAS = {"_client_model.py", "_queue_model.py"}
+_SQL_TEXT = re.compile(r"\b(SELECT|INSERT|UPDATE|DELETE|WHERE|AND|OR)\b|= \?|!= ''")
+
+
+def sql_texts(path: Path) -> list[int]:
+    """Lines of ``path`` with a string (not a docstring) that reads as SQL: a statement or a
+    condition, such as ``" AND done_pending = 0"``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Constant)
+            and isinstance(node.value, str) and id(node) not in docs and _SQL_TEXT.search(node.value)]
+
+
+def test_only_the_client_store_and_schema_modules_write_sql_text():
+    # A condition built elsewhere (the queue's pump once passed its purge's predicate to the
+    # item store) is policy in SQL where no twin can hold it: the stores' interfaces take values.
+    found = {path.name: sql_texts(path) for path in sorted(CLIENT.glob("*.py"))}
+    outside = {name: lines for name, lines in found.items() if lines and name not in CLIENT_STORES | CLIENT_SCHEMAS}
+    assert not outside, f"SQL text outside the client's store and schema modules: {outside}"
 
 
 def test_only_the_client_store_modules_run_sql():

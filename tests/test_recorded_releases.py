@@ -126,7 +126,7 @@ async def test_the_purge_of_finished_items_folds_their_recorded_releases_into_th
     await s.completed(3)
     assert s.grant_released() == [1]
     queue = s.side.queue
-    queue.storage.transaction(lambda: queue._items.delete_done("finished_at <= ?", s.clock.now))
+    queue.storage.transaction(lambda: queue._items.purge_done(s.clock.now + 1))
     assert s.sql(f"SELECT item_id FROM {ITEMS}") == []
     assert s.grant_released() == [3]  # folded into SQL's own column
     fresh = SemaphoreClient(s.side.ctx, s.side.transport, clock=s.clock, client_id="c1")
@@ -139,12 +139,14 @@ async def test_the_purge_of_finished_items_folds_their_recorded_releases_into_th
 @async_test
 async def test_deleting_finished_permit_items_keeps_every_item_that_records_a_release():
     # R35: the quick delete of finished permit() items folds nothing, so it deletes no item
-    # that records a release (the purge, which folds, deletes those).
+    # that records a release (the purge, which folds, deletes those), nor any callback item.
+    # (That it skips a permit item recording one is checked against the twin,
+    # tests/test_queue_item_store_contract.py.)
     s = Setup()
     await s.completed(3)
     queue = s.side.queue
-    queue.storage.transaction(lambda: queue._items.delete_done_unrecorded("key = ?", KEY))
-    assert [r["item_id"] for r in s.sql(f"SELECT item_id FROM {ITEMS} ORDER BY item_id")] == ["i1", "i2"]
+    queue.storage.transaction(lambda: queue._items.delete_done_permits(KEY))
+    assert [r["item_id"] for r in s.sql(f"SELECT item_id FROM {ITEMS} ORDER BY item_id")] == ["i0", "i1", "i2"]
     fresh = SemaphoreClient(s.side.ctx, s.side.transport, clock=s.clock, client_id="c1")
     assert [g.released for g in fresh.grants(KEY)] == [3]
 

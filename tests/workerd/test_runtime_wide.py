@@ -988,3 +988,78 @@ async def _differential_script(remote: RemoteStorage, Bed: Any, check_aggregates
     usage = [await bed.usage() for bed in beds]
     assert usage[0] == usage[1], usage
     assert (usage[0]["outstanding"], usage[0]["leaseFootprint"], usage[0]["groups"]) == (0, 0, {}), usage
+
+
+def test_queue_item_sql_on_durable_object_sqlite_matches_cpython(workerd_bin, tmp_path):
+    """Direct check of the queue's item store (``QueueItems``: the key's load of its items and
+    marks as JSON in one statement, inserts numbered with ``row_number()`` that skip known ids,
+    ``json_each`` updates with per-item values, the purge and the deletion of finished permit
+    items) on a Durable Object's SQLite, beside the CPython test bed's: the same operations on
+    both, with ids carrying quotes, backslashes and astral characters and payloads at and past
+    the kept bound (multi-byte); every read and every row (typed, via quote()) must be identical."""
+    from semaphore.client._item_rows import COLUMNS, PAYLOAD_KEPT
+    from semaphore.client._item_store import Add, DonePending, QueueItems
+    from semaphore.client._queue import SemaphoreQueue
+    from semaphore.runtime import Storage
+    from semaphore.testing import LocalStorage
+
+    proc = WorkerdProcess(sql_worker_config(tmp_path), binary=workerd_bin, pyodide_cache=None,
+                          log_dir=tmp_path / "logs")
+    try:
+        proc.start()
+    except WorkerdError as err:
+        pytest.fail(f"{err}\n--- workerd output ---\n{err.output}", pytrace=False)
+    try:
+        remote = RemoteStorage(proc.url + "/", "items")
+        locals_ = LocalStorage()
+        storages = [Storage(types.SimpleNamespace(storage=s)) for s in (locals_, remote)]
+        for storage in storages:
+            SemaphoreQueue.migrate(storage, 1)
+        stores = [QueueItems(s, done_hooks=True, on_load=lambda *marks: None) for s in storages]
+        key, other = 'k"\\😀', "κ"
+        ids = ['a"q', "b\\s", "c😀", 'd[{"x":1}]', "e,ü", "p1", "p2"]
+        at_bound = json.dumps("é" * (PAYLOAD_KEPT // 2 - 1), ensure_ascii=False)  # 1,024 bytes
+        past = json.dumps("é" * (PAYLOAD_KEPT // 2 - 1) + "x", ensure_ascii=False)
+
+        def new(item_id: str, k: str, payload: str = "null", owner: str = "") -> dict[str, Any]:
+            row = {c: 0 for c in COLUMNS if c != "seq"}
+            return {**row, "item_id": item_id, "key": k, "group_name": "g'1", "enqueued_at": 5, "state": "queued",
+                    "permit_kind": "", "permit_id": "", "owner": owner, "error": "", "payload": payload}
+
+        def reads(s: QueueItems) -> Any:
+            return ([s.rows(k) for k in (key, other)], [s.find(i) for i in ids], s.find_many(ids),
+                    s.payloads(s.rows(key)), s.view(), s.view(key, "done"))
+
+        def both(op: Callable[[QueueItems], Any]) -> None:
+            answers = [op(s) for s in stores]
+            assert answers[0] == answers[1], f"answers differ:\nlocal  {answers[0]}\nremote {answers[1]}"
+            assert reads(stores[0]) == reads(stores[1])
+            fresh = [reads(QueueItems(s, done_hooks=True, on_load=lambda *marks: None)) for s in storages]
+            assert fresh[0] == fresh[1] == reads(stores[0])
+            dumps = [typed_dump(s) for s in (locals_, remote)]
+            assert dumps[0] == dumps[1], f"rows differ:\nlocal  {dumps[0]}\nremote {dumps[1]}"
+
+        both(lambda s: s.insert_new(new(ids[0], key, at_bound)))
+        both(lambda s: s.rows(other))  # the other key loaded (empty) before its first item
+        # a known id among new ones takes no number; the shared values go in once
+        both(lambda s: s.insert_many([new(i, key, past) for i in (ids[1], ids[0], ids[2], ids[3])]))
+        both(lambda s: s.insert_many([new(i, other) for i in (ids[4], ids[3])]))
+        both(lambda s: s.insert_new(new(ids[5], key, owner="tok")))
+        both(lambda s: s.insert_new(new(ids[6], key, owner="tok")))
+        both(lambda s: s.update(key, ids[:3], {"state": "running", "permit_kind": "lease", "permit_id": "l'1",
+                                               "attempts": Add(1)}, {"slot": [3, 1, 2], "error": ["x", "é", "😀"]}))
+        both(lambda s: s.update(key, ids[:2], {"state": "done", "finished_at": 7, "done_pending": DonePending(True),
+                                               "release_n": 2}))
+        both(lambda s: s.update(key, [ids[2], ids[5]], {"state": "done", "finished_at": 8,
+                                                        "done_pending": DonePending(True)}))
+        both(lambda s: s.update(key, [ids[6]], {"state": "done", "finished_at": 8, "release_n": 1,
+                                                "done_pending": DonePending(True)}))
+        both(lambda s: s.update(key, [ids[0]], {"done_pending": 0}))
+        both(lambda s: s.purge_done(8))  # ids[0]: finished at 7, its hook ran; ids[1]'s is pending
+        both(lambda s: s.delete_done_permits(key))  # ids[5] (no release recorded), not ids[6]
+        assert [r["item_id"] for r in stores[0].view(key)] == [ids[1], ids[2], ids[3], ids[6]]
+        both(lambda s: s.purge_done(100))  # ids[6] now; the pending hooks keep theirs
+        assert remote.sql.statements > 20, remote.sql.statements  # it really ran remotely
+    finally:
+        print(f"--- workerd output ---\n{proc.logs[-10000:]}")
+        proc.stop()

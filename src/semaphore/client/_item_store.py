@@ -24,13 +24,15 @@ the queue hooks it to the client's storage too). A new object instance starts wi
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..runtime import JSON_IDS, Storage, chunks, json_list
+from ._item_rows import COLUMNS, INSERT_BATCH_BYTES, PAYLOAD_KEPT, batches, kept, kept_payload
 
-__all__ = ["QueueItems", "ITEMS", "WAKEUPS", "PENDING", "BLOCKED", "PAYLOAD_KEPT", "INSERT_BATCH_BYTES"]
+__all__ = ["QueueItems", "ITEMS", "WAKEUPS", "PENDING", "BLOCKED", "PURGEABLE", "COLUMNS", "PAYLOAD_KEPT",
+           "INSERT_BATCH_BYTES", "Add", "DonePending"]
 
 ITEMS = "durability_semaphore_client_items"
 WAKEUPS = "durability_semaphore_client_wakeups"
@@ -39,19 +41,9 @@ WAKEUPS = "durability_semaphore_client_wakeups"
 PENDING = "durability_semaphore_client_pending_releases"
 #: Per ``(key, group)``: the holder's latest ``blocked`` entry (why its queued items wait, R23).
 BLOCKED = "durability_semaphore_client_blocked"
+#: The finished items a purge may delete, in SQL (:func:`~._item_rows.purgeable`).
+PURGEABLE = "state = 'done' AND done_pending = 0"
 
-#: Longest payload (bytes of JSON text) kept in the copy; a longer one is read when needed.
-PAYLOAD_KEPT = 1024
-#: Most bytes of new items (their ids and payloads as one JSON binding) one statement of
-#: :meth:`QueueItems.insert_many` carries: well under the 2 MB a Durable Object's SQLite takes in
-#: one value. An item larger than this alone goes in a statement of its own, its payload bound
-#: as it is.
-INSERT_BATCH_BYTES = 512 * 1024
-
-#: The columns of an item row besides ``payload`` (in the table's order).
-COLUMNS = ("item_id", "key", "group_name", "enqueued_at", "seq", "state", "permit_kind", "permit_id", "slot",
-           "started_at", "admitted", "attempts", "retry_at", "checked_at", "finished_at", "cancel",
-           "done_pending", "done_attempts", "done_retry_at", "owner", "error", "release_n")
 _PAYLOAD = f"CASE WHEN length(CAST(payload AS BLOB)) <= {PAYLOAD_KEPT} THEN payload END"
 _SELECT = ", ".join(COLUMNS) + f", {_PAYLOAD} AS payload"
 #: Item rows with the ``blocked`` entry of a queued item's group (the public views).
@@ -66,10 +58,6 @@ _LIVE = "state IN ('queued', 'claiming', 'running')"
 OnLoad = Callable[[str, "int | None", bool, bool], None]
 
 
-def kept(row: Mapping[str, Any]) -> bool:
-    """Whether the copy keeps ``row``: a live item, or a finished one whose hook is pending."""
-    return row["state"] != "done" or bool(row["done_pending"])
-
 
 @dataclass
 class _Key:
@@ -78,7 +66,7 @@ class _Key:
     rows: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-class QueueItems:
+class QueueItems:  # a QueueItemStore
     """The items of every key the queue has used, over ``storage`` (see the module
     documentation). ``done_hooks``: the queue has an ``on_done`` hook (finished items whose
     hook is pending are kept too)."""
@@ -86,7 +74,7 @@ class QueueItems:
     def __init__(self, storage: Storage, *, done_hooks: bool, on_load: OnLoad | None = None,
                  before_delete: Callable[..., None] | None = None) -> None:
         self.storage = storage
-        #: Called with :meth:`delete_done`'s condition and arguments before it deletes (the
+        #: Called with :meth:`purge_done`'s condition and arguments before it deletes (the
         #: client folds the releases recorded in those rows into its own, ``release_n``).
         self.before_delete = before_delete
         self.done_hooks = done_hooks
@@ -205,11 +193,13 @@ class QueueItems:
     def insert_many(self, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """:meth:`insert_new` for each of ``rows`` (distinct ids; every column but ``seq``, and
         the same values but ``item_id`` and ``payload``), newest last: one statement per
-        :data:`INSERT_BATCH_BYTES` of ids and payloads (their ``seq`` follow their order).
-        Returns the rows inserted (an id that exists is left out: :meth:`find_many` it)."""
+        :data:`INSERT_BATCH_BYTES` of ids and payloads. The rows inserted are numbered on from
+        the largest ``seq`` without gaps: an id that exists (in a loaded copy or only in SQL)
+        takes no number, so the numbers do not depend on what the copy holds. Returns the rows
+        inserted (an id that exists is left out: :meth:`find_many` it)."""
         fresh = [r for r in rows if not any(str(r["item_id"]) in k.rows for k in self._keys.values())]
         out: list[dict[str, Any]] = []
-        for part in _batches(fresh):
+        for part in batches(fresh):
             if len(part) == 1:
                 new = self.insert_new(part[0])
                 out += [] if new is None else [new]
@@ -219,8 +209,11 @@ class QueueItems:
             seqs = {str(r["item_id"]): int(r["seq"]) for r in self.storage.exec(
                 f"INSERT INTO {ITEMS}(item_id, payload, {', '.join(shared)}, seq)"
                 f" SELECT json_extract(j.value, '$[0]'), json_extract(j.value, '$[1]'),"
-                f" {', '.join('?' for _ in shared)}, (SELECT COALESCE(MAX(seq), 0) FROM {ITEMS}) + j.key + 1"
-                " FROM json_each(?) AS j WHERE true ON CONFLICT(item_id) DO NOTHING RETURNING item_id, seq",
+                f" {', '.join('?' for _ in shared)},"
+                f" (SELECT COALESCE(MAX(seq), 0) FROM {ITEMS}) + row_number() OVER (ORDER BY j.key)"
+                f" FROM json_each(?) AS j WHERE NOT EXISTS"
+                f" (SELECT 1 FROM {ITEMS} AS i WHERE i.item_id = json_extract(j.value, '$[0]'))"
+                " ON CONFLICT(item_id) DO NOTHING RETURNING item_id, seq",
                 *(part[0][c] for c in shared), json_list([[r["item_id"], r["payload"]] for r in part]))}
             for r in part:
                 if str(r["item_id"]) in seqs:
@@ -252,8 +245,7 @@ class QueueItems:
         """A new row joins its key's copy (if the key is loaded)."""
         k = self._keys.get(str(row["key"]))
         if k is not None:
-            text = str(row["payload"])
-            k.rows[str(row["item_id"])] = {**row, "payload": text if len(text.encode()) <= PAYLOAD_KEPT else None}
+            k.rows[str(row["item_id"])] = {**row, "payload": kept_payload(str(row["payload"]))}
 
     def update(self, key: str, item_ids: Iterable[str], values: Mapping[str, Any],
                each: Mapping[str, Sequence[Any]] | None = None) -> None:
@@ -304,35 +296,20 @@ class QueueItems:
         self.storage.exec(f"UPDATE {ITEMS} SET {', '.join(sets)}"
                           " WHERE item_id IN (SELECT json_extract(value, '$[0]') FROM json_each(?))", *args, rows)
 
-    def delete_done(self, where: str, *args: Any) -> None:
-        """Delete finished items (``state = 'done' AND <where>``); the copy keeps none of them
-        unless its hook is pending, which ``where`` must exclude. The releases recorded in them
-        are folded into the client's rows first (:attr:`before_delete`)."""
+    def purge_done(self, before: int) -> None:
+        """:meth:`~._item_rows.QueueItemStore.purge_done`: the releases recorded in those rows
+        are folded into the client's rows first (:attr:`before_delete`), then one delete
+        through the finished items' index. The copy keeps none of them."""
+        where = f"{PURGEABLE} AND finished_at < ?"
         if self.before_delete is not None:
-            self.before_delete(f"state = 'done' AND {where}", *args)
-        self.storage.exec(f"DELETE FROM {ITEMS} WHERE state = 'done' AND {where}", *args)
+            self.before_delete(where, before)
+        self.storage.exec(f"DELETE FROM {ITEMS} WHERE {where}", before)
 
-    def delete_done_unrecorded(self, where: str, *args: Any) -> None:
-        """:meth:`delete_done` of the finished items that record no release (``release_n =
-        0``): nothing to fold. One that records one stays for :meth:`delete_done`."""
-        self.storage.exec(f"DELETE FROM {ITEMS} WHERE state = 'done' AND release_n = 0 AND {where}", *args)
-
-
-def _batches(rows: Sequence[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
-    """``rows`` in order, cut so each part's ids and payloads stay within
-    :data:`INSERT_BATCH_BYTES` (a larger row alone)."""
-    part: list[dict[str, Any]] = []
-    size = 0
-    for r in rows:
-        # its JSON: the id and the payload as strings (an escape doubles a byte at most), 8 more
-        n = 2 * (len(str(r["item_id"]).encode()) + len(str(r["payload"]).encode())) + 8
-        if part and size + n > INSERT_BATCH_BYTES:
-            yield part
-            part, size = [], 0
-        part.append(r)
-        size += n
-    if part:
-        yield part
+    def delete_done_permits(self, key: str) -> None:
+        """:meth:`~._item_rows.QueueItemStore.delete_done_permits` (nothing to fold): one
+        delete through the finished permit items' index."""
+        self.storage.exec(f"DELETE FROM {ITEMS} WHERE state = 'done' AND owner != '' AND release_n = 0 AND key = ?",
+                          key)
 
 
 @dataclass(frozen=True)

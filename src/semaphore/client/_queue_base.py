@@ -18,6 +18,7 @@ from ..core.wire import Blocked, Demand
 from ..runtime import Storage, TableWatch
 from ..scheduler import DurabilityScheduler
 from ._client import SemaphoreClient
+from ._item_rows import QueueItemStore
 from ._item_store import ITEMS, QueueItems
 from ._queue_model import AdmitCallback, CheckCallback, DoneCallback, QueueItem, WorkCallback, _install_schema
 from ._queue_store import QueueMarks
@@ -58,7 +59,7 @@ class _QueueBase(abc.ABC):
     prefer_leases: bool
     request_wait_ms: int
     marks: QueueMarks
-    _items: QueueItems
+    _items: QueueItemStore
     _ready: bool
     _wakeups: TableWatch
 

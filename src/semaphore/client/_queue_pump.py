@@ -368,12 +368,11 @@ class _QueuePump(_QueueCallbacks):
             unit.ask_holder()
         if step.purge_done_before is not None and step.purge_due_before is not None \
                 and self.marks.purge_due(step.purge_due_before):
-            kept = "" if self.on_done is None else " AND done_pending = 0"  # its hook has not run yet
-            self._items.delete_done(f"finished_at < ?{kept}", step.purge_done_before)
+            self._items.purge_done(step.purge_done_before)
             self.marks.purged()
         # A finished permit() item is never enqueued again (its id is random): nothing to keep.
         if self.marks.permits_done(key):
-            self._items.delete_done_unrecorded("key = ? AND owner != ''", key)
+            self._items.delete_done_permits(key)
             self.marks.permits_deleted(key)
 
     def _report_due(self, key: str, snap: KeySnapshot) -> plan.ReportDue:

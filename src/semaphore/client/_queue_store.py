@@ -27,7 +27,7 @@ import json
 from typing import Any
 
 from ..runtime import Storage
-from ._item_store import BLOCKED, ITEMS, PENDING, WAKEUPS
+from ._item_store import BLOCKED, ITEMS, PENDING, PURGEABLE, WAKEUPS
 
 __all__ = ["QueueMarks", "WAKEUPS", "PENDING", "BLOCKED"]
 
@@ -36,10 +36,6 @@ _UNREAD: Any = object()
 #: How many of the earliest wake times the copy keeps: every key's for an object of up to this
 #: many keys; with more, a first read costs no more, and the later ones are read as they come.
 WAKES_KEPT = 64
-
-
-#: The finished items a purge may delete (a pending ``on_done`` hook keeps its item).
-_PURGEABLE = "state = 'done' AND done_pending = 0"
 
 
 class QueueMarks:
@@ -77,7 +73,7 @@ class QueueMarks:
         known: :meth:`purge_due`), in one statement through the wake-time index."""
         rows = self.storage.exec(
             f"SELECT key, wake_at FROM (SELECT key, wake_at FROM {WAKEUPS} ORDER BY wake_at, key LIMIT ?)"
-            f" UNION ALL SELECT NULL, MIN(finished_at) FROM {ITEMS} WHERE {_PURGEABLE}", WAKES_KEPT + 1)
+            f" UNION ALL SELECT NULL, MIN(finished_at) FROM {ITEMS} WHERE {PURGEABLE}", WAKES_KEPT + 1)
         wakes = sorted((int(r["wake_at"]), str(r["key"])) for r in rows if r["key"] is not None)
         self._horizon = wakes[WAKES_KEPT] if len(wakes) > WAKES_KEPT else None
         self._near = {k: w for w, k in wakes[:WAKES_KEPT]}
@@ -214,7 +210,7 @@ class QueueMarks:
         An item whose ``on_done`` hook is pending is not counted: the purge keeps it, and counting
         it would make every pump purge while its hook keeps failing."""
         if self._done_min is _UNREAD:
-            row = self.storage.one(f"SELECT MIN(finished_at) AS at FROM {ITEMS} WHERE {_PURGEABLE}")
+            row = self.storage.one(f"SELECT MIN(finished_at) AS at FROM {ITEMS} WHERE {PURGEABLE}")
             self._done_min = None if row is None or row["at"] is None else int(row["at"])
         return self._done_min is not None and bool(self._done_min < cutoff)
 

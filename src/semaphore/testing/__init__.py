@@ -43,6 +43,10 @@ plain synchronous sources).
 The client's rows without SQLite (:mod:`._memory_client_store`): :class:`MemoryClientRows`, the
 twin of the client's SQL store (its interface, ``semaphore.client._rows.ClientStore``, over
 dicts).
+
+The queue's items without SQLite (:mod:`._memory_queue_items`): :class:`MemoryQueueItems`, the
+twin of the queue's SQL item store (its interface, ``semaphore.client._item_rows.QueueItemStore``,
+over a dict).
 """
 
 from ._bed import Bed, HolderSide
@@ -72,6 +76,7 @@ from ._local import (
     VirtualClock,
 )
 from ._memory_client_store import MemoryClientRows
+from ._memory_queue_items import MemoryQueueItems
 from ._memory_store import (
     MemoryStore,
     Store,
@@ -104,6 +109,6 @@ __all__ = [
     # the holder's decisions over an in-memory store
     "MemoryStore", "Store", "StoreState", "resolve_limits", "resolve_sync_limits", "run_round", "run_sync",
     "run_reclaim",
-    # the client's rows in memory
-    "MemoryClientRows",
+    # the client's rows and the queue's items in memory
+    "MemoryClientRows", "MemoryQueueItems",
 ]
