@@ -508,3 +508,23 @@ def test_a_purge_of_finished_items_waits_for_a_sixteenth_of_the_retention_beyond
 
     assert purge_due_before(100_000, 16_000) == 100_000 - 16_000 - 1_000
     assert purge_due_before(100_000, 86_400_000) == 100_000 - 86_400_000 - 5_400_000
+
+
+def test_r37_r35_a_completion_cancels_a_claim_finishes_a_waiting_item_and_releases_a_running_ones_permit():
+    # R37: completing is idempotent (an unknown or finished item: nothing); a claiming item is
+    # only marked cancelled (its claim is resolved first); a queued item, or a running one
+    # under no permit, finishes with nothing to release; a running item's permit is released,
+    # recorded in its own row for a callback item (R35), in the permit's row for a permit()
+    # item (its row is deleted soon after).
+    C = plan.Completion
+    assert plan.completion(None, "", "") is C.NOTHING
+    assert plan.completion("done", "", "grant") is C.NOTHING
+    assert plan.completion("claiming", "", "grant") is C.CANCEL
+    assert plan.completion("claiming", "tok", "grant") is C.CANCEL
+    assert plan.completion("queued", "", "") is C.FINISH
+    assert plan.completion("queued", "tok", "") is C.FINISH
+    assert plan.completion("running", "", "") is C.FINISH
+    assert plan.completion("running", "", "grant") is C.RECORD
+    assert plan.completion("running", "", "lease") is C.RECORD
+    assert plan.completion("running", "tok", "lease") is C.RELEASE
+    assert plan.completion("running", "tok", "grant") is C.RELEASE

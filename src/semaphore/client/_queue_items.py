@@ -63,11 +63,9 @@ class _QueueItemsPart(_QueueBase):
         return QueueItem._from_row(self._items.payloads([row])[0])
 
     def _release_permit(self, key: str, row: Mapping[str, Any], *, record: bool = False) -> int:
-        """Release the item's permit (if it has one). ``record``: the caller records the
-        release in the item's row (``release_n``, the value returned; 0: nothing to record),
-        so the permit's row need not be written for it (SPEC R35)."""
-        if not row["permit_kind"]:
-            return 0
+        """Release the item's permit. ``record``: the caller records the release in the item's
+        row (``release_n``, the value returned; 0: nothing to record), so the permit's row need
+        not be written for it (SPEC R35)."""
         unit = self.client.unit(key)
         kind = PermitKind(row["permit_kind"]).value
         if record:
@@ -88,16 +86,16 @@ class _QueueItemsPart(_QueueBase):
         permit's row has something to report already (:meth:`_release_permit`); a
         :meth:`permit` item's row is deleted soon after, so its permit's row is written."""
         row = self._items.find(item_id)
-        if row is None or row["state"] == ItemState.DONE.value:
+        action = plan.completion(None if row is None else str(row["state"]), "" if row is None else str(row["owner"]),
+                                 "" if row is None else str(row["permit_kind"]))
+        if row is None or action is plan.Completion.NOTHING:
             return None
         key = str(row["key"])
-        if row["state"] == ItemState.CLAIMING.value:
-            # The claim may be confirmed: resolve it first, then release at once.
+        if action is plan.Completion.CANCEL:
             self._items.update(key, [item_id], {"cancel": 1})
         else:
-            release_n = 0
-            if row["state"] == ItemState.RUNNING.value:
-                release_n = self._release_permit(key, row, record=plan.records_release(str(row["owner"])))
+            release_n = 0 if action is plan.Completion.FINISH else \
+                self._release_permit(key, row, record=action is plan.Completion.RECORD)
             self._finish(key, [item_id], now, release_n=release_n)
         self._set_wake(key, now if wake_at is None else wake_at, earlier_only=True)
         return key

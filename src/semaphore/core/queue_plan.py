@@ -42,7 +42,7 @@ __all__ = [
     "heartbeat_due", "plan_exchange", "next_wake", "covered_groups", "wants_round", "recheck_due",
     "room_check_due", "room_check_pending",
     "MAX_EXCHANGES", "Pause", "pause_after_exchanges", "retry_waits_for_holder", "permit_gone", "records_release",
-    "work_exhausted",
+    "Completion", "completion", "work_exhausted",
     "item_times", "admit_room", "demand_grew", "reconcile_due",
     "TryAnswer", "is_try", "try_answer", "refusal", "purge_due_before",
 ]
@@ -678,6 +678,36 @@ def records_release(owner: str) -> bool:
     written. Whether the permit's row needs a write anyway is the client's
     (:func:`semaphore.client._rows.recorded_row`)."""
     return not owner
+
+
+class Completion(str, enum.Enum):
+    """What completing an item does (:func:`completion`)."""
+
+    #: Unknown, or finished already: nothing (a completion is idempotent).
+    NOTHING = "nothing"
+    #: Claiming (its claim sent, not confirmed): only marked cancelled; the pump resolves the
+    #: claim first, and finishes the item then, its permit released at once.
+    CANCEL = "cancel"
+    #: Queued (withdrawn before admission), or running under no permit: done, nothing released.
+    FINISH = "finish"
+    #: Running under a permit: done, the release written to the permit's row.
+    RELEASE = "release"
+    #: Running under a permit, a callback item: done, the release recorded in the item's own
+    #: row when the permit's row has something to report already (:func:`records_release`).
+    RECORD = "record"
+
+
+def completion(state: str | None, owner: str, permit_kind: str) -> Completion:
+    """SPEC R37 decision: what :meth:`~semaphore.client.SemaphoreQueue.complete` does to an item
+    in ``state`` (``None``: unknown) owned by ``owner`` (a ``permit()`` caller's instance, or
+    ``""``) under a permit of ``permit_kind`` (``""``: none)."""
+    if state is None or state == "done":
+        return Completion.NOTHING
+    if state == "claiming":
+        return Completion.CANCEL
+    if state != "running" or not permit_kind:
+        return Completion.FINISH
+    return Completion.RECORD if records_release(owner) else Completion.RELEASE
 
 
 def work_exhausted(attempts: int, work_attempts: int) -> bool:
