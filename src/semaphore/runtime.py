@@ -194,16 +194,32 @@ def _sdk_inner(storage: Any) -> Any:
     return inner if usable else None  # pragma: no cover
 
 
+#: The largest integer (either way) a direct SQL call binds: every integer up to it is a
+#: JavaScript number exactly (CPython binds up to 64 bits).
+MAX_BOUND_INTEGER = 2**53
+#: Pyodide passes an int as a JavaScript number below this (either way), else as a BigInt.
+_PYODIDE_NUMBERS = 2**53 - 1
+
+
 def _js_binding(value: Any) -> Any:  # pragma: no cover - only inside Pyodide
     """A bound SQL parameter for a direct JS call, bound as CPython's ``sqlite3`` binds it:
     ``None`` as JavaScript ``null`` (Pyodide would pass ``undefined``), bytes as a
     ``Uint8Array`` (a BLOB), a bool as 0 or 1 (JavaScript ``true`` would be bound as the text
-    ``'true'``); str, int and float convert implicitly. Anything else raises ``TypeError``, as
-    through the SDK's converters (workerd would bind a list as its text)."""
+    ``'true'``); str, float and int convert implicitly, but Pyodide passes an int from
+    ``2**53 - 1`` either way as a BigInt, which workerd refuses ("Cannot convert a BigInt value
+    to a number"): up to :data:`MAX_BOUND_INTEGER` either way it is passed as the number it
+    equals exactly, beyond that it raises ``OverflowError`` (CPython's ``sqlite3`` raises it
+    beyond 64 bits). Anything else raises ``TypeError``, as through the SDK's converters
+    (workerd would bind a list as its text)."""
     if value is None:
         return _JS_NULL
     if isinstance(value, bool):
         return int(value)
+    if isinstance(value, int) and not -_PYODIDE_NUMBERS < value < _PYODIDE_NUMBERS:
+        if not -MAX_BOUND_INTEGER <= value <= MAX_BOUND_INTEGER:
+            raise OverflowError(f"cannot bind {value} as an SQL parameter: the Workers runtime binds integers"
+                                f" only up to {MAX_BOUND_INTEGER} either way")
+        return float(value)  # exact: a JS number, bound as the integer it is
     if isinstance(value, (str, int, float)):
         return value
     if isinstance(value, (bytes, bytearray, memoryview)):
