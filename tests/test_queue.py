@@ -744,6 +744,35 @@ async def test_a_finished_item_whose_hook_keeps_failing_does_not_make_every_pump
 
 
 @async_test
+async def test_a_finished_item_whose_hook_ran_late_is_purged_though_nothing_finishes_after_it():
+    # R37 (finished items' purge): an item whose on_done hook succeeds after failing becomes
+    # purgeable then; the earliest finished time the purge waits for counts it from then on.
+    # Before, a time read while its hook was pending left it out, and nothing purged the item
+    # until another item finished in the same instance (here: never).
+    clock = SimClock(T0)
+    fails = [RuntimeError("hook down")] * 3
+
+    def on_done(item: QueueItem) -> None:
+        if item.item_id == "late" and fails:
+            raise fails.pop()
+
+    side = ClientSide("c1", clock, Net(HolderSide(clock, limit=3, leases=None), clock),
+                      on_admit=lambda side, item: None, on_done=on_done, retention_ms=16_000)
+    await side.queue.enqueue(KEY, "g", "late")
+    await clock.advance(3000)
+    await side.queue.complete("late")
+    await clock.advance(20_000)  # a purge, which keeps it (its hook is pending)
+    for i in range(6):
+        await side.queue.enqueue(KEY, "g", f"n{i}")
+        await clock.advance(500)
+    assert fails == []  # its hook ran at last
+    for i in range(20):  # pumps only: queued items that never finish
+        await side.queue.enqueue(KEY, "g", f"m{i}")
+        await clock.advance(1000)
+    assert side.queue.item("late") is None
+
+
+@async_test
 async def test_steady_completions_purge_finished_items_once_per_sixteenth_of_the_retention():
     # R37 (finished items' purge): with an item finishing every 250 ms, purges run at least
     # 1/16 of retention_ms apart (not at nearly every pump), and nothing is kept past 17/16 of it.

@@ -146,6 +146,9 @@ class _QueueItemsPart(_QueueBase):
                 raise ConfigurationError("on_done: returned an awaitable; it must be synchronous"
                                          " (it runs inside a storage transaction)", field="on_done")
             self._items.update(str(r["key"]), [item_id], {"done_pending": 0})
+            # purgeable from now on: a purge's earliest finished time counts it (read while
+            # its hook was pending, that time left it out)
+            self.marks.finished(str(r["key"]), int(r["finished_at"]), permits=False)
 
         try:
             self.storage.transaction(body)

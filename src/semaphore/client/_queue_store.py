@@ -219,7 +219,8 @@ class QueueMarks:
         self._done_min = _UNREAD
 
     def finished(self, key: str, now: int, *, permits: bool = True) -> None:
-        """Items of ``key`` turned done at ``now`` (``permits``: ``permit()`` items among them)."""
+        """Items of ``key`` turned done at ``now``, or an item finished at ``now`` became
+        purgeable (its ``on_done`` hook ran); ``permits``: ``permit()`` items among them."""
         if self._done_min is not _UNREAD:
             self._done_min = now if self._done_min is None else min(self._done_min, now)
         if permits:
