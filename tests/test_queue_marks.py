@@ -82,3 +82,23 @@ def test_a_rolled_back_transaction_forgets_the_copy():
     with pytest.raises(RuntimeError):
         storage.transaction(move_then_fail)
     assert marks.wake("a") == 5 and marks.earliest_wake() == 5
+
+
+def test_a_wake_time_moved_past_the_copys_horizon_is_not_taken_for_one_the_copy_holds(
+        monkeypatch: pytest.MonkeyPatch):
+    # R37 wake-ups: the copy holds the earliest WAKES_KEPT wake times; a key set past the next
+    # one stays out of it, so when the kept keys go, the earliest is read again. Were it kept,
+    # the copy would answer the moved key's time as the earliest, past a key it never read, and
+    # the alarm would be armed late.
+    from semaphore.client import _queue_store
+
+    monkeypatch.setattr(_queue_store, "WAKES_KEPT", 2)
+    storage, writer = _store()
+    for key, at in (("a", 1), ("b", 2), ("c", 3), ("d", 4)):
+        writer.set_wake(key, at)
+    marks = QueueMarks(storage)
+    assert marks.earliest_wake() == 1  # a and b kept; c is the horizon
+    marks.set_wake("d", 5)
+    marks.set_wake("a", None)
+    marks.set_wake("b", None)
+    assert marks.earliest_wake() == 3 and marks.due_keys(4) == ["c"]

@@ -20,6 +20,7 @@ from ..scheduler import DurabilityScheduler
 from ._client import SemaphoreClient
 from ._item_rows import QueueItemStore
 from ._item_store import ITEMS, QueueItems
+from ._mark_rows import QueueMarkStore
 from ._queue_model import AdmitCallback, CheckCallback, DoneCallback, QueueItem, WorkCallback, _install_schema
 from ._queue_store import QueueMarks
 from ._tries import Tries
@@ -58,7 +59,7 @@ class _QueueBase(abc.ABC):
     report_releases_within_ms: int
     prefer_leases: bool
     request_wait_ms: int
-    marks: QueueMarks
+    marks: QueueMarkStore
     _items: QueueItemStore
     _ready: bool
     _wakeups: TableWatch

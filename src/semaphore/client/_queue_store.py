@@ -38,8 +38,9 @@ _UNREAD: Any = object()
 WAKES_KEPT = 64
 
 
-class QueueMarks:
-    """Wake times, pending-release marks and kept ``blocked`` entries per key."""
+class QueueMarks:  # a QueueMarkStore
+    """Wake times, pending-release marks and kept ``blocked`` entries per key (the
+    :class:`~._mark_rows.QueueMarkStore` over SQL)."""
 
     def __init__(self, storage: Storage) -> None:
         self.storage = storage

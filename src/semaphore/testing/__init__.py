@@ -44,9 +44,10 @@ The client's rows without SQLite (:mod:`._memory_client_store`): :class:`MemoryC
 twin of the client's SQL store (its interface, ``semaphore.client._rows.ClientStore``, over
 dicts).
 
-The queue's items without SQLite (:mod:`._memory_queue_items`): :class:`MemoryQueueItems`, the
-twin of the queue's SQL item store (its interface, ``semaphore.client._item_rows.QueueItemStore``,
-over a dict).
+The queue's items and marks without SQLite (:mod:`._memory_queue_items`,
+:mod:`._memory_queue_marks`): :class:`MemoryQueueItems`, the twin of the queue's SQL item store
+(its interface, ``semaphore.client._item_rows.QueueItemStore``, over a dict), and
+:class:`MemoryQueueMarks`, the twin of its SQL mark store (``semaphore.client._mark_rows.QueueMarkStore``).
 """
 
 from ._bed import Bed, HolderSide
@@ -77,6 +78,7 @@ from ._local import (
 )
 from ._memory_client_store import MemoryClientRows
 from ._memory_queue_items import MemoryQueueItems
+from ._memory_queue_marks import MemoryQueueMarks
 from ._memory_store import (
     MemoryStore,
     Store,
@@ -109,6 +111,6 @@ __all__ = [
     # the holder's decisions over an in-memory store
     "MemoryStore", "Store", "StoreState", "resolve_limits", "resolve_sync_limits", "run_round", "run_sync",
     "run_reclaim",
-    # the client's rows and the queue's items in memory
-    "MemoryClientRows", "MemoryQueueItems",
+    # the client's rows and the queue's items and marks in memory
+    "MemoryClientRows", "MemoryQueueItems", "MemoryQueueMarks",
 ]
