@@ -49,6 +49,7 @@ from semaphore.client._store import ClientRows
 from semaphore.core.client_state import GONE, ClientGrant, ClientLease
 from semaphore.runtime import Storage
 from semaphore.testing import LocalContext, LocalStorage, MemoryClientRows
+from twins import on_both
 
 KEYS = ("k", "κλειδί")
 GRANT_IDS = ("g1", "g2", "γ3")
@@ -57,10 +58,6 @@ counts = st.integers(0, 6)
 #: Few distinct times, so rows often tie on their sort key (claim deadline, expiry, report time)
 #: and the order between them is the id's.
 times = st.integers(0, 2)
-
-
-class Boom(Exception):
-    """Raised inside a transaction to roll it back."""
 
 
 def _norm(row: dict[str, Any] | None, columns: tuple[str, ...]) -> dict[str, Any] | None:
@@ -148,20 +145,11 @@ class ClientStoreContract(RuleBasedStateMachine):
         raises after ``op``, rolled back), on the twin in place (restored when it failed)."""
         self.now += 1
 
-        def body() -> None:
+        def on_sql() -> None:
             op(self.sql)
-            if fail:
-                raise Boom
             self.sql.flush()
 
-        before = self.mem.snapshot()
-        try:
-            self.storage.transaction(body)
-        except Boom:
-            pass
-        op(self.mem)
-        if fail:
-            self.mem.restore(before)
+        on_both(self.storage, on_sql, lambda: op(self.mem), self.mem.snapshot, self.mem.restore, fail=fail)
 
     def _raised(self, row: ClientGrant | ClientLease) -> Any:
         # As a reply's merge does (core.marks.raise_counts): released only rises, but never

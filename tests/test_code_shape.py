@@ -73,7 +73,11 @@ def sql_calls(path: Path) -> list[int]:
 
 #: The client modules that hold its schema (tables and indexes), installed through the runtime.
 CLIENT_SCHEMAS = {"_client_model.py", "_queue_model.py"}
-_SQL_TEXT = re.compile(r"\b(SELECT|INSERT|UPDATE|DELETE|WHERE|AND|OR)\b|= \?|!= ''")
+#: SQL in a string: a statement's or a clause's keyword (any case), or a column compared with a
+#: bound parameter, a number, a quoted text or what an f-string puts after it (``"done_pending
+#: = 0"``, ``f"finished_at < {cutoff}"``).
+_SQL_TEXT = re.compile(r"(?i)\b(select|insert\s+into|delete\s+from|where|order\s+by|group\s+by|json_each)\b"
+                       r"|\bupdate\s+\w+\s+set\b|\b\w+\s*(?:=|==|<>|!=|<=|>=|<|>)\s*(?:\?|\d|'|$)")
 
 
 def sql_texts(path: Path) -> list[int]:
@@ -85,6 +89,14 @@ def sql_texts(path: Path) -> list[int]:
             and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
     return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Constant)
             and isinstance(node.value, str) and id(node) not in docs and _SQL_TEXT.search(node.value)]
+
+
+def test_the_sql_text_check_sees_conditions_in_any_case_and_shape(tmp_path: Path):
+    sample = tmp_path / "sample.py"
+    sample.write_text('"""A docstring may say SELECT x WHERE y = ?."""\n'
+                      'A = " AND done_pending = 0"\nB = "done_pending = 0"\nC = f"finished_at < {1}"\n'
+                      'D = "select x from t where y"\nE = "and owner <> \'\'"\nF = "no sql here, and none or so"\n')
+    assert sorted(sql_texts(sample)) == [2, 3, 4, 5, 6]
 
 
 def test_only_the_client_store_and_schema_modules_write_sql_text():

@@ -773,6 +773,29 @@ async def test_a_finished_item_whose_hook_ran_late_is_purged_though_nothing_fini
 
 
 @async_test
+async def test_a_queue_without_on_done_purges_the_items_whose_hook_an_earlier_deployment_left_pending():
+    # R37 (finished items' purge): a hook left pending (failing) by a deployment with on_done
+    # never runs once the queue has none; its items are purged after the retention like any.
+    clock = SimClock(T0)
+
+    def on_done(item: QueueItem) -> None:
+        raise RuntimeError("hook down")
+
+    side = ClientSide("c1", clock, Net(HolderSide(clock, limit=3, leases=None), clock),
+                      on_admit=lambda side, item: None, on_done=on_done, retention_ms=16_000)
+    await side.queue.enqueue(KEY, "g", "a")
+    await clock.advance(3000)
+    await side.queue.complete("a")
+    await clock.advance(1000)
+    side.queue_options.pop("on_done")
+    side.evict()  # redeployed without the hook
+    for i in range(40):
+        await side.queue.enqueue(KEY, "g", f"m{i}")
+        await clock.advance(1000)
+    assert side.queue.item("a") is None
+
+
+@async_test
 async def test_steady_completions_purge_finished_items_once_per_sixteenth_of_the_retention():
     # R37 (finished items' purge): with an item finishing every 250 ms, purges run at least
     # 1/16 of retention_ms apart (not at nearly every pump), and nothing is kept past 17/16 of it.

@@ -180,3 +180,21 @@ def test_a_batch_of_new_items_stays_within_its_binding_bound_whatever_its_ids_es
     assert [r["item_id"] for r in new] == ids
     assert len(bindings) > 1 and max(bindings) <= INSERT_BATCH_BYTES, bindings
     assert [r["item_id"] for r in storage.exec(f"SELECT item_id FROM {ITEMS} ORDER BY seq")] == ids
+
+
+def test_a_purge_deletes_the_items_finished_before_its_cutoff_and_keeps_pending_hooks_and_the_rest(store):
+    # R37 (finished items' purge): strictly before the cutoff; an item whose on_done hook is
+    # pending stays until the hook ran or the queue dropped its hooks (a queue without on_done).
+    storage, items = store
+    for n, (item_id, finished_at, hook) in enumerate((("old", 9, False), ("edge", 10, False),
+                                                       ("hooked", 5, True), ("live", 0, False))):
+        items.insert(_row(item_id, n + 1))
+        if item_id != "live":
+            items.update("k", [item_id], {"state": "done", "finished_at": finished_at,
+                                          "done_pending": DonePending(hook)})
+    items.purge_done(10)
+    assert sorted(r["item_id"] for r in items.view("k")) == ["edge", "hooked", "live"]
+    items.drop_hooks()
+    items.purge_done(10)
+    assert sorted(r["item_id"] for r in items.view("k")) == ["edge", "live"]
+    assert _copy_rows(items, "k") == _sql_rows(storage, "k")

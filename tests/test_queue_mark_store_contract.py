@@ -42,6 +42,7 @@ from semaphore.client._queue import SemaphoreQueue
 from semaphore.client._queue_store import QueueMarks
 from semaphore.runtime import Storage
 from semaphore.testing import LocalContext, LocalStorage, MemoryQueueItems, MemoryQueueMarks
+from twins import on_both
 
 KEYS = ("k0", "k1", "k2", "κ3", "k4")
 #: The keys items are enqueued under (few, so items meet each other's steps often).
@@ -49,10 +50,6 @@ ITEM_KEYS = KEYS[:2]
 times = st.integers(0, 6)
 #: A step rolled back one time in five (a rollback makes the SQL store forget what it read).
 fails = st.integers(0, 4).map(lambda n: n == 0)
-
-
-class Boom(Exception):
-    """Raised inside a transaction to roll it back."""
 
 
 class Stores:
@@ -98,20 +95,14 @@ class QueueMarkStoreContract(RuleBasedStateMachine):
     def _both(self, op: Callable[[Stores], None], *, fail: bool = False) -> None:
         """``op`` on both pairs: on SQL in one transaction (or one that raises after ``op``,
         rolled back), on the twins in place (restored when it failed)."""
-        def body() -> None:
-            op(self.sql)
-            if fail:
-                raise Boom
+        def snapshot() -> Any:
+            return self.mem.items.snapshot(), self.mem.marks.snapshot()
 
-        before = (self.mem.items.snapshot(), self.mem.marks.snapshot())
-        try:
-            self.storage.transaction(body)
-        except Boom:
-            pass
-        op(self.mem)
-        if fail:
+        def restore(before: Any) -> None:
             self.mem.items.restore(before[0])
             self.mem.marks.restore(before[1])
+
+        on_both(self.storage, lambda: op(self.sql), lambda: op(self.mem), snapshot, restore, fail=fail)
 
     @rule(key=st.sampled_from(KEYS), at=st.one_of(st.none(), times), earlier_only=st.booleans(), fail=fails)
     def set_wake(self, key: str, at: int | None, earlier_only: bool, fail: bool) -> None:

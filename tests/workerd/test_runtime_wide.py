@@ -42,6 +42,7 @@ import pytest
 from semaphore.testing.workerd import WorkerdError, WorkerdProcess, generate_config
 from semaphore.testing.workerd._harness import _capnp_text
 
+from .small_worker import started
 from .test_app import DEADLINE_S, POLL_S, App, by_state, now_ms, wait_for
 
 pytestmark = pytest.mark.workerd
@@ -816,6 +817,15 @@ def sql_worker_config(base: Path) -> Path:
     return config
 
 
+@contextlib.contextmanager
+def sql_worker(workerd_bin: str, tmp_path: Path) -> Iterator[WorkerdProcess]:
+    """workerd serving :data:`SQL_WORKER` (a failed start fails the test with its output); its
+    last output is printed when it stops."""
+    with started(WorkerdProcess(sql_worker_config(tmp_path), binary=workerd_bin, pyodide_cache=None,
+                                log_dir=tmp_path / "logs"), log_chars=10_000) as proc:
+        yield proc
+
+
 class RemoteSql:
     """``ctx.storage.sql`` of a JavaScript Durable Object, called from host Python over HTTP."""
 
@@ -895,19 +905,10 @@ def test_store_sql_on_durable_object_sqlite_matches_cpython(workerd_bin, tmp_pat
     full recount on the Durable Object side."""
     from semaphore.testing import Bed, check_aggregates  # the shipped test kit (tier 1's test bed)
 
-    proc = WorkerdProcess(sql_worker_config(tmp_path), binary=workerd_bin, pyodide_cache=None,
-                          log_dir=tmp_path / "logs")
-    try:
-        proc.start()
-    except WorkerdError as err:
-        pytest.fail(f"{err}\n--- workerd output ---\n{err.output}", pytrace=False)
-    try:
+    with sql_worker(workerd_bin, tmp_path) as proc:
         remote = RemoteStorage(proc.url + "/", "store")
         asyncio.run(_differential_script(remote, Bed, check_aggregates))
         assert remote.sql.statements > 100, remote.sql.statements  # it really ran remotely
-    finally:
-        print(f"--- workerd output ---\n{proc.logs[-10000:]}")
-        proc.stop()
 
 
 async def _differential_script(remote: RemoteStorage, Bed: Any, check_aggregates: Any) -> None:
@@ -1003,13 +1004,7 @@ def test_queue_item_sql_on_durable_object_sqlite_matches_cpython(workerd_bin, tm
     from semaphore.runtime import Storage
     from semaphore.testing import LocalStorage
 
-    proc = WorkerdProcess(sql_worker_config(tmp_path), binary=workerd_bin, pyodide_cache=None,
-                          log_dir=tmp_path / "logs")
-    try:
-        proc.start()
-    except WorkerdError as err:
-        pytest.fail(f"{err}\n--- workerd output ---\n{err.output}", pytrace=False)
-    try:
+    with sql_worker(workerd_bin, tmp_path) as proc:
         remote = RemoteStorage(proc.url + "/", "items")
         locals_ = LocalStorage()
         storages = [Storage(types.SimpleNamespace(storage=s)) for s in (locals_, remote)]
@@ -1044,6 +1039,10 @@ def test_queue_item_sql_on_durable_object_sqlite_matches_cpython(workerd_bin, tm
         # a known id among new ones takes no number; the shared values go in once
         both(lambda s: s.insert_many([new(i, key, past) for i in (ids[1], ids[0], ids[2], ids[3])]))
         both(lambda s: s.insert_many([new(i, other) for i in (ids[4], ids[3])]))
+        # a new instance (nothing loaded): known ids are found by SQL alone and take no number
+        stores = [QueueItems(s, done_hooks=True, on_load=lambda *marks: None) for s in storages]
+        both(lambda s: s.insert_many([new(i, other, past) for i in ("n1", ids[0], ids[4], "n2")]))
+        ids += ["n1", "n2"]
         both(lambda s: s.insert_new(new(ids[5], key, owner="tok")))
         both(lambda s: s.insert_new(new(ids[6], key, owner="tok")))
         both(lambda s: s.update(key, ids[:3], {"state": "running", "permit_kind": "lease", "permit_id": "l'1",
@@ -1058,8 +1057,8 @@ def test_queue_item_sql_on_durable_object_sqlite_matches_cpython(workerd_bin, tm
         both(lambda s: s.purge_done(8))  # ids[0]: finished at 7, its hook ran; ids[1]'s is pending
         both(lambda s: s.delete_done_permits(key))  # ids[5] (no release recorded), not ids[6]
         assert [r["item_id"] for r in stores[0].view(key)] == [ids[1], ids[2], ids[3], ids[6]]
+        assert [(r["item_id"], r["seq"]) for r in stores[0].view(other)] == [(ids[4], 5), ("n1", 6), ("n2", 7)]
         both(lambda s: s.purge_done(100))  # ids[6] now; the pending hooks keep theirs
+        both(lambda s: s.drop_hooks())
+        both(lambda s: s.purge_done(100))  # and theirs once dropped
         assert remote.sql.statements > 20, remote.sql.statements  # it really ran remotely
-    finally:
-        print(f"--- workerd output ---\n{proc.logs[-10000:]}")
-        proc.stop()

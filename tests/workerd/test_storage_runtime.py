@@ -15,13 +15,11 @@ refuses), and for a list, a tuple, a dict and an int beyond 2**53 the error ``St
 from __future__ import annotations
 
 import json
-import shutil
 import urllib.request
 
 import pytest
 
-from sample_worker import ROOT, _copy_project_sdk
-from semaphore.testing.workerd import WorkerdError, WorkerdProcess, generate_config
+from .small_worker import small_worker
 
 pytestmark = pytest.mark.workerd
 
@@ -97,23 +95,8 @@ class Default(WorkerEntrypoint):
 def probe(workerd_runtime, workerd_bin, tmp_path_factory):
     if workerd_runtime["skip"]:
         pytest.skip(workerd_runtime["skip"])
-    base = tmp_path_factory.mktemp("storage-probe")
-    project = base / "project"
-    (project / "src").mkdir(parents=True)
-    (project / "wrangler.toml").write_text(WRANGLER_TOML, encoding="utf-8")
-    (project / "src" / "entry.py").write_text(ENTRY, encoding="utf-8")
-    shutil.copytree(ROOT / "src" / "semaphore", project / "src" / "semaphore",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "testing", "simulate"))
-    _copy_project_sdk(project / "python_modules")
-    config = generate_config(project / "wrangler.toml", base / "config", storage_dir=base / "storage", port=0)
-    proc = WorkerdProcess(config, binary=workerd_bin, log_dir=base / "logs")
-    try:
-        proc.start()
-    except WorkerdError as err:
-        pytest.fail(f"{err}\n--- workerd output ---\n{err.output}", pytrace=False)
-    yield proc
-    print(f"--- workerd output ---\n{proc.logs[-8000:]}")
-    proc.stop()
+    with small_worker(tmp_path_factory.mktemp("storage-probe"), WRANGLER_TOML, ENTRY, workerd_bin) as proc:
+        yield proc
 
 
 def test_storage_binds_values_as_cpython_sqlite3_does_on_the_runtimes_sqlite(probe):

@@ -34,8 +34,8 @@ def kept(row: Mapping[str, Any]) -> bool:
 
 
 def purgeable(row: Mapping[str, Any]) -> bool:
-    """Whether a purge may delete ``row``: finished, and its ``on_done`` hook not pending (without
-    a hook, ``done_pending`` is always 0)."""
+    """Whether a purge may delete ``row``: finished, and its ``on_done`` hook not pending (a
+    queue without a hook drops the pending ones first: :meth:`QueueItemStore.drop_hooks`)."""
     return row["state"] == "done" and not row["done_pending"]
 
 
@@ -110,6 +110,10 @@ class QueueItemStore(Protocol):
         items ``item_ids`` (distinct, of ``key``; finished ones too; unknown ones are skipped).
         An update never brings a finished item that is not :func:`kept` back into the kept rows
         (the SQL store's copy does not hold it)."""
+
+    def drop_hooks(self) -> None:
+        """The queue has no ``on_done`` hook (any more: an earlier deployment had one): no
+        finished item waits for one, so the purge takes them (``done_pending`` cleared)."""
 
     def purge_done(self, before: int) -> None:
         """Delete the :func:`purgeable` items of every key finished before ``before`` (the

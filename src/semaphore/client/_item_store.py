@@ -296,6 +296,17 @@ class QueueItems:  # a QueueItemStore
         self.storage.exec(f"UPDATE {ITEMS} SET {', '.join(sets)}"
                           " WHERE item_id IN (SELECT json_extract(value, '$[0]') FROM json_each(?))", *args, rows)
 
+    def drop_hooks(self) -> None:
+        """:meth:`~._item_rows.QueueItemStore.drop_hooks`: one statement (through the pending
+        hooks' partial index); the copy drops those items."""
+        self.storage.exec(f"UPDATE {ITEMS} SET done_pending = 0 WHERE done_pending = 1")
+        for k in self._keys.values():
+            for item_id in [i for i, r in k.rows.items() if r["done_pending"]]:
+                r = k.rows[item_id]
+                r["done_pending"] = 0
+                if not kept(r):
+                    del k.rows[item_id]
+
     def purge_done(self, before: int) -> None:
         """:meth:`~._item_rows.QueueItemStore.purge_done`: the releases recorded in those rows
         are folded into the client's rows first (:attr:`before_delete`), then one delete
@@ -307,7 +318,7 @@ class QueueItems:  # a QueueItemStore
 
     def delete_done_permits(self, key: str) -> None:
         """:meth:`~._item_rows.QueueItemStore.delete_done_permits` (nothing to fold): one
-        delete through the finished permit items' index."""
+        delete (through the items' key and state index)."""
         self.storage.exec(f"DELETE FROM {ITEMS} WHERE state = 'done' AND owner != '' AND release_n = 0 AND key = ?",
                           key)
 

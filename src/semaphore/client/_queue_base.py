@@ -116,6 +116,9 @@ class _QueueBase(abc.ABC):
             return
         self.client.ensure_schema()
         _install_schema(self.storage)
+        if self.on_done is None:  # hooks left pending by a deployment that had one never run
+            self._items.drop_hooks()
+            self.marks.purged()  # those items may be purged now
         self.client.rows.records_releases_in(ITEMS)  # a finished item's release_n
         self._wakeups.created()
         self._ready = True

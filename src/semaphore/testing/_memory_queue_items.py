@@ -127,6 +127,11 @@ class MemoryQueueItems:
                 r[column] = per[i]
             assert was_kept or not kept(r), f"an update brought finished item {item_id!r} back"
 
+    def drop_hooks(self) -> None:
+        """No finished item waits for a hook any more."""
+        for r in self._rows.values():
+            r["done_pending"] = 0
+
     def purge_done(self, before: int) -> None:
         """Delete the purgeable items finished before ``before``."""
         for item_id in [i for i, r in self._rows.items() if purgeable(r) and int(r["finished_at"]) < before]:
