@@ -10,7 +10,8 @@ feed it, over real SQLite, each step inside ``Storage.transaction``) and the twi
 * pending-release marks started and cleared; the holder's ``blocked`` entries replaced;
 * items enqueued (callback and ``permit()`` items), finished (with or without a pending
   ``on_done`` hook, a release recorded or not), their hooks run; purges and deletions of
-  finished permit items run when the SQL store's hints say so, as the pump runs them;
+  finished permit items run when the SQL store's hints say so, as the pump runs them; pending
+  hooks dropped, as a queue without ``on_done`` starts;
 * any of these in a transaction that raises after it (SQL rolls back and the stores forget
   their copies; the twins are restored);
 * the SQL stores replaced by new ones (a new object instance, with nothing read).
@@ -178,6 +179,15 @@ class QueueMarkStoreContract(RuleBasedStateMachine):
         def op(s: Stores) -> None:
             s.items.delete_done_permits(key)
             s.marks.permits_deleted(key)
+
+        self._both(op, fail=fail)
+
+    @rule(fail=fails)
+    def drop_hooks(self, fail: bool) -> None:
+        # as a queue without on_done starts: pending hooks dropped, the purge hint read again
+        def op(s: Stores) -> None:
+            s.items.drop_hooks()
+            s.marks.purged()
 
         self._both(op, fail=fail)
 
