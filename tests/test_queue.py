@@ -796,6 +796,75 @@ async def test_a_queue_without_on_done_purges_the_items_whose_hook_an_earlier_de
 
 
 @async_test
+async def test_a_queue_started_by_its_alarm_without_on_done_purges_the_items_of_the_hooks_it_dropped(
+        caplog: pytest.LogCaptureFixture):
+    # R37 (finished items' purge): the alarm (the hook's retry wake-up) starts the instance; the
+    # scheduler reads the purge's earliest finished time before the queue drops the hooks, so
+    # the drop makes it read again (else the item would wait for another one to finish). The
+    # drop is logged with the number of hooks.
+    clock = SimClock(T0)
+
+    def on_done(item: QueueItem) -> None:
+        raise RuntimeError("hook down")
+
+    side = ClientSide("c1", clock, Net(HolderSide(clock, limit=3, leases=None), clock),
+                      on_admit=lambda side, item: None, on_done=on_done, retention_ms=16_000)
+    await side.queue.enqueue(KEY, "g", "a")
+    await clock.advance(3000)
+    await side.queue.complete("a")
+    await clock.advance(100)
+    side.queue_options.pop("on_done")
+    side.evict()
+    with caplog.at_level(logging.WARNING, logger="semaphore.queue"):
+        await clock.advance(20_000)  # the hook's retry wake-up fires in the new instance first
+    assert any("1 finished item(s) had an on_done hook pending" in r.getMessage() for r in caplog.records)
+    for i in range(40):
+        await side.queue.enqueue(KEY, "g", f"m{i}")
+        await clock.advance(1000)
+    assert side.queue.item("a") is None
+
+
+@async_test
+async def test_a_hook_failing_after_a_purge_does_not_make_every_pump_purge():
+    # R37 (finished items' purge): after a purge, the earliest finished time is read again on
+    # its own (not with the wake times), and that read leaves out an item whose hook is
+    # pending too; else every pump would purge while the hook keeps failing.
+    clock = SimClock(T0)
+
+    def on_done(item: QueueItem) -> None:
+        if item.item_id == "stuck":
+            raise RuntimeError("hook down")
+
+    side = ClientSide("c1", clock, Net(HolderSide(clock, limit=3, leases=None), clock),
+                      on_admit=lambda side, item: None, on_done=on_done, retention_ms=16_000)
+    await side.queue.enqueue(KEY, "g", "old")
+    await side.queue.enqueue(KEY, "g", "stuck")
+    await clock.advance(3000)
+    await side.queue.complete("old")
+    await side.queue.complete("stuck")
+    await clock.advance(20_000)
+    await side.queue.enqueue(KEY, "g", "p")  # a pump: purges "old", keeps "stuck"
+    await clock.advance(500)
+    assert side.queue.item("old") is None and side.queue.item("stuck") is not None
+    purges: list[str] = []
+    inner = side.storage.sql.exec
+
+    def counted(query: str, *args: Any) -> Any:
+        if query.startswith("DELETE") and "finished_at" in query:
+            purges.append(query)
+        return inner(query, *args)
+
+    side.storage.sql.exec = counted
+    try:
+        for i in range(6):
+            await side.queue.enqueue(KEY, "g", f"n{i}")
+            await clock.advance(500)
+    finally:
+        side.storage.sql.exec = inner
+    assert purges == []
+
+
+@async_test
 async def test_steady_completions_purge_finished_items_once_per_sixteenth_of_the_retention():
     # R37 (finished items' purge): with an item finishing every 250 ms, purges run at least
     # 1/16 of retention_ms apart (not at nearly every pump), and nothing is kept past 17/16 of it.

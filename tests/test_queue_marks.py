@@ -102,3 +102,20 @@ def test_a_wake_time_moved_past_the_copys_horizon_is_not_taken_for_one_the_copy_
     marks.set_wake("a", None)
     marks.set_wake("b", None)
     assert marks.earliest_wake() == 3 and marks.due_keys(4) == ["c"]
+
+
+def test_a_kept_wake_time_moved_past_the_copys_horizon_leaves_the_copy(monkeypatch: pytest.MonkeyPatch):
+    # R37 wake-ups: a key the copy holds, set later than the copy's horizon, leaves it (its new
+    # time answered from its own read); were its old time kept, the key would be pumped and the
+    # alarm fire early.
+    from semaphore.client import _queue_store
+
+    monkeypatch.setattr(_queue_store, "WAKES_KEPT", 2)
+    storage, writer = _store()
+    for key, at in (("a", 1), ("b", 2), ("c", 3)):
+        writer.set_wake(key, at)
+    marks = QueueMarks(storage)
+    assert marks.earliest_wake() == 1  # a and b kept; c is the horizon
+    marks.set_wake("a", 6)
+    assert marks.wake("a") == 6 and marks.stored_wake("a") == 6
+    assert marks.earliest_wake() == 2 and marks.due_keys(2) == ["b"]

@@ -194,9 +194,9 @@ def _sdk_inner(storage: Any) -> Any:
     return inner if usable else None  # pragma: no cover
 
 
-#: The largest integer (either way) a direct SQL call binds: every integer up to it is a
-#: JavaScript number exactly (CPython binds up to 64 bits).
-MAX_BOUND_INTEGER = 2**53
+#: The largest integer (either way) a direct SQL call binds: JavaScript's largest safe integer
+#: (the wire's ``MAX_INT``; a number beyond it reads back as a float). CPython binds 64 bits.
+MAX_BOUND_INTEGER = 2**53 - 1
 #: Pyodide passes an int as a JavaScript number below this (either way), else as a BigInt.
 _PYODIDE_NUMBERS = 2**53 - 1
 
@@ -207,7 +207,7 @@ def _js_binding(value: Any) -> Any:  # pragma: no cover - only inside Pyodide
     ``Uint8Array`` (a BLOB), a bool as 0 or 1 (JavaScript ``true`` would be bound as the text
     ``'true'``); str, float and int convert implicitly, but Pyodide passes an int from
     ``2**53 - 1`` either way as a BigInt, which workerd refuses ("Cannot convert a BigInt value
-    to a number"): up to :data:`MAX_BOUND_INTEGER` either way it is passed as the number it
+    to a number"): ``±(2**53 - 1)`` (:data:`MAX_BOUND_INTEGER`) is passed as the number it
     equals exactly, beyond that it raises ``OverflowError`` (CPython's ``sqlite3`` raises it
     beyond 64 bits). Anything else raises ``TypeError``, as through the SDK's converters
     (workerd would bind a list as its text)."""

@@ -111,9 +111,10 @@ class QueueItemStore(Protocol):
         An update never brings a finished item that is not :func:`kept` back into the kept rows
         (the SQL store's copy does not hold it)."""
 
-    def drop_hooks(self) -> None:
+    def drop_hooks(self) -> int:
         """The queue has no ``on_done`` hook (any more: an earlier deployment had one): no
-        finished item waits for one, so the purge takes them (``done_pending`` cleared)."""
+        finished item waits for one, so the purge takes them (``done_pending`` cleared).
+        Returns how many hooks were pending."""
 
     def purge_done(self, before: int) -> None:
         """Delete the :func:`purgeable` items of every key finished before ``before`` (the

@@ -296,16 +296,18 @@ class QueueItems:  # a QueueItemStore
         self.storage.exec(f"UPDATE {ITEMS} SET {', '.join(sets)}"
                           " WHERE item_id IN (SELECT json_extract(value, '$[0]') FROM json_each(?))", *args, rows)
 
-    def drop_hooks(self) -> None:
+    def drop_hooks(self) -> int:
         """:meth:`~._item_rows.QueueItemStore.drop_hooks`: one statement (through the pending
         hooks' partial index); the copy drops those items."""
-        self.storage.exec(f"UPDATE {ITEMS} SET done_pending = 0 WHERE done_pending = 1")
+        dropped = len(self.storage.exec(f"UPDATE {ITEMS} SET done_pending = 0 WHERE done_pending = 1"
+                                        " RETURNING item_id"))
         for k in self._keys.values():
             for item_id in [i for i, r in k.rows.items() if r["done_pending"]]:
                 r = k.rows[item_id]
                 r["done_pending"] = 0
                 if not kept(r):
                     del k.rows[item_id]
+        return dropped
 
     def purge_done(self, before: int) -> None:
         """:meth:`~._item_rows.QueueItemStore.purge_done`: the releases recorded in those rows

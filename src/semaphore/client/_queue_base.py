@@ -117,8 +117,11 @@ class _QueueBase(abc.ABC):
         self.client.ensure_schema()
         _install_schema(self.storage)
         if self.on_done is None:  # hooks left pending by a deployment that had one never run
-            self._items.drop_hooks()
-            self.marks.purged()  # those items may be purged now
+            dropped = self._items.drop_hooks()
+            self.marks.purged()  # those items may be purged now (a hint read before is stale)
+            if dropped:
+                log.warning("%d finished item(s) had an on_done hook pending, and this queue has no on_done:"
+                            " their hooks are dropped (never run), the items purged after retention_ms", dropped)
         self.client.rows.records_releases_in(ITEMS)  # a finished item's release_n
         self._wakeups.created()
         self._ready = True

@@ -127,10 +127,12 @@ class MemoryQueueItems:
                 r[column] = per[i]
             assert was_kept or not kept(r), f"an update brought finished item {item_id!r} back"
 
-    def drop_hooks(self) -> None:
-        """No finished item waits for a hook any more."""
-        for r in self._rows.values():
+    def drop_hooks(self) -> int:
+        """No finished item waits for a hook any more; how many did."""
+        pending = [r for r in self._rows.values() if r["done_pending"]]
+        for r in pending:
             r["done_pending"] = 0
+        return len(pending)
 
     def purge_done(self, before: int) -> None:
         """Delete the purgeable items finished before ``before``."""
