@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -708,39 +708,81 @@ async def test_finished_items_are_purged_in_batches_a_sixteenth_of_the_retention
     assert s.queue.item("a") is None and s.queue.item("b") is not None
 
 
+def _purging_side(clock: SimClock, failing: Callable[[str], bool] | None = None, **options: Any) -> ClientSide:
+    """A client object whose finished items are kept 16 s; with ``failing``: an ``on_done`` hook
+    that raises for the item ids it says so."""
+    def on_done(item: QueueItem) -> None:
+        if failing is not None and failing(item.item_id):
+            raise RuntimeError("hook down")
+
+    if failing is not None:
+        options["on_done"] = on_done
+    return ClientSide("c1", clock, Net(HolderSide(clock, limit=3, leases=None), clock),
+                      on_admit=lambda side, item: None, retention_ms=16_000, **options)
+
+
+async def _finish(side: ClientSide, clock: SimClock, *item_ids: str) -> None:
+    """Enqueue ``item_ids``, run them 3 s, complete them."""
+    for item_id in item_ids:
+        await side.queue.enqueue(KEY, "g", item_id)
+    await clock.advance(3000)
+    for item_id in item_ids:
+        await side.queue.complete(item_id)
+
+
+async def _pump(side: ClientSide, clock: SimClock, times: int, every_ms: int, prefix: str = "n") -> None:
+    """``times`` pumps ``every_ms`` apart (each enqueues an item that never finishes)."""
+    for i in range(times):
+        await side.queue.enqueue(KEY, "g", f"{prefix}{i}")
+        await clock.advance(every_ms)
+
+
+@contextlib.contextmanager
+def _purges(side: ClientSide, at: Callable[[], Any]) -> Iterator[list[Any]]:
+    """``at()`` of every purge (its ``DELETE`` of finished items) while the block runs."""
+    purges: list[Any] = []
+    inner = side.storage.sql.exec
+
+    def counted(query: str, *args: Any) -> Any:
+        if query.startswith("DELETE") and "finished_at" in query:
+            purges.append(at())
+        return inner(query, *args)
+
+    side.storage.sql.exec = counted  # type: ignore[method-assign]
+    try:
+        yield purges
+    finally:
+        side.storage.sql.exec = inner  # type: ignore[method-assign]
+
+
 @async_test
 async def test_a_finished_item_whose_hook_keeps_failing_does_not_make_every_pump_purge():
     # R37 (finished items' purge): the purge keeps an item whose on_done hook is pending, so
     # the earliest finished time that makes a purge due does not count it; else every pump
     # would purge (and fold, R35) for as long as the hook keeps failing.
     clock = SimClock(T0)
-
-    def on_done(item: QueueItem) -> None:
-        if item.item_id == "stuck":
-            raise RuntimeError("hook down")
-
-    side = ClientSide("c1", clock, Net(HolderSide(clock, limit=3, leases=None), clock),
-                      on_admit=lambda side, item: None, on_done=on_done, retention_ms=16_000)
-    await side.queue.enqueue(KEY, "g", "stuck")
-    await clock.advance(3000)
-    await side.queue.complete("stuck")
+    side = _purging_side(clock, lambda item_id: item_id == "stuck")
+    await _finish(side, clock, "stuck")
     await clock.advance(20_000)
-    purges: list[str] = []
-    inner = side.storage.sql.exec
-
-    def counted(query: str, *args: Any) -> Any:
-        if query.startswith("DELETE") and "finished_at" in query:
-            purges.append(query)
-        return inner(query, *args)
-
-    side.storage.sql.exec = counted
-    try:
-        for i in range(6):  # six pumps, each past the retention of "stuck"
-            await side.queue.enqueue(KEY, "g", f"n{i}")
-            await clock.advance(500)
-    finally:
-        side.storage.sql.exec = inner
+    with _purges(side, lambda: clock.now) as purges:
+        await _pump(side, clock, 6, 500)  # six pumps, each past the retention of "stuck"
     assert purges == [] and side.queue.item("stuck") is not None
+
+
+@async_test
+async def test_a_hook_failing_after_a_purge_does_not_make_every_pump_purge():
+    # R37 (finished items' purge): after a purge, the earliest finished time is read again on
+    # its own (not with the wake times), and that read leaves out an item whose hook is
+    # pending too; else every pump would purge while the hook keeps failing.
+    clock = SimClock(T0)
+    side = _purging_side(clock, lambda item_id: item_id == "stuck")
+    await _finish(side, clock, "old", "stuck")
+    await clock.advance(20_000)
+    await _pump(side, clock, 1, 500, prefix="p")  # a pump: purges "old", keeps "stuck"
+    assert side.queue.item("old") is None and side.queue.item("stuck") is not None
+    with _purges(side, lambda: clock.now) as purges:
+        await _pump(side, clock, 6, 500)
+    assert purges == []
 
 
 @async_test
@@ -750,25 +792,13 @@ async def test_a_finished_item_whose_hook_ran_late_is_purged_though_nothing_fini
     # Before, a time read while its hook was pending left it out, and nothing purged the item
     # until another item finished in the same instance (here: never).
     clock = SimClock(T0)
-    fails = [RuntimeError("hook down")] * 3
-
-    def on_done(item: QueueItem) -> None:
-        if item.item_id == "late" and fails:
-            raise fails.pop()
-
-    side = ClientSide("c1", clock, Net(HolderSide(clock, limit=3, leases=None), clock),
-                      on_admit=lambda side, item: None, on_done=on_done, retention_ms=16_000)
-    await side.queue.enqueue(KEY, "g", "late")
-    await clock.advance(3000)
-    await side.queue.complete("late")
+    fails = [True] * 3
+    side = _purging_side(clock, lambda item_id: item_id == "late" and bool(fails) and fails.pop())
+    await _finish(side, clock, "late")
     await clock.advance(20_000)  # a purge, which keeps it (its hook is pending)
-    for i in range(6):
-        await side.queue.enqueue(KEY, "g", f"n{i}")
-        await clock.advance(500)
+    await _pump(side, clock, 6, 500)
     assert fails == []  # its hook ran at last
-    for i in range(20):  # pumps only: queued items that never finish
-        await side.queue.enqueue(KEY, "g", f"m{i}")
-        await clock.advance(1000)
+    await _pump(side, clock, 20, 1000, prefix="m")  # pumps only: queued items that never finish
     assert side.queue.item("late") is None
 
 
@@ -777,21 +807,12 @@ async def test_a_queue_without_on_done_purges_the_items_whose_hook_an_earlier_de
     # R37 (finished items' purge): a hook left pending (failing) by a deployment with on_done
     # never runs once the queue has none; its items are purged after the retention like any.
     clock = SimClock(T0)
-
-    def on_done(item: QueueItem) -> None:
-        raise RuntimeError("hook down")
-
-    side = ClientSide("c1", clock, Net(HolderSide(clock, limit=3, leases=None), clock),
-                      on_admit=lambda side, item: None, on_done=on_done, retention_ms=16_000)
-    await side.queue.enqueue(KEY, "g", "a")
-    await clock.advance(3000)
-    await side.queue.complete("a")
+    side = _purging_side(clock, lambda item_id: True)
+    await _finish(side, clock, "a")
     await clock.advance(1000)
     side.queue_options.pop("on_done")
     side.evict()  # redeployed without the hook
-    for i in range(40):
-        await side.queue.enqueue(KEY, "g", f"m{i}")
-        await clock.advance(1000)
+    await _pump(side, clock, 40, 1000, prefix="m")
     assert side.queue.item("a") is None
 
 
@@ -803,65 +824,16 @@ async def test_a_queue_started_by_its_alarm_without_on_done_purges_the_items_of_
     # the drop makes it read again (else the item would wait for another one to finish). The
     # drop is logged with the number of hooks.
     clock = SimClock(T0)
-
-    def on_done(item: QueueItem) -> None:
-        raise RuntimeError("hook down")
-
-    side = ClientSide("c1", clock, Net(HolderSide(clock, limit=3, leases=None), clock),
-                      on_admit=lambda side, item: None, on_done=on_done, retention_ms=16_000)
-    await side.queue.enqueue(KEY, "g", "a")
-    await clock.advance(3000)
-    await side.queue.complete("a")
+    side = _purging_side(clock, lambda item_id: True)
+    await _finish(side, clock, "a")
     await clock.advance(100)
     side.queue_options.pop("on_done")
     side.evict()
     with caplog.at_level(logging.WARNING, logger="semaphore.queue"):
         await clock.advance(20_000)  # the hook's retry wake-up fires in the new instance first
     assert any("1 finished item(s) had an on_done hook pending" in r.getMessage() for r in caplog.records)
-    for i in range(40):
-        await side.queue.enqueue(KEY, "g", f"m{i}")
-        await clock.advance(1000)
+    await _pump(side, clock, 40, 1000, prefix="m")
     assert side.queue.item("a") is None
-
-
-@async_test
-async def test_a_hook_failing_after_a_purge_does_not_make_every_pump_purge():
-    # R37 (finished items' purge): after a purge, the earliest finished time is read again on
-    # its own (not with the wake times), and that read leaves out an item whose hook is
-    # pending too; else every pump would purge while the hook keeps failing.
-    clock = SimClock(T0)
-
-    def on_done(item: QueueItem) -> None:
-        if item.item_id == "stuck":
-            raise RuntimeError("hook down")
-
-    side = ClientSide("c1", clock, Net(HolderSide(clock, limit=3, leases=None), clock),
-                      on_admit=lambda side, item: None, on_done=on_done, retention_ms=16_000)
-    await side.queue.enqueue(KEY, "g", "old")
-    await side.queue.enqueue(KEY, "g", "stuck")
-    await clock.advance(3000)
-    await side.queue.complete("old")
-    await side.queue.complete("stuck")
-    await clock.advance(20_000)
-    await side.queue.enqueue(KEY, "g", "p")  # a pump: purges "old", keeps "stuck"
-    await clock.advance(500)
-    assert side.queue.item("old") is None and side.queue.item("stuck") is not None
-    purges: list[str] = []
-    inner = side.storage.sql.exec
-
-    def counted(query: str, *args: Any) -> Any:
-        if query.startswith("DELETE") and "finished_at" in query:
-            purges.append(query)
-        return inner(query, *args)
-
-    side.storage.sql.exec = counted
-    try:
-        for i in range(6):
-            await side.queue.enqueue(KEY, "g", f"n{i}")
-            await clock.advance(500)
-    finally:
-        side.storage.sql.exec = inner
-    assert purges == []
 
 
 @async_test
@@ -869,26 +841,14 @@ async def test_steady_completions_purge_finished_items_once_per_sixteenth_of_the
     # R37 (finished items' purge): with an item finishing every 250 ms, purges run at least
     # 1/16 of retention_ms apart (not at nearly every pump), and nothing is kept past 17/16 of it.
     clock = SimClock(T0)
-    side = ClientSide("c1", clock, Net(HolderSide(clock, limit=3, leases=None), clock),
-                      on_admit=lambda side, item: None, retention_ms=16_000)
-    purges: list[int] = []
-    inner = side.storage.sql.exec
-
-    def counted(query: str, *args: Any) -> Any:
-        if query.startswith("DELETE") and "finished_at" in query:
-            purges.append(clock.now)
-        return inner(query, *args)
-
-    side.storage.sql.exec = counted
-    try:
+    side = _purging_side(clock)
+    with _purges(side, lambda: clock.now) as purges:
         for n in range(160):  # 40 s
             await side.queue.enqueue(KEY, "g", f"i{n}")
             await clock.advance(125)
             for item in side.queue.items(state=ItemState.RUNNING):
                 await side.queue.complete(item.item_id)
             await clock.advance(125)
-    finally:
-        side.storage.sql.exec = inner
     assert len(purges) >= 10 and all(b - a >= 1000 for a, b in zip(purges, purges[1:])), purges
     kept = [i.item_id for i in side.queue.items(state=ItemState.DONE)
             if 0 < i.finished_at < clock.now - 17_000 - 1000]
