@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
-__all__ = ["QueueItemStore", "COLUMNS", "PAYLOAD_KEPT", "INSERT_BATCH_BYTES", "kept", "purgeable", "kept_payload",
-           "batches"]
+__all__ = ["QueueItemStore", "COLUMNS", "PAYLOAD_KEPT", "INSERT_BATCH_BYTES", "kept", "purgeable",
+           "deletable_permit", "kept_payload", "batches"]
 
 #: The columns of an item row besides ``payload`` (in the table's order).
 COLUMNS = ("item_id", "key", "group_name", "enqueued_at", "seq", "state", "permit_kind", "permit_id", "slot",
@@ -37,6 +37,12 @@ def purgeable(row: Mapping[str, Any]) -> bool:
     """Whether a purge may delete ``row``: finished, and its ``on_done`` hook not pending (a
     queue without a hook drops the pending ones first: :meth:`QueueItemStore.drop_hooks`)."""
     return row["state"] == "done" and not row["done_pending"]
+
+
+def deletable_permit(row: Mapping[str, Any]) -> bool:
+    """Whether :meth:`QueueItemStore.delete_done_permits` deletes ``row``: a finished
+    ``permit()`` item (``owner`` set) that records no release (``release_n`` 0: nothing to fold)."""
+    return row["state"] == "done" and row["owner"] != "" and not int(row["release_n"])
 
 
 def kept_payload(text: str) -> str | None:
@@ -121,5 +127,5 @@ class QueueItemStore(Protocol):
         releases they record folded into the client's rows first)."""
 
     def delete_done_permits(self, key: str) -> None:
-        """Delete the finished ``permit()`` items (``owner`` set) of ``key`` that record no
-        release (``release_n = 0``); one that records one waits for :meth:`purge_done`."""
+        """Delete the :func:`deletable_permit` items of ``key`` (one that records a release waits
+        for :meth:`purge_done`, which folds it)."""

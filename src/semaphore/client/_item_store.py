@@ -58,7 +58,6 @@ _LIVE = "state IN ('queued', 'claiming', 'running')"
 OnLoad = Callable[[str, "int | None", bool, bool], None]
 
 
-
 @dataclass
 class _Key:
     """The copy of one key: its kept rows by item id (insertion order is not relied on)."""
@@ -320,7 +319,8 @@ class QueueItems:  # a QueueItemStore
 
     def delete_done_permits(self, key: str) -> None:
         """:meth:`~._item_rows.QueueItemStore.delete_done_permits` (nothing to fold): one
-        delete (through the items' key and state index)."""
+        delete (through the items' key and state index) of :func:`~._item_rows.deletable_permit`
+        rows."""
         self.storage.exec(f"DELETE FROM {ITEMS} WHERE state = 'done' AND owner != '' AND release_n = 0 AND key = ?",
                           key)
 

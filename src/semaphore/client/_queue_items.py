@@ -86,9 +86,10 @@ class _QueueItemsPart(_QueueBase):
         permit's row has something to report already (:meth:`_release_permit`); a
         :meth:`permit` item's row is deleted soon after, so its permit's row is written."""
         row = self._items.find(item_id)
-        action = plan.completion(None if row is None else str(row["state"]), "" if row is None else str(row["owner"]),
-                                 "" if row is None else str(row["permit_kind"]))
-        if row is None or action is plan.Completion.NOTHING:
+        if row is None:
+            return None
+        action = plan.completion(str(row["state"]), str(row["owner"]), str(row["permit_kind"]))
+        if action is plan.Completion.NOTHING:
             return None
         key = str(row["key"])
         if action is plan.Completion.CANCEL:

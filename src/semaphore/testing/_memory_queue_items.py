@@ -22,7 +22,7 @@ import copy
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..client._item_rows import COLUMNS, batches, kept, kept_payload, purgeable
+from ..client._item_rows import COLUMNS, batches, deletable_permit, kept, kept_payload, purgeable
 from ..client._item_store import Add, DonePending
 
 __all__ = ["MemoryQueueItems"]
@@ -141,6 +141,5 @@ class MemoryQueueItems:
 
     def delete_done_permits(self, key: str) -> None:
         """Delete the finished permit items of ``key`` that record no release."""
-        for item_id in [i for i, r in self._rows.items() if r["key"] == key and r["state"] == "done"
-                        and r["owner"] != "" and int(r["release_n"]) == 0]:
+        for item_id in [i for i, r in self._rows.items() if r["key"] == key and deletable_permit(r)]:
             del self._rows[item_id]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ..client._item_rows import purgeable
+from ..client._item_rows import deletable_permit, purgeable
 from ._memory_queue_items import MemoryQueueItems
 
 __all__ = ["MemoryQueueMarks"]
@@ -122,8 +122,7 @@ class MemoryQueueMarks:
 
     def permits_done(self, key: str) -> bool:
         """Some finished permit item of ``key`` records no release (what the delete takes)."""
-        return any(r["state"] == "done" and r["owner"] != "" and int(r["release_n"]) == 0
-                   for r in self.items.view(key))
+        return any(map(deletable_permit, self.items.view(key)))
 
     def permits_deleted(self, key: str) -> None:
         """Nothing to note: :meth:`permits_done` reads the items."""
