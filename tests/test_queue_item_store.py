@@ -198,3 +198,21 @@ def test_a_purge_deletes_the_items_finished_before_its_cutoff_and_keeps_pending_
     items.purge_done(10)
     assert sorted(r["item_id"] for r in items.view("k")) == ["edge", "live"]
     assert _copy_rows(items, "k") == _sql_rows(storage, "k")
+
+
+@pytest.mark.parametrize("twin", [False, True], ids=["sql", "twin"])
+def test_the_quick_delete_takes_a_keys_finished_permit_items_that_record_no_release(store, twin: bool):
+    # R35, R37: a finished permit() item that records a release waits for the purge, which
+    # folds it; a callback item, a live permit item and another key's are not taken either.
+    from semaphore.testing import MemoryQueueItems
+
+    storage, items = store
+    if twin:
+        items = MemoryQueueItems()
+    rows = [("p", "k", "tok", "done", 0), ("recorded", "k", "tok", "done", 2), ("callback", "k", "", "done", 0),
+            ("live", "k", "tok", "running", 0), ("other", "o", "tok", "done", 0)]
+    for item_id, key, owner, state, release_n in rows:
+        items.insert_new({**{c: v for c, v in _row(item_id, 0, key=key, owner=owner).items() if c != "seq"},
+                          "state": state, "release_n": release_n})
+    items.delete_done_permits("k")
+    assert sorted(r["item_id"] for r in items.view()) == ["callback", "live", "other", "recorded"]
