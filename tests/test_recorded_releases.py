@@ -140,8 +140,7 @@ async def test_the_purge_of_finished_items_folds_their_recorded_releases_into_th
 async def test_deleting_finished_permit_items_keeps_every_item_that_records_a_release():
     # R35: the quick delete of finished permit() items folds nothing, so it deletes no item
     # that records a release (the purge, which folds, deletes those), nor any callback item.
-    # (That it skips a permit item recording one is checked against the twin,
-    # tests/test_queue_item_store_contract.py.)
+    # (That it skips a permit item recording one: tests/test_queue_item_store.py.)
     s = Setup()
     await s.completed(3)
     queue = s.side.queue
