@@ -378,3 +378,33 @@ async def test_a_sent_reply_changes_nothing_until_the_caller_applies_it_in_its_o
     assert s.client.grant("k", g.grant_id).confirmed == 1
     assert s.new_client().grant("k", g.grant_id).confirmed == 1
     assert s.client.grant("k", g.grant_id).sent_claimed == 1  # its report counts as delivered
+
+
+@async_test
+async def test_a_reply_applied_outside_a_transaction_applies_whole_or_not_at_all():
+    # R2, R35: apply() called outside any transaction opens one of its own: a statement that
+    # fails part way leaves nothing of the reply in SQL or in the client's copy, and the same
+    # answer applies later. (Before, each statement committed on its own: the first group's
+    # grant was stored and the second's lost.)
+    s = Setup()
+    reply = await s.run(s.client.send_request("k", [Demand("g", 1, T0), Demand("h", 1, T0)], force=True))
+    assert len(reply.response.grants) == 2
+    inner = s.storage.sql.exec
+    writes = []
+
+    def second_write_fails(query: str, *bindings: Any) -> Any:
+        if query.lstrip().split(None, 1)[0].upper() in ("INSERT", "UPDATE", "DELETE"):
+            writes.append(query)
+            if len(writes) == 2:
+                raise RuntimeError("the disk failed")
+        return inner(query, *bindings)
+
+    s.storage.sql.exec = second_write_fails  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="the disk failed"):
+        s.client.apply(reply)
+    s.storage.sql.exec = inner  # type: ignore[method-assign]
+    assert len(writes) == 2  # it failed part way
+    assert s.new_client().grants("k") == [] and s.client.grants("k") == []  # the copy forgot it too
+    s.client.apply(reply)  # outside a transaction again: whole
+    assert {g.group for g in s.new_client().grants("k")} == {"g", "h"}
+    assert {g.group for g in s.client.grants("k")} == {"g", "h"}

@@ -235,6 +235,10 @@ def _once_callable(fn: Callable[[], Any]) -> Any:
     return _create_once_callable(fn)  # pragma: no cover
 
 
+#: :meth:`Storage.transaction` bodies running now (nested ones are savepoints of the outer one).
+_open_transactions = 0
+
+
 class Storage:
     """Narrow, Pythonic view of a Durable Object's ``ctx.storage``.
 
@@ -319,7 +323,12 @@ class Storage:
         box: list[T] = []
 
         def body() -> None:
-            box.append(fn())
+            global _open_transactions
+            _open_transactions += 1
+            try:
+                box.append(fn())
+            finally:
+                _open_transactions -= 1
 
         try:
             # looked up at each call (a test may wrap ctx.storage.transactionSync to inject faults)
@@ -329,6 +338,15 @@ class Storage:
                 hook()
             raise
         return box[0]
+
+    @property
+    def in_transaction(self) -> bool:
+        """The code running now runs inside a :meth:`transaction` (of any adapter: an object's
+        client, queue and scheduler each make their own over the one ``ctx``). A transaction's
+        body is synchronous and the runtime single-threaded, so nothing else runs meanwhile. One
+        the application opened on ``ctx.storage`` itself is not seen: a transaction opened
+        inside it is a savepoint of it."""
+        return _open_transactions > 0
 
     def on_rollback(self, hook: Callable[[], None]) -> None:
         """Call ``hook()`` whenever a :meth:`transaction` of this adapter raises (its writes

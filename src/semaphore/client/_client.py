@@ -434,8 +434,12 @@ class SemaphoreClient:
         """Apply a :class:`Reply` of :meth:`send_request` or :meth:`send_sync` (SPEC R8, R13,
         R15, R17, R31, R33: :func:`~._replies.apply_reply`) inside the caller's storage
         transaction, so the caller commits its own changes in the same one. Apply it before
-        the caller next awaits (a reply applied late could undo what happened meanwhile)."""
+        the caller next awaits (a reply applied late could undo what happened meanwhile).
+        Called outside a transaction of this client's storage, it opens one of its own, so a
+        failure part way applies nothing (and the client's copy forgets what it held)."""
         self.ensure_schema()
+        if not self.storage.in_transaction:
+            return self.storage.transaction(lambda: apply_reply(self, reply, self._now()))
         return apply_reply(self, reply, self._now())
 
     def _applied(self, reply: Reply, on_reply: ReplyHook | None) -> AppliedReply:
