@@ -44,6 +44,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from semaphore.client._client_model import _install_schema
+from semaphore.client._item_rows import recorded_releases
 from semaphore.client._rows import GRANT_COLUMNS, LEASE_COLUMNS, ClientStore
 from semaphore.client._store import ClientRows
 from semaphore.core.client_state import GONE, ClientGrant, ClientLease
@@ -201,9 +202,12 @@ class ClientStoreContract(RuleBasedStateMachine):
 
     @rule(key=st.sampled_from(KEYS), fail=st.booleans())
     def fold_records(self, key: str, fail: bool) -> None:
-        # The caller deletes the key's records, folding them into the rows first.
+        # The caller deletes the key's records, folding what they record into the rows first.
+        recorded = recorded_releases(self.storage.exec(
+            f"SELECT key, permit_kind, permit_id, release_n FROM {RECORDS} WHERE key = ?", key))
+
         def op(s: ClientStore) -> None:
-            s.fold_releases("key = ?", key)
+            s.fold_releases(recorded)
             if s is self.sql:
                 self.storage.exec(f"DELETE FROM {RECORDS} WHERE key = ?", key)
 

@@ -216,3 +216,30 @@ def test_the_quick_delete_takes_a_keys_finished_permit_items_that_record_no_rele
                           "state": state, "release_n": release_n})
     items.delete_done_permits("k")
     assert sorted(r["item_id"] for r in items.view()) == ["callback", "live", "other", "recorded"]
+
+
+@pytest.mark.parametrize("twin", [False, True], ids=["sql", "twin"])
+def test_a_purge_hands_over_the_highest_release_its_items_record_per_permit(store, twin: bool):
+    # R35: before it deletes, the purge hands the client the highest release_n the purged items
+    # record per grant or lease (the client folds it into that permit's row); a permit whose
+    # purged items record none is not named, nor what items it keeps record.
+    from semaphore.testing import MemoryQueueItems
+
+    storage, items = store
+    handed: list[object] = []
+    if twin:
+        items = MemoryQueueItems()
+    items.before_delete = handed.append
+    rows = [("a", "k", "grant", "g1", 2, 5), ("b", "k", "grant", "g1", 3, 5), ("c", "k", "lease", "g1", 1, 5),
+            ("d", "o", "grant", "g2", 0, 5), ("e", "o", "lease", "l2", 4, 5), ("kept", "k", "grant", "g1", 9, 50)]
+    for item_id, key, kind, permit_id, release_n, finished_at in rows:
+        items.insert_new({**{c: v for c, v in _row(item_id, 0, key=key).items() if c != "seq"}, "state": "done",
+                          "permit_kind": kind, "permit_id": permit_id, "release_n": release_n,
+                          "finished_at": finished_at})
+    items.purge_done(10)
+    assert [tuple(r) for h in handed for r in h] == [  # type: ignore[attr-defined]
+        ("grant", "k", "g1", 3), ("lease", "k", "g1", 1), ("lease", "o", "l2", 4)]
+    assert sorted(r["item_id"] for r in items.view()) == ["kept"]
+    handed.clear()
+    items.purge_done(10)  # nothing left to purge: nothing handed over
+    assert handed == []

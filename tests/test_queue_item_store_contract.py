@@ -110,6 +110,10 @@ class QueueItemStoreContract(RuleBasedStateMachine):
         SemaphoreQueue.migrate(self.storage, 1)
         self.sql = _sql_store(self.storage, load_with_marks=True)
         self.mem = MemoryQueueItems()
+        #: What each store hands to be folded before a purge deletes (the client's rows fold it).
+        self.folded: dict[str, list[Any]] = {"sql": [], "mem": []}
+        self.sql.before_delete = self.folded["sql"].append
+        self.mem.before_delete = self.folded["mem"].append
         self.now = 10
 
     def _both(self, op: Callable[[QueueItemStore], Any], *, fail: bool = False) -> None:
@@ -174,6 +178,8 @@ class QueueItemStoreContract(RuleBasedStateMachine):
     def purge(self, before: int, fail: bool) -> None:
         # finished_at values are small (0 to 3): any cut-off, from none to every one
         self._both(lambda s: s.purge_done(before), fail=fail)
+        # both hand over the same releases: the highest each purged permit's items record
+        assert self.folded["sql"] == self.folded["mem"]
 
     @rule(key=st.sampled_from(KEYS), fail=st.booleans())
     def delete_done_permits(self, key: str, fail: bool) -> None:
@@ -182,6 +188,7 @@ class QueueItemStoreContract(RuleBasedStateMachine):
     @rule(load_with_marks=st.booleans())
     def new_instance(self, load_with_marks: bool) -> None:
         self.sql = _sql_store(self.storage, load_with_marks=load_with_marks)
+        self.sql.before_delete = self.folded["sql"].append
 
     @rule()
     def reads_answer_the_same(self) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
+from ._rows import RecordedRelease
+
 __all__ = ["QueueItemStore", "COLUMNS", "PAYLOAD_KEPT", "INSERT_BATCH_BYTES", "kept", "purgeable",
            "deletable_permit", "kept_payload", "batches"]
 
@@ -43,6 +45,18 @@ def deletable_permit(row: Mapping[str, Any]) -> bool:
     """Whether :meth:`QueueItemStore.delete_done_permits` deletes ``row``: a finished
     ``permit()`` item (``owner`` set) that records no release (``release_n`` 0: nothing to fold)."""
     return row["state"] == "done" and row["owner"] != "" and not int(row["release_n"])
+
+
+def recorded_releases(rows: Iterable[Mapping[str, Any]]) -> list[RecordedRelease]:
+    """The highest release ``rows`` record per grant or lease (``release_n`` above 0), as
+    :meth:`QueueItemStore.purge_done` hands them to be folded before it deletes ``rows``; in
+    ``(key, kind, permit id)`` order."""
+    out: dict[tuple[str, str, str], int] = {}
+    for r in rows:
+        if int(r["release_n"]) > 0:
+            at = (str(r["key"]), str(r["permit_kind"]), str(r["permit_id"]))
+            out[at] = max(out.get(at, 0), int(r["release_n"]))
+    return [RecordedRelease(kind, key, permit_id, n) for (key, kind, permit_id), n in sorted(out.items())]
 
 
 def kept_payload(text: str) -> str | None:
@@ -123,8 +137,9 @@ class QueueItemStore(Protocol):
         Returns how many hooks were pending."""
 
     def purge_done(self, before: int) -> None:
-        """Delete the :func:`purgeable` items of every key finished before ``before`` (the
-        releases they record folded into the client's rows first)."""
+        """Delete the :func:`purgeable` items of every key finished before ``before``; first
+        hand what they record (:func:`recorded_releases`) to the store's ``before_delete``,
+        which folds it into the client's rows."""
 
     def delete_done_permits(self, key: str) -> None:
         """Delete the :func:`deletable_permit` items of ``key`` (one that records a release waits

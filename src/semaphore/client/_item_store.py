@@ -30,6 +30,7 @@ from typing import Any
 
 from ..runtime import JSON_IDS, Storage, chunks, json_list
 from ._item_rows import COLUMNS, INSERT_BATCH_BYTES, PAYLOAD_KEPT, batches, kept, kept_payload
+from ._rows import RecordedRelease
 
 __all__ = ["QueueItems", "ITEMS", "WAKEUPS", "PENDING", "BLOCKED", "PURGEABLE", "COLUMNS", "PAYLOAD_KEPT",
            "INSERT_BATCH_BYTES", "Add", "DonePending"]
@@ -71,10 +72,11 @@ class QueueItems:  # a QueueItemStore
     hook is pending are kept too)."""
 
     def __init__(self, storage: Storage, *, done_hooks: bool, on_load: OnLoad | None = None,
-                 before_delete: Callable[..., None] | None = None) -> None:
+                 before_delete: Callable[[list[RecordedRelease]], None] | None = None) -> None:
         self.storage = storage
-        #: Called with :meth:`purge_done`'s condition and arguments before it deletes (the
-        #: client folds the releases recorded in those rows into its own, ``release_n``).
+        #: Called with the highest release (``release_n``) the items :meth:`purge_done` is about
+        #: to delete record per permit, when they record any: the client folds them into its
+        #: own rows (:meth:`~._rows.ClientStore.fold_releases`).
         self.before_delete = before_delete
         self.done_hooks = done_hooks
         self.on_load = on_load
@@ -314,7 +316,15 @@ class QueueItems:  # a QueueItemStore
         through the finished items' index. The copy keeps none of them."""
         where = f"{PURGEABLE} AND finished_at < ?"
         if self.before_delete is not None:
-            self.before_delete(where, before)
+            # the unary + keeps SQLite off the recorded releases' partial index, which would
+            # walk every record kept: the finished items' index picks the purged ones
+            recorded = [RecordedRelease(str(r["permit_kind"]), str(r["key"]), str(r["permit_id"]), int(r["n"]))
+                        for r in self.storage.exec(
+                            f"SELECT permit_kind, key, permit_id, MAX(release_n) AS n FROM {ITEMS}"
+                            f" WHERE +release_n > 0 AND {where} GROUP BY key, permit_kind, permit_id"
+                            " ORDER BY key, permit_kind, permit_id", before)]
+            if recorded:
+                self.before_delete(recorded)
         self.storage.exec(f"DELETE FROM {ITEMS} WHERE {where}", before)
 
     def delete_done_permits(self, key: str) -> None:

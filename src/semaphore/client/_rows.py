@@ -8,7 +8,8 @@ operations over both."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any, NamedTuple, Protocol
 
 from ..core.client_state import GONE, ClientGrant, ClientLease
 from ..core.wire import LeaseStatus
@@ -71,6 +72,23 @@ def recorded_row(r: dict[str, Any], kind: str, released: int) -> dict[str, Any] 
     if not dirty or released <= int(r["released"]):
         return None
     return {**r, "released": released}
+
+
+class RecordedRelease(NamedTuple):
+    """The highest release that records about to be deleted hold for one grant or lease
+    (:meth:`ClientStore.fold_releases`)."""
+
+    kind: str  # "grant" or "lease"
+    key: str
+    permit_id: str
+    n: int
+
+
+def folded_row(r: dict[str, Any], kind: str, n: int) -> dict[str, Any]:
+    """``r`` with a recorded release ``n`` folded in (SPEC R35): counts only rise (R13), so the
+    higher of the two, and never above the row's claimed or drawn count."""
+    used = int(r["claimed"] if kind == "grant" else r["drawn"])
+    return {**r, "released": max(int(r["released"]), min(used, n))}
 
 
 def delivered_row(r: dict[str, Any], sent: dict[str, int], stamp: int) -> dict[str, Any]:
@@ -170,10 +188,9 @@ class ClientStore(Protocol):
         ``release_n``): a row's ``released`` read from storage is at least the highest
         ``release_n`` recorded for it, never above its claimed (drawn) count."""
 
-    def fold_releases(self, where: str, *args: Any) -> None:
-        """Write into their rows the releases recorded in the rows of the records table
-        matching ``where`` (SQL over that table, with ``args``), before the caller deletes
-        those rows."""
+    def fold_releases(self, recorded: Sequence[RecordedRelease]) -> None:
+        """Write into their rows the highest releases ``recorded`` for them by records the
+        caller is about to delete (:func:`folded_row`), so the counts outlive the records."""
 
     def delivered(self, kind: str, key: str, row_id: str, sent: dict[str, int], stamp: int) -> None:
         """The holder applied a report of the row: its acknowledged counts raised to ``sent``."""

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 from ..core.client_state import GONE, ClientGrant, ClientLease
@@ -50,6 +51,7 @@ from ._rows import (
     LEASE_COLUMNS,
     LEASES,
     ClientStore,
+    RecordedRelease,
     changed_row,
     delivered_row,
     grant_row_of,
@@ -64,6 +66,9 @@ __all__ = ["ClientStore", "ClientRows", "releases_recorded_in",
            "GRANTS", "LEASES", "KEYS", "KEY_COLUMNS", "GRANT_COLUMNS", "LEASE_COLUMNS"]
 
 _SETTLED = LeaseStatus.SETTLED.value
+#: Recorded releases folded by one statement (:meth:`ClientRows.fold_releases`): their JSON
+#: (two ids of at most 256 characters and a count each) stays far below a statement's limits.
+FOLD_BATCH = 500
 
 
 def releases_recorded_in(storage: Storage) -> str | None:
@@ -274,23 +279,22 @@ class ClientRows:
         self._put(kind, key, row_id, new)
         return True
 
-    def fold_releases(self, where: str, *args: Any) -> None:
-        """Write into the grant and lease rows the releases recorded in the records' rows that
-        match ``where`` (over the records table, with ``args``), before the caller deletes
-        them: one statement per table, through the index ``where`` picks (the finished items'
-        ``finished_at``: the unary ``+`` keeps SQLite off the records' partial index, which
-        would walk every record kept). The copy holds these counts already."""
-        if self._records is None:
-            return
+    def fold_releases(self, recorded: Sequence[RecordedRelease]) -> None:
+        """Write into the grant and lease rows the releases ``recorded`` (SPEC R35: the clamp of
+        :func:`_released_sql`, which the read shares), before the caller deletes the records
+        that hold them: one statement per kind and :data:`FOLD_BATCH` rows. The copy holds
+        these counts already."""
         for kind, table, id_column, used in (("grant", GRANTS, "grant_id", "claimed"),
                                              ("lease", LEASES, "lease_id", "drawn")):
-            self.storage.exec(
-                f"UPDATE {table} SET released = {_released_sql('released', used, 'x.n')}"
-                f" FROM (SELECT key, permit_id, MAX(release_n) AS n FROM {self._records}"
-                f" WHERE +release_n > 0 AND permit_kind = '{kind}' AND ({where}) GROUP BY key, permit_id) AS x"
-                f" WHERE {table}.key = x.key AND {table}.{id_column} = x.permit_id"
-                f" AND {table}.released < MIN({table}.{used}, x.n)",
-                *args)
+            rows = [[r.key, r.permit_id, r.n] for r in recorded if r.kind == kind]
+            for start in range(0, len(rows), FOLD_BATCH):
+                self.storage.exec(
+                    f"UPDATE {table} SET released = {_released_sql('released', used, 'x.n')}"
+                    " FROM (SELECT json_extract(value, '$[0]') AS key, json_extract(value, '$[1]') AS permit_id,"
+                    " json_extract(value, '$[2]') AS n FROM json_each(?)) AS x"
+                    f" WHERE {table}.key = x.key AND {table}.{id_column} = x.permit_id"
+                    f" AND {table}.released < MIN({table}.{used}, x.n)",
+                    json.dumps(rows[start:start + FOLD_BATCH]))
 
     def delivered(self, kind: str, key: str, row_id: str, sent: dict[str, int], stamp: int) -> None:
         """The holder applied a report of the row: raise its acknowledged counts to ``sent``

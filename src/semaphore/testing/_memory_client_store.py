@@ -17,13 +17,16 @@ nothing (every change is in place at once).
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import Any
 
 from ..client._rows import (
     GONE_GRANT,
     SETTLED_LEASE,
     changed_row,
+    RecordedRelease,
     delivered_row,
+    folded_row,
     grant_row_of,
     lease_row_of,
     recorded_row,
@@ -53,8 +56,14 @@ class MemoryClientRows:
         unwritten, as the SQL store does)."""
         self._records = table
 
-    def fold_releases(self, where: str, *args: Any) -> None:
-        """Nothing to write: a recorded release is in its row already."""
+    def fold_releases(self, recorded: Sequence[RecordedRelease]) -> None:
+        """Each recorded release folded into its row (:func:`folded_row`; a release recorded
+        here is in its row already, so this changes nothing the twin recorded itself)."""
+        for r in recorded:
+            rows = self._grants if r.kind == "grant" else self._leases
+            row = rows.get((r.key, r.permit_id))
+            if row is not None:
+                rows[(r.key, r.permit_id)] = folded_row(row, r.kind, r.n)
 
     # ------------------------------------------------------------------ rollback (for callers)
     def snapshot(self) -> _State:

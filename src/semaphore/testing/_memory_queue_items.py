@@ -19,11 +19,12 @@ item whose group has none.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from ..client._item_rows import COLUMNS, batches, deletable_permit, kept, kept_payload, purgeable
+from ..client._item_rows import COLUMNS, batches, deletable_permit, kept, kept_payload, purgeable, recorded_releases
 from ..client._item_store import Add, DonePending
+from ..client._rows import RecordedRelease
 
 __all__ = ["MemoryQueueItems"]
 
@@ -34,8 +35,10 @@ class MemoryQueueItems:
     """A :class:`~semaphore.client._item_rows.QueueItemStore` over a dict (see the module
     documentation). Reads return copies, so a caller never changes a row behind the store's back."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, before_delete: Callable[[list[RecordedRelease]], None] | None = None) -> None:
         self._rows: dict[str, dict[str, Any]] = {}
+        #: As :class:`~semaphore.client._item_store.QueueItems`'s: what a purge's items record.
+        self.before_delete = before_delete
 
     # ------------------------------------------------------------------ rollback (for callers)
     def snapshot(self) -> dict[str, dict[str, Any]]:
@@ -136,7 +139,11 @@ class MemoryQueueItems:
 
     def purge_done(self, before: int) -> None:
         """Delete the purgeable items finished before ``before``."""
-        for item_id in [i for i, r in self._rows.items() if purgeable(r) and int(r["finished_at"]) < before]:
+        gone = [i for i, r in self._rows.items() if purgeable(r) and int(r["finished_at"]) < before]
+        recorded = recorded_releases(self._rows[i] for i in gone)
+        if recorded and self.before_delete is not None:
+            self.before_delete(recorded)
+        for item_id in gone:
             del self._rows[item_id]
 
     def delete_done_permits(self, key: str) -> None:
