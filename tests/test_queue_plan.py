@@ -346,6 +346,43 @@ def test_r37_a_permit_is_gone_when_its_grant_is_unknown_or_gone_or_its_lease_unk
     assert not plan.permit_gone("lease", grant(status=GONE), lease())  # the item's own kind decides
 
 
+def _item(item_id: str, **values: object) -> dict[str, object]:
+    return {"item_id": item_id, "state": "running", "permit_kind": "grant", "permit_id": "g1", "retry_at": NOW,
+            "attempts": 0, "checked_at": 0, "owner": "", **values}
+
+
+def test_r37_each_due_callback_item_is_in_flight_gone_waiting_for_the_holder_or_called():
+    looked_up: list[tuple[str, str]] = []
+    permits = {("grant", "g1"): (grant(), None), ("lease", "l1"): (None, lease()),
+               ("lease", "l2"): (None, lease("l2", status="settled"))}
+
+    def permit(kind: str, permit_id: str) -> tuple[ClientGrant | None, ClientLease | None]:
+        looked_up.append((kind, permit_id))
+        return permits.get((kind, permit_id), (None, None))
+
+    rows = [_item("later", retry_at=NOW + 1), _item("flying", permit_id="unknown"), _item("first"),
+            _item("gone-grant", permit_id="g9"), _item("gone-lease", permit_kind="lease", permit_id="l2"),
+            _item("retry", attempts=1, checked_at=NOW - 1), _item("answered", attempts=1, checked_at=NOW),
+            _item("leased", permit_kind="lease", permit_id="l1")]
+    due = plan.calls_due(rows, now=NOW, in_flight={"flying"}, permit=permit)
+    assert due == plan.CallsDue(call=("first", "answered", "leased"), in_flight=("flying",),
+                                gone=("gone-grant", "gone-lease"), ask_holder=True)
+    # only the permits of due items not in flight are looked up, each item's own
+    assert looked_up == [("grant", "g1"), ("grant", "g9"), ("lease", "l2"), ("grant", "g1"), ("grant", "g1"),
+                         ("lease", "l1")]
+    assert plan.calls_due(rows[:1], now=NOW, in_flight=(), permit=permit) == plan.CallsDue()
+
+
+def test_r37_a_permit_item_is_an_orphan_when_its_caller_is_gone_and_is_checked_every_period():
+    rows = [_item("mine", owner="me"), _item("mine-withdrawn-failed", owner="me"), _item("theirs", owner="dead"),
+            _item("finished", owner="dead", state="done")]
+    assert plan.orphans(rows, owner="me", callers={"mine"}) == ("mine-withdrawn-failed", "theirs")
+    assert plan.orphans(rows, owner="me", callers={"mine", "mine-withdrawn-failed"}) == ("theirs",)
+    checks = [_item("stale", checked_at=NOW - 60_000), _item("fresh", checked_at=NOW - 59_999),
+              _item("done", checked_at=0, state="done")]
+    assert plan.orphan_checks(checks, now=NOW, orphan_check_ms=60_000) == ("stale",)
+
+
 def test_r37_work_is_completed_after_its_last_attempt_failed():
     assert not plan.work_exhausted(2, 3) and plan.work_exhausted(3, 3) and plan.work_exhausted(4, 3)
 

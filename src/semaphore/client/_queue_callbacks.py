@@ -13,6 +13,7 @@ from collections.abc import Awaitable
 from typing import Any, cast
 
 from ..core import queue_plan as plan
+from ..core.client_state import ClientGrant, ClientLease
 from ._item_store import Add
 from ._queue_items import _QueueItemsPart
 from ._queue_model import AdmitCallback, ItemState, PermitKind, QueueItem, _call
@@ -32,24 +33,17 @@ class _QueueCallbacks(_QueueItemsPart):
         waits for an answer of the holder since it came due (if the permit is gone meanwhile,
         an operator's force-settle, that answer says so and the item is queued again instead
         of starting under it)."""
-        calls: list[dict[str, Any]] = []
-        in_flight: list[str] = []
-        for r in self._live(key, ItemState.RUNNING, admitted=0, owner=""):
-            if int(r["retry_at"]) > now:
-                continue
-            if str(r["item_id"]) in self._inflight:
-                in_flight.append(str(r["item_id"]))
-            elif self._requeue_if_gone(r):
-                continue
-            elif plan.retry_waits_for_holder(int(r["attempts"]), int(r["checked_at"]), int(r["retry_at"])):
-                self.client.ask_holder(key)
-            else:
-                calls.append(r)
-        self._items.update(key, in_flight, {"retry_at": now + self.orphan_check_ms})
-        ids = [str(r["item_id"]) for r in calls]
-        self._items.update(key, ids, {"attempts": Add(1), "retry_at": now + self.admit_retry_ms})
-        rows = [r for r in (self._items.row(key, item_id) for item_id in ids) if r is not None]
-        return [QueueItem._from_row(r) for r in self._items.payloads(rows)]
+        rows = self._live(key, ItemState.RUNNING, admitted=0, owner="")
+        due = plan.calls_due(rows, now=now, in_flight=self._inflight, permit=self._permit_lookup(key))
+        for r in rows:
+            if str(r["item_id"]) in due.gone:
+                self._requeue_gone(r)
+        if due.ask_holder:
+            self.client.ask_holder(key)
+        self._items.update(key, list(due.in_flight), {"retry_at": now + self.orphan_check_ms})
+        self._items.update(key, list(due.call), {"attempts": Add(1), "retry_at": now + self.admit_retry_ms})
+        called = [r for r in (self._items.row(key, item_id) for item_id in due.call) if r is not None]
+        return [QueueItem._from_row(r) for r in self._items.payloads(called)]
 
     def _still_due(self, item: QueueItem) -> bool:
         """``item`` (its attempt persisted by :meth:`_calls_due`) is still to be called: running,
@@ -147,7 +141,26 @@ class _QueueCallbacks(_QueueItemsPart):
         except Exception:  # noqa: BLE001 - e.g. an on_done that returned an awaitable: logged, left to the pump
             log.exception("completing item %r after its work failed; the pump retries its hook", item_id)
 
+    def _permit_lookup(self, key: str) -> plan.PermitLookup:
+        """The grant or lease an item of ``key`` holds, read alone (only that permit's row)."""
+        unit = self.client.unit(key)
+
+        def permit(kind: str, permit_id: str) -> tuple[ClientGrant | None, ClientLease | None]:
+            if kind == PermitKind.GRANT.value:
+                return unit.grant(permit_id), None
+            return None, unit.lease(permit_id)
+
+        return permit
+
     def _requeue_if_gone(self, r: dict[str, Any]) -> bool:
+        """:meth:`_requeue_gone` ``r`` if its permit is gone (:func:`~..core.queue_plan.permit_gone`)."""
+        kind = str(r["permit_kind"])
+        if not plan.permit_gone(kind, *self._permit_lookup(str(r["key"]))(kind, str(r["permit_id"]))):
+            return False
+        self._requeue_gone(r)
+        return True
+
+    def _requeue_gone(self, r: dict[str, Any]) -> None:
         """An admitted item whose work has not started yet (its callback never returned, or its
         permit caller was not handed it) while its permit is gone at the holder (the grant
         answered ``not_found``, the lease ``settled``: an operator's force-settle, or a lost
@@ -155,11 +168,6 @@ class _QueueCallbacks(_QueueItemsPart):
         operation never gets here (a grant or lease is gone only once everything under it was
         released)."""
         key = str(r["key"])
-        unit, kind, permit_id = self.client.unit(key), str(r["permit_kind"]), str(r["permit_id"])
-        grant = unit.grant(permit_id) if kind == PermitKind.GRANT.value else None  # read only the permit's own row
-        lease = None if kind == PermitKind.GRANT.value else unit.lease(permit_id)
-        if not plan.permit_gone(kind, grant, lease):
-            return False
         log.warning("the %s permit of item %r is gone at the holder (force-settled?); the item is queued again"
                     " for a fresh admission", r["permit_kind"], str(r["item_id"]))
         def body() -> None:
@@ -168,7 +176,6 @@ class _QueueCallbacks(_QueueItemsPart):
             self._set_wake(key, self._now(), earlier_only=True)
 
         self.storage.transaction(body)
-        return True
 
     def _hand_over(self, key: str) -> None:
         """Give every admitted permit item of this instance to its waiting caller."""
@@ -188,15 +195,11 @@ class _QueueCallbacks(_QueueItemsPart):
         failed). Their permits are released, nothing stays charged for them. Items of live
         callers are marked checked (the next check is ``orphan_check_ms`` later)."""
         # a cancelled one was withdrawn already: its claim is released once the holder answers
-        for r in self._live(key, owner=True, cancel=0):
-            item_id = str(r["item_id"])
-            if r["state"] == ItemState.DONE.value or (r["owner"] == self._token and item_id in self._permits):
-                continue
+        for item_id in plan.orphans(self._live(key, owner=True, cancel=0), owner=self._token, callers=self._permits):
             log.warning("permit item %r has no caller any more (evicted); releasing it", item_id)
             self.storage.transaction(lambda: self._complete(item_id, now))  # noqa: B023 (run at once)
-        self._items.update(key, [str(r["item_id"]) for r in self._live(key, owner=self._token)
-                                 if r["state"] != ItemState.DONE.value
-                                 and int(r["checked_at"]) <= now - self.orphan_check_ms], {"checked_at": now})
+        self._items.update(key, list(plan.orphan_checks(self._live(key, owner=self._token), now=now,
+                                                        orphan_check_ms=self.orphan_check_ms)), {"checked_at": now})
 
     async def _reconcile(self, key: str, now: int) -> None:
         if self.reconcile_after_ms is None or self.check_running is None:

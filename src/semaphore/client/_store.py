@@ -35,8 +35,8 @@ their recorded releases into the rows. Counts only rise (R13), so the highest is
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.client_state import GONE, ClientGrant, ClientLease

@@ -27,7 +27,7 @@ storage or awaits:
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -668,6 +668,71 @@ def permit_gone(kind: str, grant: ClientGrant | None, lease: ClientLease | None)
     if kind == "grant":
         return grant is None or grant.status == "gone"
     return lease is None or lease.status == "settled"
+
+
+@dataclass(frozen=True)
+class CallsDue:
+    """What a pass over a key's admitted callback items does (:func:`calls_due`).
+
+    :ivar call: items whose callback is called now (their attempt written first, one write for
+        all of them, so an eviction during a call retries it after ``admit_retry_ms``).
+    :ivar in_flight: items whose call still runs in this instance: due again only if it dies
+        (their retry moved ``orphan_check_ms`` on).
+    :ivar gone: items whose permit is gone at the holder (:func:`permit_gone`): queued again.
+    :ivar ask_holder: a retry waits for the holder's answer since it came due
+        (:func:`retry_waits_for_holder`): the key must hear from the holder."""
+
+    call: tuple[str, ...] = ()
+    in_flight: tuple[str, ...] = ()
+    gone: tuple[str, ...] = ()
+    ask_holder: bool = False
+
+
+#: The grant and the lease an admitted item's permit (kind, id) is, as the client knows them.
+PermitLookup = Callable[[str, str], "tuple[ClientGrant | None, ClientLease | None]"]
+
+
+def calls_due(rows: Iterable[Mapping[str, Any]], *, now: int, in_flight: Container[str],
+              permit: PermitLookup) -> CallsDue:
+    """SPEC R37: of a key's running callback items not yet admitted (``rows``: columns of
+    ``durability_semaphore_client_items``, in order), those whose call is due at ``now``
+    (``retry_at``), each exactly one of: still in flight here, its permit gone, its retry
+    waiting for the holder, or called now. ``permit`` looks up the item's own permit only."""
+    call: list[str] = []
+    flying: list[str] = []
+    gone: list[str] = []
+    ask = False
+    for r in rows:
+        if int(r["retry_at"]) > now:
+            continue
+        item_id = str(r["item_id"])
+        if item_id in in_flight:
+            flying.append(item_id)
+        elif permit_gone(str(r["permit_kind"]), *permit(str(r["permit_kind"]), str(r["permit_id"]))):
+            gone.append(item_id)
+        elif retry_waits_for_holder(int(r["attempts"]), int(r["checked_at"]), int(r["retry_at"])):
+            ask = True
+        else:
+            call.append(item_id)
+    return CallsDue(tuple(call), tuple(flying), tuple(gone), ask)
+
+
+def orphans(rows: Iterable[Mapping[str, Any]], *, owner: str, callers: Container[str]) -> tuple[str, ...]:
+    """SPEC R37 (permit items): of a key's live ``permit()`` items not withdrawn (``rows``),
+    those whose caller is gone, to be completed (their permits released): items of another
+    instance of the queue (``owner`` is this one's token; the other died with its callers),
+    and items of this one with no caller waiting or holding them (``callers``: a withdrawal
+    that failed)."""
+    return tuple(str(r["item_id"]) for r in rows
+                 if r["state"] != "done" and not (r["owner"] == owner and str(r["item_id"]) in callers))
+
+
+def orphan_checks(rows: Iterable[Mapping[str, Any]], *, now: int, orphan_check_ms: int) -> tuple[str, ...]:
+    """SPEC R37 (permit items): of this instance's live ``permit()`` items (``rows``), those
+    whose caller was last checked ``orphan_check_ms`` or more ago: marked checked now, so the
+    next check of the key is that much later."""
+    return tuple(str(r["item_id"]) for r in rows
+                 if r["state"] != "done" and int(r["checked_at"]) <= now - orphan_check_ms)
 
 
 def records_release(owner: str) -> bool:

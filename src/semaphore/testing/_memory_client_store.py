@@ -23,8 +23,8 @@ from typing import Any
 from ..client._rows import (
     GONE_GRANT,
     SETTLED_LEASE,
-    changed_row,
     RecordedRelease,
+    changed_row,
     delivered_row,
     folded_row,
     grant_row_of,
