@@ -383,6 +383,27 @@ def test_r37_a_permit_item_is_an_orphan_when_its_caller_is_gone_and_is_checked_e
     assert plan.orphan_checks(checks, now=NOW, orphan_check_ms=60_000) == ("stale",)
 
 
+def test_r37_after_a_failure_the_holder_waits_out_the_backoff_except_for_a_try():
+    assert plan.backing_off(NOW, NOW + 1, trying=False)
+    assert not plan.backing_off(NOW, NOW, trying=False)  # the backoff's end: contact again
+    assert not plan.backing_off(NOW, NOW + 1, trying=True)  # R9b: a try's caller waits for its answer
+
+
+def test_r37_a_pause_after_the_exchange_bound_stops_requests_except_a_trys():
+    assert plan.requests_paused(NOW, NOW + 1, trying=False)
+    assert not plan.requests_paused(NOW, NOW, trying=False)
+    assert not plan.requests_paused(NOW, NOW + 1, trying=True)
+
+
+def test_r37_releases_go_beside_a_waiting_request_only_when_others_wait_for_them():
+    snap = KeySnapshot(NOW, key=KeyState(needs_sync=True))
+    assert plan.side_release_view(snap, OPTS) is None  # uncontended, requests not held
+    for view in (plan.side_release_view(replace(snap, key=KeyState(contended=True, needs_sync=True)), OPTS),
+                 plan.side_release_view(snap, replace(OPTS, held_requests=True))):
+        # judged as contended, and the request in flight is the "contact the holder" mark's contact
+        assert view is not None and view.key.contended and not view.key.needs_sync
+
+
 def test_r37_work_is_completed_after_its_last_attempt_failed():
     assert not plan.work_exhausted(2, 3) and plan.work_exhausted(3, 3) and plan.work_exhausted(4, 3)
 

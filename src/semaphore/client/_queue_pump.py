@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import replace
 
 from ..core import queue_plan as plan
 from ..core.queue_plan import ClaimingItem, Exchange, KeySnapshot, PendingReleases, Resolve
@@ -145,14 +144,12 @@ class _QueuePump(_QueueCallbacks):
         """Releases of a contended key due now (R29, R37), judged without the request's own
         "contact the holder" mark (it is in flight: that is the request itself)."""
         now = self._now()
-        if self._backoff.get(key, 0) > now:
+        if plan.backing_off(now, self._backoff.get(key, 0), trying=False):
             return False
-        snap = self._snapshot(key, now)
-        if not snap.key.contended and self.request_wait_ms <= 0:
+        view = plan.side_release_view(self._snapshot(key, now), self._options())
+        if view is None:
             return False
-        # A request that may be held waits because the key is blocked: treat it as contended.
-        snap = replace(snap, key=replace(snap.key, needs_sync=False, contended=True))
-        due = self.storage.transaction(lambda: self._report_due(key, snap))
+        due = self.storage.transaction(lambda: self._report_due(key, view))
         return due.at is not None and due.at <= now
 
     async def _side_syncs_of(self, key: str) -> None:
@@ -404,11 +401,11 @@ class _QueuePump(_QueueCallbacks):
             self._alive()
             self._run_done_hooks(key)  # no holder message is ever sent for them
             trying = self._tries.unsent(key)  # R9b: a try's request goes at once, unpaced
-            if self._backoff.get(key, 0) > now and not trying:
+            if plan.backing_off(now, self._backoff.get(key, 0), trying=bool(trying)):
                 return
             snap = self._snapshot(key, now)
             demand = self._demand(snap.queued, snap.admit_room)
-            paused = self._paused.get(key, 0) > now and not trying  # requests only: due reports still go
+            paused = plan.requests_paused(now, self._paused.get(key, 0), trying=bool(trying))
             exchange = plan.plan_exchange(snap, self._options(), demand=bool(demand) and not paused,
                                           due=self._report_due(key, snap), urgent=bool(trying))
             requested = requested or exchange is Exchange.REQUEST

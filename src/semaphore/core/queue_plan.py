@@ -646,6 +646,33 @@ class Pause(str, enum.Enum):
     ALL = "all"
 
 
+def backing_off(now: int, backoff_until: int, *, trying: bool) -> bool:
+    """SPEC R37 decision (retry gating): after a failed exchange with the key's holder (or a
+    pump that made :data:`MAX_EXCHANGES` exchanges of syncs alone) nothing is sent to it
+    before ``backoff_until`` (``retry_ms`` later), except a try's request (R9b: its caller
+    waits for this one answer)."""
+    return backoff_until > now and not trying
+
+
+def requests_paused(now: int, paused_until: int, *, trying: bool) -> bool:
+    """SPEC R37 decision: after a pump that made :data:`MAX_EXCHANGES` exchanges with requests
+    among them (:func:`pause_after_exchanges`), no request goes before ``paused_until``, except
+    a try's (R9b); reports due meanwhile still go."""
+    return paused_until > now and not trying
+
+
+def side_release_view(snap: KeySnapshot, opts: QueueOptions) -> KeySnapshot | None:
+    """SPEC R37 decision (side syncs): while the key's request waits for its round, releases go
+    in a ``sync`` of their own only when others wait for them: the last reply was contended
+    (R29), or the request may be held (``held_requests``: it waits because the key is blocked,
+    so treat it as contended). Returns the snapshot to judge them by (:func:`report_due`):
+    contended, without the request's own "contact the holder" mark (the request in flight is
+    that contact); ``None`` when no release goes beside the request."""
+    if not snap.key.contended and not opts.held_requests:
+        return None
+    return replace(snap, key=replace(snap.key, needs_sync=False, contended=True))
+
+
 def pause_after_exchanges(requested: bool) -> Pause:
     """SPEC R37 decision: what a pump with work left after :data:`MAX_EXCHANGES` exchanges
     pauses."""
