@@ -16,6 +16,7 @@ from semaphore import (
     SemaphoreClient,
     SemaphoreError,
 )
+from semaphore.runtime import Storage
 from semaphore.testing import T0, HolderSide, LocalContext, LocalStorage, Net, VirtualClock, async_test
 
 LEASES = {"provisioning": {"mode": "strict"}, "permitsPerLease": 4, "ttlMs": 20_000}
@@ -380,12 +381,15 @@ async def test_a_sent_reply_changes_nothing_until_the_caller_applies_it_in_its_o
     assert s.client.grant("k", g.grant_id).sent_claimed == 1  # its report counts as delivered
 
 
+@pytest.mark.parametrize("outer", [False, True], ids=["no-transaction", "another-adapters-transaction"])
 @async_test
-async def test_a_reply_applied_outside_a_transaction_applies_whole_or_not_at_all():
-    # R2, R35: apply() called outside any transaction opens one of its own: a statement that
-    # fails part way leaves nothing of the reply in SQL or in the client's copy, and the same
-    # answer applies later. (Before, each statement committed on its own: the first group's
-    # grant was stored and the second's lost.)
+async def test_a_reply_is_applied_whole_or_not_at_all(outer: bool):
+    # R2, R35: apply() is a transaction of its own (a savepoint inside the caller's): a
+    # statement that fails part way leaves nothing of the reply in SQL or in the client's copy,
+    # and the same answer applies later; so too inside a transaction of another adapter over
+    # the same ctx (the object's scheduler's, say), whose rollback the client does not hear
+    # of. (Before, outside a transaction each statement committed on its own: the first
+    # group's grant was stored and the second's lost.)
     s = Setup()
     reply = await s.run(s.client.send_request("k", [Demand("g", 1, T0), Demand("h", 1, T0)], force=True))
     assert len(reply.response.grants) == 2
@@ -400,8 +404,12 @@ async def test_a_reply_applied_outside_a_transaction_applies_whole_or_not_at_all
         return inner(query, *bindings)
 
     s.storage.sql.exec = second_write_fails  # type: ignore[method-assign]
+    other = Storage(s.ctx)
     with pytest.raises(RuntimeError, match="the disk failed"):
-        s.client.apply(reply)
+        if outer:
+            other.transaction(lambda: s.client.apply(reply))
+        else:
+            s.client.apply(reply)
     s.storage.sql.exec = inner  # type: ignore[method-assign]
     assert len(writes) == 2  # it failed part way
     assert s.new_client().grants("k") == [] and s.client.grants("k") == []  # the copy forgot it too

@@ -126,3 +126,45 @@ def test_a_delivery_rolled_back_leaves_nothing_to_write_after_its_row_is_pruned(
     storage.transaction(lambda: (rows.prune("k", 100), rows.flush()))
     storage.transaction(lambda: (rows.touch_key("k", 50, room=1), rows.flush()))
     assert rows.grant_row("k", "g1") is None and rows.key_row("k")["room"] == 1
+
+
+def _released(storage: Storage) -> dict[tuple[str, str, str], int]:
+    return {**{("grant", r["key"], r["grant_id"]): r["released"] for r in storage.exec(f"SELECT * FROM {GRANTS}")},
+            **{("lease", r["key"], r["lease_id"]): r["released"] for r in storage.exec(f"SELECT * FROM {LEASES}")}}
+
+
+@pytest.mark.parametrize("batch", [500, 1], ids=["one-statement", "a-statement-each"])
+def test_folded_releases_go_to_their_own_kinds_row_the_highest_of_each_clamped_to_its_use(monkeypatch, batch):
+    # R35: a grant and a lease may share an id: each recorded release goes to its own kind's
+    # row; a permit named twice takes the highest; never above the claimed (drawn) count, never
+    # below what the row holds (R13); in batches of JSON_ROWS.
+    from semaphore.client import _store
+    from semaphore.client._rows import RecordedRelease
+
+    monkeypatch.setattr(_store, "JSON_ROWS", batch)
+    storage = _storage()
+    writer = ClientRows(storage)
+    writer.write_grant(ClientGrant("k", "x", "a", 5, 4, 1, 4, 500, "live", 4, 1), 100)
+    writer.write_lease(ClientLease("k", "x", "a", 64, 6, 2, False, "live", 9000, 4000, 6, 2, False, True), 100)
+    writer.write_grant(ClientGrant("k", "high", "a", 5, 3, 2, 3, 500, "live", 3, 2), 100)
+    writer.write_grant(ClientGrant("o", "x", "a", 5, 4, 3, 4, 500, "live", 4, 3), 100)
+    writer.fold_releases([RecordedRelease("grant", "k", "x", 3), RecordedRelease("lease", "k", "x", 5),
+                          RecordedRelease("grant", "k", "x", 2), RecordedRelease("grant", "k", "high", 9),
+                          RecordedRelease("grant", "o", "x", 1)])
+    assert _released(storage) == {("grant", "k", "x"): 3, ("lease", "k", "x"): 5, ("grant", "k", "high"): 3,
+                                  ("grant", "o", "x"): 3}  # never lowered
+
+
+def test_a_full_batch_of_the_longest_ids_folds_within_the_runtimes_value_limit():
+    # R35: 500 recorded releases whose key and permit id are 256 four-byte characters each go
+    # in one binding below the 2 MB value limit the test kit enforces as the runtime does.
+    from semaphore.client._rows import RecordedRelease
+
+    storage = _storage()
+    writer = ClientRows(storage)
+    key = "😀" * 256
+    ids = ["😀" * 253 + f"{i:03d}" for i in range(500)]
+    for grant_id in ids[:3]:
+        writer.write_grant(ClientGrant(key, grant_id, "a", 2, 2, 0, 2, 500, "live", 2, 0), 100)
+    writer.fold_releases([RecordedRelease("grant", key, grant_id, 1) for grant_id in ids])
+    assert [r["released"] for r in storage.exec(f"SELECT released FROM {GRANTS}")] == [1, 1, 1]

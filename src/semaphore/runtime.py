@@ -235,10 +235,6 @@ def _once_callable(fn: Callable[[], Any]) -> Any:
     return _create_once_callable(fn)  # pragma: no cover
 
 
-#: :meth:`Storage.transaction` bodies running now (nested ones are savepoints of the outer one).
-_open_transactions = 0
-
-
 class Storage:
     """Narrow, Pythonic view of a Durable Object's ``ctx.storage``.
 
@@ -319,16 +315,13 @@ class Storage:
 
     def transaction(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` (synchronous) in one storage transaction; an exception rolls it back and
-        propagates. Returns ``fn``'s result (kept on the Python side, never converted)."""
+        propagates. Returns ``fn``'s result (kept on the Python side, never converted). Inside
+        another transaction it is a savepoint of that one (workerd's ``transactionSync`` nests
+        so, as the test kit's does): its writes commit or roll back with the outer one."""
         box: list[T] = []
 
         def body() -> None:
-            global _open_transactions
-            _open_transactions += 1
-            try:
-                box.append(fn())
-            finally:
-                _open_transactions -= 1
+            box.append(fn())
 
         try:
             # looked up at each call (a test may wrap ctx.storage.transactionSync to inject faults)
@@ -338,15 +331,6 @@ class Storage:
                 hook()
             raise
         return box[0]
-
-    @property
-    def in_transaction(self) -> bool:
-        """The code running now runs inside a :meth:`transaction` (of any adapter: an object's
-        client, queue and scheduler each make their own over the one ``ctx``). A transaction's
-        body is synchronous and the runtime single-threaded, so nothing else runs meanwhile. One
-        the application opened on ``ctx.storage`` itself is not seen: a transaction opened
-        inside it is a savepoint of it."""
-        return _open_transactions > 0
 
     def on_rollback(self, hook: Callable[[], None]) -> None:
         """Call ``hook()`` whenever a :meth:`transaction` of this adapter raises (its writes

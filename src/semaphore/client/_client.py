@@ -341,7 +341,8 @@ class SemaphoreClient:
                            force: bool = False, wait_ms: int = 0, no_wait: bool = False) -> Reply:
         """Send a ``request`` with ``demand`` plus cumulative reports; the holder's answer,
         checked, is returned unapplied: apply it with :meth:`apply` inside your transaction
-        (before your next ``await``), beside your own changes.
+        (``client.storage.transaction(fn)``, before your next ``await``), beside your own
+        changes.
         ``wait_ms`` > 0 tells the holder how long the caller waits for an answer its round
         cannot give at once (``waitMs``: a holder with ``hold_blocked_ms`` holds it open);
         ``no_wait`` makes it a try (``noWait``, SPEC R9b: answered by a round run at once).
@@ -435,12 +436,13 @@ class SemaphoreClient:
         R15, R17, R31, R33: :func:`~._replies.apply_reply`) inside the caller's storage
         transaction, so the caller commits its own changes in the same one. Apply it before
         the caller next awaits (a reply applied late could undo what happened meanwhile).
-        Called outside a transaction of this client's storage, it opens one of its own, so a
-        failure part way applies nothing (and the client's copy forgets what it held)."""
+        It runs in a transaction of its own, a savepoint of the caller's, so a failure part
+        way applies nothing (and the client's copy forgets what it held), whether or not the
+        caller opened one. Open yours with ``client.storage.transaction(fn)``: a rollback of a
+        transaction opened on ``ctx.storage.transactionSync`` itself is not seen, and the
+        client's copy would keep what it rolled back."""
         self.ensure_schema()
-        if not self.storage.in_transaction:
-            return self.storage.transaction(lambda: apply_reply(self, reply, self._now()))
-        return apply_reply(self, reply, self._now())
+        return self.storage.transaction(lambda: apply_reply(self, reply, self._now()))
 
     def _applied(self, reply: Reply, on_reply: ReplyHook | None) -> AppliedReply:
         applied = self.apply(reply)

@@ -190,7 +190,8 @@ class ClientStore(Protocol):
 
     def fold_releases(self, recorded: Sequence[RecordedRelease]) -> None:
         """Write into their rows the highest releases ``recorded`` for them by records the
-        caller is about to delete (:func:`folded_row`), so the counts outlive the records."""
+        caller is about to delete (:func:`folded_row`; a permit named twice takes the highest
+        of the two), so the counts outlive the records."""
 
     def delivered(self, kind: str, key: str, row_id: str, sent: dict[str, int], stamp: int) -> None:
         """The holder applied a report of the row: its acknowledged counts raised to ``sent``."""

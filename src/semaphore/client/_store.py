@@ -41,7 +41,7 @@ from typing import Any
 
 from ..core.client_state import GONE, ClientGrant, ClientLease
 from ..core.wire import LeaseStatus
-from ..runtime import Storage
+from ..runtime import JSON_ROWS, Storage, chunks, json_list
 from ._item_store import ITEMS
 from ._rows import (
     GRANT_COLUMNS,
@@ -66,9 +66,6 @@ __all__ = ["ClientStore", "ClientRows", "releases_recorded_in",
            "GRANTS", "LEASES", "KEYS", "KEY_COLUMNS", "GRANT_COLUMNS", "LEASE_COLUMNS"]
 
 _SETTLED = LeaseStatus.SETTLED.value
-#: Recorded releases folded by one statement (:meth:`ClientRows.fold_releases`): their JSON
-#: (two ids of at most 256 characters and a count each) stays far below a statement's limits.
-FOLD_BATCH = 500
 
 
 def releases_recorded_in(storage: Storage) -> str | None:
@@ -281,20 +278,20 @@ class ClientRows:
 
     def fold_releases(self, recorded: Sequence[RecordedRelease]) -> None:
         """Write into the grant and lease rows the releases ``recorded`` (SPEC R35: the clamp of
-        :func:`_released_sql`, which the read shares), before the caller deletes the records
-        that hold them: one statement per kind and :data:`FOLD_BATCH` rows. The copy holds
-        these counts already."""
+        :func:`_released_sql`, which the read shares; a permit named twice takes the highest),
+        before the caller deletes the records that hold them: one statement per kind and
+        :data:`~..runtime.JSON_ROWS` of them. The copy holds these counts already."""
         for kind, table, id_column, used in (("grant", GRANTS, "grant_id", "claimed"),
                                              ("lease", LEASES, "lease_id", "drawn")):
             rows = [[r.key, r.permit_id, r.n] for r in recorded if r.kind == kind]
-            for start in range(0, len(rows), FOLD_BATCH):
+            for part in chunks(rows, JSON_ROWS):
                 self.storage.exec(
                     f"UPDATE {table} SET released = {_released_sql('released', used, 'x.n')}"
                     " FROM (SELECT json_extract(value, '$[0]') AS key, json_extract(value, '$[1]') AS permit_id,"
-                    " json_extract(value, '$[2]') AS n FROM json_each(?)) AS x"
+                    " MAX(json_extract(value, '$[2]')) AS n FROM json_each(?) GROUP BY 1, 2) AS x"
                     f" WHERE {table}.key = x.key AND {table}.{id_column} = x.permit_id"
                     f" AND {table}.released < MIN({table}.{used}, x.n)",
-                    json.dumps(rows[start:start + FOLD_BATCH]))
+                    json_list(part))
 
     def delivered(self, kind: str, key: str, row_id: str, sent: dict[str, int], stamp: int) -> None:
         """The holder applied a report of the row: raise its acknowledged counts to ``sent``
