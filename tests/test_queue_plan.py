@@ -366,11 +366,13 @@ def test_r37_each_due_callback_item_is_in_flight_gone_waiting_for_the_holder_or_
             _item("leased", permit_kind="lease", permit_id="l1")]
     due = plan.calls_due(rows, now=NOW, in_flight={"flying"}, permit=permit)
     assert due == plan.CallsDue(call=("first", "answered", "leased"), in_flight=("flying",),
-                                gone=("gone-grant", "gone-lease"), ask_holder=True)
+                                gone=("gone-grant", "gone-lease"), waiting=("retry",))
     # only the permits of due items not in flight are looked up, each item's own
     assert looked_up == [("grant", "g1"), ("grant", "g9"), ("lease", "l2"), ("grant", "g1"), ("grant", "g1"),
                          ("lease", "l1")]
     assert plan.calls_due(rows[:1], now=NOW, in_flight=(), permit=permit) == plan.CallsDue()
+    # a call in flight that is not due yet is left alone (its retry is not moved on every pass)
+    assert plan.calls_due(rows[:1], now=NOW, in_flight={"later"}, permit=permit) == plan.CallsDue()
 
 
 def test_r37_a_permit_item_is_an_orphan_when_its_caller_is_gone_and_is_checked_every_period():
@@ -378,6 +380,8 @@ def test_r37_a_permit_item_is_an_orphan_when_its_caller_is_gone_and_is_checked_e
             _item("finished", owner="dead", state="done")]
     assert plan.orphans(rows, owner="me", callers={"mine"}) == ("mine-withdrawn-failed", "theirs")
     assert plan.orphans(rows, owner="me", callers={"mine", "mine-withdrawn-failed"}) == ("theirs",)
+    # a caller of this instance is no caller of another's item of the same id
+    assert plan.orphans([_item("x", owner="dead")], owner="me", callers={"x"}) == ("x",)
     checks = [_item("stale", checked_at=NOW - 60_000), _item("fresh", checked_at=NOW - 59_999),
               _item("done", checked_at=0, state="done")]
     assert plan.orphan_checks(checks, now=NOW, orphan_check_ms=60_000) == ("stale",)

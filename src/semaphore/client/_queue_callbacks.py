@@ -35,11 +35,11 @@ class _QueueCallbacks(_QueueItemsPart):
         of starting under it)."""
         rows = self._live(key, ItemState.RUNNING, admitted=0, owner="")
         due = plan.calls_due(rows, now=now, in_flight=self._inflight, permit=self._permit_lookup(key))
-        for r in rows:
+        for r in rows:  # in the rows' order, as the holder is asked and the items requeued
             if str(r["item_id"]) in due.gone:
                 self._requeue_gone(r)
-        if due.ask_holder:
-            self.client.ask_holder(key)
+            elif str(r["item_id"]) in due.waiting:
+                self.client.ask_holder(key)
         self._items.update(key, list(due.in_flight), {"retry_at": now + self.orphan_check_ms})
         self._items.update(key, list(due.call), {"attempts": Add(1), "retry_at": now + self.admit_retry_ms})
         called = [r for r in (self._items.row(key, item_id) for item_id in due.call) if r is not None]

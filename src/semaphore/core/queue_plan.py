@@ -706,13 +706,13 @@ class CallsDue:
     :ivar in_flight: items whose call still runs in this instance: due again only if it dies
         (their retry moved ``orphan_check_ms`` on).
     :ivar gone: items whose permit is gone at the holder (:func:`permit_gone`): queued again.
-    :ivar ask_holder: a retry waits for the holder's answer since it came due
+    :ivar waiting: items whose retry waits for the holder's answer since it came due
         (:func:`retry_waits_for_holder`): the key must hear from the holder."""
 
     call: tuple[str, ...] = ()
     in_flight: tuple[str, ...] = ()
     gone: tuple[str, ...] = ()
-    ask_holder: bool = False
+    waiting: tuple[str, ...] = ()
 
 
 #: The grant and the lease an admitted item's permit (kind, id) is, as the client knows them.
@@ -728,7 +728,7 @@ def calls_due(rows: Iterable[Mapping[str, Any]], *, now: int, in_flight: Contain
     call: list[str] = []
     flying: list[str] = []
     gone: list[str] = []
-    ask = False
+    waiting: list[str] = []
     for r in rows:
         if int(r["retry_at"]) > now:
             continue
@@ -738,10 +738,10 @@ def calls_due(rows: Iterable[Mapping[str, Any]], *, now: int, in_flight: Contain
         elif permit_gone(str(r["permit_kind"]), *permit(str(r["permit_kind"]), str(r["permit_id"]))):
             gone.append(item_id)
         elif retry_waits_for_holder(int(r["attempts"]), int(r["checked_at"]), int(r["retry_at"])):
-            ask = True
+            waiting.append(item_id)
         else:
             call.append(item_id)
-    return CallsDue(tuple(call), tuple(flying), tuple(gone), ask)
+    return CallsDue(tuple(call), tuple(flying), tuple(gone), tuple(waiting))
 
 
 def orphans(rows: Iterable[Mapping[str, Any]], *, owner: str, callers: Container[str]) -> tuple[str, ...]:
