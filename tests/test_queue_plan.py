@@ -375,6 +375,28 @@ def test_r37_each_due_callback_item_is_in_flight_gone_waiting_for_the_holder_or_
     assert plan.calls_due(rows[:1], now=NOW, in_flight={"later"}, permit=permit) == plan.CallsDue()
 
 
+def test_r37_a_chosen_callback_item_is_called_only_if_nothing_changed_it_since():
+    row = _item("i", attempts=2, admitted=0)
+    assert plan.still_due(row, attempts=2, in_flight=())
+    assert not plan.still_due(None, attempts=2, in_flight=())  # purged or deleted meanwhile
+    assert not plan.still_due({**row, "state": "done"}, attempts=2, in_flight=())
+    assert not plan.still_due({**row, "admitted": 1}, attempts=2, in_flight=())
+    assert not plan.still_due({**row, "attempts": 3}, attempts=2, in_flight=())  # another pass chose it
+    assert not plan.still_due(row, attempts=2, in_flight={"i"})
+
+
+def test_r37_a_permit_item_goes_to_its_waiting_caller_unless_its_permit_is_gone():
+    looked_up: list[tuple[str, str]] = []
+
+    def permit(kind: str, permit_id: str) -> tuple[ClientGrant | None, ClientLease | None]:
+        looked_up.append((kind, permit_id))
+        return (grant(), None) if permit_id == "g1" else (None, None)
+
+    rows = [_item("withdrawn", owner="me"), _item("waits", owner="me"), _item("gone", owner="me", permit_id="g9")]
+    assert plan.hand_overs(rows, waiting={"waits", "gone"}, permit=permit) == plan.HandOvers(("waits",), ("gone",))
+    assert looked_up == [("grant", "g1"), ("grant", "g9")]  # only for items with a waiting caller
+
+
 def test_r37_a_permit_item_is_an_orphan_when_its_caller_is_gone_and_is_checked_every_period():
     rows = [_item("mine", owner="me"), _item("mine-withdrawn-failed", owner="me"), _item("theirs", owner="dead"),
             _item("finished", owner="dead", state="done")]

@@ -45,15 +45,6 @@ class _QueueCallbacks(_QueueItemsPart):
         called = [r for r in (self._items.row(key, item_id) for item_id in due.call) if r is not None]
         return [QueueItem._from_row(r) for r in self._items.payloads(called)]
 
-    def _still_due(self, item: QueueItem) -> bool:
-        """``item`` (its attempt persisted by :meth:`_calls_due`) is still to be called: running,
-        not admitted, the same attempts, no call in flight. A pass that awaited (a failing
-        callback's hook) may find an item another pass has started or finished meanwhile: it
-        must not call it again."""
-        r = self._items.row(item.key, item.item_id)
-        return r is not None and r["state"] == ItemState.RUNNING.value and not r["admitted"] \
-            and int(r["attempts"]) == item.attempts and item.item_id not in self._inflight
-
     def _admitted(self, key: str, items: list[QueueItem]) -> None:
         """The callbacks of ``items`` (of ``key``) returned: they count as admitted (those that
         still run), one write for all of them."""
@@ -75,7 +66,8 @@ class _QueueCallbacks(_QueueItemsPart):
         returned: list[QueueItem] = []  # admitted, written together before this pass next awaits
         try:
             for item in self._calls_due(key, now):
-                if not self._still_due(item):
+                if not plan.still_due(self._items.row(key, item.item_id), attempts=item.attempts,
+                                      in_flight=self._inflight):
                     continue  # changed since (another pass started or finished it)
                 try:
                     result = self.work(item) if self.work is not None else cast(AdmitCallback, self.on_admit)(item)
@@ -152,14 +144,6 @@ class _QueueCallbacks(_QueueItemsPart):
 
         return permit
 
-    def _requeue_if_gone(self, r: dict[str, Any]) -> bool:
-        """:meth:`_requeue_gone` ``r`` if its permit is gone (:func:`~..core.queue_plan.permit_gone`)."""
-        kind = str(r["permit_kind"])
-        if not plan.permit_gone(kind, *self._permit_lookup(str(r["key"]))(kind, str(r["permit_id"]))):
-            return False
-        self._requeue_gone(r)
-        return True
-
     def _requeue_gone(self, r: dict[str, Any]) -> None:
         """An admitted item whose work has not started yet (its callback never returned, or its
         permit caller was not handed it) while its permit is gone at the holder (the grant
@@ -178,16 +162,18 @@ class _QueueCallbacks(_QueueItemsPart):
         self.storage.transaction(body)
 
     def _hand_over(self, key: str) -> None:
-        """Give every admitted permit item of this instance to its waiting caller."""
-        for r in self._live(key, ItemState.RUNNING, owner=self._token, admitted=0):
+        """Give every admitted permit item of this instance to its waiting caller
+        (:func:`~..core.queue_plan.hand_overs`)."""
+        rows = self._live(key, ItemState.RUNNING, owner=self._token, admitted=0)
+        waiting = {item_id for item_id, fut in self._waiters.items() if not fut.done()}
+        plan_ = plan.hand_overs(rows, waiting=waiting, permit=self._permit_lookup(key))
+        for r in rows:  # in the rows' order
             item_id = str(r["item_id"])
-            fut = self._waiters.get(item_id)
-            if fut is None or fut.done():
-                continue  # withdrawn meanwhile: its caller completes it
-            if self._requeue_if_gone(r):
-                continue
-            self._items.update(key, [item_id], {"admitted": 1})
-            fut.set_result(self._item_of({**r, "admitted": 1}))
+            if item_id in plan_.gone:
+                self._requeue_gone(r)
+            elif item_id in plan_.hand:
+                self._items.update(key, [item_id], {"admitted": 1})
+                self._waiters[item_id].set_result(self._item_of({**r, "admitted": 1}))
 
     def _release_orphans(self, key: str, now: int) -> None:
         """Complete the live permit items of ``key`` whose caller is gone: items of another

@@ -744,6 +744,42 @@ def calls_due(rows: Iterable[Mapping[str, Any]], *, now: int, in_flight: Contain
     return CallsDue(tuple(call), tuple(flying), tuple(gone), tuple(waiting))
 
 
+def still_due(row: Mapping[str, Any] | None, *, attempts: int, in_flight: Container[str]) -> bool:
+    """SPEC R37: a callback item chosen by :func:`calls_due` (its attempt ``attempts``
+    written) is still to be called: running, not admitted, the same attempts, no call in
+    flight. A pass that awaited (a failing callback's hook) may find an item another pass has
+    started or finished meanwhile: it must not call it again."""
+    return row is not None and row["state"] == "running" and not row["admitted"] \
+        and int(row["attempts"]) == attempts and str(row["item_id"]) not in in_flight
+
+
+@dataclass(frozen=True)
+class HandOvers:
+    """Which admitted ``permit()`` items go to their callers now (:func:`hand_overs`).
+
+    :ivar hand: items handed to their waiting caller (marked admitted).
+    :ivar gone: items whose permit is gone at the holder (:func:`permit_gone`): queued again."""
+
+    hand: tuple[str, ...] = ()
+    gone: tuple[str, ...] = ()
+
+
+def hand_overs(rows: Iterable[Mapping[str, Any]], *, waiting: Container[str], permit: PermitLookup) -> HandOvers:
+    """SPEC R37 (permit items): of this instance's running ``permit()`` items not yet handed
+    over (``rows``, in order), those whose caller still waits (``waiting``; one withdrawn
+    meanwhile is completed by its caller): handed over, unless their permit is gone (queued
+    again). ``permit`` looks up the item's own permit only, for items with a waiting caller."""
+    hand: list[str] = []
+    gone: list[str] = []
+    for r in rows:
+        item_id = str(r["item_id"])
+        if item_id not in waiting:
+            continue
+        kind = str(r["permit_kind"])
+        (gone if permit_gone(kind, *permit(kind, str(r["permit_id"]))) else hand).append(item_id)
+    return HandOvers(tuple(hand), tuple(gone))
+
+
 def orphans(rows: Iterable[Mapping[str, Any]], *, owner: str, callers: Container[str]) -> tuple[str, ...]:
     """SPEC R37 (permit items): of a key's live ``permit()`` items not withdrawn (``rows``),
     those whose caller is gone, to be completed (their permits released): items of another
