@@ -35,6 +35,12 @@ arrivals and job durations (:func:`~semaphore.simulate.plan_arrivals`,
     scripts/bench_protocol.py                      # both workloads, all modes (a few minutes)
     scripts/bench_protocol.py --run-s 120          # shorter runs
     scripts/bench_protocol.py --workloads bursty --modes naive,rounds
+    scripts/bench_protocol.py --workloads bursty --modes naive,defaults --set round_wait_ms=250
+
+``--set NAME=VALUE`` (repeatable) sets an option of :class:`~semaphore.simulate.Scenario` (the
+simulator's, e.g. ``round_wait_ms``, ``limit``) for every mode, over the workload's and the
+mode's own settings: a candidate default measured beside the naive object and today's modes
+(its header line says what was set).
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from semaphore.simulate import Scenario, job_duration, percentiles, plan_arrivals, run_scenario  # noqa: E402
+from semaphore.simulate import Scenario, ScenarioError, job_duration, percentiles, plan_arrivals, run_scenario  # noqa: E402
 from semaphore.simulate.cost import PRICES, PRICING_SOURCE, ActiveTime, Cost, Usage, cost  # noqa: E402
 from semaphore.simulate.engine import RunningTime  # noqa: E402
 from semaphore.testing import T0, LocalStorage, SimClock  # noqa: E402
@@ -225,9 +231,10 @@ class NaiveRun(RunningTime):
 
 
 # ------------------------------------------------------------------------------ (b), (c): the library
-def library_row(mode: str, scenario: Scenario) -> Row:
+def library_row(mode: str, scenario: Scenario, sets: dict[str, str] | None = None) -> Row:
     """One mode's row; ``scenario`` carries the library's defaults (``Scenario``'s lease fields
-    are ``DEFAULT_LEASES``), which mode ``defaults`` runs as they are."""
+    are ``DEFAULT_LEASES``), which mode ``defaults`` runs as they are; ``sets`` (``--set``)
+    over the mode's own settings."""
     leases = {"defaults": "strict", "rounds": "off", "batched": "off", "held": "off", "held-over": "over",
               "reuse": "strict", "reuse-held": "strict"}.get(mode, mode)
     s = replace(scenario, leases=leases, reserve=max(1, scenario.limit // 5))
@@ -241,6 +248,8 @@ def library_row(mode: str, scenario: Scenario) -> Row:
         s = replace(s, **REUSE)
     if mode == "reuse-held":
         s = replace(s, **REUSE_HELD)
+    if sets:
+        s = Scenario.from_mapping(sets, s)
     r = run_scenario(s)
     over = max(r.max_running_over, r.max_charged_over) if leases in ("off", "strict", "under") \
         else r.max_running_over
@@ -313,12 +322,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1, help="the seed of every run (default 1)")
     parser.add_argument("--workloads", default="backlog,bursty", help="comma-separated: backlog, bursty")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated: {', '.join(MODES)}")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="a Scenario option for every mode, over the mode's own settings (repeatable)")
     args = parser.parse_args(argv)
+    sets = dict(item.partition("=")[::2] for item in args.set)
+    if any("=" not in item for item in args.set):
+        parser.error("--set: expected NAME=VALUE")
+    try:
+        Scenario.from_mapping(sets, Scenario())
+    except ScenarioError as exc:
+        parser.error(f"--set: {exc}")
     runners: dict[str, Callable[[Scenario], Row]] = {
         "naive": lambda s: asyncio.run(NaiveRun(s).run()),
-        **{m: (lambda s, m=m: library_row(m, s)) for m in MODES if m != "naive"}}
+        **{m: (lambda s, m=m: library_row(m, s, sets)) for m in MODES if m != "naive"}}
+    if sets:
+        print("set for every mode: " + ", ".join(f"{k}={v}" for k, v in sets.items()) + "\n")
     for workload in args.workloads.split(","):
         scenario = Scenario(run_s=args.run_s, seed=args.seed, **WORKLOADS[workload])
+        if sets:
+            scenario = Scenario.from_mapping(sets, scenario)
         rows = []
         for mode in args.modes.split(","):
             print(f"  {workload}: {mode} ...", file=sys.stderr, flush=True)

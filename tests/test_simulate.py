@@ -371,6 +371,35 @@ def test_naive_bursty_utilization_is_the_work_done_not_a_sampling_artefact():
     assert naive.utilization == pytest.approx(rounds.utilization, rel=0.15)
 
 
+def test_a_set_option_goes_to_every_mode_over_the_modes_own_settings(capsys):
+    """``--set NAME=VALUE`` measures a candidate default beside today's modes: it reaches the
+    naive run and every library mode, over the mode's own settings (``held`` sets its round
+    timing; the set one wins), and a bad one is a usage error naming the option."""
+    bench = _bench()
+    assert bench.main(["--workloads", "bursty", "--modes", "naive,held", "--run-s", "60",
+                       "--set", "limit=1", "--set", "round_wait_ms=40"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("set for every mode: limit=1, round_wait_ms=40\n")
+    seen: list[Scenario] = []
+    real = bench.run_scenario
+    bench.run_scenario = lambda s: seen.append(s) or real(s)
+    try:
+        bench.library_row("held", Scenario(run_s=10, **bench.WORKLOADS["bursty"]), {"round_wait_ms": "40"})
+    finally:
+        bench.run_scenario = real
+    assert seen[0].round_wait_ms == 40 and seen[0].hold_blocked_ms == bench.HELD["hold_blocked_ms"]
+    # limit 1 reached the naive object too: the bursts keep its one permit busy most of the
+    # time (under the workload's limit of 20 they use about 40% of it)
+    naive_util = float(next(line for line in out.splitlines() if line.startswith("| naive |")).split("|")[2][:-2])
+    assert naive_util > 60, out
+    for bad in (["--set", "bogus=1"], ["--set", "round_wait_ms"], ["--set", "round_wait_ms=x"]):
+        with pytest.raises(SystemExit) as exc:
+            bench.main(bad)
+        assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown scenario keys: bogus" in err and "expected NAME=VALUE" in err and "round_wait_ms" in err
+
+
 # --------------------------------------------------------------------------- the simulator's metrics
 def test_blocked_item_seconds_stop_at_the_end_of_the_run():
     """Limit 0, two backlog items queued from t=0 for a 10 s run: 20 item-seconds of blocked
