@@ -14,16 +14,20 @@ Per seed it runs
 
 and prints one line per run: ``<run> <seed> <sha256 of every message the clients sent, in order,
 and the holder's final rows>``. ``--compare FILE`` reruns what FILE lists and reports how many
-digests are identical (exit status 1 if any differs).
+digests are identical (exit status 1 if any differs). ``--stores memory`` runs the client objects
+over the in-memory twins of their stores (:class:`semaphore.testing.MemoryStores`) instead of
+SQLite: compared with a run over SQL, it shows that each store answers as its twin does.
 
     .venv/bin/python scripts/traffic_digest.py --seeds 60 > .tmp/traffic-baseline.txt
     .venv/bin/python scripts/traffic_digest.py --compare .tmp/traffic-baseline.txt
+    .venv/bin/python scripts/traffic_digest.py --compare .tmp/traffic-baseline.txt --stores memory
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -64,8 +68,8 @@ class _Soak(SoakSim):
         return side
 
 
-async def _faults(config: str, seed: int) -> str:
-    sim = Sim(FAULT_CONFIGS[config](seed))
+async def _faults(config: str, seed: int, stores: str) -> str:
+    sim = Sim(dataclasses.replace(FAULT_CONFIGS[config](seed), client_stores=stores))
     await sim.run()
     await sim.final_checks()
     for side in sim.sides:
@@ -73,8 +77,8 @@ async def _faults(config: str, seed: int) -> str:
     return _digest(sim.net.sent, dump(sim.holder.storage))
 
 
-async def _soak(mode: str, seed: int, ops: int) -> str:
-    sim = _Soak(SoakConfig.for_mode(seed, mode, ops=ops))
+async def _soak(mode: str, seed: int, ops: int, stores: str) -> str:
+    sim = _Soak(SoakConfig.for_mode(seed, mode, ops=ops, client_stores=stores))
     try:
         await sim.run()
         await sim.finish()
@@ -85,12 +89,13 @@ async def _soak(mode: str, seed: int, ops: int) -> str:
     return _digest(sim.net.sent, dump(sim.holder.storage))
 
 
-def digest(run: str, seed: int, ops: int) -> str:
-    """The digest of one run (``faults/<config>`` or ``soak/<mode>``) and seed."""
+def digest(run: str, seed: int, ops: int, stores: str = "sql") -> str:
+    """The digest of one run (``faults/<config>`` or ``soak/<mode>``) and seed, its client
+    objects over ``stores`` (``"sql"`` or ``"memory"``)."""
     kind, name = run.split("/", 1)
     if kind == "faults":
-        return asyncio.run(_faults(name, seed))
-    return asyncio.run(_soak(name, seed, ops))
+        return asyncio.run(_faults(name, seed, stores))
+    return asyncio.run(_soak(name, seed, ops, stores))
 
 
 def runs(seeds: int) -> Iterable[tuple[str, int]]:
@@ -108,19 +113,21 @@ def main() -> None:
     parser.add_argument("--ops", type=int, default=200, help="holder messages of a soak run's faulty phase")
     parser.add_argument("--only", default="", help="run names starting with this (e.g. faults/)")
     parser.add_argument("--compare", type=Path, help="a file this script printed: rerun it and compare")
+    parser.add_argument("--stores", choices=("sql", "memory"), default="sql",
+                        help="where the client objects keep their rows: SQLite, or the stores' in-memory twins")
     args = parser.parse_args()
     logging.disable(logging.CRITICAL)  # faults are injected on purpose
     if args.compare is None:
         for run, seed in runs(args.seeds):
             if run.startswith(args.only):
-                print(run, seed, digest(run, seed, args.ops), flush=True)
+                print(run, seed, digest(run, seed, args.ops, args.stores), flush=True)
         return
     same, differ = 0, []
     for line in args.compare.read_text().splitlines():
         run, seed, old = line.split()
         if not run.startswith(args.only):
             continue
-        new = digest(run, int(seed), args.ops)
+        new = digest(run, int(seed), args.ops, args.stores)
         if new == old:
             same += 1
         else:

@@ -23,6 +23,7 @@ from ._item_store import ITEMS, QueueItems
 from ._mark_rows import QueueMarkStore
 from ._queue_model import AdmitCallback, CheckCallback, DoneCallback, QueueItem, WorkCallback, _install_schema
 from ._queue_store import QueueMarks
+from ._rows import ClientStore
 from ._tries import Tries
 
 log = logging.getLogger("semaphore.queue")
@@ -67,13 +68,22 @@ class _QueueBase(abc.ABC):
     def _copies(self, client: SemaphoreClient, done_hooks: bool) -> None:
         """The in-memory copies of the queue's rows (its marks, its items); a rollback of the
         queue's or the client's storage forgets every copy (theirs and the client's rows)."""
-        self.marks = QueueMarks(self.storage)
-        self._items = QueueItems(self.storage, done_hooks=done_hooks, on_load=self.marks.loaded,
-                                 before_delete=self.client.rows.fold_releases)
+        marks = QueueMarks(self.storage)
+        self._use_stores(client.rows, QueueItems(self.storage, done_hooks=done_hooks, on_load=marks.loaded,
+                                                 before_delete=self.client.rows.fold_releases), marks)
         if self.storage is not client.storage:
             self.storage.on_rollback(client.rows.forget)
             client.storage.on_rollback(self.marks.forget)
             client.storage.on_rollback(self._items.forget)
+
+    def _use_stores(self, rows: ClientStore, items: QueueItemStore, marks: QueueMarkStore) -> None:
+        """Keep the client's rows, the queue's items and its marks in these stores: the SQL ones
+        (:meth:`_copies`), or their in-memory twins (:class:`semaphore.testing.MemoryStores`,
+        which the test kit's client objects can run over, so that a run over each can be
+        compared message for message). Only before the queue's first use."""
+        self.client.rows = rows
+        self._items = items
+        self.marks = marks
 
     def _init_memory(self) -> None:
         """The instance's in-memory state (lost with the object; nothing here must survive)."""

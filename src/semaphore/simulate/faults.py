@@ -44,6 +44,8 @@ class Config:
     enqueue_window_ms: int = 15_000
     fault_phase_ms: int = 30_000
     settle_ms: int = 200_000
+    #: Where the client objects keep their rows (:class:`~semaphore.testing.ClientSide` ``stores``).
+    client_stores: str = "sql"
 
 
 @dataclass
@@ -75,7 +77,8 @@ class Sim:
                        lose_reply=p, duplicate=p, delay=p * 2, max_delay_ms=3000)
         self.sides = [
             ClientSide(f"c{i}", self.clock, self.net, on_admit=self.on_admit, check_running=self.check_running,
-                       reconcile_after_ms=15_000, retry_ms=1000, recheck_ms=10_000)
+                       reconcile_after_ms=15_000, retry_ms=1000, recheck_ms=10_000,
+                       stores=cfg.client_stores)
             for i in range(cfg.clients)
         ]
         # application state

@@ -100,6 +100,7 @@ class SoakConfig(Config):
     round_wait_ms: int = 1000
     round_period_ms: int = 2000
     free_at_once: bool = True  # the holder's (SPEC R9a)
+    client_stores: str = "sql"  # where the client objects keep their rows (ClientSide ``stores``)
 
     @classmethod
     def for_mode(cls, seed: int, mode: str, **overrides: Any) -> SoakConfig:
@@ -257,7 +258,8 @@ class SoakSim(Sim):
     def _side(self, i: int) -> ClientSide:
         side = ClientSide(f"c{i}", self._skewed(), self.net, on_admit=self.on_admit,
                           check_running=self.check_running, reconcile_after_ms=15_000, retry_ms=1000,
-                          recheck_ms=10_000, request_wait_ms=self.cfg.request_wait_ms)
+                          recheck_ms=10_000, request_wait_ms=self.cfg.request_wait_ms,
+                          stores=self.cfg.client_stores)
         side.storage.fail_transaction = self.faults.tx
         side.driver.delay_ms = self.faults.alarm_delay
         side.driver.duplicate = self.faults.alarm_duplicate

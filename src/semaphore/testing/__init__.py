@@ -47,7 +47,9 @@ dicts).
 The queue's items and marks without SQLite (:mod:`._memory_queue_items`,
 :mod:`._memory_queue_marks`): :class:`MemoryQueueItems`, the twin of the queue's SQL item store
 (its interface, ``semaphore.client._item_rows.QueueItemStore``, over a dict), and
-:class:`MemoryQueueMarks`, the twin of its SQL mark store (``semaphore.client._mark_rows.QueueMarkStore``).
+:class:`MemoryQueueMarks`, the twin of its SQL mark store (``semaphore.client._mark_rows.QueueMarkStore``);
+:class:`MemoryStores` (:mod:`._memory_stores`) holds the three twins of one client object, for a
+:class:`ClientSide` made with ``stores="memory"`` to run its queue over.
 """
 
 from ._bed import Bed, HolderSide
@@ -89,6 +91,7 @@ from ._memory_store import (
     run_round,
     run_sync,
 )
+from ._memory_stores import MemoryStores
 from ._messages import blocked, by_id, request, sync
 from ._namespace import Namespace
 from ._runner import async_test, run
@@ -112,5 +115,5 @@ __all__ = [
     "MemoryStore", "Store", "StoreState", "resolve_limits", "resolve_sync_limits", "run_round", "run_sync",
     "run_reclaim",
     # the client's rows and the queue's items and marks in memory
-    "MemoryClientRows", "MemoryQueueItems", "MemoryQueueMarks",
+    "MemoryClientRows", "MemoryQueueItems", "MemoryQueueMarks", "MemoryStores",
 ]

@@ -31,6 +31,7 @@ from ..client import OBJECT_NAME, SemaphoreClient, SemaphoreQueue
 from ..errors import HolderUnavailableError
 from ..scheduler import DurabilityScheduler
 from ._local import AlarmDriver, LocalContext, LocalStorage, VirtualClock
+from ._memory_stores import MemoryStores
 
 __all__ = ["SimClock", "Net", "TaskAlarmDriver", "ClientSide", "Holder"]
 
@@ -215,7 +216,9 @@ class ClientSide:
     ``on_admit`` the queue has none (a queue used through ``permit()``, or given ``work=``);
     ``recheck_ms`` and ``label`` go to the client (its label is by default the object's name,
     ``name``), the other keyword options to the queue (``work`` is called with the item
-    alone)."""
+    alone). ``stores="memory"``: the client's rows and the queue's items and marks are kept in
+    :attr:`memory` (:class:`MemoryStores`, the SQL stores' twins) instead of SQLite, so a run
+    over each can be compared message for message; the scheduler's timers stay in SQLite."""
 
     def __init__(
         self,
@@ -227,14 +230,23 @@ class ClientSide:
         check_running: Callable[[ClientSide, Any], Any] | None = None,
         recheck_ms: int = 30_000,
         label: Any = OBJECT_NAME,
+        stores: str = "sql",
         **queue_options: Any,
     ) -> None:
+        if stores not in ("sql", "memory"):
+            raise ValueError(f"stores: expected 'sql' or 'memory', got {stores!r}")
         self.name = name
         self.label = label
         self.clock = clock
         self.transport = transport
         self.storage = LocalStorage()
         self.ctx = LocalContext(self.storage, name=name)
+        #: ``stores="memory"``: the client's rows and the queue's items and marks, in memory
+        #: (kept in step with :attr:`storage`'s transactions; they survive evictions as it does).
+        self.memory: MemoryStores | None = None
+        if stores == "memory":
+            self.memory = MemoryStores()
+            self.storage.keep_in_step(self.memory)
         self.on_admit = on_admit
         self.check_running = check_running
         self.queue_options = queue_options
@@ -255,6 +267,8 @@ class ClientSide:
         if self.on_admit is not None:
             options["on_admit"] = lambda item: self._admit(item)
         self.queue = SemaphoreQueue(client=self.client, scheduler=self.scheduler, **options)
+        if self.memory is not None:
+            self.memory.use_in(self.queue)
 
     def _admit(self, item: Any) -> Any:
         assert self.on_admit is not None

@@ -427,6 +427,15 @@ class LocalStorage:
         #: Transactions :attr:`fail_transaction` made raise.
         self.transactions_failed = 0
         self._fail_in: int | None = None
+        #: Objects kept in step with this database's transactions (:meth:`keep_in_step`).
+        self._in_step: list[Any] = []
+
+    def keep_in_step(self, twin: Any) -> None:
+        """Keep ``twin`` (in-memory state with ``snapshot()`` and ``restore(state)``, such as
+        :class:`~semaphore.testing.MemoryStores`) in step with this database's transactions:
+        it is snapshotted as each transaction or savepoint opens and restored to that snapshot
+        if it rolls back (a test helper, not part of the runtime's API)."""
+        self._in_step.append(twin)
 
     def _count_down(self) -> None:
         """Raise the :attr:`fail_transaction` fault when its statement comes."""
@@ -446,6 +455,7 @@ class LocalStorage:
             self._fail_in = self.fail_transaction()
         conn.execute(f"SAVEPOINT {name}")
         self._depth += 1
+        saved = [(twin, twin.snapshot()) for twin in self._in_step]
         try:
             result = fn()
             if self._depth == 1 and self._fail_in is not None:
@@ -454,6 +464,8 @@ class LocalStorage:
         except BaseException:
             conn.execute(f"ROLLBACK TO {name}")
             conn.execute(f"RELEASE {name}")
+            for twin, state in saved:
+                twin.restore(state)
             raise
         else:
             conn.execute(f"RELEASE {name}")
