@@ -15,8 +15,10 @@ the client's and its scheduler's statements, alarms included) is counted while
   (b) the same for 10 items enqueued together, and
   (c) for 100 items enqueued together,
 
-each enqueued by its own ``enqueue()`` call, then by one ``enqueue_many()`` call (one
-transaction, one INSERT for the batch); completed one by one either way (``complete()``).
+each enqueued by its own ``enqueue()`` call and completed by its own ``complete()`` call;
+then enqueued by one ``enqueue_many()`` call (one transaction, one INSERT for the batch) and
+completed one by one; then enqueued by one ``enqueue_many()`` and completed by one
+``complete_many()`` call (one transaction, one write per permit).
 
 Virtual time runs event by event until the holder has applied every release (the client's
 alarms, its report wait ``report_releases_within_ms`` included). Prints the counts, the ratio
@@ -68,10 +70,12 @@ async def _run_until(clock: SimClock, done: Any, what: str) -> None:
         await clock.advance_to(t)
 
 
-async def life(items: int, grants: bool, many: bool = False) -> tuple[int, Counter[str]]:
+async def life(items: int, grants: bool, many: bool = False, complete_many: bool = False
+               ) -> tuple[int, Counter[str]]:
     """Client SQL statements (and their kinds) for ``items`` items' whole lives (``grants``: the
     grant path, ``leases=None``; else the default leases; ``many``: enqueued by one
-    ``enqueue_many()`` call, else one ``enqueue()`` each)."""
+    ``enqueue_many()`` call, else one ``enqueue()`` each; ``complete_many``: completed by one
+    ``complete_many()`` call, else one ``complete()`` each)."""
     clock = SimClock(T0)
     holder = HolderSide(clock, limit=1000, **({"leases": None} if grants else {}))
     net = Net(holder, clock)
@@ -95,8 +99,11 @@ async def life(items: int, grants: bool, many: bool = False) -> tuple[int, Count
         for item_id in ids:
             await side.queue.enqueue(KEY, GROUP, item_id)
     await _run_until(clock, lambda: len(set(admitted)) == items, "every item was admitted")
-    for item_id in ids:
-        await side.queue.complete(item_id)
+    if complete_many:
+        await side.queue.complete_many(ids)
+    else:
+        for item_id in ids:
+            await side.queue.complete(item_id)
     await _run_until(clock, lambda: holder.charged()[0] == 0, "the holder applied every release")
     await side.queue.drain()
     sql.exec = inner  # type: ignore[method-assign]
@@ -110,8 +117,10 @@ def main() -> None:
     parser.add_argument("--detail", action="store_true", help="statements by kind for each run")
     args = parser.parse_args()
     for grants, path in ((True, "the grant path (leases=None)"), (False, "the default leases")):
-        for many, how in ((False, "one enqueue() each"), (True, "one enqueue_many()")):
-            results = {n: asyncio.run(life(n, grants, many)) for n in (1, 10, 100)}
+        for many, batch, how in ((False, False, "one enqueue() and one complete() each"),
+                                 (True, False, "one enqueue_many(), one complete() each"),
+                                 (True, True, "one enqueue_many(), one complete_many()")):
+            results = {n: asyncio.run(life(n, grants, many, batch)) for n in (1, 10, 100)}
             print(f"{path}, {how}:")
             for n, (total, kinds) in results.items():
                 print(f"{n:>4} item(s): {total:>6} client SQL statements ({total / n:.1f} per item)")

@@ -94,8 +94,6 @@ from ..scheduler import DurabilityScheduler
 from ._client import SemaphoreClient
 from ._queue_model import (
     _SCHEMA,
-    MAX_BATCH_BYTES,
-    MAX_BATCH_ITEMS,
     QUEUE_TABLES,
     AdmitCallback,
     CheckCallback,
@@ -105,8 +103,11 @@ from ._queue_model import (
     PermitKind,
     QueueItem,
     WorkCallback,
+    _batch_entries,
     _check_id,
     _check_options,
+    _distinct_ids,
+    _id_list,
     _install_schema,
     _payload_text,
 )
@@ -116,26 +117,6 @@ from ._queue_store import WAKEUPS
 __all__ = ["ItemState", "PermitKind", "Permit", "QueueItem", "SemaphoreQueue", "QUEUE_TABLES"]
 
 log = logging.getLogger("semaphore.queue")
-
-
-def _batch_entries(item_ids: Sequence[str], payloads: Sequence[Any] | None) -> list[tuple[str, str]]:
-    """:meth:`SemaphoreQueue.enqueue_many`'s ``(item id, payload text)`` entries, each id and
-    payload checked, no id twice, at most :data:`MAX_BATCH_BYTES` of payloads."""
-    seen: set[str] = set()
-    entries: list[tuple[str, str]] = []
-    size = 0
-    for n, item_id in enumerate(item_ids):
-        _check_id(item_id, f"item_ids[{n}]")
-        if item_id in seen:
-            raise ConfigurationError(f"item_ids[{n}]: {item_id!r} is given twice", field=f"item_ids[{n}]")
-        seen.add(item_id)
-        text = _payload_text(None if payloads is None else payloads[n], f"payloads[{n}]")
-        size += len(text.encode("utf-8"))
-        if size > MAX_BATCH_BYTES:
-            raise ConfigurationError(f"payloads[{n}]: the batch's payloads pass {MAX_BATCH_BYTES} bytes of JSON,"
-                                     " the most one call takes; split the batch", field="payloads")
-        entries.append((item_id, text))
-    return entries
 
 
 class SemaphoreQueue(_QueuePermits):
@@ -296,12 +277,7 @@ class SemaphoreQueue(_QueuePermits):
         given twice, a string instead of a list of ids, payloads of another length or a batch
         over those bounds are refused."""
         self._enqueue_checks(key, group)
-        if isinstance(item_ids, (str, bytes)) or not isinstance(item_ids, Sequence):
-            raise ConfigurationError(f"item_ids: expected a list of item ids, got {type(item_ids).__name__}",
-                                     field="item_ids")
-        if len(item_ids) > MAX_BATCH_ITEMS:
-            raise ConfigurationError(f"item_ids: {len(item_ids)} items, over the {MAX_BATCH_ITEMS} one call"
-                                     " takes; split the batch", field="item_ids")
+        _id_list(item_ids)
         if payloads is not None and (isinstance(payloads, (str, bytes)) or not isinstance(payloads, Sequence)):
             raise ConfigurationError(f"payloads: expected a list of payloads, one per item id, got"
                                      f" {type(payloads).__name__}", field="payloads")
@@ -455,6 +431,23 @@ class SemaphoreQueue(_QueuePermits):
                 f"complete: item {item_id!r} belongs to a waiting or running permit() call; it is completed"
                 " when its caller leaves the block", field="item_id")
         return await self._complete_item(item_id)
+
+    async def complete_many(self, item_ids: Sequence[str]) -> list[bool]:
+        """:meth:`complete` each item, in one storage transaction: one write for the items
+        whose release needs no record and one per permit for the others, instead of one per
+        item (then each ``on_done`` hook, each in its own transaction, as :meth:`complete`
+        runs it). Returns, per id in order, what :meth:`complete` would have: False for an
+        unknown or already finished item. Everything is checked before anything is written:
+        at most :data:`MAX_BATCH_ITEMS` ids, none given twice, none of a waiting or running
+        :meth:`permit` call (:class:`ConfigurationError` names the field, ``item_ids[3]``)."""
+        _id_list(item_ids)
+        ids = _distinct_ids(item_ids)
+        for n, item_id in enumerate(ids):
+            if item_id in self._permits:
+                raise ConfigurationError(f"item_ids[{n}]: item {item_id!r} belongs to a waiting or running"
+                                         " permit() call; it is completed when its caller leaves the block",
+                                         field=f"item_ids[{n}]")
+        return await self._complete_items(ids) if ids else []
 
     def item(self, item_id: str) -> QueueItem | None:
         """One item, or ``None``."""

@@ -85,31 +85,50 @@ class _QueueItemsPart(_QueueBase):
         latest. A callback item's release is recorded in its own row, written anyway, when its
         permit's row has something to report already (:meth:`_release_permit`); a
         :meth:`permit` item's row is deleted soon after, so its permit's row is written."""
-        row = self._items.find(item_id)
-        if row is None:
-            return None
-        action = plan.completion(str(row["state"]), str(row["owner"]), str(row["permit_kind"]))
-        if action is plan.Completion.NOTHING:
-            return None
-        key = str(row["key"])
-        if action is plan.Completion.CANCEL:
-            self._items.update(key, [item_id], {"cancel": 1})
-        else:
+        return self._complete_keys([item_id], now, wake_at)[0]
+
+    def _complete_keys(self, item_ids: list[str], now: int, wake_at: int | None = None) -> list[str | None]:
+        """:meth:`_complete_key` for each of ``item_ids`` (distinct), in the caller's transaction,
+        with their finishes written together: one write for the items that record no release
+        and one per permit for those that do, each recording the highest release of its permit
+        (what a purge folds into the permit's row, SPEC R35, is the highest an item of the
+        permit records: the last of them, had each been completed on its own)."""
+        keys: list[str | None] = []
+        cancels: dict[str, list[str]] = {}
+        finishes: dict[tuple[str, str, str], tuple[int, list[str]]] = {}  # (key, kind, id) -> (n, items)
+        for item_id in item_ids:
+            row = self._items.find(item_id)
+            action = plan.Completion.NOTHING if row is None else \
+                plan.completion(str(row["state"]), str(row["owner"]), str(row["permit_kind"]))
+            if row is None or action is plan.Completion.NOTHING:
+                keys.append(None)
+                continue
+            key = str(row["key"])
+            keys.append(key)
+            if action is plan.Completion.CANCEL:
+                cancels.setdefault(key, []).append(item_id)
+                continue
             release_n = 0 if action is plan.Completion.FINISH else \
                 self._release_permit(key, row, record=action is plan.Completion.RECORD)
-            self._finish(key, [item_id], now, release_n=release_n)
-        self._set_wake(key, now if wake_at is None else wake_at, earlier_only=True)
-        return key
+            group = (key, str(row["permit_kind"]), str(row["permit_id"])) if release_n else (key, "", "")
+            n, ids = finishes.get(group, (0, []))
+            finishes[group] = (max(n, release_n), [*ids, item_id])
+        for key, ids in cancels.items():
+            self._items.update(key, ids, {"cancel": 1})
+        for (key, _, _), (release_n, ids) in finishes.items():
+            self._finish(key, ids, now, release_n=release_n)
+        for key in dict.fromkeys(k for k in keys if k is not None):
+            self._set_wake(key, now if wake_at is None else wake_at, earlier_only=True)
+        return keys
 
     def _finish(self, key: str, item_ids: list[str], now: int, *, release_n: int = 0) -> None:
         """Mark the items done (inside the caller's transaction; the caller wakes the key). With
         ``on_done`` their hooks are only recorded as pending, due at once: each runs later in a
         transaction of its own (:meth:`_run_done_hook`), never in this shared step, so a failing
-        hook cannot roll back the key's admissions or replies. ``release_n``: the permit
-        release the (one) item records (:meth:`_release_permit`)."""
+        hook cannot roll back the key's admissions or replies. ``release_n``: the release of
+        their (one) permit they record (:meth:`_release_permit`)."""
         if not item_ids:
             return
-        assert not release_n or len(item_ids) == 1
         rows = [self._items.row(key, item_id) for item_id in item_ids]
         permits = any(r is None or r["owner"] for r in rows)  # permit() items among them (unknown: maybe)
         recorded = {"release_n": release_n} if release_n else {}

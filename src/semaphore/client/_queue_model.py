@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 import inspect
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -243,3 +243,40 @@ def _check_id(value: Any, name: str) -> str:
     if problem is not None:
         raise ConfigurationError(f"{name}: {problem}", field=name)
     return cast(str, value)  # id_problem found none: value is a str
+
+
+def _id_list(item_ids: Any) -> None:
+    """Refuse ``item_ids`` that is not a list of at most :data:`MAX_BATCH_ITEMS` (a string
+    included: it is not a list of ids)."""
+    if isinstance(item_ids, (str, bytes)) or not isinstance(item_ids, Sequence):
+        raise ConfigurationError(f"item_ids: expected a list of item ids, got {type(item_ids).__name__}",
+                                 field="item_ids")
+    if len(item_ids) > MAX_BATCH_ITEMS:
+        raise ConfigurationError(f"item_ids: {len(item_ids)} items, over the {MAX_BATCH_ITEMS} one call"
+                                 " takes; split the batch", field="item_ids")
+
+
+def _distinct_ids(item_ids: Sequence[str]) -> list[str]:
+    """The ids of a checked :func:`_id_list`, each checked, none given twice."""
+    seen: set[str] = set()
+    for n, item_id in enumerate(item_ids):
+        _check_id(item_id, f"item_ids[{n}]")
+        if item_id in seen:
+            raise ConfigurationError(f"item_ids[{n}]: {item_id!r} is given twice", field=f"item_ids[{n}]")
+        seen.add(item_id)
+    return list(item_ids)
+
+
+def _batch_entries(item_ids: Sequence[str], payloads: Sequence[Any] | None) -> list[tuple[str, str]]:
+    """:meth:`SemaphoreQueue.enqueue_many`'s ``(item id, payload text)`` entries, each id and
+    payload checked, no id twice, at most :data:`MAX_BATCH_BYTES` of payloads."""
+    entries: list[tuple[str, str]] = []
+    size = 0
+    for n, item_id in enumerate(_distinct_ids(item_ids)):
+        text = _payload_text(None if payloads is None else payloads[n], f"payloads[{n}]")
+        size += len(text.encode("utf-8"))
+        if size > MAX_BATCH_BYTES:
+            raise ConfigurationError(f"payloads[{n}]: the batch's payloads pass {MAX_BATCH_BYTES} bytes of JSON,"
+                                     " the most one call takes; split the batch", field="payloads")
+        entries.append((item_id, text))
+    return entries

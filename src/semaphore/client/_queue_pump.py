@@ -71,6 +71,10 @@ class _QueuePump(_QueueCallbacks):
             self.marks.keep_blocked(key, [], now)
 
     async def _complete_item(self, item_id: str) -> bool:
+        return (await self._complete_items([item_id]))[0]
+
+    async def _complete_items(self, item_ids: list[str]) -> list[bool]:
+        """Complete the (distinct) items in one transaction; per item, whether it was completed."""
         self.ensure_schema()
         now = self._now()
         # R37 (wake-ups): this instance pumps the key itself, in the background, not through
@@ -78,25 +82,34 @@ class _QueuePump(_QueueCallbacks):
         # covers an instance that dies before that pump has run.
         kick = not self._dead
         wake_at = self._kick_wake(now)
-        key = self.storage.transaction(lambda: self._complete_key(item_id, now, wake_at))
-        if key is None:
-            return False
-        # A release ends the key's request pause: the next request is no longer one of the
-        # identical ones the pause stops, and a waiter may take the freed permit.
-        self._paused.pop(key, None)
-        if key in self._requesting:
-            self._start_side_sync(key)
-        # The key is pumped in the background (even if the hook or the arming below fails): a
-        # freed lease slot is drawn at once (R34a), beside the key's own request if one is in
-        # flight; never inline, where a synchronous callback's own complete() would re-enter.
-        if kick:
-            self._kick(key)
+        keys = self.storage.transaction(lambda: self._complete_keys(item_ids, now, wake_at))
+        done = [(item_id, key) for item_id, key in zip(item_ids, keys) if key is not None]
+        if not done:
+            return [False] * len(item_ids)
+        for key in dict.fromkeys(key for _, key in done):
+            # A release ends the key's request pause: the next request is no longer one of the
+            # identical ones the pause stops, and a waiter may take the freed permit.
+            self._paused.pop(key, None)
+            if key in self._requesting:
+                self._start_side_sync(key)
+            # The key is pumped in the background (even if a hook or the arming below fails): a
+            # freed lease slot is drawn at once (R34a), beside the key's own request if one is in
+            # flight; never inline, where a synchronous callback's own complete() would re-enter.
+            if kick:
+                self._kick(key)
         try:
             if self.on_done is not None:
-                self._run_done_hook(item_id, raise_misuse=True)
+                failed: ConfigurationError | None = None
+                for item_id, _ in done:  # each hook in its own transaction, every one tried
+                    try:
+                        self._run_done_hook(item_id, raise_misuse=True)
+                    except ConfigurationError as exc:
+                        failed = failed or exc
+                if failed is not None:
+                    raise failed
         finally:
             await self.scheduler.arm()
-        return True
+        return [key is not None for key in keys]
 
     def _start_side_sync(self, key: str) -> None:
         """Start :meth:`_side_syncs_of` for ``key`` in the background (the caller, e.g.
