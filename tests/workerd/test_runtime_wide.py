@@ -994,13 +994,18 @@ async def _differential_script(remote: RemoteStorage, Bed: Any, check_aggregates
 def test_queue_item_sql_on_durable_object_sqlite_matches_cpython(workerd_bin, tmp_path):
     """Direct check of the queue's item store (``QueueItems``: the key's load of its items and
     marks as JSON in one statement, inserts numbered with ``row_number()`` that skip known ids,
-    ``json_each`` updates with per-item values, the purge and the deletion of finished permit
-    items) on a Durable Object's SQLite, beside the CPython test bed's: the same operations on
-    both, with ids carrying quotes, backslashes and astral characters and payloads at and past
-    the kept bound (multi-byte); every read and every row (typed, via quote()) must be identical."""
+    ``json_each`` updates with per-item values, the purge, with the highest release its items
+    record per permit read by one ``GROUP BY`` and folded into the client's lease row by
+    ``ClientRows.fold_releases``'s ``UPDATE … FROM json_each … GROUP BY``, and the deletion of
+    finished permit items) on a Durable Object's SQLite, beside the CPython test bed's: the same
+    operations on both, with ids carrying quotes, backslashes and astral characters and payloads
+    at and past the kept bound (multi-byte); every read and every row (typed, via quote()) must
+    be identical."""
     from semaphore.client._item_rows import COLUMNS, PAYLOAD_KEPT
-    from semaphore.client._item_store import Add, DonePending, QueueItems
+    from semaphore.client._item_store import ITEMS, Add, DonePending, QueueItems
     from semaphore.client._queue import SemaphoreQueue
+    from semaphore.client._store import ClientRows
+    from semaphore.core.client_state import ClientLease
     from semaphore.runtime import Storage
     from semaphore.testing import LocalStorage
 
@@ -1008,10 +1013,20 @@ def test_queue_item_sql_on_durable_object_sqlite_matches_cpython(workerd_bin, tm
         remote = RemoteStorage(proc.url + "/", "items")
         locals_ = LocalStorage()
         storages = [Storage(types.SimpleNamespace(storage=s)) for s in (locals_, remote)]
+        key, other = 'k"\\😀', "κ"
+        client_rows = []
         for storage in storages:
             SemaphoreQueue.migrate(storage, 1)
-        stores = [QueueItems(s, done_hooks=True, on_load=lambda *marks: None) for s in storages]
-        key, other = 'k"\\😀', "κ"
+            rows = ClientRows(storage)
+            rows.records_releases_in(ITEMS)
+            rows.write_lease(ClientLease(key, "l'1", "g'1", 3, 3, 0, False, "live", 10**6, 10**5, 3, 0, False), 1)
+            client_rows.append(rows)
+
+        def instances() -> list[QueueItems]:
+            return [QueueItems(s, done_hooks=True, on_load=lambda *marks: None, before_delete=rows.fold_releases)
+                    for s, rows in zip(storages, client_rows)]
+
+        stores = instances()
         ids = ['a"q', "b\\s", "c😀", 'd[{"x":1}]', "e,ü", "p1", "p2"]
         at_bound = json.dumps("é" * (PAYLOAD_KEPT // 2 - 1), ensure_ascii=False)  # 1,024 bytes
         past = json.dumps("é" * (PAYLOAD_KEPT // 2 - 1) + "x", ensure_ascii=False)
@@ -1040,7 +1055,7 @@ def test_queue_item_sql_on_durable_object_sqlite_matches_cpython(workerd_bin, tm
         both(lambda s: s.insert_many([new(i, key, past) for i in (ids[1], ids[0], ids[2], ids[3])]))
         both(lambda s: s.insert_many([new(i, other) for i in (ids[4], ids[3])]))
         # a new instance (nothing loaded): known ids are found by SQL alone and take no number
-        stores = [QueueItems(s, done_hooks=True, on_load=lambda *marks: None) for s in storages]
+        stores = instances()
         both(lambda s: s.insert_many([new(i, other, past) for i in ("n1", ids[0], ids[4], "n2")]))
         ids += ["n1", "n2"]
         both(lambda s: s.insert_new(new(ids[5], key, owner="tok")))
@@ -1055,6 +1070,9 @@ def test_queue_item_sql_on_durable_object_sqlite_matches_cpython(workerd_bin, tm
                                                 "done_pending": DonePending(True)}))
         both(lambda s: s.update(key, [ids[0]], {"done_pending": 0}))
         both(lambda s: s.purge_done(8))  # ids[0]: finished at 7, its hook ran; ids[1]'s is pending
+        # ids[0]'s release (2 of lease l'1) folded into the lease's row before it was deleted
+        assert storages[0].exec("SELECT lease_id, released FROM durability_semaphore_client_leases") \
+            == [{"lease_id": "l'1", "released": 2}]
         both(lambda s: s.delete_done_permits(key))  # ids[5] (no release recorded), not ids[6]
         assert [r["item_id"] for r in stores[0].view(key)] == [ids[1], ids[2], ids[3], ids[6]]
         assert [(r["item_id"], r["seq"]) for r in stores[0].view(other)] == [(ids[4], 5), ("n1", 6), ("n2", 7)]
