@@ -46,6 +46,8 @@ class Config:
     settle_ms: int = 200_000
     #: Where the client objects keep their rows (:class:`~semaphore.testing.ClientSide` ``stores``).
     client_stores: str = "sql"
+    #: The queues' ``retention_ms`` (``None``: the queue's default, a day: nothing is purged).
+    retention_ms: int | None = None
 
 
 @dataclass
@@ -78,7 +80,8 @@ class Sim:
         self.sides = [
             ClientSide(f"c{i}", self.clock, self.net, on_admit=self.on_admit, check_running=self.check_running,
                        reconcile_after_ms=15_000, retry_ms=1000, recheck_ms=10_000,
-                       stores=cfg.client_stores)
+                       stores=cfg.client_stores,
+                       **({} if cfg.retention_ms is None else {"retention_ms": cfg.retention_ms}))
             for i in range(cfg.clients)
         ]
         # application state
