@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from ._rows import RecordedRelease
 
 __all__ = ["QueueItemStore", "COLUMNS", "PAYLOAD_KEPT", "INSERT_BATCH_BYTES", "kept", "purgeable",
-           "deletable_permit", "kept_payload", "batches"]
+           "deletable_permit", "kept_payload", "batches", "recorded_releases"]
 
 #: The columns of an item row besides ``payload`` (in the table's order).
 COLUMNS = ("item_id", "key", "group_name", "enqueued_at", "seq", "state", "permit_kind", "permit_id", "slot",

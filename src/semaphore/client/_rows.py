@@ -17,7 +17,7 @@ from ..core.wire import LeaseStatus
 __all__ = ["ClientStore", "GONE_GRANT", "SETTLED_LEASE", "GRANTS", "LEASES", "KEYS", "KEY_COLUMNS",
            "GRANT_COLUMNS", "LEASE_COLUMNS",
            "grant_dirty", "lease_dirty", "lease_due", "changed_row", "recorded_row", "delivered_row", "grant_row_of",
-           "lease_row_of", "touched_key", "report_order", "reports_waiting"]
+           "lease_row_of", "touched_key", "report_order", "reports_waiting", "RecordedRelease", "folded_row"]
 
 
 GRANTS = "durability_semaphore_client_grants"
