@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
+from semaphore import ItemState
 from semaphore.client._item_store import ITEMS
+from semaphore.client._queue_store import BLOCKED, PENDING, WAKEUPS
 from semaphore.client._store import GRANTS, KEYS, LEASES
 from semaphore.simulate.faults import Config, Sim
 from semaphore.simulate.soak import SoakConfig, SoakSim
@@ -58,7 +60,7 @@ def test_a_queue_made_over_memory_keeps_its_rows_there_and_none_in_sql():
     assert sorted(admitted) == ["a", "b", "c"]
     assert side.memory is not None
     tables = dump(side.storage)
-    for table in (ITEMS, GRANTS, LEASES, KEYS):
+    for table in (ITEMS, GRANTS, LEASES, KEYS, WAKEUPS, PENDING, BLOCKED):
         assert tables.get(table, []) == [], table  # the SQL tables exist, and stay empty
     assert {r["item_id"] for r in side.memory.items.rows("acct")} >= {"b", "c"}
     assert side.queue.item("a") is not None and side.queue.item("a").state.value == "done"
@@ -70,6 +72,40 @@ def test_a_queue_made_over_memory_keeps_its_rows_there_and_none_in_sql():
 def test_a_client_object_refuses_an_unknown_kind_of_stores():
     with pytest.raises(ValueError, match="stores"):
         ClientSide("c1", SimClock(T0), lambda key, msg: asyncio.sleep(0), stores="redis")
+
+
+def test_memory_stores_go_to_a_new_queue_only():
+    # a used queue's schema step has told the SQL stores where releases are recorded, not these
+    side = ClientSide("c1", SimClock(T0), lambda key, msg: asyncio.sleep(0), on_admit=lambda _s, _i: None)
+    side.queue.ensure_schema()
+    with pytest.raises(RuntimeError, match="used already"):
+        MemoryStores().use_in(side.queue)
+    side.driver.close()
+
+
+def test_a_failed_batch_completion_leaves_the_twins_as_they_were():
+    # R35, R37: the transaction fails at its commit; the twins are restored with it
+    async def go() -> None:
+        clock = SimClock(T0)
+        holder = HolderSide(clock, limit=5)
+        side = ClientSide("c1", clock, Net(holder, clock), stores="memory", on_admit=lambda _s, _i: None)
+        await side.queue.enqueue_many("k", "g", ["a", "b"])
+        while not all(i.state is ItemState.RUNNING for i in side.queue.items("k")):
+            await clock.settle()
+            t = clock.next_event()
+            assert t is not None and t < T0 + 60_000
+            await clock.advance_to(t)
+        assert side.memory is not None
+        before = side.memory.snapshot()
+        side.storage.fail_transaction = lambda: 10**9  # after every statement: at the commit
+        with pytest.raises(StorageFault):
+            await side.queue.complete_many(["a", "b"])
+        side.storage.fail_transaction = None
+        assert side.memory.snapshot() == before
+        assert side.queue.item("a").state is ItemState.RUNNING
+        side.driver.close()
+        holder.driver.close()
+    asyncio.run(go())
 
 
 class _Counter:
@@ -148,15 +184,18 @@ FAULT_CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("retention_ms", [None, 3000], ids=["kept", "purged"])
+@pytest.mark.parametrize("variant", ["kept", "purged", "batched"])
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("name", sorted(FAULT_CONFIGS))
 def test_the_fault_simulation_sends_the_same_messages_over_the_twins_as_over_sql(name: str, seed: int,
-                                                                               retention_ms: int | None):
+                                                                               variant: str):
     # R35, R37, I1-I4: evictions, lost/duplicated/reordered messages, lost completions; with
-    # finished items kept (a day), or purged 3 s after (their recorded releases folded first)
+    # finished items kept (a day), or purged 3 s after (their recorded releases folded first),
+    # or completed in batches (complete_many) and purged
     def config(stores: str) -> Config:  # a fresh config each: a run changes its own
-        return dataclasses.replace(FAULT_CONFIGS[name](seed), client_stores=stores, retention_ms=retention_ms)
+        return dataclasses.replace(FAULT_CONFIGS[name](seed), client_stores=stores,
+                                   retention_ms=None if variant == "kept" else 3000,
+                                   batch_completions=variant == "batched")
 
     over_sql = _faults_run(config("sql"))
     over_memory = _faults_run(config("memory"))
@@ -190,6 +229,29 @@ def test_the_soak_sends_the_same_messages_over_the_twins_as_over_sql(mode: str):
     # R35, R37, I1-I5: clock skew, late/duplicated/retried alarms, holder storage faults
     sent, holder, stats = _soak_run(SoakConfig.for_mode(3, mode, ops=150))
     sent_m, holder_m, stats_m = _soak_run(SoakConfig.for_mode(3, mode, ops=150, client_stores="memory"))
+    assert sum(stats.violations.values()) == 0 and sum(stats_m.violations.values()) == 0
+    assert sent_m == sent
+    assert holder_m == holder
+
+
+class _FaultsAtCommit(SoakSim):
+    """The soak with each client storage fault at its transaction's commit (after every
+    statement), so the same transactions fail over SQL and over the twins."""
+
+    def _side(self, i: int) -> ClientSide:
+        side = super()._side(i)
+        tx = side.storage.fail_transaction
+        assert tx is not None
+        side.storage.fail_transaction = lambda: None if tx() is None else 10**9
+        return side
+
+
+def test_the_soak_with_client_storage_faults_sends_the_same_messages_over_the_twins_as_over_sql():
+    # R35, R37, I1-I5: a failed client transaction rolls the twins back as it rolls SQL back
+    sent, holder, stats = _soak_run(SoakConfig.for_mode(5, "reuse", ops=150), _FaultsAtCommit)
+    sent_m, holder_m, stats_m = _soak_run(SoakConfig.for_mode(5, "reuse", ops=150, client_stores="memory"),
+                                          _FaultsAtCommit)
+    assert stats.client_tx_failed > 0 and stats_m.client_tx_failed == stats.client_tx_failed
     assert sum(stats.violations.values()) == 0 and sum(stats_m.violations.values()) == 0
     assert sent_m == sent
     assert holder_m == holder

@@ -130,3 +130,155 @@ async def test_complete_many_refuses_an_item_of_a_running_permit_call():
             await s.side.queue.complete_many(["a", permit.item_id])
         assert refused.value.field == "item_ids[1]"
     assert s.side.queue.item("a").state is ItemState.RUNNING
+
+
+def _released_by_permit(side: ClientSide) -> dict[tuple[str, str], int]:
+    return {**{("lease", x.lease_id): x.released for x in side.client.leases(KEY, include_settled=True)},
+            **{("grant", g.grant_id): g.released for g in side.client.grants(KEY, include_gone=True)}}
+
+
+@pytest.mark.parametrize("leases", ["default", "none"])
+@async_test
+async def test_a_partial_batch_over_several_permits_releases_exactly_its_items(leases):
+    # R35: each permit's items record that permit's own highest count, never another's (a
+    # count read back is clamped to the permit's claimed or drawn count, so a wrong one would
+    # free permits still in use), also read back from SQL by a new instance.
+    s = Setup(**({} if leases == "default" else {"leases": None}))
+    ids = [f"i{n:03}" for n in range(100)]
+    await s.admit(ids[:50])
+    await s.side.queue.enqueue_many(KEY, "g", ids[50:])  # a second exchange: another permit
+    await s.run_until(lambda: len({i.item_id for i in s.admitted}) == 100, 30_000)
+    by_permit: dict[tuple[str, str], list[str]] = {}
+    for item in s.side.queue.items(KEY):
+        assert item.permit is not None
+        by_permit.setdefault((item.permit.kind.value, item.permit.id), []).append(item.item_id)
+    assert len(by_permit) >= 2, by_permit
+    for items in by_permit.values():  # each permit's row now has something to report: the rest record
+        await s.side.queue.complete(items[0])
+    big = max(by_permit, key=lambda p: len(by_permit[p]))
+    batch = [i for p, items in by_permit.items() for i in (items[1:21] if p == big else items[1:2])]
+    await s.side.queue.complete_many(batch)
+    expected = {p: (21 if p == big else min(2, len(items))) for p, items in by_permit.items()}
+    assert _released_by_permit(s.side) == expected
+    s.side.evict()
+    assert _released_by_permit(s.side) == expected
+
+
+@async_test
+async def test_complete_many_over_two_keys_pumps_both_at_once():
+    # R37 (wake-ups), R34a: every key of the batch is pumped by this instance at once, so each
+    # holder gets its releases now, not at the key's fallback wake-up.
+    clock = SimClock(T0)
+    holders = {k: HolderSide(clock, limit=10) for k in ("k1", "k2")}  # the default leases: an idle one goes back at once
+    nets = {k: Net(h, clock) for k, h in holders.items()}
+    admitted: list[str] = []
+
+    async def route(key: str, message: dict[str, Any]) -> Any:
+        return await nets[key](key, message)
+
+    side = ClientSide("c1", clock, route, on_admit=lambda _s, i: admitted.append(i.item_id))
+    await side.queue.enqueue_many("k1", "g", ["a", "b"])
+    await side.queue.enqueue_many("k2", "g", ["x0", "x1"])
+    await clock.settle()
+    while len(set(admitted)) < 4:
+        t = clock.next_event()
+        assert t is not None and t < T0 + 30_000
+        await clock.advance_to(t)
+    await clock.advance(3000)
+    assert {k: h.charged()[0] for k, h in holders.items()} == {"k1": 2, "k2": 2}
+    assert await side.queue.complete_many(["a", "x0", "b", "x1"]) == [True] * 4
+    await clock.advance(1000)  # well before the 10 s fallback wake-up
+    assert {k: h.charged()[0] for k, h in holders.items()} == {"k1": 0, "k2": 0}
+    side.driver.close()
+    for h in holders.values():
+        h.driver.close()
+
+
+@pytest.mark.usefixtures("quiet_logs")
+@async_test
+async def test_every_on_done_hook_of_a_batch_runs_and_an_awaitable_one_raises_after_all():
+    # R37 (on_done): each hook in its own transaction, as complete() runs it; one that raises
+    # is left to the pump, one that returns an awaitable is misuse, raised after every hook ran.
+    ran: list[str] = []
+
+    async def later() -> None:
+        pass
+
+    def on_done(item: QueueItem) -> Any:
+        ran.append(item.item_id)
+        if item.item_id == "b":
+            return later()
+        if item.item_id == "c":
+            raise RuntimeError("boom")
+        return None
+
+    s = Setup()
+    s.side.queue.on_done = on_done
+    await s.admit(["a", "b", "c", "d"])
+    with pytest.raises(ConfigurationError, match="on_done"):
+        await s.side.queue.complete_many(["a", "b", "c", "d"])
+    assert ran == ["a", "b", "c", "d"]
+    assert all(s.side.queue.item(i).state is ItemState.DONE for i in "abcd")
+
+
+@pytest.mark.parametrize("how", ["batch", "one by one"])
+@async_test
+async def test_a_batch_of_claiming_and_running_items_completes_as_one_by_one(how):
+    # R15a, R37: a claiming item of the batch is only marked cancelled (its claim resolves
+    # later, and it never runs); a running one releases its permit; the holder gets all back.
+    from semaphore import HolderUnavailableError
+
+    s = Setup(leases=None, free_at_once=False)
+    await s.admit(["r1", "r2"])
+    lost = {"n": 0}
+
+    def lose_a_confirming_sync(key: str, message: dict[str, Any]) -> None:
+        if message["type"] == "sync" and message["grants"] and lost["n"] < 1:
+            lost["n"] += 1
+            raise HolderUnavailableError("lost")
+        return None
+
+    s.side.transport.intercept = lose_a_confirming_sync
+    await s.side.queue.enqueue_many(KEY, "g", ["c1", "c2"])
+    await s.run_until(lambda: all(s.side.queue.item(i).state is ItemState.CLAIMING for i in ("c1", "c2")), 20_000)
+    ids = ["c1", "r1", "c2", "r2"]
+    done = await s.side.queue.complete_many(ids) if how == "batch" else \
+        [await s.side.queue.complete(i) for i in ids]
+    assert done == [True] * 4
+    assert s.side.queue.item("c1").state is ItemState.CLAIMING  # cancelled, its claim still to resolve
+    await s.run_until(lambda: all(i.state is ItemState.DONE for i in s.side.queue.items(KEY)), 30_000)
+    await s.run_until(lambda: s.holder.charged()[0] == 0, 60_000)
+    assert not [i for i in s.admitted if i.item_id in ("c1", "c2")]
+
+
+@async_test
+async def test_a_batch_of_queued_items_is_one_write():
+    # R37: items withdrawn before admission: one write for the batch, not one per item.
+    s = Setup()
+    ids = [f"q{n}" for n in range(20)]
+    await s.side.queue.enqueue_many("other", "g", ids)  # not pumped yet: queued
+    with item_updates(s.side) as updates:
+        assert await s.side.queue.complete_many(ids) == [True] * 20
+    assert len(updates) == 1, updates
+
+
+@async_test
+async def test_complete_many_takes_ten_thousand_ids():
+    # R7: the bound is inclusive (10,001 is refused above).
+    s = Setup()
+    assert await s.side.queue.complete_many([f"u{n}" for n in range(10_000)]) == [False] * 10_000
+
+
+@async_test
+async def test_a_batch_on_a_new_instance_reads_its_items_together():
+    # R37: right after an eviction nothing is loaded; the batch's rows are read in one go, not
+    # one point read per item.
+    s = Setup()
+    ids = [f"i{n:03}" for n in range(100)]
+    await s.admit(ids)
+    s.side.evict()
+    s.side.queue.ensure_schema()  # the instance's schema step (once), not the batch's
+    s.side.scheduler.ensure_schema()
+    before = s.side.storage.statements
+    assert await s.side.queue.complete_many(ids) == [True] * 100
+    assert s.side.storage.statements - before <= 15, s.side.storage.statements - before

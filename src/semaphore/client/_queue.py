@@ -433,13 +433,22 @@ class SemaphoreQueue(_QueuePermits):
         return await self._complete_item(item_id)
 
     async def complete_many(self, item_ids: Sequence[str]) -> list[bool]:
-        """:meth:`complete` each item, in one storage transaction: one write for the items
-        whose release needs no record and one per permit for the others, instead of one per
-        item (then each ``on_done`` hook, each in its own transaction, as :meth:`complete`
-        runs it). Returns, per id in order, what :meth:`complete` would have: False for an
-        unknown or already finished item. Everything is checked before anything is written:
-        at most :data:`MAX_BATCH_ITEMS` ids, none given twice, none of a waiting or running
-        :meth:`permit` call (:class:`ConfigurationError` names the field, ``item_ids[3]``)."""
+        """:meth:`complete` each item, in one storage transaction, with the items' rows read
+        together and their completions written together: per key, one write for the items
+        whose release needs no record (and one for the claims it cancels), and one per permit
+        for the others, instead of one per item. Returns, per id in order, what
+        :meth:`complete` would have for a valid id: False for an unknown or already finished
+        item.
+
+        Everything is checked before anything is written: at most :data:`MAX_BATCH_ITEMS` ids,
+        each a valid id (:meth:`complete` answers False for an id no item can have; here it is
+        refused), none given twice, none of a waiting or running :meth:`permit` call
+        (:class:`ConfigurationError` names the field, ``item_ids[3]``).
+
+        Then each item's ``on_done`` hook runs in its own transaction, as :meth:`complete`
+        runs it: a hook that raises is logged and retried by the pump; every hook is tried,
+        and if one returned an awaitable, its :class:`ConfigurationError` is raised after all
+        of them (the items are completed all the same, so the list is not returned)."""
         _id_list(item_ids)
         ids = _distinct_ids(item_ids)
         for n, item_id in enumerate(ids):

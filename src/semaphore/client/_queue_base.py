@@ -80,7 +80,8 @@ class _QueueBase(abc.ABC):
         """Keep the client's rows, the queue's items and its marks in these stores: the SQL ones
         (:meth:`_copies`), or their in-memory twins (:class:`semaphore.testing.MemoryStores`,
         which the test kit's client objects can run over, so that a run over each can be
-        compared message for message). Only before the queue's first use."""
+        compared message for message). Only before the queue's first use (its schema step tells
+        the client's rows where releases are recorded)."""
         self.client.rows = rows
         self._items = items
         self.marks = marks

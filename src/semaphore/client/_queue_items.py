@@ -89,15 +89,17 @@ class _QueueItemsPart(_QueueBase):
 
     def _complete_keys(self, item_ids: list[str], now: int, wake_at: int | None = None) -> list[str | None]:
         """:meth:`_complete_key` for each of ``item_ids`` (distinct), in the caller's transaction,
-        with their finishes written together: one write for the items that record no release
-        and one per permit for those that do, each recording the highest release of its permit
-        (what a purge folds into the permit's row, SPEC R35, is the highest an item of the
-        permit records: the last of them, had each been completed on its own)."""
+        with their rows read together and their finishes written together: per key, one write
+        for the items that record no release (and one for the claims it cancels), and one per
+        permit for those that do, each recording the highest release of its permit (what a
+        purge folds into the permit's row, SPEC R35, is the highest an item of the permit
+        records: the last of them, had each been completed on its own)."""
         keys: list[str | None] = []
         cancels: dict[str, list[str]] = {}
         finishes: dict[tuple[str, str, str], tuple[int, list[str]]] = {}  # (key, kind, id) -> (n, items)
+        found = self._items.find_many(item_ids) if len(item_ids) > 1 else {}  # one read, not one per item
         for item_id in item_ids:
-            row = self._items.find(item_id)
+            row = found.get(item_id) if len(item_ids) > 1 else self._items.find(item_id)
             action = plan.Completion.NOTHING if row is None else \
                 plan.completion(str(row["state"]), str(row["owner"]), str(row["permit_kind"]))
             if row is None or action is plan.Completion.NOTHING:

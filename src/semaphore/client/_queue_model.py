@@ -256,23 +256,30 @@ def _id_list(item_ids: Any) -> None:
                                  " takes; split the batch", field="item_ids")
 
 
+def _distinct_id(item_id: Any, n: int, seen: set[str]) -> None:
+    """Check ``item_ids[n]``: a valid id, not in ``seen`` (then added to it)."""
+    _check_id(item_id, f"item_ids[{n}]")
+    if item_id in seen:
+        raise ConfigurationError(f"item_ids[{n}]: {item_id!r} is given twice", field=f"item_ids[{n}]")
+    seen.add(item_id)
+
+
 def _distinct_ids(item_ids: Sequence[str]) -> list[str]:
     """The ids of a checked :func:`_id_list`, each checked, none given twice."""
     seen: set[str] = set()
     for n, item_id in enumerate(item_ids):
-        _check_id(item_id, f"item_ids[{n}]")
-        if item_id in seen:
-            raise ConfigurationError(f"item_ids[{n}]: {item_id!r} is given twice", field=f"item_ids[{n}]")
-        seen.add(item_id)
+        _distinct_id(item_id, n, seen)
     return list(item_ids)
 
 
 def _batch_entries(item_ids: Sequence[str], payloads: Sequence[Any] | None) -> list[tuple[str, str]]:
     """:meth:`SemaphoreQueue.enqueue_many`'s ``(item id, payload text)`` entries, each id and
     payload checked, no id twice, at most :data:`MAX_BATCH_BYTES` of payloads."""
+    seen: set[str] = set()
     entries: list[tuple[str, str]] = []
     size = 0
-    for n, item_id in enumerate(_distinct_ids(item_ids)):
+    for n, item_id in enumerate(item_ids):  # each id, then its payload (the first fault is named)
+        _distinct_id(item_id, n, seen)
         text = _payload_text(None if payloads is None else payloads[n], f"payloads[{n}]")
         size += len(text.encode("utf-8"))
         if size > MAX_BATCH_BYTES:

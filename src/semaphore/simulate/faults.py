@@ -48,6 +48,9 @@ class Config:
     client_stores: str = "sql"
     #: The queues' ``retention_ms`` (``None``: the queue's default, a day: nothing is purged).
     retention_ms: int | None = None
+    #: Completions that arrive within 500 ms of each other at one client object go in one
+    #: ``complete_many()`` call (an eviction meanwhile loses them, as a lost completion).
+    batch_completions: bool = False
 
 
 @dataclass
@@ -92,6 +95,7 @@ class Sim:
         self.expected: dict[str, tuple[int, str]] = {}  # item -> (side index, group)
         self.stats = Stats()
         self.violations: list[str] = []
+        self._batches: dict[str, list[str]] = {}  # per client object: completions to send together
 
     # ------------------------------------------------------------------ application
     async def on_admit(self, side: ClientSide, item: QueueItem) -> None:
@@ -132,7 +136,20 @@ class Sim:
         side.spawn(self._complete(side, item_id))
 
     async def _complete(self, side: ClientSide, item_id: str) -> None:
-        await side.queue.complete(item_id)
+        if not self.cfg.batch_completions:
+            await side.queue.complete(item_id)
+            return
+        batch = self._batches.setdefault(side.name, [])
+        batch.append(item_id)
+        if len(batch) > 1:
+            return  # the batch's first completion sends it
+        try:
+            await self.clock.sleep(500)
+        except asyncio.CancelledError:  # evicted: the batch is lost (reconciliation finds its items)
+            self._batches[side.name] = []
+            raise
+        self._batches[side.name] = []
+        await side.queue.complete_many(batch)
 
     def evict_one(self) -> None:
         """Evict the holder (40%) or a client object, counted in the stats."""

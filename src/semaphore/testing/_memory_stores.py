@@ -39,7 +39,11 @@ class MemoryStores:
 
     def use_in(self, queue: Any) -> None:
         """Make ``queue`` (a :class:`~semaphore.SemaphoreQueue` not used yet) and its client
-        keep their rows here."""
+        keep their rows here. Both must be new: used already, their schema step has told the
+        SQL stores where releases are recorded, and would not tell these (``RuntimeError``)."""
+        if queue._ready or queue.client._ready:
+            raise RuntimeError("MemoryStores.use_in: the queue or its client was used already; give the stores"
+                               " to a new one")
         queue._use_stores(self.rows, self.items, self.marks)
 
     def snapshot(self) -> tuple[Any, Any, Any]:
