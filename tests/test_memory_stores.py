@@ -167,10 +167,12 @@ def _faults_run(config: Config) -> tuple[list[Any], Any]:
     async def go() -> tuple[list[Any], Any]:
         sim = Sim(config)
         await sim.run()
-        await sim.final_checks()
+        checks = await sim.final_checks()
         for side in sim.sides:
             side.driver.kill()
-        assert not sim.violations, sim.violations
+        # every check but the list of items the queues still hold, which a purge shortens
+        problems = [p for p in checks["problems"] if config.retention_ms is None or not p.startswith("queued items")]
+        assert not problems, problems
         return sim.net.sent, dump(sim.holder.storage)
     return asyncio.run(go())
 

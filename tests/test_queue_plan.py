@@ -612,3 +612,25 @@ def test_r37_r35_a_completion_cancels_a_claim_finishes_a_waiting_item_and_releas
     assert plan.completion("running", "", "lease") is C.RECORD
     assert plan.completion("running", "tok", "lease") is C.RELEASE
     assert plan.completion("running", "tok", "grant") is C.RELEASE
+
+
+def test_completion_writes_group_a_batch_per_key_and_permit_with_each_permits_highest_release():
+    # R35, R37 (complete_many): per key one write of cancels and one of unrecorded finishes;
+    # per permit one write of recorded ones, each at that permit's own highest count.
+    C = plan.Completion
+    writes = plan.completion_writes([
+        plan.Completed("a", "k1", C.RECORD, "lease", "L", 3),
+        plan.Completed("b", "k1", C.FINISH, "", "", 0),
+        plan.Completed("c", "k1", C.RECORD, "grant", "L", 7),   # another kind, same id: its own write
+        plan.Completed("d", "k1", C.RECORD, "lease", "L", 5),
+        plan.Completed("e", "k1", C.CANCEL, "grant", "G", 0),
+        plan.Completed("f", "k2", C.RELEASE, "grant", "G", 0),  # released in the permit's row: nothing to record
+        plan.Completed("g", "k1", C.RECORD, "lease", "M", 1),
+        plan.Completed("h", "k2", C.CANCEL, "grant", "H", 0),
+        plan.Completed("i", "k1", C.FINISH, "", "", 0),
+        plan.Completed("j", "k1", C.RECORD, "lease", "L", 4),
+    ])
+    assert writes.cancels == {"k1": ["e"], "k2": ["h"]}
+    assert writes.finishes == [("k1", ["a", "d", "j"], 5), ("k1", ["b", "i"], 0), ("k1", ["c"], 7),
+                               ("k2", ["f"], 0), ("k1", ["g"], 1)]
+    assert plan.completion_writes([]) == plan.CompletionWrites({}, [])

@@ -95,8 +95,7 @@ class _QueueItemsPart(_QueueBase):
         purge folds into the permit's row, SPEC R35, is the highest an item of the permit
         records: the last of them, had each been completed on its own)."""
         keys: list[str | None] = []
-        cancels: dict[str, list[str]] = {}
-        finishes: dict[tuple[str, str, str], tuple[int, list[str]]] = {}  # (key, kind, id) -> (n, items)
+        completed: list[plan.Completed] = []
         found = self._items.find_many(item_ids) if len(item_ids) > 1 else {}  # one read, not one per item
         for item_id in item_ids:
             row = found.get(item_id) if len(item_ids) > 1 else self._items.find(item_id)
@@ -107,17 +106,14 @@ class _QueueItemsPart(_QueueBase):
                 continue
             key = str(row["key"])
             keys.append(key)
-            if action is plan.Completion.CANCEL:
-                cancels.setdefault(key, []).append(item_id)
-                continue
-            release_n = 0 if action is plan.Completion.FINISH else \
+            release_n = 0 if action in (plan.Completion.CANCEL, plan.Completion.FINISH) else \
                 self._release_permit(key, row, record=action is plan.Completion.RECORD)
-            group = (key, str(row["permit_kind"]), str(row["permit_id"])) if release_n else (key, "", "")
-            n, ids = finishes.get(group, (0, []))
-            finishes[group] = (max(n, release_n), [*ids, item_id])
-        for key, ids in cancels.items():
+            completed.append(plan.Completed(item_id, key, action, str(row["permit_kind"]), str(row["permit_id"]),
+                                            release_n))
+        writes = plan.completion_writes(completed)
+        for key, ids in writes.cancels.items():
             self._items.update(key, ids, {"cancel": 1})
-        for (key, _, _), (release_n, ids) in finishes.items():
+        for key, ids, release_n in writes.finishes:
             self._finish(key, ids, now, release_n=release_n)
         for key in dict.fromkeys(k for k in keys if k is not None):
             self._set_wake(key, now if wake_at is None else wake_at, earlier_only=True)

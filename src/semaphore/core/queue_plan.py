@@ -29,7 +29,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from .client_state import ClientGrant, ClientLease, KeyState
 from .wire import MAX_LIST_LENGTH, Blocked
@@ -42,7 +42,7 @@ __all__ = [
     "heartbeat_due", "plan_exchange", "next_wake", "covered_groups", "wants_round", "recheck_due",
     "room_check_due", "room_check_pending",
     "MAX_EXCHANGES", "Pause", "pause_after_exchanges", "retry_waits_for_holder", "permit_gone", "records_release",
-    "Completion", "completion", "work_exhausted",
+    "Completion", "completion", "Completed", "CompletionWrites", "completion_writes", "work_exhausted",
     "item_times", "admit_room", "demand_grew", "reconcile_due",
     "TryAnswer", "is_try", "try_answer", "refusal", "purge_due_before",
 ]
@@ -836,6 +836,46 @@ def completion(state: str | None, owner: str, permit_kind: str) -> Completion:
     if state != "running" or not permit_kind:
         return Completion.FINISH
     return Completion.RECORD if records_release(owner) else Completion.RELEASE
+
+
+class Completed(NamedTuple):
+    """One completed item, as :func:`completion_writes` groups it: its ``action``
+    (:class:`Completion`, not ``NOTHING``), its permit (``kind``, ``permit_id``; empty for none)
+    and the release it records (``release_n``; 0: none)."""
+
+    item_id: str
+    key: str
+    action: Completion
+    kind: str
+    permit_id: str
+    release_n: int
+
+
+class CompletionWrites(NamedTuple):
+    """The writes of a batch of completions (:func:`completion_writes`): per key, the items
+    whose claim is cancelled; and the finishes, each ``(key, item ids, release_n)``."""
+
+    cancels: dict[str, list[str]]
+    finishes: list[tuple[str, list[str], int]]
+
+
+def completion_writes(completed: Iterable[Completed]) -> CompletionWrites:
+    """SPEC R35, R37 decision (a batch of completions, ``complete_many``): the items are
+    written together, in order of first appearance. Per key, the cancelled claims in one
+    write, and the finished items that record no release in one; those that record one, per
+    permit in one, each recording the highest release of its permit in the batch (every read
+    and purge takes a permit's highest recorded count, the one its last item would have
+    recorded had each been completed alone; a permit's count never goes on another's items)."""
+    cancels: dict[str, list[str]] = {}
+    finishes: dict[tuple[str, str, str], tuple[int, list[str]]] = {}
+    for c in completed:
+        if c.action is Completion.CANCEL:
+            cancels.setdefault(c.key, []).append(c.item_id)
+        elif c.action is not Completion.NOTHING:
+            group = (c.key, c.kind, c.permit_id) if c.release_n else (c.key, "", "")
+            n, ids = finishes.get(group, (0, []))
+            finishes[group] = (max(n, c.release_n), [*ids, c.item_id])
+    return CompletionWrites(cancels, [(key, ids, n) for (key, _, _), (n, ids) in finishes.items()])
 
 
 def work_exhausted(attempts: int, work_attempts: int) -> bool:
