@@ -18,7 +18,7 @@ from semaphore import ItemState
 from semaphore.client._item_store import ITEMS
 from semaphore.client._queue_store import BLOCKED, PENDING, WAKEUPS
 from semaphore.client._store import GRANTS, KEYS, LEASES
-from semaphore.simulate.faults import Config, Sim
+from semaphore.simulate.faults import Config, Sim, Stats
 from semaphore.simulate.soak import SoakConfig, SoakSim
 from semaphore.testing import (
     T0,
@@ -74,10 +74,12 @@ def test_a_client_object_refuses_an_unknown_kind_of_stores():
         ClientSide("c1", SimClock(T0), lambda key, msg: asyncio.sleep(0), stores="redis")
 
 
-def test_memory_stores_go_to_a_new_queue_only():
-    # a used queue's schema step has told the SQL stores where releases are recorded, not these
+@pytest.mark.parametrize("used", ["queue", "client"])
+def test_memory_stores_go_to_a_new_queue_only(used: str):
+    # a used queue's (or client's) schema step has told the SQL stores where releases are
+    # recorded, not these
     side = ClientSide("c1", SimClock(T0), lambda key, msg: asyncio.sleep(0), on_admit=lambda _s, _i: None)
-    side.queue.ensure_schema()
+    (side.queue if used == "queue" else side.client).ensure_schema()
     with pytest.raises(RuntimeError, match="used already"):
         MemoryStores().use_in(side.queue)
     side.driver.close()
@@ -163,8 +165,8 @@ def test_memory_stores_snapshot_and_restore_all_three_twins():
     assert stores.items.before_delete == stores.rows.fold_releases  # wired as the queue wires SQL
 
 
-def _faults_run(config: Config) -> tuple[list[Any], Any]:
-    async def go() -> tuple[list[Any], Any]:
+def _faults_run(config: Config) -> tuple[list[Any], Any, Stats]:
+    async def go() -> tuple[list[Any], Any, Stats]:
         sim = Sim(config)
         await sim.run()
         checks = await sim.final_checks()
@@ -173,7 +175,7 @@ def _faults_run(config: Config) -> tuple[list[Any], Any]:
         # every check but the list of items the queues still hold, which a purge shortens
         problems = [p for p in checks["problems"] if config.retention_ms is None or not p.startswith("queued items")]
         assert not problems, problems
-        return sim.net.sent, dump(sim.holder.storage)
+        return sim.net.sent, dump(sim.holder.storage), sim.stats
     return asyncio.run(go())
 
 
@@ -194,14 +196,18 @@ def test_the_fault_simulation_sends_the_same_messages_over_the_twins_as_over_sql
     # R35, R37, I1-I4: evictions, lost/duplicated/reordered messages, lost completions; with
     # finished items kept (a day), or purged 10 s after (their recorded releases folded first;
     # longer than the simulation waits before it enqueues an item again, so no id is forgotten),
-    # or completed in batches (complete_many) and purged
+    # or completed in batches (complete_many: twice the items, enqueued within 5 s) and purged
     def config(stores: str) -> Config:  # a fresh config each: a run changes its own
-        return dataclasses.replace(FAULT_CONFIGS[name](seed), client_stores=stores,
-                                   retention_ms=None if variant == "kept" else 10_000,
-                                   batch_completions=variant == "batched")
+        config = dataclasses.replace(FAULT_CONFIGS[name](seed), client_stores=stores,
+                                     retention_ms=None if variant == "kept" else 10_000)
+        if variant == "batched":
+            config = dataclasses.replace(config, batch_completions=True, items=16, enqueue_window_ms=5000)
+        return config
 
     over_sql = _faults_run(config("sql"))
     over_memory = _faults_run(config("memory"))
+    if variant == "batched":
+        assert over_sql[2].multi_item_batches >= 1, over_sql[2]  # batches of several items were sent
     assert over_memory[0] == over_sql[0]  # every message, in order
     assert over_memory[1] == over_sql[1]  # and the holder's final rows
 

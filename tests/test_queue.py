@@ -675,8 +675,11 @@ async def test_r37_enqueue_many_splits_large_payloads_into_batches_and_keeps_the
     (["a", "b"], [1, float("nan")], "payloads[1]", "not strict JSON"),
     ([f"i{n}" for n in range(10_001)], None, "item_ids", "10001 items, over the 10000"),
     ([f"i{n}" for n in range(20)], ["x" * 900_000] * 20, "payloads", "16000000 bytes"),
+    (["a", "b\x00c"], [float("nan"), 1], "payloads[0]", "not strict JSON"),
+    (["a\x00", "b"], [1, float("nan")], "item_ids[0]", "control character"),
 ], ids=["a string", "an id twice", "an id outside the alphabet", "payloads of another length",
-        "payloads a string", "payloads a set", "a payload not JSON", "over 10,000 items", "over 16 MB of payloads"])
+        "payloads a string", "payloads a set", "a payload not JSON", "over 10,000 items", "over 16 MB of payloads",
+        "the first fault named: a payload before a later id", "the first fault named: an id before its payload"])
 @async_test
 async def test_r37_enqueue_many_refuses_a_bad_batch_naming_the_field_and_writes_nothing(item_ids, payloads, field,
                                                                                         words):

@@ -164,10 +164,15 @@ async def test_a_partial_batch_over_several_permits_releases_exactly_its_items(l
     assert _released_by_permit(s.side) == expected
 
 
+@pytest.mark.parametrize("evicted", [False, True], ids=["alive", "evicted at once"])
 @async_test
-async def test_complete_many_over_two_keys_pumps_both_at_once():
+async def test_complete_many_over_two_keys_pumps_both_at_once(evicted):
     # R37 (wake-ups), R34a: every key of the batch is pumped by this instance at once, so each
-    # holder gets its releases now, not at the key's fallback wake-up.
+    # holder gets its releases now, not at the key's fallback wake-up; and each key's durable
+    # wake-up is due within the fallback (KICK_FALLBACK_MS), so an instance that dies before
+    # its pumps ran leaves both to the next one then.
+    from semaphore.client._queue_pump import KICK_FALLBACK_MS
+
     clock = SimClock(T0)
     holders = {k: HolderSide(clock, limit=10) for k in ("k1", "k2")}  # the default leases: an idle one goes back at once
     nets = {k: Net(h, clock) for k, h in holders.items()}
@@ -187,7 +192,11 @@ async def test_complete_many_over_two_keys_pumps_both_at_once():
     await clock.advance(3000)
     assert {k: h.charged()[0] for k, h in holders.items()} == {"k1": 2, "k2": 2}
     assert await side.queue.complete_many(["a", "x0", "b", "x1"]) == [True] * 4
-    await clock.advance(1000)  # well before the 10 s fallback wake-up
+    if evicted:
+        side.evict()  # its background pumps die with it
+        await clock.advance(KICK_FALLBACK_MS + 2000)
+    else:
+        await clock.advance(1000)  # well before the fallback wake-up
     assert {k: h.charged()[0] for k, h in holders.items()} == {"k1": 0, "k2": 0}
     side.driver.close()
     for h in holders.values():
@@ -282,3 +291,32 @@ async def test_a_batch_on_a_new_instance_reads_its_items_together():
     before = s.side.storage.statements
     assert await s.side.queue.complete_many(ids) == [True] * 100
     assert s.side.storage.statements - before <= 15, s.side.storage.statements - before
+
+
+@async_test
+async def test_a_batch_purged_before_any_report_is_folded_into_its_permits_row():
+    # R35: the holder unreachable, nothing writes the lease's row after the batch; a new
+    # instance's purge of the finished items folds their highest recorded release into it.
+    from semaphore import HolderUnavailableError
+    from semaphore.client._store import LEASES
+
+    def unreachable(key: str, message: dict[str, Any]) -> None:
+        raise HolderUnavailableError("down")
+
+    s = Setup()
+    ids = [f"i{n:02}" for n in range(30)]
+    await s.admit(ids)
+    await s.side.queue.complete("i00")  # the lease's row has something to report: the rest record
+    s.side.transport.intercept = unreachable
+    await s.side.queue.complete_many(ids[1:])
+    s.side.evict()
+
+    def stored() -> list[int]:  # the row's own column, as SQL holds it
+        return [int(r["released"]) for r in s.side.storage.sql.exec(f"SELECT released FROM {LEASES}")]
+
+    assert stored()[0] < 30
+    s.side.queue.retention_ms = 16
+    await s.clock.advance(100)
+    await s.side.queue.pump(KEY)
+    assert s.side.queue.item("i05") is None  # purged
+    assert stored() == [30]

@@ -6,13 +6,14 @@ way, as ``test_readme_worker.py`` does): a holder whose ``limit`` is a callable 
 application changes through an RPC method that does NOT call ``start_round()``, with waiting
 requests on (``hold_blocked_ms``; each client object's queue ``request_wait_ms``), both 60 s.
 
-Two exports under a limit of 1: the first holds its permit for 30 s, so the second's request is
+Two exports under a limit of 1: the first holds its permit for 150 s, so the second's request is
 held open at the holder. The limit is then raised to 2. The holder's own check (an asyncio task
 of the Durable Object, every ``round_period_ms``) finds the rise and starts the round that serves
 the held request, so the second export finishes while the first one still runs. Without the check
-the held request would wait for the first export's release (30 s) or its 60 s deadline. The order
-of the two events decides, not a timing bound, so a loaded machine cannot fail it; the first
-export's own answer is not waited for.
+the held request would wait for the first export's release (150 s) or its 60 s deadline. The order
+of the two events decides (the rise must serve the second export within the first one's 150 s,
+which only a machine stalled for minutes could miss); the first export's own answer is not
+waited for.
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ def test_a_raised_limit_serves_a_held_request_without_start_round(workerd_runtim
 
         pool = ThreadPoolExecutor(2)
         try:
-            first = pool.submit(export, "first", 30)
+            first = pool.submit(export, "first", 150)
             rounds_seen = 0
             while rounds_seen < 1 and not first.done():  # the first export holds the one permit
                 rounds_seen = len(ROUND_LINE.findall(front.proc.logs))
@@ -140,7 +141,7 @@ def test_a_raised_limit_serves_a_held_request_without_start_round(workerd_runtim
             assert not second.done() and not first.done(), (second.done(), first.done())
             assert front.proc.request("/limit/acme/2", method="PUT", timeout=60) == (200, b"2")
             answer = second.result()
-            # The first export still holds its permit (for 30 s): the held request was served by
+            # The first export still holds its permit (for 150 s): the held request was served by
             # the rise, not by its release. Its own answer is not waited for: workerd stops here.
             assert not first.done(), first.result()
             logs = front.proc.logs

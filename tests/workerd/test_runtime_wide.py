@@ -1069,8 +1069,11 @@ def test_queue_item_sql_on_durable_object_sqlite_matches_cpython(workerd_bin, tm
         both(lambda s: s.update(key, [ids[6]], {"state": "done", "finished_at": 8, "release_n": 1,
                                                 "done_pending": DonePending(True)}))
         both(lambda s: s.update(key, [ids[0]], {"done_pending": 0}))
-        both(lambda s: s.purge_done(8))  # ids[0]: finished at 7, its hook ran; ids[1]'s is pending
-        # ids[0]'s release (2 of lease l'1) folded into the lease's row before it was deleted
+        both(lambda s: s.insert_new(new("r1", key)))
+        both(lambda s: s.update(key, ["r1"], {"state": "done", "finished_at": 7, "permit_kind": "lease",
+                                              "permit_id": "l'1", "release_n": 1, "done_pending": DonePending(False)}))
+        both(lambda s: s.purge_done(8))  # ids[0] and r1: finished at 7, no hook pending; ids[1]'s is pending
+        # the highest release they record of lease l'1 (2, not r1's 1) folded into its row before they went
         assert storages[0].exec("SELECT lease_id, released FROM durability_semaphore_client_leases") \
             == [{"lease_id": "l'1", "released": 2}]
         both(lambda s: s.delete_done_permits(key))  # ids[5] (no release recorded), not ids[6]

@@ -48,8 +48,8 @@ class Config:
     client_stores: str = "sql"
     #: The queues' ``retention_ms`` (``None``: the queue's default, a day: nothing is purged).
     retention_ms: int | None = None
-    #: Completions that arrive within 500 ms of each other at one client object go in one
-    #: ``complete_many()`` call (an eviction meanwhile loses them, as a lost completion).
+    #: Completions that arrive at one client object within 2 s of the first of them go in one
+    #: ``complete_many()`` call (an eviction meanwhile loses them, counted as lost completions).
     batch_completions: bool = False
 
 
@@ -63,6 +63,9 @@ class Stats:
     max_running: int = 0
     lease_runs: int = 0
     grant_runs: int = 0
+    #: ``batch_completions``: ``complete_many()`` calls, and those of more than one item.
+    batches: int = 0
+    multi_item_batches: int = 0
     net: dict[str, int] = field(default_factory=dict)
 
 
@@ -144,12 +147,19 @@ class Sim:
         if len(batch) > 1:
             return  # the batch's first completion sends it
         try:
-            await self.clock.sleep(500)
+            await self.clock.sleep(2000)
         except asyncio.CancelledError:  # evicted: the batch is lost (reconciliation finds its items)
             self._batches[side.name] = []
+            self.stats.lost_completions += len(batch)
             raise
         self._batches[side.name] = []
-        await side.queue.complete_many(batch)
+        live = [i for i in batch if (item := side.queue.item(i)) is not None and item.state is not ItemState.DONE]
+        done = await side.queue.complete_many(batch)
+        self.stats.batches += 1
+        self.stats.multi_item_batches += len(batch) > 1
+        refused = [i for i, ok in zip(batch, done) if i in live and not ok]
+        if refused:  # read and completed in one step: nothing could finish them in between
+            self.violations.append(f"complete_many refused items that were not done: {refused}")
 
     def evict_one(self) -> None:
         """Evict the holder (40%) or a client object, counted in the stats."""
