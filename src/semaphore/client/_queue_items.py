@@ -123,8 +123,8 @@ class _QueueItemsPart(_QueueBase):
         """Mark the items done (inside the caller's transaction; the caller wakes the key). With
         ``on_done`` their hooks are only recorded as pending, due at once: each runs later in a
         transaction of its own (:meth:`_run_done_hook`), never in this shared step, so a failing
-        hook cannot roll back the key's admissions or replies. ``release_n``: the release of
-        their (one) permit they record (:meth:`_release_permit`)."""
+        hook cannot roll back the key's admissions or replies. ``release_n``: the released count
+        of their (one) permit that they record (:meth:`_release_permit`)."""
         if not item_ids:
             return
         rows = [self._items.row(key, item_id) for item_id in item_ids]
