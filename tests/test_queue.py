@@ -12,6 +12,7 @@ import pytest
 
 from semaphore import ConfigurationError, HolderUnavailableError, ItemState, PermitKind, QueueItem
 from semaphore.testing import T0, ClientSide, HolderSide, Net, SimClock, async_test
+from sql_counting import statements
 
 KEY = "acct"
 LEASES = {"provisioning": {"mode": "strict"}, "permitsPerLease": 2, "ttlMs": 20_000}
@@ -600,23 +601,9 @@ async def test_r37_callbacks_that_returned_are_not_called_again_when_a_later_one
     assert calls.count("i1") == 1 and calls.count("i2") == 2 and calls.count("i3") == 1, calls
 
 
-@contextlib.contextmanager
-def item_inserts(side: ClientSide) -> Iterator[list[str]]:
+def item_inserts(side: ClientSide) -> contextlib.AbstractContextManager[list[str]]:
     """The INSERT statements into the items table ``side``'s storage runs meanwhile."""
-    statements: list[str] = []
-    sql = side.storage.sql
-    inner = sql.exec
-
-    def counted(query: str, *bindings: Any) -> Any:
-        if query.lstrip().upper().startswith("INSERT INTO DURABILITY_SEMAPHORE_CLIENT_ITEMS"):
-            statements.append(query)
-        return inner(query, *bindings)
-
-    sql.exec = counted  # type: ignore[method-assign]
-    try:
-        yield statements
-    finally:
-        sql.exec = inner  # type: ignore[method-assign]
+    return statements(side, "INSERT INTO durability_semaphore_client_items")
 
 
 @async_test

@@ -6,13 +6,13 @@ holder gets back, also after an eviction and after a purge; a bad batch is refus
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from semaphore import ConfigurationError, ItemState, QueueItem
 from semaphore.testing import T0, ClientSide, HolderSide, Net, SimClock, async_test
+from sql_counting import statements
 
 KEY = "acct"
 
@@ -38,23 +38,9 @@ class Setup:
         await self.run_until(lambda: len({i.item_id for i in self.admitted}) == len(ids), 30_000)
 
 
-@contextlib.contextmanager
-def item_updates(side: ClientSide) -> Iterator[list[str]]:
+def item_updates(side: ClientSide) -> contextlib.AbstractContextManager[list[str]]:
     """The UPDATE statements of the items table ``side``'s storage runs meanwhile."""
-    statements: list[str] = []
-    sql = side.storage.sql
-    inner = sql.exec
-
-    def counted(query: str, *bindings: Any) -> Any:
-        if query.lstrip().upper().startswith("UPDATE DURABILITY_SEMAPHORE_CLIENT_ITEMS"):
-            statements.append(query)
-        return inner(query, *bindings)
-
-    sql.exec = counted  # type: ignore[method-assign]
-    try:
-        yield statements
-    finally:
-        sql.exec = inner  # type: ignore[method-assign]
+    return statements(side, "UPDATE durability_semaphore_client_items")
 
 
 @pytest.mark.parametrize("leases", ["default", "none"])
