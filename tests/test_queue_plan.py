@@ -634,3 +634,15 @@ def test_completion_writes_group_a_batch_per_key_and_permit_with_each_permits_hi
     assert writes.finishes == [("k1", ["a", "d", "j"], 5), ("k1", ["b", "i"], 0), ("k1", ["c"], 7),
                                ("k2", ["f"], 0), ("k1", ["g"], 1)]
     assert plan.completion_writes([]) == plan.CompletionWrites({}, [])
+
+
+def test_a_lease_returns_capacity_only_when_a_release_or_stop_is_unreported():
+    # R19, R30, R34a: a one-shot lease whose new draws are unreported frees nothing at the
+    # holder (so no report is hurried for them); an unreported release or stop does; a live
+    # reusable lease's release frees nothing (its footprint is every slot).
+    drawn = replace(lease(drawn=1, released=1), drawn=3)  # two more drawn, nothing more released
+    assert drawn.dirty and not drawn.returns_capacity
+    assert replace(lease(drawn=3, released=1), released=2).returns_capacity
+    assert replace(lease(drawn=3, released=3), stopped=True).returns_capacity
+    assert not replace(lease(drawn=3, released=1), released=2, reusable=True).returns_capacity
+    assert replace(lease(drawn=3, released=1), released=2, reusable=True, stopped=True).returns_capacity
