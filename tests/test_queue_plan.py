@@ -646,3 +646,21 @@ def test_a_lease_returns_capacity_only_when_a_release_or_stop_is_unreported():
     assert replace(lease(drawn=3, released=3), stopped=True).returns_capacity
     assert not replace(lease(drawn=3, released=1), released=2, reusable=True).returns_capacity
     assert replace(lease(drawn=3, released=1), released=2, reusable=True, stopped=True).returns_capacity
+
+
+def test_r31_r33_r34a_a_lease_merge_keeps_what_the_reply_does_not_change():
+    # R31: a reply that does not extend the lease (the same expiry) keeps its heartbeat; R33:
+    # only a lease retired by this reply is reported newly retired; R34a: its slots are reused
+    # only while the holder says so (a reply without the flag ends the reuse).
+    local = replace(lease(permits=4, drawn=2, released=1, heartbeat_at=NOW + 5_000), reusable=True)
+    same = LeaseState("l1", "g", 4, 2, 1, local.expires_at, LeaseStatus.LIVE, reusable=True)
+    merged = merge_lease(KEY, local, same, NOW)
+    assert merged.row is not None and merged.row.heartbeat_at == NOW + 5_000 and merged.row.reusable
+    assert not merged.retired
+    one_shot = merge_lease(KEY, replace(local, reusable=False), replace(same, reusable=False), NOW).row
+    assert one_shot is not None and one_shot.heartbeat_at == NOW + 5_000
+    flagless = merge_lease(KEY, local, replace(same, reusable=False), NOW).row
+    assert flagless is not None and not flagless.reusable
+    once = merge_lease(KEY, local, replace(same, status=LeaseStatus.RETIRED), NOW)
+    assert once.retired and once.row is not None
+    assert not merge_lease(KEY, once.row, replace(same, status=LeaseStatus.RETIRED), NOW).retired
