@@ -94,6 +94,7 @@ from semaphore import (
     ConfigurationError,
     DurabilityScheduler,
     DurabilitySemaphore,
+    InvalidMessageError,
     ItemState,
     LeaseConfig,
     QueueItem,
@@ -103,6 +104,7 @@ from semaphore import (
     timeout,
 )
 from semaphore.client._queue import QUEUE_TABLES
+from semaphore.core import json_text
 from semaphore.core.wire import MAX_INT, id_problem
 from semaphore.holder._observe import RoundRecord
 from semaphore.holder._store import TABLES as HOLDER_TABLES
@@ -333,30 +335,12 @@ def json_depth(value: Any) -> int:
     return deepest
 
 
-#: A JSON string literal (unrolled: no backtracking per character) and a bracket outside one.
-#: A string that does not end (no closing quote, perhaps a lone backslash last) runs to the end
-#: of the text: a match from an opening quote always succeeds, so ``re.sub`` reads each character
-#: once (linear). Without that, it failed from such a quote and was retried from every later one:
-#: ``'"' + '\\"' * n`` cost O(n**2). Such a text is not JSON, and ``json.loads`` refuses it.
-_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
-_JSON_BRACKET = re.compile(r"[\[\]{}]")
-
-
 def text_too_deep(text: str) -> bool:
-    """Whether the JSON ``text`` nests arrays and objects deeper than :data:`MAX_JSON_DEPTH`,
-    read from its brackets outside string literals, before any parser sees it. The check must
-    come first: ``json.loads`` recurses once per level, and in Pyodide a deep enough text
-    overflows the WebAssembly stack, a fatal error of the whole isolate, before Python's
-    recursion limit could raise ``RecursionError``."""
-    depth = 0
-    for bracket in _JSON_BRACKET.finditer(_JSON_STRING.sub("", text)):
-        if bracket.group() in "[{":
-            depth += 1
-            if depth > MAX_JSON_DEPTH:
-                return True
-        else:
-            depth -= 1
-    return False
+    """Whether the JSON ``text`` nests arrays and objects deeper than :data:`MAX_JSON_DEPTH`
+    (:func:`semaphore.core.json_text.too_deep`: read from its brackets outside string literals,
+    before any parser sees it; in Pyodide a deep enough text overflows the WebAssembly stack in
+    ``json.loads``, a fatal error of the whole isolate)."""
+    return json_text.too_deep(text, MAX_JSON_DEPTH)
 
 
 def parse_json(text: str) -> Any:
@@ -556,14 +540,24 @@ class AccountLimit(DurableObject):
         return self.default_limit if self._override is None else self._override
 
     # -- RPC methods -----------------------------------------------------------------------
-    async def permits(self, message: Any) -> dict[str, Any]:
-        """The semaphore's wire endpoint (requests and syncs from client objects)."""
-        if self.config_error is not None:
-            return self.config_error
-        kind = message_type(message)
-        self._messages[kind] += 1
+    async def permits(self, message: Any) -> dict[str, Any] | str:
+        """The semaphore's wire endpoint (requests and syncs from client objects, and the
+        front's ``POST .../permits``): a message as JSON text (what the client helper and the
+        front send) is answered with the JSON text of the reply (SPEC R7 "JSON text"), a dict
+        with a dict."""
+        reply = self.config_error if self.config_error is not None else await self._permits(message)
+        return json_text.encode(reply) if isinstance(message, str) else reply
+
+    async def _permits(self, message: Any) -> dict[str, Any]:
+        if isinstance(message, str):  # decoded here (as handle() would) so the tally reads its type
+            try:
+                message = json_text.decode_message(message)
+            except InvalidMessageError as exc:
+                self._messages["other"] += 1
+                return exc.to_wire()
+        self._messages[message_type(message)] += 1
         reply = await self.semaphore.handle(message)
-        if not (isinstance(reply, dict) and "error" in reply):
+        if "error" not in reply:
             await self._register()
         return reply
 
@@ -1771,8 +1765,11 @@ class Default(WorkerEntrypoint):
         to inspect a client's grants with a ``sync``. Admin only."""
         require_admin(request, self.env)
         body = await read_json(request)
-        result = checked(await holder(self.env, account).permits(body))
+        # As JSON text both ways (SPEC R7 "JSON text"): one string each way across the RPC, and
+        # the reply's text is the response body as it came.
+        text = str(await holder(self.env, account).permits(json_text.encode(body)))
+        result = checked(json.loads(text))
         error = result.get("error") if isinstance(result, dict) else None
         if isinstance(error, dict):  # an error value (SPEC R7): not a 200
             return json_response(result, 400 if error.get("code") == "invalid_message" else 503)
-        return json_response(result)
+        return Response(text, status=200, headers={"content-type": "application/json"})

@@ -31,6 +31,7 @@ from urllib.parse import urlparse
 
 import pytest
 
+from semaphore.core import json_text
 from semaphore.testing import LocalContext
 
 TOKEN = "s3cret"
@@ -499,6 +500,13 @@ def test_ping_is_a_no_op_for_the_admin_that_creates_nothing(entry):
         await holder.permits({"type": "sync", "v": 1, "clientId": "c", "grants": []})
         await holder.permits({"type": "nonsense"})
         assert (await holder.ping())["instance"]["messages"] == {"request": 0, "sync": 1, "other": 1}
+        # As JSON text (what the client helper and the front send, SPEC R7 "JSON text"): answered
+        # as text, tallied by the type it holds; text that is not JSON is "other", answered as text.
+        answer = await holder.permits('{"type": "sync", "v": 1, "clientId": "c", "grants": []}')
+        assert isinstance(answer, str) and json.loads(answer)["grants"] == [], answer
+        refused = await holder.permits("{not json")
+        assert isinstance(refused, str) and json.loads(refused)["error"]["code"] == "invalid_message", refused
+        assert (await holder.ping())["instance"]["messages"] == {"request": 0, "sync": 2, "other": 2}
 
     run(scenario())
     assert world.env.ACCOUNT_LIMIT.contexts["ghost"].storage.alarm is None
@@ -617,8 +625,9 @@ def test_a_job_completed_while_claiming_is_forgotten_by_the_directory(entry, mon
         lost = []
 
         async def flaky(message):  # the holder is unavailable for the claim-confirming sync
-            if message.get("type") == "sync" and not lost:
-                lost.append(message)
+            sent = json.loads(message)  # the client helper sends JSON text (SPEC §3)
+            if sent.get("type") == "sync" and not lost:
+                lost.append(sent)
                 raise RuntimeError("holder unavailable")
             return await real(message)
 
@@ -841,7 +850,7 @@ def test_the_depth_scan_matches_an_unterminated_string_to_the_end_so_it_is_linea
     # old pattern had no match from such a quote, so re.sub retried from every later quote:
     # O(n**2), 32 KB cost ~5 s of CPU. One match spanning the text is what makes the scan linear
     # (each character read once); checked structurally, not with a clock.
-    pattern = entry._JSON_STRING
+    pattern = json_text._JSON_STRING  # the library's scan, which the front uses
     for prefix, tail in (("", '"' + '\\"' * 20_000), ('{"id": ', '"' + '\\"' * 20_000), ("[", '"abc'),
                          ("[", '"abc\\'), ('{"a": "b", "c": ', '"' + '\\"[{' * 5_000)):
         text = prefix + tail
@@ -1325,5 +1334,24 @@ def test_the_scheduler_route_shows_the_holders_alarm_and_what_is_due(entry):
         assert status == 200 and body["due"] == {entry.JOB_PRUNE_TIMER: done_at + 1000}, body
         assert body["alarm"] == done_at + 1000 and body["now"] >= done_at, body
         assert (await world.fetch("GET", "/accounts/a/scheduler"))[0] == 401
+
+    run(scenario())
+
+
+def test_the_permits_route_answers_the_holders_reply_and_its_error_values(entry):
+    # POST /accounts/{a}/permits sends the body to the holder as JSON text and answers the text it
+    # gets (SPEC R7 "JSON text"): 200 with the reply, 400 with the holder's invalid_message.
+    world = World(entry, ROUND_WAIT_MS="0", ROUND_PERIOD_MS="0")
+
+    async def scenario():
+        message = {"type": "request", "v": 1, "clientId": "c", "grants": [],
+                   "demand": [{"group": "g", "count": 2, "oldestAt": 1}]}
+        status, body = await world.fetch("POST", "/accounts/a/permits", message, headers=AUTH)
+        assert status == 200 and [g["permits"] for g in body["grants"]] == [2], body
+        status, body = await world.fetch("POST", "/accounts/a/permits", {**message, "v": 2}, headers=AUTH)
+        assert status == 400 and body["error"]["code"] == "invalid_message" and body["error"]["field"] == "v", body
+        status, body = await world.fetch("POST", "/accounts/a/permits", {"type": "sync", "v": 1, "clientId": "c",
+                                                                          "grants": []}, headers=AUTH)
+        assert status == 200 and [g["permits"] for g in body["grants"]] == [2], body
 
     run(scenario())

@@ -6,6 +6,7 @@ stub whose ``permits`` coroutine forwards to a real holder); the helper itself i
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -94,9 +95,9 @@ async def test_request_resolves_the_holder_by_name():
     assert env.resolved == ["acct-1"] and env.calls[0][0] == "acct-1"
     assert reply["v"] == 1 and reply["grants"] == []
     assert isinstance(limits, SemaphoreRpc)
-    # a typed message is sent as its wire dict
+    # a typed message is sent as its wire dict, as JSON text (SPEC R7 "JSON text")
     await limits.request(env, "acct-1", PermitRequest("c1"))
-    assert isinstance(env.calls[-1][1], dict) and env.calls[-1][1]["type"] == "request"
+    assert isinstance(env.calls[-1][1], str) and json.loads(env.calls[-1][1])["type"] == "request"
 
 
 @async_test
@@ -335,3 +336,77 @@ async def test_helper_as_the_transport_of_a_client():
     env.fail = True
     with pytest.raises(HolderUnavailableError):
         await client.sync("acct")
+
+
+class ObjectsOnlyHolder:
+    """A holder of a release before JSON text (SPEC §3): its ``handle`` takes only objects, so a
+    message given as text is its ``invalid_message`` error of field ``""``, as an object."""
+
+    def __init__(self, env: Env, name: str) -> None:
+        self.env, self.name = env, name
+
+    async def permits(self, message: Any) -> Any:
+        self.env.calls.append((self.name, message))
+        if isinstance(message, str):
+            return InvalidMessageError("", "message must be an object, got a str").to_wire()
+        return await self.env.holders[self.name].handle(message)
+
+
+@async_test
+async def test_messages_cross_the_rpc_as_json_text_answered_as_text():
+    # SPEC R7 "JSON text": by default the helper sends each message as the JSON text of its wire
+    # dict; the holder's handle() answers text, which the helper decodes to the same reply dict
+    # that the object path gives.
+    env = Env(VirtualClock(T0))
+    env.holder("a")
+    replies: list[Any] = []
+    helper = DurabilitySemaphore.client(binding="ACCOUNT_LIMIT", invoke=lambda stub, m: recorded(stub.permits(m)))
+
+    async def recorded(call: Any) -> Any:
+        replies.append(await call)
+        return replies[-1]
+
+    reply = await helper.request(env, "a", message("c1", 2))
+    assert isinstance(env.calls[-1][1], str) and json.loads(env.calls[-1][1]) == message("c1", 2)
+    assert isinstance(replies[-1], str) and json.loads(replies[-1]) == reply
+    assert [g["permits"] for g in reply["grants"]] == [2], reply
+    as_objects = DurabilitySemaphore.client(binding="ACCOUNT_LIMIT", invoke=lambda stub, m: recorded(stub.permits(m)),
+                                            encoding="object")
+    again = await as_objects.request(env, "a", sync("c1"))
+    assert env.calls[-1][1] == sync("c1") and isinstance(replies[-1], dict)
+    assert again["grants"] == reply["grants"]
+    with pytest.raises(ConfigurationError) as err:
+        DurabilitySemaphore.client(binding="ACCOUNT_LIMIT", invoke="permits", encoding="json")  # type: ignore[arg-type]
+    assert err.value.field == "encoding"
+    assert limits.with_(retry(2)).encoding == "text" and as_objects.with_(retry(2)).encoding == "object"
+
+
+@async_test
+async def test_a_holder_that_takes_only_objects_is_sent_objects_from_its_first_answer_on():
+    # SPEC R7 "JSON text": a holder of an earlier release refuses a text message (invalid_message
+    # of the message itself, nothing written, I5); the helper sends that message again as an
+    # object and every later one as objects, so such a holder costs one extra call per transport.
+    env = Env(VirtualClock(T0))
+    env.holder("a")
+    env.ACCOUNT_LIMIT.getByName = lambda name: ObjectsOnlyHolder(env, name)
+    call = limits.call(env)
+    reply = await call("a", message("c1", 1))
+    assert [type(m) for _, m in env.calls] == [str, dict] and [g["permits"] for g in reply["grants"]] == [1]
+    await call("a", sync("c1"))
+    assert [type(m) for _, m in env.calls] == [str, dict, dict]
+    # A holder that takes text and refuses a message for what it holds is not taken for an old one.
+    env.ACCOUNT_LIMIT = Namespace(env)
+    with pytest.raises(InvalidMessageError) as info:
+        await limits.request(env, "a", {"type": "sync", "v": 1, "clientId": "", "grants": []})
+    assert info.value.field == "clientId" and all(isinstance(m, str) for _, m in env.calls[3:]), env.calls[3:]
+
+
+@async_test
+async def test_a_text_answer_that_is_not_json_is_not_a_holders_reply():
+    # A method that answers text that is not JSON is misconfigured (invoke= calls the wrong
+    # method): a ConfigurationError naming invoke, never retried as if the holder were down.
+    env = Env(VirtualClock(T0))
+    helper = DurabilitySemaphore.client(binding="ACCOUNT_LIMIT", invoke=lambda stub, m: "pong").with_(retry(3))
+    with pytest.raises(ConfigurationError) as err:
+        await helper.request(env, "a", sync())
+    assert err.value.field == "invoke" and "env.ACCOUNT_LIMIT" in str(err.value), err.value

@@ -17,7 +17,10 @@ Python shape of the original's ``DurabilitySemaphore.client({...})``::
   no snake_case name for it). ``namespace=`` is the escape hatch when there is no binding name:
   a namespace object, or a callable ``env -> namespace``.
 * ``invoke(stub, message)`` calls the RPC method the application chose (a method *name* string
-  works too). Messages are sent as plain dicts, positionally.
+  works too). Messages are sent positionally, as the JSON text of their wire dict (the
+  default ``encoding="text"``: the holder's ``handle`` answers text, SPEC R7 "JSON text"; a
+  holder of a release before it refuses text, and is sent dicts from then on) or as the dicts
+  (``encoding="object"``).
 * A reply that is not a plain dict (a ``JsProxy``) is converted with :func:`runtime.plain`; an
   error value (``{"v": 1, "error": ...}``) raises its typed exception (:mod:`semaphore.errors`);
   an exception from the RPC itself (``JsException`` in the runtime: its type is lost) becomes
@@ -36,12 +39,14 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from .clock import sleep_until, system_clock
+from .core import json_text
 from .core.wire import PermitRequest, SyncMessage
 from .errors import (
     ConfigurationError,
@@ -66,8 +71,11 @@ __all__ = [
 Call = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
 #: A caller transform: wraps a :data:`Call` into another.
 Transform = Callable[[Call], Call]
-#: ``(stub, message) -> reply`` (sync or awaitable), or the name of the stub's RPC method.
-Invoke = str | Callable[[Any, dict[str, Any]], Any]
+#: ``(stub, message) -> reply`` (sync or awaitable), or the name of the stub's RPC method. The
+#: message is the JSON text of the wire dict (``encoding="text"``, the default) or the dict.
+Invoke = str | Callable[[Any, Any], Any]
+#: How a message crosses the RPC (:attr:`SemaphoreRpc.encoding`).
+Encoding = Literal["text", "object"]
 
 
 def get_by_name(namespace: Any, name: str) -> Any:
@@ -121,6 +129,17 @@ def misconfiguration(exc: BaseException, stub: Any, where: str) -> Configuration
     return None
 
 
+def objects_only(reply: Any) -> bool:
+    """Whether ``reply``, the answer to a message sent as JSON text, says the holder takes only
+    objects: the ``invalid_message`` error of field ``""`` (the message itself) that a holder
+    of a release before JSON text (SPEC §3) answers to a string, as an object. A holder that
+    takes text answers text, its errors too."""
+    if not isinstance(reply, dict):
+        return False
+    error = reply.get("error")
+    return isinstance(error, dict) and error.get("code") == "invalid_message" and not error.get("field")
+
+
 def _foreign_reply(reply: Any, where: str) -> ConfigurationError:
     """The :class:`ConfigurationError` of a ``reply`` that is not a holder's (every reply and error
     value of ``DurabilitySemaphore.handle`` is an object with ``"v"``)."""
@@ -138,6 +157,10 @@ class SemaphoreRpc:
     binding: str | None = None
     namespace: Any = None
     transforms: tuple[Transform, ...] = ()
+    #: How messages cross the RPC: ``"text"`` (the default), as their JSON text, answered as
+    #: text by a holder that takes it and sent again as an object to one that does not (SPEC
+    #: R7 "JSON text"); ``"object"``: as plain dicts, converted field by field by the runtime.
+    encoding: Encoding = "text"
 
     def with_(self, *transforms: Transform) -> SemaphoreRpc:
         """A helper whose calls also go through ``transforms`` (first = outermost; transforms
@@ -145,7 +168,8 @@ class SemaphoreRpc:
         for t in transforms:
             if not callable(t):
                 raise ConfigurationError(f"transform {t!r} is not callable", field="transforms")
-        return SemaphoreRpc(self.invoke, self.binding, self.namespace, self.transforms + tuple(transforms))
+        return SemaphoreRpc(self.invoke, self.binding, self.namespace, self.transforms + tuple(transforms),
+                            self.encoding)
 
     def resolve_namespace(self, env: Any) -> Any:
         """The Durable Object namespace of the holder class in ``env``. Raises
@@ -182,8 +206,11 @@ class SemaphoreRpc:
         permit."""
         namespace = self.resolve_namespace(env)
         where = f"env.{self.binding}" if self.binding is not None else "namespace="
+        # SPEC R7 "JSON text": messages go as JSON text until a holder shows it takes only
+        # objects (then objects, for every later call of this transport).
+        as_text = [self.encoding == "text"]
 
-        async def rpc(key: str, message: dict[str, Any]) -> dict[str, Any]:
+        async def send(key: str, message: Any) -> Any:
             stub = None
             try:
                 stub = get_by_name(namespace, key)
@@ -202,7 +229,21 @@ class SemaphoreRpc:
                 if wrong is not None:
                     raise wrong from exc
                 raise HolderUnavailableError(f"RPC to holder {key!r} failed: {exc}") from exc
-            reply = plain(result)
+            return plain(result)
+
+        async def rpc(key: str, message: dict[str, Any]) -> dict[str, Any]:
+            if as_text[0]:
+                reply = await send(key, json_text.encode(message))
+                if isinstance(reply, str):
+                    try:
+                        reply = json.loads(reply)
+                    except ValueError:
+                        raise _foreign_reply(reply, f"{where} (holder {key!r})") from None
+                elif objects_only(reply):
+                    as_text[0] = False  # a holder of a release before JSON text: objects from now on
+                    reply = await send(key, message)
+            else:
+                reply = await send(key, message)
             if not isinstance(reply, dict) or "v" not in reply:
                 raise _foreign_reply(reply, f"{where} (holder {key!r})")
             error = error_from_reply(reply)
@@ -237,6 +278,7 @@ def client(
     invoke: Invoke,
     namespace: Any = None,
     transforms: tuple[Transform, ...] = (),
+    encoding: Encoding = "text",
 ) -> SemaphoreRpc:
     """``DurabilitySemaphore.client(binding=..., invoke=...)``: the client helper (SPEC R36).
 
@@ -246,13 +288,19 @@ def client(
     :param namespace: escape hatch instead of ``binding``: the namespace object itself, or a
         callable ``env -> namespace``.
     :param transforms: initial transforms (see :meth:`SemaphoreRpc.with_`).
+    :param encoding: ``"text"`` (default): each message crosses the RPC as its JSON text and a
+        holder answers text (one string each way instead of an object converted field by field;
+        a holder of a release before JSON text is detected by its first answer and sent objects
+        from then on); ``"object"``: plain dicts, as before (SPEC R7 "JSON text").
     """
+    if encoding not in ("text", "object"):
+        raise ConfigurationError(f"encoding: 'text' or 'object', got {encoding!r}", field="encoding")
     if (binding is None) == (namespace is None):
         raise ConfigurationError("give exactly one of binding= or namespace=", field="binding")
     if not (callable(invoke) or isinstance(invoke, str)):
         raise ConfigurationError("invoke: a callable (stub, message) -> reply or a method name",
                                  field="invoke")
-    return SemaphoreRpc(invoke, binding, namespace).with_(*transforms)
+    return SemaphoreRpc(invoke, binding, namespace, encoding=encoding).with_(*transforms)
 
 
 # ------------------------------------------------------------------------------ transforms

@@ -15,9 +15,10 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 from ..clock import sleep_until
+from ..core import json_text
 from ..core.allocation import LIMIT_ERROR, ceiling
 from ..core.batching import (
     Timing,
@@ -348,14 +349,34 @@ class DurabilitySemaphore:
         self._ready = False
 
     # ================================================================== public API
-    async def handle(self, message: Any) -> dict[str, Any]:
+    @overload
+    async def handle(self, message: str) -> str: ...
+
+    @overload
+    async def handle(self, message: PermitRequest | SyncMessage | Mapping[str, Any] | Any) -> dict[str, Any]: ...
+
+    async def handle(self, message: Any) -> dict[str, Any] | str:
         """Handle one wire message and return the wire reply (SPEC §3).
 
         A ``request`` waits for its round (SPEC R9); a ``sync`` is applied and answered at once
         (SPEC R6). An invalid message is answered with an ``invalid_message`` error value and
         changes nothing (SPEC R7, I5); a round that cannot be committed is answered with a
         ``round_failed`` error value (SPEC R2). Typed :class:`PermitRequest`/:class:`SyncMessage`
-        objects are accepted too."""
+        objects are accepted too.
+
+        A message given as JSON text (a ``str``, as the client helper sends it: SPEC R7 "JSON
+        text") is answered with the JSON text of the reply (or of the error value: text that is
+        not JSON, or nests deeper than 64 levels, is an ``invalid_message`` of field ``""``), so
+        neither crosses the RPC as an object converted field by field."""
+        if isinstance(message, str):
+            try:
+                decoded = json_text.decode_message(message)
+            except InvalidMessageError as exc:
+                return json_text.encode(exc.to_wire())
+            return json_text.encode(await self._handle(decoded))
+        return await self._handle(message)
+
+    async def _handle(self, message: Any) -> dict[str, Any]:
         if isinstance(message, (PermitRequest, SyncMessage)):
             message = message.to_wire()
         try:

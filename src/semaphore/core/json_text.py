@@ -1,0 +1,84 @@
+"""Wire messages as JSON text (SPEC R7, "JSON text"): a message may cross the RPC as the JSON
+text of its plain dict, and is then answered with the JSON text of the reply.
+
+Why: on the real runtime a dict crossing a Durable Object RPC is converted field by field
+between Python and JavaScript at both ends (the SDK's ``python_to_rpc`` and the proxy reads on
+the other side), which costs more than ``json.dumps``/``json.loads`` of the same message; a
+string crosses as one value. ``scripts/bench_runtime.py`` measures the difference.
+
+Pure: no ``js``, ``pyodide`` or ``workers`` here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from ..errors import InvalidMessageError
+
+__all__ = ["MAX_MESSAGE_DEPTH", "too_deep", "decode_message", "encode"]
+
+#: The deepest nesting of arrays and objects a message given as JSON text may have (a valid
+#: message nests 3 levels; unknown fields are ignored, so a deeper one is allowed, up to this).
+MAX_MESSAGE_DEPTH = 64
+
+#: A JSON string literal (unrolled: no backtracking per character) and a bracket outside one.
+#: A string that does not end (no closing quote, perhaps a lone backslash last) runs to the end
+#: of the text: a match from an opening quote always succeeds, so ``re.sub`` reads each character
+#: once (linear). Without that, it failed from such a quote and was retried from every later one:
+#: ``'"' + '\\"' * n`` cost O(n**2). Such a text is not JSON, and ``json.loads`` refuses it.
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
+_JSON_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def too_deep(text: str, limit: int) -> bool:
+    """Whether the JSON ``text`` nests arrays and objects deeper than ``limit``, read from its
+    brackets outside string literals, before any parser sees it. The check must come first:
+    ``json.loads`` recurses once per level, and in Pyodide a deep enough text overflows the
+    WebAssembly stack, a fatal error of the whole isolate, before Python's recursion limit
+    could raise ``RecursionError``."""
+    depth = 0
+    for bracket in _JSON_BRACKET.finditer(_JSON_STRING.sub("", text)):
+        if bracket.group() in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:20]} is beyond the largest finite number")
+    return value
+
+
+def decode_message(text: str) -> Any:
+    """The value of a message given as JSON ``text``, for :func:`~semaphore.core.wire.parse_message`
+    to validate. Raises :class:`InvalidMessageError` (field ``""``, the message itself) when the
+    text nests deeper than :data:`MAX_MESSAGE_DEPTH`, is not JSON, or holds ``NaN``, ``Infinity``
+    or a number beyond the finite ones; the reason never quotes the text."""
+    if too_deep(text, MAX_MESSAGE_DEPTH):
+        raise InvalidMessageError("", f"message text nests deeper than {MAX_MESSAGE_DEPTH} levels")
+    try:
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except RecursionError:  # not reached below MAX_MESSAGE_DEPTH; kept as a last guard
+        raise InvalidMessageError("", f"message text nests deeper than {MAX_MESSAGE_DEPTH} levels") from None
+    except json.JSONDecodeError as exc:
+        raise InvalidMessageError("", f"message text is not JSON ({exc.msg} at character {exc.pos})") from None
+    except ValueError as exc:  # a hook's refusal, an int of too many digits
+        raise InvalidMessageError("", f"message text is not JSON proper: {str(exc)[:80]}") from None
+
+
+def encode(value: Any) -> str:
+    """``value`` (a wire message or reply: plain dicts, lists, str, finite numbers, bool, None)
+    as compact JSON text. Raises ``ValueError`` for NaN or Infinity, which JSON cannot carry."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
