@@ -32,40 +32,22 @@ import hashlib
 import json
 import logging
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from semaphore.simulate.faults import Config, Sim  # noqa: E402
+from semaphore.simulate.faults import FAULT_CONFIGS, Sim  # noqa: E402
 from semaphore.simulate.soak import SoakConfig, SoakSim  # noqa: E402
-from semaphore.testing import ClientSide, dump  # noqa: E402
+from semaphore.testing import dump  # noqa: E402
 
-FAULT_CONFIGS: dict[str, Callable[[int], Config]] = {
-    "grants-only": lambda seed: Config(seed=seed, limit=3, group_limits={"a": 1}),
-    "strict": lambda seed: Config(seed=seed, limit=5, leases={
-        "provisioning": {"mode": "strict"}, "permitsPerLease": 3, "ttlMs": 10_000}),
-    "under": lambda seed: Config(seed=seed, limit=4, leases={
-        "provisioning": {"mode": "under", "reserve": 2}, "permitsPerLease": 2, "ttlMs": 10_000}),
-    "over": lambda seed: Config(seed=seed, limit=2, extra=3, leases={
-        "provisioning": {"mode": "over", "extra": {"count": 3}}, "permitsPerLease": 2, "ttlMs": 10_000}),
-}
 SOAK_MODES = ("none", "strict", "held", "reuse", "reuse-held")
 
 
 def _digest(sent: list[dict[str, Any]], holder_rows: Any) -> str:
     text = json.dumps({"sent": sent, "holder": holder_rows}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-class _Soak(SoakSim):
-    """The soak with no storage faults on the client objects (see the module documentation)."""
-
-    def _side(self, i: int) -> ClientSide:
-        side = super()._side(i)
-        side.storage.fail_transaction = None
-        return side
 
 
 async def _faults(config: str, seed: int, stores: str) -> str:
@@ -78,7 +60,7 @@ async def _faults(config: str, seed: int, stores: str) -> str:
 
 
 async def _soak(mode: str, seed: int, ops: int, stores: str) -> str:
-    sim = _Soak(SoakConfig.for_mode(seed, mode, ops=ops, client_stores=stores))
+    sim = SoakSim(SoakConfig.for_mode(seed, mode, ops=ops, client_stores=stores, client_tx_faults=False))
     try:
         await sim.run()
         await sim.finish()

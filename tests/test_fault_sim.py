@@ -23,33 +23,22 @@ import asyncio
 
 import pytest
 
-from semaphore.simulate.faults import Config, Sim, simulate
+from semaphore.simulate.faults import FAULT_CONFIGS, Config, Sim, simulate
 
 SEEDS = 60
-
-CONFIGS = {
-    # no leases, plus a group limit on "a"
-    "grants-only": lambda seed: Config(seed=seed, limit=3, group_limits={"a": 1}),
-    "strict": lambda seed: Config(seed=seed, limit=5, leases={
-        "provisioning": {"mode": "strict"}, "permitsPerLease": 3, "ttlMs": 10_000}),
-    "under": lambda seed: Config(seed=seed, limit=4, leases={
-        "provisioning": {"mode": "under", "reserve": 2}, "permitsPerLease": 2, "ttlMs": 10_000}),
-    "over": lambda seed: Config(seed=seed, limit=2, extra=3, leases={
-        "provisioning": {"mode": "over", "extra": {"count": 3}}, "permitsPerLease": 2, "ttlMs": 10_000}),
-}
 
 
 pytestmark = pytest.mark.usefixtures("quiet_logs")  # failures are injected on purpose
 
 
-@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("name", sorted(FAULT_CONFIGS))
 def test_fault_simulation(name: str):
     # I1, I2, I3, I4, R15a, R29-R37
     failures = []
     totals = {"lease_runs": 0, "grant_runs": 0, "holder_evictions": 0, "client_evictions": 0,
               "lost_completions": 0, "admit_failures": 0}
     for seed in range(SEEDS):
-        stats, problems = asyncio.run(simulate(CONFIGS[name](seed)))
+        stats, problems = asyncio.run(simulate(FAULT_CONFIGS[name](seed)))
         if problems:
             failures.append((seed, problems[:3]))
         for k in totals:

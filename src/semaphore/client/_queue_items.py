@@ -96,9 +96,10 @@ class _QueueItemsPart(_QueueBase):
         records: the last of them, had each been completed on its own)."""
         keys: list[str | None] = []
         completed: list[plan.Completed] = []
-        found = self._items.find_many(item_ids) if len(item_ids) > 1 else {}  # one read, not one per item
+        # One read for a batch, not one per item (one item: a point read, its own statement).
+        found = self._items.find_many(item_ids) if len(item_ids) > 1 else {item_ids[0]: self._items.find(item_ids[0])}
         for item_id in item_ids:
-            row = found.get(item_id) if len(item_ids) > 1 else self._items.find(item_id)
+            row = found.get(item_id)
             action = plan.Completion.NOTHING if row is None else \
                 plan.completion(str(row["state"]), str(row["owner"]), str(row["permit_kind"]))
             if row is None or action is plan.Completion.NOTHING:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +69,25 @@ class Stats:
     multi_item_batches: int = 0
     net: dict[str, int] = field(default_factory=dict)
 
+
+
+def _named(limit: int, **opts: Any) -> Callable[[int], Config]:
+    return lambda seed: Config(seed=seed, limit=limit, **opts)
+
+
+#: The fault simulation's named configurations, one per provisioning mode (``Config`` factories
+#: by seed): what ``tests/test_fault_sim.py`` runs, and ``scripts/traffic_digest.py`` and the
+#: twin comparison (``tests/test_memory_stores.py``) compare. Build a fresh ``Config`` per run: a
+#: run changes its own (``cfg.faults`` turns off when the network heals).
+FAULT_CONFIGS: dict[str, Callable[[int], Config]] = {
+    # no leases, plus a group limit on "a"
+    "grants-only": _named(3, group_limits={"a": 1}),
+    "strict": _named(5, leases={"provisioning": {"mode": "strict"}, "permitsPerLease": 3, "ttlMs": 10_000}),
+    "under": _named(4, leases={"provisioning": {"mode": "under", "reserve": 2}, "permitsPerLease": 2,
+                               "ttlMs": 10_000}),
+    "over": _named(2, extra=3, leases={"provisioning": {"mode": "over", "extra": {"count": 3}},
+                                       "permitsPerLease": 2, "ttlMs": 10_000}),
+}
 
 class Sim:
     def __init__(self, cfg: Config) -> None:
