@@ -9,6 +9,7 @@ objects and exceptions. Client state lives in the client object's own SQLite
 """
 
 import asyncio
+import json
 import time
 
 from standins import Runtime, settle_queue
@@ -101,7 +102,8 @@ class SilentHolder(DurableObject):
 
 class BrokenHolder(DurableObject):
     async def permits(self, message):
-        raise RuntimeError(f"holder crashed on a {message['type']}")
+        sent = json.loads(message) if isinstance(message, str) else message  # the helper sends JSON text
+        raise RuntimeError(f"holder crashed on a {sent['type']}")
 
 
 class LeaseHolder(DurableObject):
@@ -468,3 +470,47 @@ async def test_queue_draws_leases_without_a_round_trip_and_settles_them():
         {"type": "sync", "v": 1, "clientId": "other", "grants": []})
     usage = await rt.stub("ACCOUNT_LIMIT", KEY).usage()
     assert (usage.outstanding, usage.leaseFootprint) == (0, 0)
+
+
+class ObjectsOnlyHolder(AccountLimit):
+    """The account's holder as a release before JSON text answered: a message given as text is
+    its ``invalid_message`` of the message itself, as an object; the types it got are kept."""
+
+    received: list = []  # noqa: RUF012 (shared by every instance: the test reads it)
+
+    async def permits(self, message):
+        ObjectsOnlyHolder.received.append("str" if isinstance(message, str) else "object")
+        if isinstance(message, str):
+            return InvalidMessageError("", "message must be an object, got a str").to_wire()
+        return await super().permits(message)
+
+
+class TypesSeen(AccountLimit):
+    """The account's holder, keeping the Python types of the messages and replies that crossed."""
+
+    seen: list = []  # noqa: RUF012
+
+    async def permits(self, message):
+        reply = await super().permits(message)
+        TypesSeen.seen.append((type(message).__name__, type(reply).__name__))
+        return reply
+
+
+async def test_messages_cross_the_real_rpc_as_json_text():
+    # SPEC R7 "JSON text", R36 "encoding": through the Workers SDK's RPC a text message reaches the
+    # holder as a Python str and its text reply comes back decoded to the reply dict.
+    TypesSeen.seen.clear()
+    rt = Runtime({"ACCOUNT_LIMIT": TypesSeen, "CLIENT": Client}, vars=FAST, auto_alarms=False)
+    out = await rt.stub("CLIENT", "c1").ask(KEY, 2)
+    assert out["slots"] == [1, 2] and out["confirmed"] == 2 and out["sync_status"] == "active", out
+    assert TypesSeen.seen == [("str", "str"), ("str", "str")], TypesSeen.seen
+
+
+async def test_a_holder_that_takes_only_objects_gets_objects_after_its_first_answer():
+    # SPEC R36 "encoding": a holder of an earlier release refuses the text (nothing written, I5);
+    # the helper sends that message again as an object, and the later ones of its transport too.
+    ObjectsOnlyHolder.received.clear()
+    rt = Runtime({"ACCOUNT_LIMIT": ObjectsOnlyHolder, "CLIENT": Client}, vars=FAST, auto_alarms=False)
+    out = await rt.stub("CLIENT", "c1").ask(KEY, 2)
+    assert out["slots"] == [1, 2] and out["confirmed"] == 2 and out["sync_status"] == "active", out
+    assert ObjectsOnlyHolder.received == ["str", "object", "object"], ObjectsOnlyHolder.received

@@ -372,10 +372,11 @@ class HolderLosingAClaimSync(AccountLimit):
     lost: list = []  # noqa: RUF012 (shared by every instance: the test reads it)
 
     async def permits(self, message):
-        grants = message.get("grants") or []
-        if message.get("type") == "sync" and any(g.get("claimed") for g in grants) \
+        sent = json.loads(message) if isinstance(message, str) else message  # the helper sends JSON text
+        grants = sent.get("grants") or []
+        if sent.get("type") == "sync" and any(g.get("claimed") for g in grants) \
                 and not HolderLosingAClaimSync.lost:
-            HolderLosingAClaimSync.lost.append(message.get("type"))
+            HolderLosingAClaimSync.lost.append(sent.get("type"))
             raise RuntimeError("holder unavailable")
         return await super().permits(message)
 
