@@ -537,6 +537,22 @@ def test_r31a_a_reusable_lease_is_stopped_from_lease_margin_ms_before_its_expiry
     assert plan.leases_to_stop(snap, OPTS, contended=False) == ("r",)
 
 
+def test_r29_r37_an_uncontended_reusable_lease_is_stopped_once_nothing_queued_runs_under_it():
+    # R29, R37 (the default leases' trade-off): with nothing of its group queued, a reusable lease
+    # is stopped when no item runs under it, its slots going back at once, even when the last
+    # reply was not contended; while one item or more runs under it, it is kept. A one-shot
+    # lease is kept either way until a contended reply (R29).
+    snap = KeySnapshot(NOW, leases=())
+    for drawn, released, stopped in ((3, 3, True), (3, 2, False), (3, 1, False), (0, 0, True)):
+        reusable = replace(lease("r", drawn=drawn, released=released), reusable=True)
+        got = plan.leases_to_stop(replace(snap, leases=(reusable,)), OPTS, contended=False)
+        assert got == (("r",) if stopped else ()), (drawn, released, got)
+        one_shot = lease("o", drawn=drawn, released=released)
+        assert plan.leases_to_stop(replace(snap, leases=(one_shot,)), OPTS, contended=False) == ()
+    queued_for_it = replace(snap, queued=queued("x"), leases=(replace(lease("r", drawn=3, released=3), reusable=True),))
+    assert plan.leases_to_stop(queued_for_it, OPTS, contended=False) == ()  # its group has work queued
+
+
 def test_r31a_r34a_a_lease_heard_but_not_extended_heartbeats_again_at_half_of_what_is_left():
     # R31a, R34a: a reply that does not extend a live lease (a reusable one while a request
     # starves) moves a heartbeat that is due to half of what is left, at least 1 s on, never at
