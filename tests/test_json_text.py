@@ -67,6 +67,10 @@ def test_nesting_is_refused_before_any_parser_reads_it():
     # brackets inside strings are not nesting.
     assert not json_text.too_deep("[" * 64 + "]" * 64, 64) and json_text.too_deep("[" * 65 + "]" * 65, 64)
     assert not json_text.too_deep('["' + "[" * 100 + '"]', 64)
+    assert not json_text.too_deep("[" + ",".join(["[]"] * 200) + "]", 64)  # siblings are not depth
+    grants = [{"grantId": f"g{i}", "claimed": 1, "released": 0} for i in range(100)]
+    message = {"type": "sync", "v": 1, "clientId": "c1", "grants": grants}
+    assert json_text.decode_message(json.dumps(message)) == message
     deep = "[" * 100_000 + "]" * 100_000  # far past the recursion limit: refused, not raised
     with pytest.raises(InvalidMessageError) as info:
         json_text.decode_message(deep)
@@ -77,3 +81,12 @@ def test_encode_is_compact_and_refuses_what_json_cannot_carry():
     assert json_text.encode({"v": 1, "label": "é"}) == '{"v":1,"label":"é"}'
     with pytest.raises(ValueError):
         json_text.encode({"x": float("nan")})
+
+
+def test_decode_refuses_what_is_not_json_proper():
+    # The one decoder of messages and replies: a reply that is not JSON is refused the same way
+    # (the client helper then calls it not a holder's reply).
+    for text in ("{", "NaN", "[1e999]", "[" * 70 + "]" * 70):
+        with pytest.raises(json_text.JsonTextError):
+            json_text.decode(text)
+    assert json_text.decode('{"v":1}') == {"v": 1}

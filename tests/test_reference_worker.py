@@ -507,6 +507,13 @@ def test_ping_is_a_no_op_for_the_admin_that_creates_nothing(entry):
         refused = await holder.permits("{not json")
         assert isinstance(refused, str) and json.loads(refused)["error"]["code"] == "invalid_message", refused
         assert (await holder.ping())["instance"]["messages"] == {"request": 0, "sync": 2, "other": 2}
+        # Only an answer without an error registers the account (its storage exists then).
+        fresh = world.env.ACCOUNT_LIMIT.getByName("e")
+        await fresh.permits("{not json")
+        await fresh.permits('{"type": "sync", "v": 2, "clientId": "c", "grants": []}')
+        assert fresh._indexed is False
+        await fresh.permits('{"type": "sync", "v": 1, "clientId": "c", "grants": []}')
+        assert fresh._indexed is True
 
     run(scenario())
     assert world.env.ACCOUNT_LIMIT.contexts["ghost"].storage.alarm is None

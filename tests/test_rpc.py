@@ -18,6 +18,7 @@ from semaphore import (
     HolderUnavailableError,
     InvalidMessageError,
     PermitRequest,
+    RoundFailedError,
     SemaphoreClient,
     SemaphoreTimeoutError,
     retry,
@@ -389,16 +390,20 @@ async def test_a_holder_that_takes_only_objects_is_sent_objects_from_its_first_a
     env = Env(VirtualClock(T0))
     env.holder("a")
     env.ACCOUNT_LIMIT.getByName = lambda name: ObjectsOnlyHolder(env, name)
-    call = limits.call(env)
+    helper = DurabilitySemaphore.client(binding="ACCOUNT_LIMIT", invoke="permits")
+    call = helper.call(env)
     reply = await call("a", message("c1", 1))
     assert [type(m) for _, m in env.calls] == [str, dict] and [g["permits"] for g in reply["grants"]] == [1]
     await call("a", sync("c1"))
     assert [type(m) for _, m in env.calls] == [str, dict, dict]
     # A holder that takes text and refuses a message for what it holds is not taken for an old one.
+    # Learned for the helper (every request() makes its own transport): objects at once.
+    await helper.request(env, "a", sync("c1"))
+    assert [type(m) for _, m in env.calls] == [str, dict, dict, dict]
     env.ACCOUNT_LIMIT = Namespace(env)
     with pytest.raises(InvalidMessageError) as info:
-        await limits.request(env, "a", {"type": "sync", "v": 1, "clientId": "", "grants": []})
-    assert info.value.field == "clientId" and all(isinstance(m, str) for _, m in env.calls[3:]), env.calls[3:]
+        await limits.with_(retry(1)).request(env, "a", {"type": "sync", "v": 1, "clientId": "", "grants": []})
+    assert info.value.field == "clientId" and all(isinstance(m, str) for _, m in env.calls[4:]), env.calls[4:]
 
 
 @async_test
@@ -410,3 +415,99 @@ async def test_a_text_answer_that_is_not_json_is_not_a_holders_reply():
     with pytest.raises(ConfigurationError) as err:
         await helper.request(env, "a", sync())
     assert err.value.field == "invoke" and "env.ACCOUNT_LIMIT" in str(err.value), err.value
+
+
+class AnswersObjects:
+    """A holder method that answers a text message with a fixed error value as an object."""
+
+    def __init__(self, env: Env, error: InvalidMessageError | RoundFailedError) -> None:
+        self.env, self.error = env, error
+
+    async def permits(self, message: Any) -> Any:
+        self.env.calls.append(("a", message))
+        return self.error.to_wire()
+
+
+@pytest.mark.parametrize("error", [RoundFailedError("round failed"), InvalidMessageError("clientId", "bad id")],
+                         ids=["round-failed", "invalid-field"])
+@async_test
+async def test_only_a_refusal_of_the_message_itself_sends_objects(error):
+    # R36 "encoding": an error value as an object is the holder's answer (raised, no resend)
+    # unless it is invalid_message of the message itself (field ""), an older holder's refusal.
+    env = Env(VirtualClock(T0))
+    env.ACCOUNT_LIMIT.getByName = lambda name: AnswersObjects(env, error)
+    helper = DurabilitySemaphore.client(binding="ACCOUNT_LIMIT", invoke="permits")
+    with pytest.raises(type(error)):
+        await helper.request(env, "a", sync())
+    assert [type(m) for _, m in env.calls] == [str]
+
+
+class ReadsTheMessage:
+    """A holder method written for dicts (it reads the message): a text message makes it raise,
+    which crosses the RPC as an exception. ``fail`` makes every call fail (the holder is down)."""
+
+    def __init__(self, env: Env, name: str) -> None:
+        self.env, self.name = env, name
+
+    async def permits(self, message: Any) -> Any:
+        self.env.calls.append((self.name, message))
+        if self.env.fail:
+            raise RuntimeError("JsException: Error: Network connection lost")
+        assert message["type"] in ("request", "sync")
+        return await self.env.holders[self.name].handle(message)
+
+
+@async_test
+async def test_a_holder_method_that_reads_the_message_as_a_dict_gets_dicts():
+    # R36 "encoding": until a holder has answered text, a call that fails as text is sent again
+    # as an object; if that succeeds, objects from then on, for every request() of the helper.
+    env = Env(VirtualClock(T0))
+    env.holder("a")
+    env.ACCOUNT_LIMIT.getByName = lambda name: ReadsTheMessage(env, name)
+    helper = DurabilitySemaphore.client(binding="ACCOUNT_LIMIT", invoke="permits").with_(retry(2))
+    reply = await helper.request(env, "a", message("c1", 1))
+    assert [g["permits"] for g in reply["grants"]] == [1]
+    await helper.request(env, "a", sync("c1"))
+    assert [type(m) for _, m in env.calls] == [str, dict, dict]
+
+
+@async_test
+async def test_a_holder_that_answered_text_is_never_sent_objects_when_it_fails():
+    # R36 "encoding": once a text answer came, a failed call is the holder's failure (raised as
+    # HolderUnavailableError, retried by the transforms), never a sign to send objects.
+    env = Env(VirtualClock(T0))
+    env.holder("a")
+    helper = DurabilitySemaphore.client(binding="ACCOUNT_LIMIT", invoke="permits")
+    await helper.request(env, "a", sync("c1"))
+    env.fail = True
+    with pytest.raises(HolderUnavailableError):
+        await helper.request(env, "a", sync("c1"))
+    assert [type(m) for _, m in env.calls] == [str, str]
+    # A holder down from the first call: the object attempt fails too, and nothing is learned.
+    down = Env(VirtualClock(T0))
+    down.holder("a")
+    down.fail = True
+    fresh = DurabilitySemaphore.client(binding="ACCOUNT_LIMIT", invoke="permits")
+    with pytest.raises(HolderUnavailableError):
+        await fresh.request(down, "a", sync("c1"))
+    down.fail = False
+    await fresh.request(down, "a", sync("c1"))
+    assert [type(m) for _, m in down.calls] == [str, dict, str]
+
+
+@async_test
+async def test_a_message_json_cannot_carry_goes_as_an_object_for_the_holder_to_judge():
+    # R7: the text path answers as the dict path does: a NaN count is the holder's
+    # invalid_message; an unknown field JSON cannot carry (a set) is ignored.
+    env = Env(VirtualClock(T0))
+    env.holder("a")
+    limits = DurabilitySemaphore.client(binding="ACCOUNT_LIMIT", invoke="permits")
+    bad = message("c1", 1)
+    bad["demand"][0]["count"] = float("nan")
+    with pytest.raises(InvalidMessageError) as info:
+        await limits.request(env, "a", bad)
+    assert info.value.field == "demand[0].count" and isinstance(env.calls[-1][1], dict)
+    extra = {**sync("c1"), "extra": {1, 2}}
+    assert (await limits.request(env, "a", extra))["v"] == 1 and isinstance(env.calls[-1][1], dict)
+    await limits.request(env, "a", sync("c1"))
+    assert isinstance(env.calls[-1][1], str)  # the next message goes as text again

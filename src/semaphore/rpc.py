@@ -39,10 +39,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import re
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .clock import sleep_until, system_clock
@@ -148,6 +147,19 @@ def _foreign_reply(reply: Any, where: str) -> ConfigurationError:
         "the holder's method that returns DurabilitySemaphore.handle(message)", field="invoke")
 
 
+class _EncodingState:
+    """What a helper learned of its holders (SPEC R36 decision "encoding"), shared by the helpers
+    ``with_`` makes from it and every transport they make: ``objects``, a holder takes only
+    objects (every later message goes as one); ``text_answered``, a holder answered text (a failed
+    call is then the holder's failure, never a sign to try objects)."""
+
+    __slots__ = ("objects", "text_answered")
+
+    def __init__(self) -> None:
+        self.objects = False
+        self.text_answered = False
+
+
 @dataclass(frozen=True)
 class SemaphoreRpc:
     """The client helper returned by :meth:`DurabilitySemaphore.client` (immutable; ``with_``
@@ -161,6 +173,9 @@ class SemaphoreRpc:
     #: text by a holder that takes it and sent again as an object to one that does not (SPEC
     #: R7 "JSON text"); ``"object"``: as plain dicts, converted field by field by the runtime.
     encoding: Encoding = "text"
+    #: What this helper (and every helper ``with_`` makes from it) learned of its holders'
+    #: encoding (:class:`_EncodingState`).
+    _encoding_state: _EncodingState = field(default_factory=lambda: _EncodingState(), compare=False, repr=False)
 
     def with_(self, *transforms: Transform) -> SemaphoreRpc:
         """A helper whose calls also go through ``transforms`` (first = outermost; transforms
@@ -169,7 +184,7 @@ class SemaphoreRpc:
             if not callable(t):
                 raise ConfigurationError(f"transform {t!r} is not callable", field="transforms")
         return SemaphoreRpc(self.invoke, self.binding, self.namespace, self.transforms + tuple(transforms),
-                            self.encoding)
+                            self.encoding, self._encoding_state)
 
     def resolve_namespace(self, env: Any) -> Any:
         """The Durable Object namespace of the holder class in ``env``. Raises
@@ -206,54 +221,7 @@ class SemaphoreRpc:
         permit."""
         namespace = self.resolve_namespace(env)
         where = f"env.{self.binding}" if self.binding is not None else "namespace="
-        # SPEC R7 "JSON text": messages go as JSON text until a holder shows it takes only
-        # objects (then objects, for every later call of this transport).
-        as_text = [self.encoding == "text"]
-
-        async def send(key: str, message: Any) -> Any:
-            stub = None
-            try:
-                stub = get_by_name(namespace, key)
-                if isinstance(self.invoke, str):
-                    result = getattr(stub, self.invoke)(message)
-                else:
-                    result = self.invoke(stub, message)
-                if inspect.isawaitable(result):
-                    result = await result
-            except SemaphoreError:
-                raise
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # JsException in the runtime: the callee's type is lost
-                wrong = misconfiguration(exc, stub, f"{where} (holder {key!r})")
-                if wrong is not None:
-                    raise wrong from exc
-                raise HolderUnavailableError(f"RPC to holder {key!r} failed: {exc}") from exc
-            return plain(result)
-
-        async def rpc(key: str, message: dict[str, Any]) -> dict[str, Any]:
-            if as_text[0]:
-                reply = await send(key, json_text.encode(message))
-                if isinstance(reply, str):
-                    try:
-                        reply = json.loads(reply)
-                    except ValueError:
-                        raise _foreign_reply(reply, f"{where} (holder {key!r})") from None
-                elif objects_only(reply):
-                    as_text[0] = False  # a holder of a release before JSON text: objects from now on
-                    reply = await send(key, message)
-            else:
-                reply = await send(key, message)
-            if not isinstance(reply, dict) or "v" not in reply:
-                raise _foreign_reply(reply, f"{where} (holder {key!r})")
-            error = error_from_reply(reply)
-            if isinstance(error, ConfigurationError):  # the holder's class is misconfigured: name which
-                raise ConfigurationError(f"{where} (holder {key!r}): {error.message}", field=error.field)
-            if error is not None:
-                raise error
-            return reply
-
-        composed: Call = rpc
+        composed: Call = _Transport(self, namespace, where).call
         for t in reversed(self.transforms):
             composed = t(composed)
         return composed
@@ -270,6 +238,78 @@ class SemaphoreRpc:
     def transport(self, env: Any) -> Call:
         """This helper as the transport of a :class:`~semaphore.client.SemaphoreClient`."""
         return self.call(env)
+
+
+class _Transport:
+    """One helper's calls in one ``env``: the RPC itself, with the message's encoding (SPEC R36
+    decision "encoding")."""
+
+    def __init__(self, helper: SemaphoreRpc, namespace: Any, where: str) -> None:
+        self.invoke, self.encoding, self.state = helper.invoke, helper.encoding, helper._encoding_state
+        self.namespace, self.where = namespace, where
+
+    async def call(self, key: str, message: dict[str, Any]) -> dict[str, Any]:
+        text = None
+        if self.encoding == "text" and not self.state.objects:
+            try:
+                text = json_text.encode(message)
+            except (TypeError, ValueError):  # NaN, a set...: as an object, for the holder to judge (R7)
+                text = None
+        reply = await (self._send(key, message) if text is None else self._as_text(key, message, text))
+        if not isinstance(reply, dict) or "v" not in reply:
+            raise _foreign_reply(reply, f"{self.where} (holder {key!r})")
+        error = error_from_reply(reply)
+        if isinstance(error, ConfigurationError):  # the holder's class is misconfigured: name which
+            raise ConfigurationError(f"{self.where} (holder {key!r}): {error.message}", field=error.field)
+        if error is not None:
+            raise error
+        return reply
+
+    async def _as_text(self, key: str, message: dict[str, Any], text: str) -> Any:
+        """The message as JSON text; as an object instead (and every later one of the helper)
+        when the holder shows it takes only objects: it answers the text with
+        ``invalid_message`` of the message itself as an object, or, while no holder of the
+        helper has answered text yet, the call fails and the same message as an object succeeds
+        (a holder method that reads the message as a dict)."""
+        try:
+            reply = await self._send(key, text)
+        except HolderUnavailableError:
+            if self.state.text_answered:
+                raise
+            reply = await self._send(key, message)  # raises as the holder fails: nothing learned
+            self.state.objects = True
+            return reply
+        if isinstance(reply, str):
+            self.state.text_answered = True
+            try:
+                return json_text.decode(reply)
+            except json_text.JsonTextError:
+                raise _foreign_reply(reply, f"{self.where} (holder {key!r})") from None
+        if objects_only(reply):
+            self.state.objects = True  # a holder of a release before JSON text: objects from now on
+            return await self._send(key, message)
+        return reply
+
+    async def _send(self, key: str, message: Any) -> Any:
+        """One RPC to the holder of ``key``: its answer as plain Python; a failure of the RPC is
+        :class:`HolderUnavailableError`, or the :class:`ConfigurationError` it stands for."""
+        stub = None
+        try:
+            stub = get_by_name(self.namespace, key)
+            result = getattr(stub, self.invoke)(message) if isinstance(self.invoke, str) else \
+                self.invoke(stub, message)
+            if inspect.isawaitable(result):
+                result = await result
+        except SemaphoreError:
+            raise
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # JsException in the runtime: the callee's type is lost
+            wrong = misconfiguration(exc, stub, f"{self.where} (holder {key!r})")
+            if wrong is not None:
+                raise wrong from exc
+            raise HolderUnavailableError(f"RPC to holder {key!r} failed: {exc}") from exc
+        return plain(result)
 
 
 def client(

@@ -97,7 +97,8 @@ class _QueueItemsPart(_QueueBase):
         keys: list[str | None] = []
         completed: list[plan.Completed] = []
         # One read for a batch, not one per item (one item: a point read, its own statement).
-        found = self._items.find_many(item_ids) if len(item_ids) > 1 else {item_ids[0]: self._items.find(item_ids[0])}
+        found = self._items.find_many(item_ids) if len(item_ids) > 1 else \
+            {i: r for i in item_ids[:1] if (r := self._items.find(i)) is not None}
         for item_id in item_ids:
             row = found.get(item_id)
             action = plan.Completion.NOTHING if row is None else \

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import InvalidMessageError
 
-__all__ = ["MAX_MESSAGE_DEPTH", "too_deep", "decode_message", "encode"]
+__all__ = ["MAX_MESSAGE_DEPTH", "JsonTextError", "too_deep", "decode", "decode_message", "encode"]
 
 #: The deepest nesting of arrays and objects a message given as JSON text may have (a valid
 #: message nests 3 levels; unknown fields are ignored, so a deeper one is allowed, up to this).
@@ -61,21 +61,36 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def decode_message(text: str) -> Any:
-    """The value of a message given as JSON ``text``, for :func:`~semaphore.core.wire.parse_message`
-    to validate. Raises :class:`InvalidMessageError` (field ``""``, the message itself) when the
-    text nests deeper than :data:`MAX_MESSAGE_DEPTH`, is not JSON, or holds ``NaN``, ``Infinity``
-    or a number beyond the finite ones; the reason never quotes the text."""
+class JsonTextError(ValueError):
+    """Text that :func:`decode` refuses; ``str()`` says why, never quoting the text."""
+
+
+def decode(text: str) -> Any:
+    """The value of the JSON ``text`` (a message or a reply), or :class:`JsonTextError` when it
+    nests deeper than :data:`MAX_MESSAGE_DEPTH` (read before any parser runs), is not JSON, or
+    holds ``NaN``, ``Infinity`` or a number beyond the finite ones."""
+    too_deep_reason = f"text nests deeper than {MAX_MESSAGE_DEPTH} levels"
     if too_deep(text, MAX_MESSAGE_DEPTH):
-        raise InvalidMessageError("", f"message text nests deeper than {MAX_MESSAGE_DEPTH} levels")
+        raise JsonTextError(too_deep_reason)
     try:
         return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except RecursionError:  # not reached below MAX_MESSAGE_DEPTH; kept as a last guard
-        raise InvalidMessageError("", f"message text nests deeper than {MAX_MESSAGE_DEPTH} levels") from None
+        raise JsonTextError(too_deep_reason) from None
     except json.JSONDecodeError as exc:
-        raise InvalidMessageError("", f"message text is not JSON ({exc.msg} at character {exc.pos})") from None
+        raise JsonTextError(f"text is not JSON ({exc.msg} at character {exc.pos})") from None
     except ValueError as exc:  # a hook's refusal, an int of too many digits
-        raise InvalidMessageError("", f"message text is not JSON proper: {str(exc)[:80]}") from None
+        raise JsonTextError(f"text is not JSON proper: {str(exc)[:80]}") from None
+
+
+def decode_message(text: str) -> Any:
+    """:func:`decode` of a message given as JSON ``text``, for
+    :func:`~semaphore.core.wire.parse_message` to validate; what it refuses is an
+    :class:`InvalidMessageError` of field ``""`` (the message itself), its reason starting
+    ``message text ...``."""
+    try:
+        return decode(text)
+    except JsonTextError as exc:
+        raise InvalidMessageError("", f"message {exc}") from None
 
 
 def encode(value: Any) -> str:

@@ -70,7 +70,6 @@ class Stats:
     net: dict[str, int] = field(default_factory=dict)
 
 
-
 def _named(limit: int, **opts: Any) -> Callable[[int], Config]:
     return lambda seed: Config(seed=seed, limit=limit, **opts)
 
@@ -88,6 +87,7 @@ FAULT_CONFIGS: dict[str, Callable[[int], Config]] = {
     "over": _named(2, extra=3, leases={"provisioning": {"mode": "over", "extra": {"count": 3}},
                                        "permitsPerLease": 2, "ttlMs": 10_000}),
 }
+
 
 class Sim:
     def __init__(self, cfg: Config) -> None:

@@ -227,3 +227,15 @@ async def test_holder_exception_reaches_caller_as_js_error():
         assert exc.name == "Error" and "TypeError" in str(exc) and "permits()" in str(exc)
     else:
         raise AssertionError("should raise")
+
+
+async def test_text_nested_past_any_limit_is_refused_before_it_is_parsed():
+    # SPEC R7 "JSON text": in Pyodide json.loads of a deep enough text overflows the WebAssembly
+    # stack (a fatal error of the whole isolate); the holder reads its depth first and refuses it.
+    rt = runtime(auto_alarms=False)
+    holder = rt.stub("ACCOUNT_LIMIT", "acct")
+    reply = json.loads(await holder.permits("[" * 200_000 + "]" * 200_000))
+    assert reply["error"]["code"] == "invalid_message" and reply["error"]["field"] == "", reply
+    assert "deeper than 64" in reply["error"]["message"], reply
+    alive = json.loads(await holder.permits('{"type": "sync", "v": 1, "clientId": "c", "grants": []}'))
+    assert alive["v"] == 1 and alive["grants"] == [], alive  # the isolate lives on
