@@ -78,7 +78,6 @@ import asyncio
 import hmac
 import json
 import logging
-import math
 import re
 import sys
 from collections.abc import Awaitable, Callable
@@ -302,19 +301,8 @@ def env_int(env: Any, name: str, default: int, minimum: int = 0, maximum: int = 
     return value
 
 
-class JsonError(ValueError):
-    """Text that :func:`parse_json` refuses; ``str()`` says why."""
-
-
-def _refuse_constant(name: str) -> Any:
-    raise JsonError(f"{name} is not a JSON number (NaN and Infinity are refused)")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise JsonError(f"{text} is beyond the largest finite number")
-    return value
+#: Text that :func:`parse_json` refuses; ``str()`` says why.
+JsonError = json_text.JsonTextError
 
 
 def json_depth(value: Any) -> int:
@@ -344,21 +332,12 @@ def text_too_deep(text: str) -> bool:
 
 
 def parse_json(text: str) -> Any:
-    """``text`` as JSON proper, or :class:`JsonError` saying why not: nesting deeper than
-    :data:`MAX_JSON_DEPTH` (:func:`text_too_deep`, checked before parsing), malformed text,
-    ``NaN``, ``Infinity`` or a number that overflows to infinity (``1e999``), which
-    ``json.loads`` would accept and JSON cannot carry."""
-    too_deep = f"nested deeper than {MAX_JSON_DEPTH} levels"
-    if text_too_deep(text):
-        raise JsonError(too_deep)
-    try:
-        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
-    except RecursionError:  # not reached below MAX_JSON_DEPTH; kept as a last guard
-        raise JsonError(too_deep) from None
-    except JsonError:  # a hook's refusal
-        raise
-    except ValueError as exc:  # JSONDecodeError, an int of too many digits
-        raise JsonError(f"not valid JSON: {exc}") from None
+    """``text`` as JSON proper, or :class:`JsonError` saying why not (the library's
+    :func:`semaphore.core.json_text.decode` with :data:`MAX_JSON_DEPTH`): nesting deeper than
+    that (:func:`text_too_deep`, checked before parsing), malformed text, ``NaN``, ``Infinity``
+    or a number that overflows to infinity (``1e999``), which ``json.loads`` would accept and
+    JSON cannot carry."""
+    return json_text.decode(text, MAX_JSON_DEPTH)
 
 
 def to_json(value: Any) -> str:

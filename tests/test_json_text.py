@@ -39,10 +39,10 @@ async def test_a_text_message_is_answered_with_the_text_of_the_reply_the_dict_ge
 
 
 @pytest.mark.parametrize("text, reason", [
-    ("{", "not JSON"),
-    ("", "not JSON"),
-    ('{"type": "sync", "v": 1, "clientId": "c1", "grants": [], "x": NaN}', "not JSON proper"),
-    ('{"type": "sync", "v": 1, "clientId": "c1", "grants": [], "x": 1e999}', "not JSON proper"),
+    ("{", "not valid JSON"),
+    ("", "not valid JSON"),
+    ('{"type": "sync", "v": 1, "clientId": "c1", "grants": [], "x": NaN}', "not a JSON number"),
+    ('{"type": "sync", "v": 1, "clientId": "c1", "grants": [], "x": 1e999}', "beyond the largest finite"),
     ('{"type": "sync", "v": 1, "clientId": "c1", "grants": [], "x": ' + "[" * 65 + "]" * 65 + "}", "deeper"),
     ("[]", "must be an object"),
     ('"sync"', "must be an object"),

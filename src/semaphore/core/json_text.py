@@ -50,47 +50,48 @@ def too_deep(text: str, limit: int) -> bool:
     return False
 
 
+class JsonTextError(ValueError):
+    """Text that :func:`decode` refuses; ``str()`` says why, never quoting the text."""
+
+
 def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
+    raise JsonTextError(f"{name} is not a JSON number (NaN and Infinity are refused)")
 
 
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
-        raise ValueError(f"{text[:20]} is beyond the largest finite number")
+        raise JsonTextError(f"{text[:40]} is beyond the largest finite number")
     return value
 
 
-class JsonTextError(ValueError):
-    """Text that :func:`decode` refuses; ``str()`` says why, never quoting the text."""
-
-
-def decode(text: str) -> Any:
-    """The value of the JSON ``text`` (a message or a reply), or :class:`JsonTextError` when it
-    nests deeper than :data:`MAX_MESSAGE_DEPTH` (read before any parser runs), is not JSON, or
-    holds ``NaN``, ``Infinity`` or a number beyond the finite ones."""
-    too_deep_reason = f"text nests deeper than {MAX_MESSAGE_DEPTH} levels"
-    if too_deep(text, MAX_MESSAGE_DEPTH):
+def decode(text: str, limit: int = MAX_MESSAGE_DEPTH) -> Any:
+    """The value of the JSON ``text`` (a message, a reply, a request body), or
+    :class:`JsonTextError` saying why not: nesting deeper than ``limit`` (read before any parser
+    runs), malformed text, ``NaN``, ``Infinity`` or a number that overflows to infinity
+    (``1e999``), which ``json.loads`` would accept and JSON cannot carry."""
+    too_deep_reason = f"nested deeper than {limit} levels"
+    if too_deep(text, limit):
         raise JsonTextError(too_deep_reason)
     try:
         return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
-    except RecursionError:  # not reached below MAX_MESSAGE_DEPTH; kept as a last guard
+    except RecursionError:  # not reached below the limit; kept as a last guard
         raise JsonTextError(too_deep_reason) from None
-    except json.JSONDecodeError as exc:
-        raise JsonTextError(f"text is not JSON ({exc.msg} at character {exc.pos})") from None
-    except ValueError as exc:  # a hook's refusal, an int of too many digits
-        raise JsonTextError(f"text is not JSON proper: {str(exc)[:80]}") from None
+    except JsonTextError:  # a hook's refusal
+        raise
+    except ValueError as exc:  # JSONDecodeError, an int of too many digits
+        raise JsonTextError(f"not valid JSON: {exc}") from None
 
 
 def decode_message(text: str) -> Any:
     """:func:`decode` of a message given as JSON ``text``, for
     :func:`~semaphore.core.wire.parse_message` to validate; what it refuses is an
     :class:`InvalidMessageError` of field ``""`` (the message itself), its reason starting
-    ``message text ...``."""
+    ``message text: ...``."""
     try:
         return decode(text)
     except JsonTextError as exc:
-        raise InvalidMessageError("", f"message {exc}") from None
+        raise InvalidMessageError("", f"message text: {exc}") from None
 
 
 def encode(value: Any) -> str:
