@@ -562,6 +562,8 @@ def test_r31a_r34a_a_lease_heard_but_not_extended_heartbeats_again_at_half_of_wh
     assert merge_lease(KEY, local, heard, NOW).row.heartbeat_at == NOW + 10_000
     near = replace(local, expires_at=NOW + 1_500)
     assert merge_lease(KEY, near, replace(heard, expires_at=NOW + 1_500), NOW).row.heartbeat_at == NOW + 1_000
+    due_now = replace(local, heartbeat_at=NOW)  # due at this very moment: moved, not sent again at once
+    assert merge_lease(KEY, due_now, heard, NOW).row.heartbeat_at == NOW + 10_000
     later = replace(local, heartbeat_at=NOW + 5_000)
     assert merge_lease(KEY, later, heard, NOW).row.heartbeat_at == NOW + 5_000
     retired = merge_lease(KEY, later, replace(heard, status=LeaseStatus.RETIRED), NOW).row
