@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 
+from semaphore.core import json_text
 from semaphore.testing.workerd import WorkerdProcess, generate_config, validate_config
 
 pytestmark = pytest.mark.workerd
@@ -606,3 +607,22 @@ def test_admin_token_whitespace_is_stripped_and_blank_is_not_configured(workerd_
     status, data = padded.call("PUT", "/accounts/a/limit", {"limit": 3}, auth=False,
                                headers={"authorization": f"Bearer {TOKEN}x"})
     assert status == 401, data
+
+
+def test_a_permits_message_crosses_the_rpc_as_json_text_both_ways(app):
+    """SPEC R7 "JSON text", on workerd's own RPC: ``POST .../permits`` sends the body to the holder
+    as JSON text and answers the holder's text as it came. The body is the compact text the
+    holder wrote (``json_text.encode``), not the front's own encoding of an object (which puts a
+    space after each separator), and the holder tallied the text as the sync it holds."""
+    acct = "as-text"
+    before = app.ok("GET", f"/accounts/{acct}/ping")["instance"]["messages"]
+    message = {"type": "sync", "v": 1, "clientId": "text-client", "grants": []}
+    status, raw = app.proc.request(f"/accounts/{acct}/permits", method="POST", body=json.dumps(message).encode(),
+                                   headers={**app.auth, "content-type": "application/json"})
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    assert status == 200, text
+    reply = json.loads(text)
+    assert reply["v"] == 1 and reply["grants"] == [], reply
+    assert text == json_text.encode(reply) and text != json.dumps(reply), text
+    after = app.ok("GET", f"/accounts/{acct}/ping")["instance"]["messages"]
+    assert after["sync"] == before["sync"] + 1 and after["other"] == before["other"], (before, after)
