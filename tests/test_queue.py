@@ -858,7 +858,7 @@ async def test_a_queue_step_that_fails_after_a_reply_was_applied_rolls_the_reply
 
     s = Setup()
     assert s.queue.storage is not s.side.client.storage
-    real = _queue_pump.plan.plan_reply
+    real = _queue_pump.client_step.after_reply
     seen: list[list[str]] = []
 
     def fails_once(*args: Any, **kwargs: Any) -> Any:
@@ -867,7 +867,7 @@ async def test_a_queue_step_that_fails_after_a_reply_was_applied_rolls_the_reply
             raise RuntimeError("the queue's step failed")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(_queue_pump.plan, "plan_reply", fails_once)
+    monkeypatch.setattr(_queue_pump.client_step, "after_reply", fails_once)
     await s.queue.enqueue(KEY, "g", "a")
     await s.clock.settle()
     assert seen and seen[0], "the reply's grant was not visible inside the queue's step"

@@ -122,6 +122,15 @@ class KeyUnit:
             self.client._change_lease(self.key, lease_id, "released", lease.released + n)
         return n
 
+    def _set_count(self, kind: str, row_id: str, column: str, value: int) -> None:
+        """Write one count of a grant (``kind`` ``"grant"``) or lease (``"lease"``) as a step of
+        the queue decided it (:mod:`semaphore.core.client_step`, which clamps as the methods
+        above do); an unknown row is left alone."""
+        if kind == "grant":
+            self.client._change_grant(self.key, row_id, column, value)
+        else:
+            self.client._change_lease(self.key, row_id, column, value)
+
     def ask_holder(self) -> None:
         """As :meth:`SemaphoreClient.ask_holder`, in the caller's transaction: the key's next
         exchange goes at once."""

@@ -121,16 +121,19 @@ class _QueueItemsPart(_QueueBase):
             self._set_wake(key, now if wake_at is None else wake_at, earlier_only=True)
         return keys
 
-    def _finish(self, key: str, item_ids: list[str], now: int, *, release_n: int = 0) -> None:
+    def _finish(self, key: str, item_ids: list[str], now: int, *, release_n: int = 0,
+                permits: bool | None = None) -> None:
         """Mark the items done (inside the caller's transaction; the caller wakes the key). With
         ``on_done`` their hooks are only recorded as pending, due at once: each runs later in a
         transaction of its own (:meth:`_run_done_hook`), never in this shared step, so a failing
         hook cannot roll back the key's admissions or replies. ``release_n``: the released count
-        of their (one) permit that they record (:meth:`_release_permit`)."""
+        of their (one) permit that they record (:meth:`_release_permit`). ``permits``: whether
+        :meth:`permit` items are among them (``None``: read from their rows)."""
         if not item_ids:
             return
-        rows = [self._items.row(key, item_id) for item_id in item_ids]
-        permits = any(r is None or r["owner"] for r in rows)  # permit() items among them (unknown: maybe)
+        if permits is None:
+            rows = [self._items.row(key, item_id) for item_id in item_ids]
+            permits = any(r is None or r["owner"] for r in rows)  # permit() items among them (unknown: maybe)
         recorded = {"release_n": release_n} if release_n else {}
         self._items.update(key, item_ids, {  # a permit() item's caller knows when it is done: no hook for it
             "state": ItemState.DONE.value, "finished_at": now, "done_pending": DonePending(self.on_done is not None),

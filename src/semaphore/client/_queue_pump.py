@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from ..core import client_step
 from ..core import queue_plan as plan
-from ..core.queue_plan import ClaimingItem, Exchange, KeySnapshot, PendingReleases, Resolve
+from ..core.client_step import KeyChanges
+from ..core.queue_plan import ClaimingItem, Exchange, KeySnapshot, PendingReleases
 from ..core.wire import Demand
 from ..errors import ConfigurationError, SemaphoreError
-from ._client import AppliedReply, KeyUnit
+from ._client import AppliedReply
 from ._queue_callbacks import _QueueCallbacks
 from ._queue_model import ItemState, PermitKind
 
@@ -288,10 +290,11 @@ class _QueuePump(_QueueCallbacks):
                                       int(r["slot"]), bool(r["cancel"]), not r["owner"], int(r["enqueued_at"]))
                          for r in self._live(key, ItemState.CLAIMING))
         pending = self.marks.pending(key)
+        unstarted = tuple(str(r["item_id"]) for r in self._live(key, ItemState.RUNNING, admitted=0, owner=""))
         return KeySnapshot(
             now, queued, claiming, tuple(unit.grants()), {c.grant_id: unit.grant(c.grant_id) for c in claiming},
             tuple(unit.leases()), unit.state(), pending,
-            self._admit_room(key), self._running_grant_slots(key))
+            self._admit_room(key), self._running_grant_slots(key), unstarted)
 
     def _running_grant_slots(self, key: str) -> dict[str, int]:
         """Per grant id, how many of ``key``'s running items hold a slot of it."""
@@ -300,90 +303,70 @@ class _QueuePump(_QueueCallbacks):
             out[str(r["permit_id"])] = out.get(str(r["permit_id"]), 0) + 1
         return out
 
-    def _resolve(self, unit: KeyUnit, resolutions: tuple[plan.Resolution, ...], wake_now: bool, now: int) -> None:
-        """Carry out claim resolutions (SPEC R15a): one write per kind of resolution."""
-        for r in resolutions:
-            if r.action is Resolve.RELEASE:
-                unit.release(r.grant_id, 1)
-        self._start(unit.key, [r.item_id for r in resolutions if r.action is Resolve.START], now)
-        self._requeue(unit.key, [r.item_id for r in resolutions if r.action is Resolve.REQUEUE])
-        self._finish(unit.key, [r.item_id for r in resolutions if r.action not in (Resolve.START, Resolve.REQUEUE)],
-                     now)
-        if wake_now:
-            self._set_wake(unit.key, now, earlier_only=True)  # a hook is due, even if this instance dies
+    def _persist(self, key: str, changes: KeyChanges, now: int) -> None:
+        """Write one step's changes (:mod:`~semaphore.core.client_step`) in the caller's
+        transaction, in their order, deciding nothing: the counts of the key's grants and leases,
+        then its items and marks."""
+        if changes.blocked is not None:  # one statement; replaces the previous reply's
+            self.marks.keep_blocked(key, [list(b) for b in changes.blocked], now)
+        # The holder has answered: admitted items still to be (re)started have their permit
+        # checked by this reply (a retry waits for one, see _run_callbacks).
+        self._items.update(key, list(changes.checked), {"checked_at": now})
+        unit = self.client.unit(key)
+        for kind, counts in (("grant", changes.grants), ("lease", changes.leases)):
+            for row_id, values in counts.items():
+                for column, value in values.items():
+                    unit._set_count(kind, row_id, column, value)
+        if changes.clear_pending:
+            self.marks.clear_pending(key)
+        self._start(key, list(changes.start), now)
+        self._requeue(key, list(changes.requeue))
+        self._finish(key, list(changes.finish), now, permits=changes.finish_permits)
+        if changes.wake_now:
+            self._set_wake(key, now, earlier_only=True)  # a hook is due, even if this instance dies
+        for claim in changes.claims:
+            self._items.update(key, claim.item_ids, {
+                "state": ItemState.CLAIMING.value, "permit_kind": PermitKind.GRANT.value, "permit_id": claim.grant_id},
+                {"slot": list(claim.slots)})
+        for draw in changes.draws:
+            self._start(key, list(draw.item_ids), now, permit_kind=PermitKind.LEASE.value, permit_id=draw.lease_id,
+                        slot=list(range(draw.first_slot, draw.first_slot + len(draw.item_ids))))
+        if changes.ask_holder:  # reported at once (the plan's idle slots)
+            unit.ask_holder()
+        if changes.purge_done_before is not None and changes.purge_due_before is not None \
+                and self.marks.purge_due(changes.purge_due_before):
+            self._items.purge_done(changes.purge_done_before)
+            self.marks.purged()
+        # A finished permit() item is never enqueued again (its id is random): nothing to keep.
+        if changes.delete_done_permits and self.marks.permits_done(key):
+            self._items.delete_done_permits(key)
+            self.marks.permits_deleted(key)
 
     async def _sync(self, key: str) -> None:
         """A ``sync`` of ``key``; its reply applied (:meth:`SemaphoreClient.apply`) and the
-        key's items moved on it (:meth:`_on_reply`) in one transaction of the queue's own."""
+        key's items moved on it (:meth:`_apply_reply`) in one transaction of the queue's own."""
         reply = await self.client.send_sync(key, leases=self.leases)
-        self.storage.transaction(lambda: self._on_reply(self.client.apply(reply)))
+        self.storage.transaction(lambda: self._apply_reply(self.client.apply(reply)))
 
     async def _request(self, key: str, demand: list[Demand], trying: set[str]) -> None:
         """A ``request`` of ``key`` with ``demand`` (a try if ``trying``, R9b), applied as by
-        :meth:`_sync` with the reply's ``blocked`` words (:meth:`_on_request_reply`)."""
+        :meth:`_sync`, its reply's ``blocked`` words kept as the key's latest word on why its
+        groups wait."""
         reply = await self.client.send_request(key, demand, leases=self.leases, force=True,
                                                wait_ms=self.request_wait_ms, no_wait=bool(trying))
-        self.storage.transaction(lambda: self._on_request_reply(self.client.apply(reply)))
+        self.storage.transaction(lambda: self._apply_reply(self.client.apply(reply), request=True))
 
-    def _on_reply(self, applied: AppliedReply) -> None:
-        # The holder has answered: admitted items still to be (re)started have their permit
-        # checked by this reply (a retry waits for one, see _run_callbacks).
-        self._items.update(applied.key, [str(r["item_id"]) for r in self._live(
-            applied.key, ItemState.RUNNING, admitted=0, owner="")], {"checked_at": applied.now})
-        self._apply_reply(applied)
-
-    def _apply_reply(self, applied: AppliedReply) -> None:
-        # What was pending went with this message, unless it could not carry every report (over
-        # 1,000, R7): then the rest stays due since the same time, so the pump's next exchange
-        # sends the next window at once (claims are due at once anyway: items stay claiming).
-        if not applied.more:
-            self.marks.clear_pending(applied.key)
-        unit = self.client.unit(applied.key)
-        step = plan.plan_reply(self._snapshot(applied.key, applied.now), self._options(),
-                               contended=applied.contended)
-        self._resolve(unit, step.resolutions, step.wake_now, applied.now)
-        for lease_id in step.stops:
-            unit.stop_lease(lease_id)
-
-    def _on_request_reply(self, applied: AppliedReply) -> None:
-        """A reply to a request: keep its ``blocked`` entries as the key's latest word on why
-        its groups wait (one statement; replaces the previous reply's), then as any reply."""
-        self.marks.keep_blocked(applied.key, [[b.group, b.reason.value, b.waiting] for b in applied.response.blocked],
-                                applied.now)
-        self._on_reply(applied)
+    def _apply_reply(self, applied: AppliedReply, *, request: bool = False) -> None:
+        """Load the key, let :func:`~semaphore.core.client_step.after_reply` decide, persist."""
+        blocked = tuple((b.group, b.reason.value, b.waiting) for b in applied.response.blocked) if request else None
+        changes = client_step.after_reply(self._snapshot(applied.key, applied.now), self._options(),
+                                          contended=applied.contended, more=applied.more, blocked=blocked)
+        self._persist(applied.key, changes, applied.now)
 
     def _admit_locally(self, key: str, now: int, *, claims: bool = True) -> None:
-        """Resolve claims, claim from grants (pending confirmation; not if ``claims`` is false),
-        draw from leases, stop leases, give back grant permits nothing can use
-        (:func:`~semaphore.core.queue_plan.plan_admission`)."""
-        step = plan.plan_admission(self._snapshot(key, now), self._options(), with_claims=claims)
-        unit = self.client.unit(key)
-        self._resolve(unit, step.resolutions, step.wake_now, now)
-        for claim in step.claims:
-            slots = unit.claim(claim.grant_id, len(claim.item_ids))
-            self._items.update(key, claim.item_ids[:len(slots)], {
-                "state": ItemState.CLAIMING.value, "permit_kind": PermitKind.GRANT.value, "permit_id": claim.grant_id},
-                {"slot": slots})
-        for draw in step.draws:
-            drawn = unit.draw_many(draw.lease_id, len(draw.item_ids), margin_ms=self.lease_margin_ms, now=now)
-            self._start(key, list(draw.item_ids[:len(drawn)]), now, permit_kind=PermitKind.LEASE.value,
-                        permit_id=draw.lease_id, slot=drawn)
-        for lease_id in step.stops:
-            unit.stop_lease(lease_id)
-        for give_back in step.give_backs:  # no item runs under them: released once confirmed
-            unit.claim(give_back.grant_id, give_back.count)
-        for idle in step.idle_slots:
-            unit.release(idle.grant_id, idle.count)
-        if step.idle_slots:  # reported at once (the plan's idle slots)
-            unit.ask_holder()
-        if step.purge_done_before is not None and step.purge_due_before is not None \
-                and self.marks.purge_due(step.purge_due_before):
-            self._items.purge_done(step.purge_done_before)
-            self.marks.purged()
-        # A finished permit() item is never enqueued again (its id is random): nothing to keep.
-        if self.marks.permits_done(key):
-            self._items.delete_done_permits(key)
-            self.marks.permits_deleted(key)
+        """One local admission (:func:`~semaphore.core.client_step.admission`): load the key,
+        decide, persist. Claims are made unless ``claims`` is false."""
+        self._persist(key, client_step.admission(self._snapshot(key, now), self._options(), with_claims=claims), now)
 
     def _report_due(self, key: str, snap: KeySnapshot) -> plan.ReportDue:
         """:func:`~semaphore.core.queue_plan.report_due`, keeping the key's "releases waiting

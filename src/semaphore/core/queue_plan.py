@@ -105,6 +105,8 @@ class KeySnapshot:
         minus the key's claiming items and running items whose callback has not returned);
         ``None``: no bound.
     :ivar running: per grant id, how many running items hold a slot of it.
+    :ivar unstarted: the running callback items whose callback has not returned yet (a retry
+        of one waits for a reply of the holder since it came due, :func:`retry_waits_for_holder`).
     """
 
     now: int
@@ -117,6 +119,7 @@ class KeySnapshot:
     pending_since: int | None = None
     admit_room: int | None = None
     running: Mapping[str, int] = field(default_factory=dict)
+    unstarted: tuple[str, ...] = ()
 
     def queued_groups(self) -> dict[str, list[str]]:
         """Queued item ids per group, in enqueue order."""

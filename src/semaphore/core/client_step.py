@@ -1,0 +1,183 @@
+"""One step of a queue's key (SPEC R37): every row a local admission or a holder reply changes,
+decided by a pure function over the key's loaded :class:`~.queue_plan.KeySnapshot`.
+
+The queue loads the snapshot, calls :func:`admission` (claims resolved, claims, draws, stops,
+give-backs, idle slots) or :func:`after_reply` (claims resolved, stops), and persists the
+returned :class:`KeyChanges` in the same transaction, deciding nothing itself: load → step →
+persist. The planner (:mod:`.queue_plan`) says what to do; this module turns it into the rows'
+new values, clamped as the client's own changes are (a claim never past a grant's unclaimed
+permits, a draw never past a lease's undrawn ones, a release never past what is releasable,
+R15a, R34), tracking each row through the step so that two changes of one row compose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from .client_state import GONE, ClientGrant, ClientLease
+from .queue_plan import (
+    AdmissionPlan,
+    Claim,
+    Draw,
+    KeySnapshot,
+    QueueOptions,
+    ReplyPlan,
+    Resolve,
+    plan_admission,
+    plan_reply,
+)
+from .wire import LeaseStatus
+
+__all__ = ["KeyChanges", "admission", "after_reply"]
+
+_SETTLED = LeaseStatus.SETTLED.value
+
+
+@dataclass(frozen=True)
+class KeyChanges:
+    """What one step writes for a key, in the order the queue persists it.
+
+    :ivar grants: / :ivar leases: per grant (lease) id, the new value of each count the step
+        changed (``claimed``, ``released``; ``drawn``, ``stopped``).
+    :ivar start: / :ivar requeue: / :ivar finish: claiming items that run from now (their slot
+        confirmed), go back to the queue (never confirmed), or are done (cancelled).
+    :ivar finish_permits: a :meth:`~semaphore.client.SemaphoreQueue.permit` item is among
+        ``finish`` (its row is deleted soon after).
+    :ivar claims: / :ivar draws: items that claim grant slots (claiming, pending confirmation,
+        R15a) or draw lease slots (running at once, R30), with their slots.
+    :ivar wake_now: an item finished and its ``on_done`` hook is due now.
+    :ivar ask_holder: the next exchange goes at once (idle grant slots were released).
+    :ivar clear_pending: the key's "releases waiting since" mark is cleared (a reply carried them).
+    :ivar checked: running callback items whose permit a reply has just checked (``checked_at``).
+    :ivar blocked: a request's reply's ``blocked`` entries ``(group, reason, waiting)``, kept as
+        the key's latest word on why its groups wait (``None``: kept as they are).
+    :ivar purge_done_before: / :ivar purge_due_before: as in
+        :class:`~.queue_plan.AdmissionPlan` (``None``: no purge).
+    :ivar delete_done_permits: finished ``permit()`` items are deleted (their ids are random:
+        never enqueued again, so nothing needs them kept).
+    """
+
+    grants: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    leases: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    start: tuple[str, ...] = ()
+    requeue: tuple[str, ...] = ()
+    finish: tuple[str, ...] = ()
+    finish_permits: bool = False
+    claims: tuple[Claim, ...] = ()
+    draws: tuple[Draw, ...] = ()
+    wake_now: bool = False
+    ask_holder: bool = False
+    clear_pending: bool = False
+    checked: tuple[str, ...] = ()
+    blocked: tuple[tuple[str, str, int], ...] | None = None
+    purge_done_before: int | None = None
+    purge_due_before: int | None = None
+    delete_done_permits: bool = False
+
+
+class _Rows:
+    """The key's grants and leases as the step changes them (the snapshot's, tombstones of
+    claiming items included), and the counts changed so far."""
+
+    def __init__(self, snap: KeySnapshot) -> None:
+        self.grant: dict[str, ClientGrant] = {g.grant_id: g for g in snap.claim_grants.values() if g is not None}
+        self.grant.update((g.grant_id, g) for g in snap.grants)
+        self.lease: dict[str, ClientLease] = {x.lease_id: x for x in snap.leases}
+        self.grants: dict[str, dict[str, int]] = {}
+        self.leases: dict[str, dict[str, int]] = {}
+
+    def _set_grant(self, new: ClientGrant, column: str, value: int) -> None:
+        self.grant[new.grant_id] = new
+        self.grants.setdefault(new.grant_id, {})[column] = value
+
+    def _set_lease(self, new: ClientLease, column: str, value: int) -> None:
+        self.lease[new.lease_id] = new
+        self.leases.setdefault(new.lease_id, {})[column] = value
+
+    def claim(self, grant_id: str, count: int) -> int:
+        """Claim up to ``count`` unclaimed permits of the grant; how many were claimed."""
+        g = self.grant.get(grant_id)
+        n = 0 if g is None else min(count, g.unclaimed)
+        if g is not None and n > 0:
+            self._set_grant(replace(g, claimed=g.claimed + n), "claimed", g.claimed + n)
+        return max(0, n)
+
+    def release(self, grant_id: str, count: int) -> None:
+        """Release up to ``count`` confirmed, unreleased permits of the grant (R15a)."""
+        g = self.grant.get(grant_id)
+        n = 0 if g is None or g.status == GONE else min(count, g.releasable)
+        if g is not None and n > 0:
+            self._set_grant(replace(g, released=g.released + n), "released", g.released + n)
+
+    def draw(self, lease_id: str, count: int, now: int, margin_ms: int) -> int:
+        """Draw up to ``count`` permits of the lease if it may be drawn from now (R30, R34)."""
+        x = self.lease.get(lease_id)
+        if x is None or count <= 0 or not x.drawable(now, margin_ms):
+            return 0
+        n = min(count, x.undrawn)
+        self._set_lease(replace(x, drawn=x.drawn + n), "drawn", x.drawn + n)
+        return n
+
+    def stop(self, lease_id: str) -> None:
+        """Stop the lease (R29, R37) unless it is stopped or settled already."""
+        x = self.lease.get(lease_id)
+        if x is not None and not x.stopped and x.status != _SETTLED:
+            self._set_lease(replace(x, stopped=True), "stopped", 1)
+
+
+def _resolved(snap: KeySnapshot, rows: _Rows, p: AdmissionPlan | ReplyPlan) -> KeyChanges:
+    """The claim resolutions' changes (R15a): a confirmed slot of a cancelled item released."""
+    for r in p.resolutions:
+        if r.action is Resolve.RELEASE:
+            rows.release(r.grant_id, 1)
+    finish = tuple(r.item_id for r in p.resolutions if r.action not in (Resolve.START, Resolve.REQUEUE))
+    permit_items = {c.item_id for c in snap.claiming if not c.bounded}
+    return KeyChanges(start=tuple(r.item_id for r in p.resolutions if r.action is Resolve.START),
+                      requeue=tuple(r.item_id for r in p.resolutions if r.action is Resolve.REQUEUE),
+                      finish=finish, finish_permits=any(i in permit_items for i in finish), wake_now=p.wake_now)
+
+
+def admission(snap: KeySnapshot, opts: QueueOptions, *, with_claims: bool = True) -> KeyChanges:
+    """One local admission of the key (:func:`~.queue_plan.plan_admission`): resolve claims,
+    claim from grants (not if ``with_claims`` is false), draw from leases, stop leases, give
+    back grant permits nothing can use (claimed now, released once confirmed) and release
+    confirmed slots no item holds, which the holder hears at once."""
+    p = plan_admission(snap, opts, with_claims=with_claims)
+    rows = _Rows(snap)
+    resolved = _resolved(snap, rows, p)
+    claims = []
+    for c in p.claims:
+        n = rows.claim(c.grant_id, len(c.item_ids))
+        if n:
+            claims.append(Claim(c.grant_id, c.slots[:n], c.item_ids[:n]))
+    draws = []
+    for d in p.draws:
+        n = rows.draw(d.lease_id, len(d.item_ids), snap.now, opts.lease_margin_ms)
+        if n:
+            draws.append(Draw(d.lease_id, d.first_slot, d.item_ids[:n]))
+    for lease_id in p.stops:
+        rows.stop(lease_id)
+    for give_back in p.give_backs:  # no item runs under them: released once confirmed
+        rows.claim(give_back.grant_id, give_back.count)
+    for idle in p.idle_slots:
+        rows.release(idle.grant_id, idle.count)
+    return replace(resolved, grants=rows.grants, leases=rows.leases, claims=tuple(claims), draws=tuple(draws),
+                   ask_holder=bool(p.idle_slots), purge_done_before=p.purge_done_before,
+                   purge_due_before=p.purge_due_before, delete_done_permits=True)
+
+
+def after_reply(snap: KeySnapshot, opts: QueueOptions, *, contended: bool, more: bool,
+                blocked: tuple[tuple[str, str, int], ...] | None = None) -> KeyChanges:
+    """What a holder reply changes in the key's items and leases (:func:`~.queue_plan.plan_reply`):
+    the running callback items not started yet checked by it, claims resolved, leases stopped,
+    a request's ``blocked`` entries kept (``blocked``, ``None`` for a sync); the "releases
+    waiting since" mark cleared unless the reply could not carry every report (``more``, over
+    1,000, R7: the rest stays due since then)."""
+    p = plan_reply(snap, opts, contended=contended)
+    rows = _Rows(snap)
+    resolved = _resolved(snap, rows, p)
+    for lease_id in p.stops:
+        rows.stop(lease_id)
+    return replace(resolved, grants=rows.grants, leases=rows.leases, clear_pending=not more,
+                   checked=snap.unstarted, blocked=blocked)
