@@ -9,11 +9,12 @@ import ast
 import inspect
 import textwrap
 
+import pytest
 from tests.test_queue_plan import NOW, OPTS, grant, lease, queued
 
 from semaphore.client._queue_pump import _QueuePump
 from semaphore.core import client_step
-from semaphore.core.client_step import KeyChanges
+from semaphore.core.client_step import KeyChanges, _Rows
 from semaphore.core.queue_plan import ClaimingItem, KeySnapshot, QueueOptions
 
 
@@ -117,3 +118,14 @@ def test_the_shell_loads_steps_and_persists_without_deciding():
     assert _calls(_QueuePump._admit_locally) == {"_persist", "admission", "_snapshot", "_options"}
     # (the reply's blocked entries are turned into plain tuples: the event, not a decision)
     assert _calls(_QueuePump._apply_reply) == {"_persist", "after_reply", "_snapshot", "_options", "tuple"}
+
+
+def test_a_step_asserts_on_a_row_it_did_not_load():
+    # (architecture) the step decides only over the rows its snapshot loaded: naming another one
+    # is a bug of the step, not an absent row
+    rows = _Rows(KeySnapshot(NOW, grants=(grant(),), leases=(lease(),)))
+    assert rows.claim("g1", 1) == 1
+    for call in (lambda: rows.claim("g9", 1), lambda: rows.release("g9", 1),
+                 lambda: rows.draw("l9", 1, NOW, 0), lambda: rows.stop("l9")):
+        with pytest.raises(AssertionError, match="was not loaded"):
+            call()

@@ -131,7 +131,7 @@ def misconfiguration(exc: BaseException, stub: Any, where: str) -> Configuration
 def objects_only(reply: Any) -> bool:
     """Whether ``reply``, the answer to a message sent as JSON text, says the holder takes only
     objects: the ``invalid_message`` error of field ``""`` (the message itself) that a holder
-    of a release before JSON text (SPEC §3) answers to a string, as an object. A holder that
+    of a release before JSON text (SPEC R7) answers to a string, as an object. A holder that
     takes text answers text, its errors too."""
     if not isinstance(reply, dict):
         return False

@@ -155,8 +155,8 @@ class _QueueBase(abc.ABC):
     def _set_wake(self, key: str, at: int | None, *, earlier_only: bool = False) -> None:
         self.marks.set_wake(key, at, earlier_only=earlier_only)
 
-    # Executor of :mod:`semaphore.core.queue_plan`: load a snapshot of the key, let the planner
-    # decide, carry the plan out against the queue's rows and the client's unit of work.
+    # The queue is the shell of :mod:`semaphore.core.queue_plan` and :mod:`semaphore.core.client_step`:
+    # load a snapshot of the key, let them decide, persist what they decided.
     def _options(self) -> plan.QueueOptions:
         return plan.QueueOptions(
             claim_margin_ms=self.claim_margin_ms, lease_margin_ms=self.lease_margin_ms,

@@ -78,7 +78,8 @@ class KeyChanges:
 
 class _Rows:
     """The key's grants and leases as the step changes them (the snapshot's, tombstones of
-    claiming items included), and the counts changed so far."""
+    claiming items included), and the counts changed so far. A lookup of a row the snapshot
+    did not load is a bug of the step (it would decide over a row it never saw): it asserts."""
 
     def __init__(self, snap: KeySnapshot) -> None:
         self.grant: dict[str, ClientGrant] = {g.grant_id: g for g in snap.claim_grants.values() if g is not None}
@@ -95,25 +96,34 @@ class _Rows:
         self.lease[new.lease_id] = new
         self.leases.setdefault(new.lease_id, {})[column] = value
 
+    def _grant(self, grant_id: str) -> ClientGrant:
+        assert grant_id in self.grant, f"grant {grant_id!r} was not loaded for this step"
+        return self.grant[grant_id]
+
+    def _lease(self, lease_id: str) -> ClientLease:
+        assert lease_id in self.lease, f"lease {lease_id!r} was not loaded for this step"
+        return self.lease[lease_id]
+
     def claim(self, grant_id: str, count: int) -> int:
         """Claim up to ``count`` unclaimed permits of the grant; how many were claimed."""
-        g = self.grant.get(grant_id)
-        n = 0 if g is None else min(count, g.unclaimed)
-        if g is not None and n > 0:
-            self._set_grant(replace(g, claimed=g.claimed + n), "claimed", g.claimed + n)
-        return max(0, n)
+        g = self._grant(grant_id)
+        n = min(count, g.unclaimed)
+        if n <= 0:
+            return 0
+        self._set_grant(replace(g, claimed=g.claimed + n), "claimed", g.claimed + n)
+        return n
 
     def release(self, grant_id: str, count: int) -> None:
         """Release up to ``count`` confirmed, unreleased permits of the grant (R15a)."""
-        g = self.grant.get(grant_id)
-        n = 0 if g is None or g.status == GONE else min(count, g.releasable)
-        if g is not None and n > 0:
+        g = self._grant(grant_id)
+        n = 0 if g.status == GONE else min(count, g.releasable)
+        if n > 0:
             self._set_grant(replace(g, released=g.released + n), "released", g.released + n)
 
     def draw(self, lease_id: str, count: int, now: int, margin_ms: int) -> int:
         """Draw up to ``count`` permits of the lease if it may be drawn from now (R30, R34)."""
-        x = self.lease.get(lease_id)
-        if x is None or count <= 0 or not x.drawable(now, margin_ms):
+        x = self._lease(lease_id)
+        if count <= 0 or not x.drawable(now, margin_ms):
             return 0
         n = min(count, x.undrawn)
         self._set_lease(replace(x, drawn=x.drawn + n), "drawn", x.drawn + n)
@@ -121,8 +131,8 @@ class _Rows:
 
     def stop(self, lease_id: str) -> None:
         """Stop the lease (R29, R37) unless it is stopped or settled already."""
-        x = self.lease.get(lease_id)
-        if x is not None and not x.stopped and x.status != _SETTLED:
+        x = self._lease(lease_id)
+        if not x.stopped and x.status != _SETTLED:
             self._set_lease(replace(x, stopped=True), "stopped", 1)
 
 
