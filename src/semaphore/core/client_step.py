@@ -5,9 +5,10 @@ The queue loads the snapshot, calls :func:`admission` (claims resolved, claims, 
 give-backs, idle slots) or :func:`after_reply` (claims resolved, stops), and persists the
 returned :class:`KeyChanges` in the same transaction, deciding nothing itself: load → step →
 persist. The planner (:mod:`.queue_plan`) says what to do; this module turns it into the rows'
-new values, clamped as the client's own changes are (a claim never past a grant's unclaimed
-permits, a draw never past a lease's undrawn ones, a release never past what is releasable,
-R15a, R34), tracking each row through the step so that two changes of one row compose.
+new values, tracking each row through the step so that two changes of one row compose, and
+asserts what the planner guarantees (a claim never past a grant's unclaimed permits, a draw
+never past a lease's undrawn ones, a release never past what is releasable, R15a, R34; only an
+active lease stopped): a step never writes a count the client's own changes would refuse.
 """
 
 from __future__ import annotations
@@ -104,36 +105,31 @@ class _Rows:
         assert lease_id in self.lease, f"lease {lease_id!r} was not loaded for this step"
         return self.lease[lease_id]
 
-    def claim(self, grant_id: str, count: int) -> int:
-        """Claim up to ``count`` unclaimed permits of the grant; how many were claimed."""
+    def claim(self, grant_id: str, count: int) -> None:
+        """Claim ``count`` unclaimed permits of the grant (R15a)."""
         g = self._grant(grant_id)
-        n = min(count, g.unclaimed)
-        if n <= 0:
-            return 0
-        self._set_grant(replace(g, claimed=g.claimed + n), "claimed", g.claimed + n)
-        return n
+        assert 0 < count <= g.unclaimed, f"the plan claims {count} of grant {grant_id!r}, {g.unclaimed} unclaimed"
+        self._set_grant(replace(g, claimed=g.claimed + count), "claimed", g.claimed + count)
 
     def release(self, grant_id: str, count: int) -> None:
-        """Release up to ``count`` confirmed, unreleased permits of the grant (R15a)."""
+        """Release ``count`` confirmed, unreleased permits of the grant (R15a)."""
         g = self._grant(grant_id)
-        n = 0 if g.status == GONE else min(count, g.releasable)
-        if n > 0:
-            self._set_grant(replace(g, released=g.released + n), "released", g.released + n)
+        assert g.status != GONE and 0 < count <= g.releasable, \
+            f"the plan releases {count} of grant {grant_id!r}, {g.releasable} releasable"
+        self._set_grant(replace(g, released=g.released + count), "released", g.released + count)
 
-    def draw(self, lease_id: str, count: int, now: int, margin_ms: int) -> int:
-        """Draw up to ``count`` permits of the lease if it may be drawn from now (R30, R34)."""
+    def draw(self, lease_id: str, count: int, now: int, margin_ms: int) -> None:
+        """Draw ``count`` permits of the lease (R30, R34)."""
         x = self._lease(lease_id)
-        if count <= 0 or not x.drawable(now, margin_ms):
-            return 0
-        n = min(count, x.undrawn)
-        self._set_lease(replace(x, drawn=x.drawn + n), "drawn", x.drawn + n)
-        return n
+        assert x.drawable(now, margin_ms) and 0 < count <= x.undrawn, \
+            f"the plan draws {count} of lease {lease_id!r}, {x.undrawn} undrawn"
+        self._set_lease(replace(x, drawn=x.drawn + count), "drawn", x.drawn + count)
 
     def stop(self, lease_id: str) -> None:
-        """Stop the lease (R29, R37) unless it is stopped or settled already."""
+        """Stop the lease (R29, R37)."""
         x = self._lease(lease_id)
-        if not x.stopped and x.status != _SETTLED:
-            self._set_lease(replace(x, stopped=True), "stopped", 1)
+        assert x.active, f"the plan stops lease {lease_id!r}, not active"
+        self._set_lease(replace(x, stopped=True), "stopped", 1)
 
 
 def _resolved(snap: KeySnapshot, rows: _Rows, p: AdmissionPlan | ReplyPlan) -> KeyChanges:
@@ -156,23 +152,17 @@ def admission(snap: KeySnapshot, opts: QueueOptions, *, with_claims: bool = True
     p = plan_admission(snap, opts, with_claims=with_claims)
     rows = _Rows(snap)
     resolved = _resolved(snap, rows, p)
-    claims = []
     for c in p.claims:
-        n = rows.claim(c.grant_id, len(c.item_ids))
-        if n:
-            claims.append(Claim(c.grant_id, c.slots[:n], c.item_ids[:n]))
-    draws = []
+        rows.claim(c.grant_id, len(c.item_ids))
     for d in p.draws:
-        n = rows.draw(d.lease_id, len(d.item_ids), snap.now, opts.lease_margin_ms)
-        if n:
-            draws.append(Draw(d.lease_id, d.first_slot, d.item_ids[:n]))
+        rows.draw(d.lease_id, len(d.item_ids), snap.now, opts.lease_margin_ms)
     for lease_id in p.stops:
         rows.stop(lease_id)
     for give_back in p.give_backs:  # no item runs under them: released once confirmed
         rows.claim(give_back.grant_id, give_back.count)
     for idle in p.idle_slots:
         rows.release(idle.grant_id, idle.count)
-    return replace(resolved, grants=rows.grants, leases=rows.leases, claims=tuple(claims), draws=tuple(draws),
+    return replace(resolved, grants=rows.grants, leases=rows.leases, claims=p.claims, draws=p.draws,
                    ask_holder=bool(p.idle_slots), purge_done_before=p.purge_done_before,
                    purge_due_before=p.purge_due_before, delete_done_permits=True)
 
