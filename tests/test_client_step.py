@@ -8,14 +8,20 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
+from typing import Any
 
 import pytest
 from tests.test_queue_plan import NOW, OPTS, grant, lease, queued
 
+from semaphore import HolderUnavailableError
 from semaphore.client._queue_pump import _QueuePump
 from semaphore.core import client_step
+from semaphore.core import queue_plan as plan
 from semaphore.core.client_step import KeyChanges, _Rows
-from semaphore.core.queue_plan import ClaimingItem, KeySnapshot, QueueOptions
+from semaphore.core.queue_plan import ClaimingItem, KeySnapshot, Resolve
+from semaphore.testing import T0, ClientSide, HolderSide, Net, SimClock, async_test
+
+pytestmark = pytest.mark.usefixtures("quiet_logs")  # the holder is made unreachable on purpose
 
 
 def claiming(item_id: str, slot: int, *, gid: str = "g1", cancel: bool = False, bounded: bool = True,
@@ -69,11 +75,131 @@ def test_r15a_resolutions_start_requeue_and_finish_and_name_permit_items():
 def test_r37_a_reply_checks_the_unstarted_callback_items_and_keeps_a_requests_blocked_words():
     # R37: a retry of a callback waits for a reply since it came due (the reply checks its
     # permit); a request's reply replaces the key's blocked entries, a sync's keeps them
-    snap = KeySnapshot(NOW, unstarted=("a", "b"))
     words = (("g", "limit", 3),)
-    assert client_step.after_reply(snap, OPTS, contended=True, more=False, blocked=words) == \
-        KeyChanges(clear_pending=True, checked=("a", "b"), blocked=words)
-    assert client_step.after_reply(snap, OPTS, contended=False, more=False).blocked is None
+    assert client_step.after_reply(KeySnapshot(NOW), OPTS, contended=True, more=False, unstarted=("a", "b"),
+                                   blocked=words) == KeyChanges(clear_pending=True, checked=("a", "b"), blocked=words)
+    assert client_step.after_reply(KeySnapshot(NOW), OPTS, contended=False, more=False).blocked is None
+
+
+def test_r15a_a_cancelled_claim_whose_slot_the_holder_released_already_finishes_with_nothing_released():
+    # R15a: the reply that confirms a cancelled item's claim may also show its slot released at
+    # the holder (a crash expiry raised released to claimed, claimTtlMs, while the confirming
+    # reply was lost), or the grant dropped (a tombstone): the item is finished, nothing is
+    # released (a release would free a slot that another item holds, or none at all). g3: two
+    # cancelled items and one slot left: one releases it, the other finishes. g4: the slot
+    # left is held by an item that starts now, and g5's by a running item: nothing to release.
+    expired = grant(permits=2, claimed=1, released=1, confirmed=1)
+    gone = grant("g2", permits=1, claimed=1, confirmed=1, status="gone")
+    two = grant("g3", permits=3, claimed=3, released=1, confirmed=2)
+    starts = grant("g4", permits=2, claimed=2, released=1, confirmed=2)
+    runs = grant("g5", permits=2, claimed=2, released=1, confirmed=2)
+    items = (claiming("a", 1, cancel=True), claiming("b", 1, gid="g2", cancel=True),
+             claiming("c", 1, gid="g3", cancel=True), claiming("d", 2, gid="g3", cancel=True),
+             claiming("e", 1, gid="g4", cancel=True), claiming("f", 2, gid="g4"), claiming("h", 1, gid="g5", cancel=True))
+    snap = KeySnapshot(NOW, claiming=items, grants=(expired, two, starts, runs), running={"g5": 1},
+                       claim_grants={"g1": expired, "g2": gone, "g3": two, "g4": starts, "g5": runs})
+    assert [(r.item_id, r.action) for r in plan.resolve_claims(snap)] == [
+        ("a", Resolve.FINISH), ("b", Resolve.FINISH), ("c", Resolve.RELEASE), ("d", Resolve.FINISH),
+        ("e", Resolve.FINISH), ("f", Resolve.START), ("h", Resolve.FINISH)]
+    for out in (client_step.admission(snap, OPTS),
+                client_step.after_reply(snap, OPTS, contended=False, more=False)):
+        assert out.finish == ("a", "b", "c", "d", "e", "h") and out.start == ("f",)
+        assert {gid: counts.get("released") for gid, counts in out.grants.items()} in (
+            {"g3": 2}, {"g1": None, "g3": 2})  # g1's unclaimed permit is given back by an admission
+
+
+def _cut_off_while_claiming(clock: SimClock) -> tuple[HolderSide, ClientSide, dict[str, bool]]:
+    """A queue whose holder has claimTtlMs 5 s: items "a" and "b" are asked for and "b" is
+    completed while the request is on its way, so the grant of two keeps a permit unclaimed;
+    "a" claims a slot, its confirming reply is lost and the network goes down (``state["down"]``
+    until the test heals it)."""
+    holder = HolderSide(clock, limit=3, leases=None, claim_ttl_ms=5_000, grant_timeout_ms=600_000)
+    net = Net(holder, clock)
+    side = ClientSide("c1", clock, net, on_admit=lambda side, item: None)
+    state = {"down": False, "lose": True, "withdrawn": False}
+    real = net._handle
+
+    async def handle(message: dict[str, Any]) -> Any:
+        if state["down"]:
+            raise HolderUnavailableError("the network is down (test)")
+        if message["type"] == "request" and not state["withdrawn"]:
+            state["withdrawn"] = True
+            await side.queue.complete("b")  # its demand goes away while the request is on its way
+        reply = await real(message)
+        if message["type"] == "sync" and state["lose"] and any(g.get("claimed", 0) for g in message["grants"]):
+            state["lose"] = False
+            state["down"] = True  # the confirming reply is lost, then the network is down
+            raise HolderUnavailableError("the reply is lost (test)")
+        return reply
+
+    net._handle = handle  # type: ignore[method-assign]
+    return holder, side, state
+
+
+async def _charged(holder: HolderSide) -> list[tuple[int, int]]:
+    return [(g["claimed"], g["released"]) for x in (await holder.sem.holders())["holders"] for g in x["grants"]]
+
+
+@async_test
+async def test_r15a_a_cancelled_claim_the_holder_expired_is_finished_when_the_network_heals():
+    # R15a with claimTtlMs (R18 decision): the claiming item is cancelled while the client is cut
+    # off (a permit() timeout) and the holder's crash expiry releases its slot (the grant lives
+    # on: one permit is unclaimed). When the network heals, the reply confirms the slot and
+    # shows it released: the queue finishes the item. (A step that released the slot again
+    # failed the key's pump on every retry, so nothing of the key ran until claimBy.)
+    clock = SimClock(T0)
+    holder, side, state = _cut_off_while_claiming(clock)
+    q = side.queue
+    await q.enqueue("acct", "g", "a")
+    await q.enqueue("acct", "g", "b")
+    for _ in range(20):
+        await clock.advance(100)
+    assert q.item("a").state == "claiming"  # type: ignore[union-attr]
+    await q.complete("a")
+    await clock.advance(15_000)  # the holder's crash expiry releases the claim
+    assert await _charged(holder) == [(1, 1)]
+    state["down"] = False
+    for _ in range(10):
+        await clock.advance(1_000)
+    assert q.item("a").state == "done"  # type: ignore[union-attr]
+    side.driver.kill()
+
+
+@async_test
+async def test_r15a_i4_a_slot_the_holder_expired_is_not_released_again_under_an_item_that_runs():
+    # R15a, I4: as above, but a new item "c" claims the grant's unclaimed permit before the
+    # reply comes. The reply confirms both slots and shows one released (the expired one, "a"'s):
+    # "c" runs under the other, so "a" is finished with nothing released, and the holder keeps
+    # one permit charged while "c" runs. (Releasing "a"'s slot again reported the grant free
+    # while "c" ran under it: above the limit.)
+    clock = SimClock(T0)
+    holder, side, state = _cut_off_while_claiming(clock)
+    q = side.queue
+    await q.enqueue("acct", "g", "a")
+    await q.enqueue("acct", "g", "b")
+    for _ in range(20):
+        await clock.advance(100)
+    await q.complete("a")
+    await clock.advance(15_000)
+    await q.enqueue("acct", "g", "c")
+    await clock.advance(100)
+    state["down"] = False
+    for _ in range(10):
+        await clock.advance(1_000)
+    assert q.item("a").state == "done" and q.item("c").state == "running"  # type: ignore[union-attr]
+    assert await _charged(holder) == [(2, 1)]
+    side.driver.kill()
+
+
+def test_r37_a_give_back_and_the_idle_slots_of_one_grant_make_one_change_of_each_count():
+    # R37 (surplus grants): a grant whose group has nothing queued, claiming or running gives
+    # back its unclaimed permits (claimed now) and releases its confirmed slots no item holds,
+    # in one step: the row gets both counts
+    g = grant(permits=3, claimed=1, confirmed=1)
+    out = client_step.admission(KeySnapshot(NOW, grants=(g,)), OPTS)
+    assert out.grants == {"g1": {"claimed": 3, "released": 1}} and out.ask_holder
+    assert out.delete_done_permits  # an admission tidies finished permit items; a reply does not
+    assert not client_step.after_reply(KeySnapshot(NOW), OPTS, contended=False, more=False).delete_done_permits
 
 
 def test_r7_a_reply_that_could_not_carry_every_report_keeps_the_pending_mark():
@@ -90,18 +216,13 @@ def test_r29_a_contended_reply_stops_only_leases_not_stopped_yet():
     assert out.leases == {"l1": {"stopped": 1}}
 
 
-def test_the_step_is_pure_and_the_same_snapshot_gives_the_same_changes():
-    g = grant(permits=2)
-    snap = KeySnapshot(NOW, queued("a", "b", "c"), grants=(g,))
-    first = client_step.admission(snap, QueueOptions())
-    assert first == client_step.admission(snap, QueueOptions())
-    assert snap.grants == (g,)  # the snapshot is not changed
+def _tree(fn: object) -> ast.AST:
+    return ast.parse(textwrap.dedent(inspect.getsource(fn)))  # type: ignore[arg-type]
 
 
 def _calls(fn: object) -> set[str]:
-    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))  # type: ignore[arg-type]
     out = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(_tree(fn)):
         if isinstance(node, ast.Call):
             f = node.func
             out.add(f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", ""))
@@ -109,15 +230,23 @@ def _calls(fn: object) -> set[str]:
 
 
 def test_the_shell_loads_steps_and_persists_without_deciding():
-    # R37 (architecture): a local admission and a reply are load → step → persist: the shell's
-    # persist calls no planner and no step, and the admission and reply call nothing but the
-    # load, the step and the persist
-    persist = _calls(_QueuePump._persist)
-    assert not persist & {"plan_admission", "plan_reply", "admission", "after_reply", "resolve_claims",
-                          "leases_to_stop", "claim", "release", "draw_many", "stop_lease"}, persist
+    # R37 (architecture): a local admission and a reply are load → step → persist: the shell
+    # calls no planner and no step but the one it persists, computes no count (no arithmetic,
+    # no min or max) and compares none
+    shell = (_QueuePump._persist, _QueuePump._admit_locally, _QueuePump._apply_reply)
+    for fn in shell:
+        calls = _calls(fn)
+        assert not calls & {"plan_admission", "plan_reply", "resolve_claims", "leases_to_stop", "claim", "release",
+                            "draw_many", "stop_lease", "min", "max", "len"}, (fn, calls)
+        nodes = list(ast.walk(_tree(fn)))
+        assert not [n for n in nodes if isinstance(n, ast.BinOp)], fn
+        assert not [n for n in nodes if isinstance(n, ast.Compare) and not all(
+            isinstance(op, (ast.Is, ast.IsNot)) for op in n.ops)], fn  # only "is None" checks
     assert _calls(_QueuePump._admit_locally) == {"_persist", "admission", "_snapshot", "_options"}
-    # (the reply's blocked entries are turned into plain tuples: the event, not a decision)
-    assert _calls(_QueuePump._apply_reply) == {"_persist", "after_reply", "_snapshot", "_options", "tuple"}
+    # (the reply's blocked entries and the unstarted items' ids are read into tuples: the
+    # event's facts, not a decision)
+    assert _calls(_QueuePump._apply_reply) == {"_persist", "after_reply", "_snapshot", "_options", "tuple", "str",
+                                               "_live"}
 
 
 def test_a_step_asserts_on_a_row_it_did_not_load_and_on_a_count_the_plan_never_gives():
@@ -128,7 +257,7 @@ def test_a_step_asserts_on_a_row_it_did_not_load_and_on_a_count_the_plan_never_g
                              leases=(lease(permits=2, drawn=1), lease("l2", stopped=True))))
     rows.claim("g1", 1)
     rows.draw("l1", 1, NOW, 0)
-    assert rows.grants == {"g1": {"claimed": 2}} and rows.leases == {"l1": {"drawn": 2}}
+    assert rows.grant_counts == {"g1": {"claimed": 2}} and rows.lease_counts == {"l1": {"drawn": 2}}
     for call, words in ((lambda: rows.claim("g9", 1), "was not loaded"),
                         (lambda: rows.release("g9", 1), "was not loaded"),
                         (lambda: rows.draw("l9", 1, NOW, 0), "was not loaded"),

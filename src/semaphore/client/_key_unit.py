@@ -122,10 +122,13 @@ class KeyUnit:
             self.client._change_lease(self.key, lease_id, "released", lease.released + n)
         return n
 
+    _COUNTS = {"grant": ("claimed", "released"), "lease": ("drawn", "released", "stopped")}
+
     def _set_count(self, kind: str, row_id: str, column: str, value: int) -> None:
         """Write one count of a grant (``kind`` ``"grant"``) or lease (``"lease"``) as a step of
-        the queue decided it (:mod:`semaphore.core.client_step`, which clamps as the methods
-        above do); an unknown row is left alone."""
+        the queue decided it (:mod:`semaphore.core.client_step`, which keeps within what the
+        methods above allow); an unknown row is left alone."""
+        assert column in self._COUNTS[kind], f"{kind} has no count {column!r}"
         if kind == "grant":
             self.client._change_grant(self.key, row_id, column, value)
         else:

@@ -290,11 +290,10 @@ class _QueuePump(_QueueCallbacks):
                                       int(r["slot"]), bool(r["cancel"]), not r["owner"], int(r["enqueued_at"]))
                          for r in self._live(key, ItemState.CLAIMING))
         pending = self.marks.pending(key)
-        unstarted = tuple(str(r["item_id"]) for r in self._live(key, ItemState.RUNNING, admitted=0, owner=""))
         return KeySnapshot(
             now, queued, claiming, tuple(unit.grants()), {c.grant_id: unit.grant(c.grant_id) for c in claiming},
             tuple(unit.leases()), unit.state(), pending,
-            self._admit_room(key), self._running_grant_slots(key), unstarted)
+            self._admit_room(key), self._running_grant_slots(key))
 
     def _running_grant_slots(self, key: str) -> dict[str, int]:
         """Per grant id, how many of ``key``'s running items hold a slot of it."""
@@ -305,8 +304,11 @@ class _QueuePump(_QueueCallbacks):
 
     def _persist(self, key: str, changes: KeyChanges, now: int) -> None:
         """Write one step's changes (:mod:`~semaphore.core.client_step`) in the caller's
-        transaction, in their order, deciding nothing: the counts of the key's grants and leases,
-        then its items and marks."""
+        transaction, in this order: a request's ``blocked`` words, the items a reply checked,
+        the counts of the key's grants and leases, the items that start, go back, finish, claim
+        and draw, the marks, and a purge. It decides nothing but what the stores' own hints
+        allow it to skip (``purge_due``, ``permits_done``: whether a purge or a delete of
+        finished permit items may find anything)."""
         if changes.blocked is not None:  # one statement; replaces the previous reply's
             self.marks.keep_blocked(key, [list(b) for b in changes.blocked], now)
         # The holder has answered: admitted items still to be (re)started have their permit
@@ -330,7 +332,7 @@ class _QueuePump(_QueueCallbacks):
                 {"slot": list(claim.slots)})
         for draw in changes.draws:
             self._start(key, list(draw.item_ids), now, permit_kind=PermitKind.LEASE.value, permit_id=draw.lease_id,
-                        slot=list(range(draw.first_slot, draw.first_slot + len(draw.item_ids))))
+                        slot=list(draw.slots))
         if changes.ask_holder:  # reported at once (the plan's idle slots)
             unit.ask_holder()
         if changes.purge_done_before is not None and changes.purge_due_before is not None \
@@ -359,8 +361,10 @@ class _QueuePump(_QueueCallbacks):
     def _apply_reply(self, applied: AppliedReply, *, request: bool = False) -> None:
         """Load the key, let :func:`~semaphore.core.client_step.after_reply` decide, persist."""
         blocked = tuple((b.group, b.reason.value, b.waiting) for b in applied.response.blocked) if request else None
+        unstarted = tuple(str(r["item_id"]) for r in self._live(applied.key, ItemState.RUNNING, admitted=0, owner=""))
         changes = client_step.after_reply(self._snapshot(applied.key, applied.now), self._options(),
-                                          contended=applied.contended, more=applied.more, blocked=blocked)
+                                          contended=applied.contended, more=applied.more, unstarted=unstarted,
+                                          blocked=blocked)
         self._persist(applied.key, changes, applied.now)
 
     def _admit_locally(self, key: str, now: int, *, claims: bool = True) -> None:

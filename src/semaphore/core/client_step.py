@@ -5,8 +5,8 @@ The queue loads the snapshot, calls :func:`admission` (claims resolved, claims, 
 give-backs, idle slots) or :func:`after_reply` (claims resolved, stops), and persists the
 returned :class:`KeyChanges` in the same transaction, deciding nothing itself: load → step →
 persist. The planner (:mod:`.queue_plan`) says what to do; this module turns it into the rows'
-new values, tracking each row through the step so that two changes of one row compose, and
-asserts what the planner guarantees (a claim never past a grant's unclaimed permits, a draw
+new values, tracking each row through the step so that two changes of one row compose (one
+write per count), and asserts what the planner guarantees (a claim never past a grant's unclaimed permits, a draw
 never past a lease's undrawn ones, a release never past what is releasable, R15a, R34; only an
 active lease stopped): a step never writes a count the client's own changes would refuse.
 """
@@ -46,7 +46,7 @@ class KeyChanges:
     :ivar finish_permits: a :meth:`~semaphore.client.SemaphoreQueue.permit` item is among
         ``finish`` (its row is deleted soon after).
     :ivar claims: / :ivar draws: items that claim grant slots (claiming, pending confirmation,
-        R15a) or draw lease slots (running at once, R30), with their slots.
+        R15a) or draw lease slots (running at once, R30), with their slots (``Draw.slots``).
     :ivar wake_now: an item finished and its ``on_done`` hook is due now.
     :ivar ask_holder: the next exchange goes at once (idle grant slots were released).
     :ivar clear_pending: the key's "releases waiting since" mark is cleared (a reply carried them).
@@ -83,27 +83,29 @@ class _Rows:
     did not load is a bug of the step (it would decide over a row it never saw): it asserts."""
 
     def __init__(self, snap: KeySnapshot) -> None:
-        self.grant: dict[str, ClientGrant] = {g.grant_id: g for g in snap.claim_grants.values() if g is not None}
-        self.grant.update((g.grant_id, g) for g in snap.grants)
-        self.lease: dict[str, ClientLease] = {x.lease_id: x for x in snap.leases}
-        self.grants: dict[str, dict[str, int]] = {}
-        self.leases: dict[str, dict[str, int]] = {}
+        #: The rows as the step has changed them so far (loaded: the snapshot's).
+        self._grant_rows = {g.grant_id: g for g in snap.claim_grants.values() if g is not None}
+        self._grant_rows.update((g.grant_id, g) for g in snap.grants)
+        self._lease_rows = {x.lease_id: x for x in snap.leases}
+        #: Per row id, the new value of each count the step changed.
+        self.grant_counts: dict[str, dict[str, int]] = {}
+        self.lease_counts: dict[str, dict[str, int]] = {}
 
     def _set_grant(self, new: ClientGrant, column: str, value: int) -> None:
-        self.grant[new.grant_id] = new
-        self.grants.setdefault(new.grant_id, {})[column] = value
+        self._grant_rows[new.grant_id] = new
+        self.grant_counts.setdefault(new.grant_id, {})[column] = value
 
     def _set_lease(self, new: ClientLease, column: str, value: int) -> None:
-        self.lease[new.lease_id] = new
-        self.leases.setdefault(new.lease_id, {})[column] = value
+        self._lease_rows[new.lease_id] = new
+        self.lease_counts.setdefault(new.lease_id, {})[column] = value
 
     def _grant(self, grant_id: str) -> ClientGrant:
-        assert grant_id in self.grant, f"grant {grant_id!r} was not loaded for this step"
-        return self.grant[grant_id]
+        assert grant_id in self._grant_rows, f"grant {grant_id!r} was not loaded for this step"
+        return self._grant_rows[grant_id]
 
     def _lease(self, lease_id: str) -> ClientLease:
-        assert lease_id in self.lease, f"lease {lease_id!r} was not loaded for this step"
-        return self.lease[lease_id]
+        assert lease_id in self._lease_rows, f"lease {lease_id!r} was not loaded for this step"
+        return self._lease_rows[lease_id]
 
     def claim(self, grant_id: str, count: int) -> None:
         """Claim ``count`` unclaimed permits of the grant (R15a)."""
@@ -114,8 +116,8 @@ class _Rows:
     def release(self, grant_id: str, count: int) -> None:
         """Release ``count`` confirmed, unreleased permits of the grant (R15a)."""
         g = self._grant(grant_id)
-        assert g.status != GONE and 0 < count <= g.releasable, \
-            f"the plan releases {count} of grant {grant_id!r}, {g.releasable} releasable"
+        assert g.status != GONE, f"the plan releases {count} of grant {grant_id!r}, a dropped grant"
+        assert 0 < count <= g.releasable, f"the plan releases {count} of grant {grant_id!r}, {g.releasable} releasable"
         self._set_grant(replace(g, released=g.released + count), "released", g.released + count)
 
     def draw(self, lease_id: str, count: int, now: int, margin_ms: int) -> None:
@@ -162,15 +164,16 @@ def admission(snap: KeySnapshot, opts: QueueOptions, *, with_claims: bool = True
         rows.claim(give_back.grant_id, give_back.count)
     for idle in p.idle_slots:
         rows.release(idle.grant_id, idle.count)
-    return replace(resolved, grants=rows.grants, leases=rows.leases, claims=p.claims, draws=p.draws,
+    return replace(resolved, grants=rows.grant_counts, leases=rows.lease_counts, claims=p.claims, draws=p.draws,
                    ask_holder=bool(p.idle_slots), purge_done_before=p.purge_done_before,
                    purge_due_before=p.purge_due_before, delete_done_permits=True)
 
 
 def after_reply(snap: KeySnapshot, opts: QueueOptions, *, contended: bool, more: bool,
-                blocked: tuple[tuple[str, str, int], ...] | None = None) -> KeyChanges:
+                unstarted: tuple[str, ...] = (), blocked: tuple[tuple[str, str, int], ...] | None = None) -> KeyChanges:
     """What a holder reply changes in the key's items and leases (:func:`~.queue_plan.plan_reply`):
-    the running callback items not started yet checked by it, claims resolved, leases stopped,
+    the running callback items whose callback has not returned yet (``unstarted``) checked by
+    it (a retry of one waits for such a reply, R37), claims resolved, leases stopped,
     a request's ``blocked`` entries kept (``blocked``, ``None`` for a sync); the "releases
     waiting since" mark cleared unless the reply could not carry every report (``more``, over
     1,000, R7: the rest stays due since then)."""
@@ -179,5 +182,5 @@ def after_reply(snap: KeySnapshot, opts: QueueOptions, *, contended: bool, more:
     resolved = _resolved(snap, rows, p)
     for lease_id in p.stops:
         rows.stop(lease_id)
-    return replace(resolved, grants=rows.grants, leases=rows.leases, clear_pending=not more,
-                   checked=snap.unstarted, blocked=blocked)
+    return replace(resolved, grants=rows.grant_counts, leases=rows.lease_counts, clear_pending=not more,
+                   checked=unstarted, blocked=blocked)

@@ -1,9 +1,9 @@
 """The queue's decisions (SPEC R15, R15a, R29, R31, R34, R37), as pure functions.
 
-:class:`~semaphore.client.SemaphoreQueue` is an executor: for one key it loads a
+:class:`~semaphore.client.SemaphoreQueue` is their shell: for one key it loads a
 :class:`KeySnapshot` (its items, the client's grants, leases and key state, the time), asks a
-planner below what to do, and carries the plan out against its storage and the client's
-per-key unit of work (:class:`~semaphore.client.KeyUnit`). Nothing here reads a clock, touches
+planner below what to do, lets :mod:`semaphore.core.client_step` turn an admission's or a
+reply's plan into the rows' new values, and persists them. Nothing here reads a clock, touches
 storage or awaits:
 
 * :func:`plan_admission`: resolve confirmed or refused claims (R15a), claim grant slots and draw
@@ -31,7 +31,7 @@ from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
-from .client_state import ClientGrant, ClientLease, KeyState
+from .client_state import GONE, ClientGrant, ClientLease, KeyState
 from .wire import MAX_LIST_LENGTH, Blocked
 
 __all__ = [
@@ -105,8 +105,6 @@ class KeySnapshot:
         minus the key's claiming items and running items whose callback has not returned);
         ``None``: no bound.
     :ivar running: per grant id, how many running items hold a slot of it.
-    :ivar unstarted: the running callback items whose callback has not returned yet (a retry
-        of one waits for a reply of the holder since it came due, :func:`retry_waits_for_holder`).
     """
 
     now: int
@@ -119,7 +117,6 @@ class KeySnapshot:
     pending_since: int | None = None
     admit_room: int | None = None
     running: Mapping[str, int] = field(default_factory=dict)
-    unstarted: tuple[str, ...] = ()
 
     def queued_groups(self) -> dict[str, list[str]]:
         """Queued item ids per group, in enqueue order."""
@@ -135,7 +132,9 @@ class Resolve(str, enum.Enum):
 
     START = "start"  #: confirmed: run it
     RELEASE = "release"  #: confirmed but cancelled: release the slot, finish the item
-    FINISH = "finish"  #: refused and cancelled: finish it (nothing to release)
+    #: refused and cancelled, or confirmed and cancelled with nothing left to release (the
+    #: holder released it already: a crash expiry, ``claimTtlMs``; or a dropped grant): finish it
+    FINISH = "finish"
     REQUEUE = "requeue"  #: refused: back to the queue, original position
 
 
@@ -156,10 +155,30 @@ def _resolve(item: ClaimingItem, g: ClientGrant | None) -> Resolve | None:
 
 def resolve_claims(snap: KeySnapshot) -> tuple[Resolution, ...]:
     """SPEC R15a: start the claiming items whose slot the holder confirmed; put back (or, if
-    cancelled, finish) those whose grant will never confirm them; leave the rest waiting."""
+    cancelled, finish) those whose grant will never confirm them; leave the rest waiting.
+
+    A cancelled item's confirmed slot is released only while its grant has a releasable slot
+    that no running item and no item starting now holds (counted over the grant's
+    resolutions); else the item is finished with nothing released. The holder may have
+    released that slot already: its crash expiry (``claim_ttl_ms``, R18 decision) raises
+    ``released`` to ``claimed`` while the client is cut off, and the reply that then confirms
+    the claim shows both, so the count is the cancelled item's slot, and releasing it again
+    would free a slot that another item runs under (I4); a dropped grant (a tombstone)
+    releases nothing."""
+    resolved = [(item, snap.claim_grants.get(item.grant_id)) for item in snap.claiming]
+    actions = [_resolve(item, g) for item, g in resolved]
+    starting: dict[str, int] = {}
+    for (item, _), action in zip(resolved, actions):
+        if action is Resolve.START:
+            starting[item.grant_id] = starting.get(item.grant_id, 0) + 1
+    spare: dict[str, int] = {}
     out = []
-    for item in snap.claiming:
-        action = _resolve(item, snap.claim_grants.get(item.grant_id))
+    for (item, g), action in zip(resolved, actions):
+        if action is Resolve.RELEASE and g is not None:
+            left = spare.get(g.grant_id, 0 if g.status == GONE else
+                             g.releasable - snap.running.get(g.grant_id, 0) - starting.get(g.grant_id, 0))
+            action = Resolve.RELEASE if left > 0 else Resolve.FINISH
+            spare[g.grant_id] = left - 1
         if action is not None:
             out.append(Resolution(item.item_id, action, item.grant_id))
     return tuple(out)
@@ -246,6 +265,11 @@ class Draw:
     lease_id: str
     first_slot: int
     item_ids: tuple[str, ...]
+
+    @property
+    def slots(self) -> tuple[int, ...]:
+        """The slots drawn, one per item of ``item_ids``, in order."""
+        return tuple(range(self.first_slot, self.first_slot + len(self.item_ids)))
 
 
 @dataclass(frozen=True)
