@@ -108,11 +108,16 @@ def test_r15a_a_cancelled_claim_whose_slot_the_holder_released_already_finishes_
             {"g3": 2}, {"g1": None, "g3": 2})  # g1's unclaimed permit is given back by an admission
 
 
-def _cut_off_while_claiming(clock: SimClock) -> tuple[HolderSide, ClientSide, dict[str, bool]]:
+async def _charged(holder: HolderSide) -> list[tuple[int, int]]:
+    return [(g["claimed"], g["released"]) for x in (await holder.sem.holders())["holders"] for g in x["grants"]]
+
+
+async def _expired_while_cut_off(clock: SimClock) -> tuple[HolderSide, ClientSide, dict[str, bool]]:
     """A queue whose holder has claimTtlMs 5 s: items "a" and "b" are asked for and "b" is
     completed while the request is on its way, so the grant of two keeps a permit unclaimed;
     "a" claims a slot, its confirming reply is lost and the network goes down (``state["down"]``
-    until the test heals it)."""
+    until the test heals it); "a" is cancelled meanwhile (a permit() timeout) and the holder's
+    crash expiry releases its slot."""
     holder = HolderSide(clock, limit=3, leases=None, claim_ttl_ms=5_000, grant_timeout_ms=600_000)
     net = Net(holder, clock)
     side = ClientSide("c1", clock, net, on_admit=lambda side, item: None)
@@ -133,11 +138,15 @@ def _cut_off_while_claiming(clock: SimClock) -> tuple[HolderSide, ClientSide, di
         return reply
 
     net._handle = handle  # type: ignore[method-assign]
+    await side.queue.enqueue("acct", "g", "a")
+    await side.queue.enqueue("acct", "g", "b")
+    for _ in range(20):
+        await clock.advance(100)
+    assert side.queue.item("a").state == "claiming"  # type: ignore[union-attr]
+    await side.queue.complete("a")
+    await clock.advance(15_000)  # the holder's crash expiry releases the claim
+    assert await _charged(holder) == [(1, 1)]
     return holder, side, state
-
-
-async def _charged(holder: HolderSide) -> list[tuple[int, int]]:
-    return [(g["claimed"], g["released"]) for x in (await holder.sem.holders())["holders"] for g in x["grants"]]
 
 
 @async_test
@@ -148,20 +157,11 @@ async def test_r15a_a_cancelled_claim_the_holder_expired_is_finished_when_the_ne
     # shows it released: the queue finishes the item. (A step that released the slot again
     # failed the key's pump on every retry, so nothing of the key ran until claimBy.)
     clock = SimClock(T0)
-    holder, side, state = _cut_off_while_claiming(clock)
-    q = side.queue
-    await q.enqueue("acct", "g", "a")
-    await q.enqueue("acct", "g", "b")
-    for _ in range(20):
-        await clock.advance(100)
-    assert q.item("a").state == "claiming"  # type: ignore[union-attr]
-    await q.complete("a")
-    await clock.advance(15_000)  # the holder's crash expiry releases the claim
-    assert await _charged(holder) == [(1, 1)]
+    holder, side, state = await _expired_while_cut_off(clock)
     state["down"] = False
     for _ in range(10):
         await clock.advance(1_000)
-    assert q.item("a").state == "done"  # type: ignore[union-attr]
+    assert side.queue.item("a").state == "done"  # type: ignore[union-attr]
     side.driver.kill()
 
 
@@ -173,14 +173,8 @@ async def test_r15a_i4_a_slot_the_holder_expired_is_not_released_again_under_an_
     # one permit charged while "c" runs. (Releasing "a"'s slot again reported the grant free
     # while "c" ran under it: above the limit.)
     clock = SimClock(T0)
-    holder, side, state = _cut_off_while_claiming(clock)
+    holder, side, state = await _expired_while_cut_off(clock)
     q = side.queue
-    await q.enqueue("acct", "g", "a")
-    await q.enqueue("acct", "g", "b")
-    for _ in range(20):
-        await clock.advance(100)
-    await q.complete("a")
-    await clock.advance(15_000)
     await q.enqueue("acct", "g", "c")
     await clock.advance(100)
     state["down"] = False
