@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from tests.test_queue_plan import NOW, OPTS, grant, lease, queued
 
-from semaphore import HolderUnavailableError
+from semaphore import HolderUnavailableError, ItemState
 from semaphore.client._queue_pump import _QueuePump
 from semaphore.core import client_step
 from semaphore.core import queue_plan as plan
@@ -101,23 +101,37 @@ def test_r15a_a_cancelled_claim_whose_slot_the_holder_released_already_finishes_
     assert [(r.item_id, r.action) for r in plan.resolve_claims(snap)] == [
         ("a", Resolve.FINISH), ("b", Resolve.FINISH), ("c", Resolve.RELEASE), ("d", Resolve.FINISH),
         ("e", Resolve.FINISH), ("f", Resolve.START), ("h", Resolve.FINISH)]
-    for out in (client_step.admission(snap, OPTS),
-                client_step.after_reply(snap, OPTS, contended=False, more=False)):
-        assert out.finish == ("a", "b", "c", "d", "e", "h") and out.start == ("f",)
-        assert {gid: counts.get("released") for gid, counts in out.grants.items()} in (
-            {"g3": 2}, {"g1": None, "g3": 2})  # g1's unclaimed permit is given back by an admission
+    reply = client_step.after_reply(snap, OPTS, contended=False, more=False)
+    assert reply.finish == ("a", "b", "c", "d", "e", "h") and reply.start == ("f",)
+    assert reply.grants == {"g3": {"released": 2}}
+    # an admission resolves alike, and gives g1's unclaimed permit back (R37, surplus grants)
+    admission = client_step.admission(snap, OPTS)
+    assert (admission.finish, admission.start) == (reply.finish, reply.start)
+    assert admission.grants == {"g3": {"released": 2}, "g1": {"claimed": 2}}
+
+
+def test_r15a_a_confirmed_claim_starts_only_under_a_slot_no_running_item_holds():
+    # R15a, I4: the holder's crash expiry released a slot while the client was cut off, and
+    # the reply confirms two claims: only the oldest item starts (the other goes back to the
+    # queue in its place, for a fresh admission), and a cancelled one releases nothing
+    g = grant(permits=3, claimed=3, released=1, confirmed=3)
+    items = (claiming("a", 1, seq=1), claiming("b", 2, seq=2), claiming("x", 3, cancel=True, seq=3))
+    snap = KeySnapshot(NOW, claiming=items, grants=(g,), claim_grants={"g1": g}, running={"g1": 1})
+    assert [(r.item_id, r.action) for r in plan.resolve_claims(snap)] == [
+        ("a", Resolve.START), ("b", Resolve.REQUEUE), ("x", Resolve.FINISH)]
 
 
 async def _charged(holder: HolderSide) -> list[tuple[int, int]]:
     return [(g["claimed"], g["released"]) for x in (await holder.sem.holders())["holders"] for g in x["grants"]]
 
 
-async def _expired_while_cut_off(clock: SimClock) -> tuple[HolderSide, ClientSide, dict[str, bool]]:
+async def _expired_while_cut_off(clock: SimClock, *, cancel: bool = True
+                                 ) -> tuple[HolderSide, ClientSide, dict[str, bool]]:
     """A queue whose holder has claimTtlMs 5 s: items "a" and "b" are asked for and "b" is
     completed while the request is on its way, so the grant of two keeps a permit unclaimed;
     "a" claims a slot, its confirming reply is lost and the network goes down (``state["down"]``
-    until the test heals it); "a" is cancelled meanwhile (a permit() timeout) and the holder's
-    crash expiry releases its slot."""
+    until the test heals it); "a" is cancelled meanwhile (a permit() timeout; not if ``cancel``
+    is false) and the holder's crash expiry releases its slot."""
     holder = HolderSide(clock, limit=3, leases=None, claim_ttl_ms=5_000, grant_timeout_ms=600_000)
     net = Net(holder, clock)
     side = ClientSide("c1", clock, net, on_admit=lambda side, item: None)
@@ -143,7 +157,8 @@ async def _expired_while_cut_off(clock: SimClock) -> tuple[HolderSide, ClientSid
     for _ in range(20):
         await clock.advance(100)
     assert side.queue.item("a").state == "claiming"  # type: ignore[union-attr]
-    await side.queue.complete("a")
+    if cancel:
+        await side.queue.complete("a")
     await clock.advance(15_000)  # the holder's crash expiry releases the claim
     assert await _charged(holder) == [(1, 1)]
     return holder, side, state
@@ -182,6 +197,26 @@ async def test_r15a_i4_a_slot_the_holder_expired_is_not_released_again_under_an_
         await clock.advance(1_000)
     assert q.item("a").state == "done" and q.item("c").state == "running"  # type: ignore[union-attr]
     assert await _charged(holder) == [(2, 1)]
+    side.driver.kill()
+
+
+@async_test
+async def test_r15a_i4_a_claim_the_holder_expired_does_not_start_a_second_item_uncharged():
+    # R15a, I4: as above, but "a" is not cancelled: the reply confirms "a"'s slot and "c"'s and
+    # shows one of them released (the expired one). One slot is charged, so one item starts
+    # ("a", the older) and "c" goes back to the queue for a fresh admission; at every step the
+    # holder charges at least what runs. (Both started before, one of them uncharged.)
+    clock = SimClock(T0)
+    holder, side, state = await _expired_while_cut_off(clock, cancel=False)
+    q = side.queue
+    await q.enqueue("acct", "g", "c")
+    await clock.advance(100)
+    state["down"] = False
+    for _ in range(30):
+        await clock.advance(500)
+        running = len(q.items("acct", ItemState.RUNNING))
+        assert sum(c - r for c, r in await _charged(holder)) >= running
+    assert q.item("a").state == "running" and q.item("c").state == "running"  # type: ignore[union-attr]
     side.driver.kill()
 
 

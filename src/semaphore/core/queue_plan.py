@@ -131,11 +131,13 @@ class Resolve(str, enum.Enum):
     """What becomes of a claiming item."""
 
     START = "start"  #: confirmed: run it
-    RELEASE = "release"  #: confirmed but cancelled: release the slot, finish the item
-    #: refused and cancelled, or confirmed and cancelled with nothing left to release (the
-    #: holder released it already: a crash expiry, ``claimTtlMs``; or a dropped grant): finish it
+    RELEASE = "release"  #: confirmed but cancelled: release a slot of its grant, finish the item
+    #: refused and cancelled, or confirmed and cancelled with no slot of its grant to release
+    #: (:func:`resolve_claims`): finish it, nothing released
     FINISH = "finish"
-    REQUEUE = "requeue"  #: refused: back to the queue, original position
+    #: refused, or confirmed with no slot of its grant to run under (:func:`resolve_claims`):
+    #: back to the queue, original position
+    REQUEUE = "requeue"
 
 
 @dataclass(frozen=True)
@@ -153,35 +155,35 @@ def _resolve(item: ClaimingItem, g: ClientGrant | None) -> Resolve | None:
     return None  # still waiting for the holder
 
 
+def _room(g: ClientGrant, running: Mapping[str, int]) -> int:
+    """How many of the grant's confirmed, unreleased slots no running item holds: the slots a
+    claim's resolution may start an item under or release (none of a dropped grant)."""
+    return 0 if g.status == GONE else g.releasable - running.get(g.grant_id, 0)
+
+
 def resolve_claims(snap: KeySnapshot) -> tuple[Resolution, ...]:
     """SPEC R15a: start the claiming items whose slot the holder confirmed; put back (or, if
     cancelled, finish) those whose grant will never confirm them; leave the rest waiting.
 
-    A cancelled item's confirmed slot is released only while its grant has a releasable slot
-    that no running item and no item starting now holds (counted over the grant's
-    resolutions); else the item is finished with nothing released. The holder may have
-    released that slot already: its crash expiry (``claim_ttl_ms``, R18 decision) raises
+    Slots are counted, not named, so a confirmed slot is used only while the grant has one
+    that no running item holds (:func:`_room`): first by the items that start (in enqueue
+    order), then by the cancelled items that release theirs. An item that finds none goes back
+    to the queue, a cancelled one is finished with nothing released. In normal operation every
+    confirmed slot is held by one item or idle, so there is always room; the holder may have
+    released slots on its own, though: its crash expiry (``claim_ttl_ms``, R18 decision) raises
     ``released`` to ``claimed`` while the client is cut off, and the reply that then confirms
-    the claim shows both, so the count is the cancelled item's slot, and releasing it again
-    would free a slot that another item runs under (I4); a dropped grant (a tombstone)
-    releases nothing."""
+    a claim shows both. Starting or releasing past the room would run an item uncharged (I4).
+    A dropped grant (a tombstone) has no room."""
     resolved = [(item, snap.claim_grants.get(item.grant_id)) for item in snap.claiming]
     actions = [_resolve(item, g) for item, g in resolved]
-    starting: dict[str, int] = {}
-    for (item, _), action in zip(resolved, actions):
-        if action is Resolve.START:
-            starting[item.grant_id] = starting.get(item.grant_id, 0) + 1
-    spare: dict[str, int] = {}
-    out = []
-    for (item, g), action in zip(resolved, actions):
-        if action is Resolve.RELEASE and g is not None:
-            left = spare.get(g.grant_id, 0 if g.status == GONE else
-                             g.releasable - snap.running.get(g.grant_id, 0) - starting.get(g.grant_id, 0))
-            action = Resolve.RELEASE if left > 0 else Resolve.FINISH
-            spare[g.grant_id] = left - 1
-        if action is not None:
-            out.append(Resolution(item.item_id, action, item.grant_id))
-    return tuple(out)
+    room: dict[str, int] = {}
+    for wanted, short in ((Resolve.START, Resolve.REQUEUE), (Resolve.RELEASE, Resolve.FINISH)):
+        for n, (_, g) in enumerate(resolved):
+            if actions[n] is wanted and g is not None:
+                left = room[g.grant_id] = room.get(g.grant_id, _room(g, snap.running)) - 1
+                actions[n] = wanted if left >= 0 else short
+    return tuple(Resolution(item.item_id, action, item.grant_id)
+                 for (item, _), action in zip(resolved, actions) if action is not None)
 
 
 def _after_resolutions(snap: KeySnapshot, resolutions: tuple[Resolution, ...]) -> KeySnapshot:
