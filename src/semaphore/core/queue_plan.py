@@ -843,7 +843,8 @@ class Completion(str, enum.Enum):
     #: Unknown, or finished already: nothing (a completion is idempotent).
     NOTHING = "nothing"
     #: Claiming (its claim sent, not confirmed): only marked cancelled; the pump resolves the
-    #: claim first, and finishes the item then, its permit released at once.
+    #: claim first, and finishes the item then, its slot released at once (if the holder has
+    #: not released it already, :func:`resolve_claims`).
     CANCEL = "cancel"
     #: Queued (withdrawn before admission), or running under no permit: done, nothing released.
     FINISH = "finish"
