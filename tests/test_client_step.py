@@ -133,10 +133,7 @@ async def _expired_while_cut_off(clock: SimClock, *, cancel: bool = True
     until the test heals it); "a" is cancelled meanwhile (a permit() timeout; not if ``cancel``
     is false) and the holder's crash expiry releases its slot."""
     holder = HolderSide(clock, limit=3, leases=None, claim_ttl_ms=5_000, grant_timeout_ms=600_000)
-    net = Net(holder, clock)
-    side = ClientSide("c1", clock, net, on_admit=lambda side, item: None)
     state = {"down": False, "lose": True, "withdrawn": False}
-    real = net._handle
 
     async def handle(message: dict[str, Any]) -> Any:
         if state["down"]:
@@ -144,14 +141,14 @@ async def _expired_while_cut_off(clock: SimClock, *, cancel: bool = True
         if message["type"] == "request" and not state["withdrawn"]:
             state["withdrawn"] = True
             await side.queue.complete("b")  # its demand goes away while the request is on its way
-        reply = await real(message)
+        reply = await holder.handle(message)
         if message["type"] == "sync" and state["lose"] and any(g.get("claimed", 0) for g in message["grants"]):
             state["lose"] = False
             state["down"] = True  # the confirming reply is lost, then the network is down
             raise HolderUnavailableError("the reply is lost (test)")
         return reply
 
-    net._handle = handle  # type: ignore[method-assign]
+    side = ClientSide("c1", clock, Net(handle, clock), on_admit=lambda side, item: None)
     await side.queue.enqueue("acct", "g", "a")
     await side.queue.enqueue("acct", "g", "b")
     for _ in range(20):
