@@ -6,9 +6,10 @@ give-backs, idle slots) or :func:`after_reply` (claims resolved, stops), and per
 returned :class:`KeyChanges` in the same transaction, deciding nothing itself: load → step →
 persist. The planner (:mod:`.queue_plan`) says what to do; this module turns it into the rows'
 new values, tracking each row through the step so that two changes of one row compose (one
-write per count), and asserts what the planner guarantees (a claim never past a grant's unclaimed permits, a draw
-never past a lease's undrawn ones, a release never past what is releasable, R15a, R34; only an
-active lease stopped): a step never writes a count the client's own changes would refuse.
+write per count), and asserts what the planner guarantees (a claim never past a grant's
+unclaimed permits, a draw never past a lease's undrawn ones, a release never past what is
+releasable, R15a, R34; only an active lease stopped): a step never writes a count the client's
+own changes would refuse.
 """
 
 from __future__ import annotations
@@ -28,12 +29,8 @@ from .queue_plan import (
     plan_admission,
     plan_reply,
 )
-from .wire import LeaseStatus
 
 __all__ = ["KeyChanges", "admission", "after_reply"]
-
-_SETTLED = LeaseStatus.SETTLED.value
-
 
 @dataclass(frozen=True)
 class KeyChanges:
@@ -42,7 +39,8 @@ class KeyChanges:
     :ivar grants: / :ivar leases: per grant (lease) id, the new value of each count the step
         changed (``claimed``, ``released``; ``drawn``, ``stopped``).
     :ivar start: / :ivar requeue: / :ivar finish: claiming items that run from now (their slot
-        confirmed), go back to the queue (never confirmed), or are done (cancelled).
+        confirmed), go back to the queue (never confirmed, or no slot of the grant left to run
+        under), or are done (cancelled), as :func:`~.queue_plan.resolve_claims` resolves them.
     :ivar finish_permits: a :meth:`~semaphore.client.SemaphoreQueue.permit` item is among
         ``finish`` (its row is deleted soon after).
     :ivar claims: / :ivar draws: items that claim grant slots (claiming, pending confirmation,
