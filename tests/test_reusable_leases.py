@@ -707,6 +707,31 @@ async def test_r34a_the_first_reusable_lease_marks_the_storage_so_an_earlier_rel
 
 
 @async_test
+async def test_r34a_the_schema_mark_is_written_once_not_by_every_round():
+    # R34a, R1: once the storage is marked (schema_version 2), later rounds that store reusable
+    # leases do not write the mark again (a round's writes grow with its work, not with every
+    # round: an UPSERT of the same value each round would be a statement for nothing)
+    bed = Bed(10, leases=REUSE)
+    await bed.round(request("a", {"g": 1}, leases=[], oldest_at=1))
+    sql = bed.storage.sql
+    inner = sql.exec
+    marks: list[str] = []
+
+    def counted(query: str, *bindings: Any) -> Any:
+        if "schema_version" in query or any("schema_version" in str(b) for b in bindings):
+            marks.append(query)
+        return inner(query, *bindings)
+
+    sql.exec = counted
+    try:
+        await bed.round(request("b", {"g": 1}, leases=[], oldest_at=2))
+    finally:
+        sql.exec = inner
+    assert len(bed.leases()) == 2 and marks == []
+    bed.check()
+
+
+@async_test
 async def test_r34a_a_slot_reused_beside_a_held_request_sends_no_request_of_its_own():
     # While the key's request is held, a completion frees a slot and the next item is drawn
     # beside it: the demand only went down, so no side request goes (one would cost a holder
