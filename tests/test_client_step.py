@@ -125,13 +125,14 @@ async def _charged(holder: HolderSide) -> list[tuple[int, int]]:
     return [(g["claimed"], g["released"]) for x in (await holder.sem.holders())["holders"] for g in x["grants"]]
 
 
-async def _expired_while_cut_off(clock: SimClock, *, cancel: bool = True
+async def _expired_while_cut_off(clock: SimClock, *, cancel: bool = True, newcomer: bool = False
                                  ) -> tuple[HolderSide, ClientSide, dict[str, bool]]:
     """A queue whose holder has claimTtlMs 5 s: items "a" and "b" are asked for and "b" is
     completed while the request is on its way, so the grant of two keeps a permit unclaimed;
     "a" claims a slot, its confirming reply is lost and the network goes down (``state["down"]``
     until the test heals it); "a" is cancelled meanwhile (a permit() timeout; not if ``cancel``
-    is false) and the holder's crash expiry releases its slot."""
+    is false) and the holder's crash expiry releases its slot. With ``newcomer``, a new item "c"
+    is enqueued then, and claims the grant's unclaimed permit before any reply comes."""
     holder = HolderSide(clock, limit=3, leases=None, claim_ttl_ms=5_000, grant_timeout_ms=600_000)
     state = {"down": False, "lose": True, "withdrawn": False}
 
@@ -158,6 +159,9 @@ async def _expired_while_cut_off(clock: SimClock, *, cancel: bool = True
         await side.queue.complete("a")
     await clock.advance(15_000)  # the holder's crash expiry releases the claim
     assert await _charged(holder) == [(1, 1)]
+    if newcomer:
+        await side.queue.enqueue("acct", "g", "c")
+        await clock.advance(100)
     return holder, side, state
 
 
@@ -185,10 +189,8 @@ async def test_r15a_i4_a_slot_the_holder_expired_is_not_released_again_under_an_
     # one permit charged while "c" runs. (Releasing "a"'s slot again reported the grant free
     # while "c" ran under it: above the limit.)
     clock = SimClock(T0)
-    holder, side, state = await _expired_while_cut_off(clock)
+    holder, side, state = await _expired_while_cut_off(clock, newcomer=True)
     q = side.queue
-    await q.enqueue("acct", "g", "c")
-    await clock.advance(100)
     state["down"] = False
     for _ in range(10):
         await clock.advance(1_000)
@@ -204,10 +206,8 @@ async def test_r15a_i4_a_claim_the_holder_expired_does_not_start_a_second_item_u
     # ("a", the older) and "c" goes back to the queue for a fresh admission; at every step the
     # holder charges at least what runs. (Both started before, one of them uncharged.)
     clock = SimClock(T0)
-    holder, side, state = await _expired_while_cut_off(clock, cancel=False)
+    holder, side, state = await _expired_while_cut_off(clock, cancel=False, newcomer=True)
     q = side.queue
-    await q.enqueue("acct", "g", "c")
-    await clock.advance(100)
     state["down"] = False
     for _ in range(30):
         await clock.advance(500)
