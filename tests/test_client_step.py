@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -215,6 +216,71 @@ async def test_r15a_i4_a_claim_the_holder_expired_does_not_start_a_second_item_u
         assert sum(c - r for c, r in await _charged(holder)) >= running
     assert q.item("a").state == "running" and q.item("c").state == "running"  # type: ignore[union-attr]
     side.driver.kill()
+
+
+@async_test
+async def test_r15a_i4_a_completion_releases_no_slot_that_an_item_still_running_needs():
+    # R15a, I4 with claimTtlMs: "a" and "b" run under a grant of three (a third item was
+    # completed while the request was on its way); "c", enqueued meanwhile, claims the third
+    # permit, but that claim's sync is lost and the client is cut off for longer than the TTL:
+    # the holder's crash expiry releases "a"'s and "b"'s slots. When the network heals, the
+    # reply confirms "c"'s claim and shows two released: one slot charged, two items running,
+    # so "c" goes back to the queue. When "a" completes, its release would free that one slot
+    # while "b" still runs: it releases nothing, and the grant stays charged until "b" completes.
+    # (The release reported the grant free while "b" ran.)
+    clock = SimClock(T0)
+    holder = HolderSide(clock, limit=3, leases=None, claim_ttl_ms=5_000, grant_timeout_ms=600_000)
+    state = {"down": False, "withdrawn": False, "third": False, "lost": False}
+
+    async def handle(message: dict[str, Any]) -> Any:
+        if state["down"]:
+            raise HolderUnavailableError("the network is down (test)")
+        claimed = [g.get("claimed", 0) for g in message.get("grants", [])]
+        if message["type"] == "request" and not state["withdrawn"]:
+            state["withdrawn"] = True
+            await side.queue.complete("x")  # its demand goes away while the request is on its way
+        elif message["type"] == "sync" and 2 in claimed and not state["third"]:
+            state["third"] = True
+            await side.queue.enqueue("acct", "g", "c")  # claims the third permit next
+        elif message["type"] == "sync" and 3 in claimed and not state["lost"]:
+            state["lost"] = state["down"] = True  # "c"'s claim is lost, then the network is down
+            raise HolderUnavailableError("the sync is lost (test)")
+        return await holder.handle(message)
+
+    side = ClientSide("c1", clock, Net(handle, clock), on_admit=lambda side, item: None)
+    q = side.queue
+    for item_id in ("a", "b", "x"):
+        await q.enqueue("acct", "g", item_id)
+    for _ in range(20):
+        await clock.advance(100)
+    assert [q.item(i).state for i in "abc"] == ["running", "running", "claiming"]  # type: ignore[union-attr]
+    await clock.advance(15_000)  # the holder's crash expiry releases "a"'s and "b"'s slots
+    assert await _charged(holder) == [(2, 2)]
+    state["down"] = False
+    for _ in range(5):
+        await clock.advance(1_000)
+    assert (3, 2) in await _charged(holder)  # one slot of the grant charged ("c" runs under another)
+    await q.complete("a")
+    for _ in range(10):
+        await clock.advance(500)
+        assert (3, 2) in await _charged(holder)  # "b" runs: the grant's slot stays charged
+    await q.complete("b")  # nothing runs under the grant now: its completion releases the slot
+    assert [(g.claimed, g.released) for g in side.client.grants("acct") if g.permits == 3] == [(3, 3)]
+    for _ in range(25):
+        await clock.advance(1_000)
+    assert (3, 2) not in await _charged(holder)  # released once nothing runs under it
+    side.driver.kill()
+
+
+def test_r15a_completions_release_only_the_slots_no_running_item_or_confirmed_claim_holds():
+    # R15a: in normal operation one slot per completed item; fewer once the holder released
+    # slots on its own; none of a dropped grant
+    g = grant(permits=3, claimed=3, released=2, confirmed=3)
+    assert plan.completion_releases(g, running_after=0, claiming=0) == 1
+    assert plan.completion_releases(g, running_after=1, claiming=0) == 0
+    assert plan.completion_releases(g, running_after=0, claiming=1) == 0
+    assert plan.completion_releases(grant(permits=3, claimed=3, confirmed=3), running_after=1, claiming=0) == 2
+    assert plan.completion_releases(replace(g, status="gone"), running_after=0, claiming=0) == 0
 
 
 def test_r37_a_give_back_and_the_idle_slots_of_one_grant_make_one_change_of_each_count():

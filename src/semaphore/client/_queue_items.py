@@ -99,6 +99,7 @@ class _QueueItemsPart(_QueueBase):
         # One read for a batch, not one per item (one item: a point read, its own statement).
         found = self._items.find_many(item_ids) if len(item_ids) > 1 else \
             {i: r for i in item_ids[:1] if (r := self._items.find(i)) is not None}
+        rooms: dict[tuple[str, str], int] = {}
         for item_id in item_ids:
             row = found.get(item_id)
             action = plan.Completion.NOTHING if row is None else \
@@ -108,7 +109,8 @@ class _QueueItemsPart(_QueueBase):
                 continue
             key = str(row["key"])
             keys.append(key)
-            release_n = 0 if action in (plan.Completion.CANCEL, plan.Completion.FINISH) else \
+            release_n = 0 if action in (plan.Completion.CANCEL, plan.Completion.FINISH) \
+                or not self._slot_to_release(key, row, found, rooms) else \
                 self._release_permit(key, row, record=action is plan.Completion.RECORD)
             completed.append(plan.Completed(item_id, key, action, str(row["permit_kind"]), str(row["permit_id"]),
                                             release_n))
@@ -120,6 +122,30 @@ class _QueueItemsPart(_QueueBase):
         for key in dict.fromkeys(k for k in keys if k is not None):
             self._set_wake(key, now if wake_at is None else wake_at, earlier_only=True)
         return keys
+
+    def _slot_to_release(self, key: str, row: Mapping[str, Any], found: Mapping[str, Mapping[str, Any]],
+                         rooms: dict[tuple[str, str], int]) -> bool:
+        """Whether the completion of running item ``row`` releases a slot of its permit: always
+        for a lease, and for a grant of a key whose holder sets no ``claimTtlMs`` (it never
+        releases a slot on its own); else while the grant has one that no item still running
+        and no confirmed claim holds (:func:`~semaphore.core.queue_plan.completion_releases`,
+        counted over the batch ``found`` in ``rooms``)."""
+        grant_id = str(row["permit_id"])
+        unit = self.client.unit(key)
+        if row["permit_kind"] != PermitKind.GRANT.value or unit.state().claim_ttl_ms <= 0:
+            return True
+        if (key, grant_id) not in rooms:
+            g = unit.grant(grant_id)
+            if g is None:
+                return False
+            mine = [r for r in self._live(key, ItemState.RUNNING, permit_kind=PermitKind.GRANT.value)
+                    if r["permit_id"] == grant_id]
+            claiming = sum(1 for r in self._live(key, ItemState.CLAIMING, permit_id=grant_id)
+                           if int(r["slot"]) <= g.confirmed)
+            running_after = sum(1 for r in mine if str(r["item_id"]) not in found)
+            rooms[(key, grant_id)] = plan.completion_releases(g, running_after=running_after, claiming=claiming)
+        rooms[(key, grant_id)] -= 1
+        return rooms[(key, grant_id)] >= 0
 
     def _finish(self, key: str, item_ids: list[str], now: int, *, release_n: int = 0,
                 permits: bool | None = None) -> None:

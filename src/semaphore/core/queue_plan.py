@@ -186,6 +186,16 @@ def resolve_claims(snap: KeySnapshot) -> tuple[Resolution, ...]:
                  for (item, _), action in zip(resolved, actions) if action is not None)
 
 
+def completion_releases(g: ClientGrant, *, running_after: int, claiming: int) -> int:
+    """SPEC R15a decision (a confirmed slot is used only where the holder still charges one),
+    at completions: how many slots of grant ``g`` the completions of its running items release,
+    ``running_after`` of them still running then and ``claiming`` of its claims confirmed (their
+    items start, or release their slot, :func:`resolve_claims`). In normal operation that is one
+    per completed item; fewer once the holder released slots on its own (its crash expiry,
+    ``claim_ttl_ms``): a release past them would leave an item that still runs uncharged (I4)."""
+    return max(0, _room(g, {g.grant_id: running_after}) - claiming)
+
+
 def _after_resolutions(snap: KeySnapshot, resolutions: tuple[Resolution, ...]) -> KeySnapshot:
     """``snap`` with requeued items back in the queue (in enqueue order) and resolved items no
     longer claiming."""
