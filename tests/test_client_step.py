@@ -18,8 +18,10 @@ from semaphore import HolderUnavailableError, ItemState
 from semaphore.client._queue_pump import _QueuePump
 from semaphore.core import client_step
 from semaphore.core import queue_plan as plan
+from semaphore.core.client_state import merge_grant
 from semaphore.core.client_step import KeyChanges, _Rows
 from semaphore.core.queue_plan import ClaimingItem, KeySnapshot, Resolve
+from semaphore.core.wire import GrantState, GrantStatus
 from semaphore.testing import T0, ClientSide, HolderSide, Net, SimClock, async_test
 
 pytestmark = pytest.mark.usefixtures("quiet_logs")  # the holder is made unreachable on purpose
@@ -218,16 +220,16 @@ async def test_r15a_i4_a_claim_the_holder_expired_does_not_start_a_second_item_u
     side.driver.kill()
 
 
-@async_test
-async def test_r15a_i4_a_completion_releases_no_slot_that_an_item_still_running_needs():
-    # R15a, I4 with claimTtlMs: "a" and "b" run under a grant of three (a third item was
-    # completed while the request was on its way); "c", enqueued meanwhile, claims the third
-    # permit, but that claim's sync is lost and the client is cut off for longer than the TTL:
-    # the holder's crash expiry releases "a"'s and "b"'s slots. When the network heals, the
-    # reply confirms "c"'s claim and shows two released: one slot charged, two items running,
-    # so "c" goes back to the queue. When "a" completes, its release would free that one slot
-    # while "b" still runs: it releases nothing, and the grant stays charged until "b" completes.
-    # (The release reported the grant free while "b" ran.)
+async def _completion_after_crash_expiry(*, ttl_turned_off: bool = False, batch: bool = False) -> None:
+    """"a" and "b" run under a grant of three (a third item was completed while the request was
+    on its way); "c", enqueued meanwhile, claims the third permit, but that claim's sync is lost
+    and the client is cut off for longer than the TTL: the holder's crash expiry releases "a"'s
+    and "b"'s slots (with ``ttl_turned_off``, the holder is then redeployed without
+    ``claim_ttl_ms``). When the network heals, the reply confirms "c"'s claim and shows two
+    released: one slot charged, two items running, so "c" goes back to the queue. When "a"
+    completes, its release would free that one slot while "b" still runs: it releases nothing,
+    and the grant stays charged until "b" completes. With ``batch``, both complete in one
+    ``complete_many()``: two items, one slot to release."""
     clock = SimClock(T0)
     holder = HolderSide(clock, limit=3, leases=None, claim_ttl_ms=5_000, grant_timeout_ms=600_000)
     state = {"down": False, "withdrawn": False, "third": False, "lost": False}
@@ -256,12 +258,23 @@ async def test_r15a_i4_a_completion_releases_no_slot_that_an_item_still_running_
     assert [q.item(i).state for i in "abc"] == ["running", "running", "claiming"]  # type: ignore[union-attr]
     await clock.advance(15_000)  # the holder's crash expiry releases "a"'s and "b"'s slots
     assert await _charged(holder) == [(2, 2)]
+    if ttl_turned_off:
+        holder.evict(claim_ttl_ms=None)  # its replies carry no claimTtlMs from now on
     state["down"] = False
     for _ in range(5):
         await clock.advance(1_000)
     assert (3, 2) in await _charged(holder)  # one slot of the grant charged ("c" runs under another)
+    if batch:
+        assert await q.complete_many(["a", "b"]) == [True, True]
+        assert [(g.claimed, g.released) for g in side.client.grants("acct") if g.permits == 3] == [(3, 3)]
+        for _ in range(25):
+            await clock.advance(1_000)
+        assert (3, 2) not in await _charged(holder)
+        side.driver.kill()
+        return
     await q.complete("a")
-    for _ in range(10):
+    assert [(g.claimed, g.released) for g in side.client.grants("acct") if g.permits == 3] == [(3, 2)]
+    for _ in range(30):  # past the report wait (10 s): a release would have reached the holder
         await clock.advance(500)
         assert (3, 2) in await _charged(holder)  # "b" runs: the grant's slot stays charged
     await q.complete("b")  # nothing runs under the grant now: its completion releases the slot
@@ -272,15 +285,110 @@ async def test_r15a_i4_a_completion_releases_no_slot_that_an_item_still_running_
     side.driver.kill()
 
 
+@async_test
+async def test_r15a_i4_a_completion_releases_no_slot_that_an_item_still_running_needs():
+    # R15a, I4 with claimTtlMs (_completion_after_crash_expiry). (The release reported the
+    # grant free while "b" ran.)
+    await _completion_after_crash_expiry(ttl_turned_off=False)
+
+
+@async_test
+async def test_r15a_i4_a_batch_of_completions_releases_the_one_slot_still_charged_once():
+    # R15a, I4: as above, "a" and "b" completed in one complete_many(): nothing runs under the
+    # grant after the batch, so its one charged slot is released (a batch counts what its own
+    # items leave held, not each item alone)
+    await _completion_after_crash_expiry(batch=True)
+
+
+@async_test
+async def test_r15a_i4_the_completion_check_holds_when_the_holder_turned_its_ttl_off_meanwhile():
+    # R15a, I4: as above, but the holder is redeployed without claim_ttl_ms while the client is
+    # cut off, so the reply that shows the expired slots carries no claimTtlMs. The client knows
+    # from the grant itself that the holder released slots on its own (more released than it
+    # ever released: ClientGrant.holder_released). (Checking only where the last reply told a
+    # claimTtlMs released "a"'s slot while "b" ran.)
+    await _completion_after_crash_expiry(ttl_turned_off=True)
+
+
 def test_r15a_completions_release_only_the_slots_no_running_item_or_confirmed_claim_holds():
     # R15a: in normal operation one slot per completed item; fewer once the holder released
     # slots on its own; none of a dropped grant
     g = grant(permits=3, claimed=3, released=2, confirmed=3)
-    assert plan.completion_releases(g, running_after=0, claiming=0) == 1
-    assert plan.completion_releases(g, running_after=1, claiming=0) == 0
-    assert plan.completion_releases(g, running_after=0, claiming=1) == 0
-    assert plan.completion_releases(grant(permits=3, claimed=3, confirmed=3), running_after=1, claiming=0) == 2
-    assert plan.completion_releases(replace(g, status="gone"), running_after=0, claiming=0) == 0
+    assert plan.completion_releases(g, held_after=0) == 1
+    assert plan.completion_releases(g, held_after=1) == 0
+    assert plan.completion_releases(grant(permits=3, claimed=3, confirmed=3), held_after=1) == 2
+    assert plan.completion_releases(replace(g, status="gone"), held_after=0) == 0
+    # held: running items, and claiming items whose slot the holder confirmed
+    claims = (claiming("c", 3), claiming("d", 4), claiming("e", 1, gid="g2"))
+    assert plan.held_slots({"g1": 2}, claims, {"g1": g, "g2": None}) == {"g1": 3}
+
+
+def running_item(item_id: str, *, gid: str = "g1", kind: str = "grant", owner: str = "", key: str = "k",
+                 state: str = "running") -> client_step.CompletingItem:
+    return client_step.CompletingItem(item_id, key, state, owner, kind, gid)
+
+
+def _released(steps: tuple[client_step.Completing, ...]) -> dict[str, bool]:
+    return {c.item.item_id: c.release for c in steps}
+
+
+def test_r37_completions_finish_cancel_and_release_each_item_by_its_state():
+    # R37: unknown and finished items do nothing; a claiming item's claim is cancelled; a queued
+    # item is finished with nothing released; a running item releases a slot of its permit
+    # (recorded in its row if it is a callback item, R35; a permit() item's is written)
+    g = grant(permits=3, claimed=2, confirmed=2)
+    items = (running_item("a"), running_item("b", owner="inst"), running_item("c", kind="lease", gid="L"),
+             running_item("q", kind="", gid="", state="queued"), running_item("x", state="claiming"),
+             running_item("d", state="done"))
+    steps = client_step.completions(client_step.CompletionLoad(items, {("k", "g1"): g}))
+    assert [(c.item.item_id, c.action, c.release, c.record) for c in steps] == [
+        ("a", plan.Completion.RECORD, True, True), ("b", plan.Completion.RELEASE, True, False),
+        ("c", plan.Completion.RECORD, True, True), ("q", plan.Completion.FINISH, False, False),
+        ("x", plan.Completion.CANCEL, False, False)]
+    writes = client_step.completion_writes(steps, {"a": 1, "c": 4})
+    assert writes.cancels == {"k": ["x"]}
+    assert writes.finishes == [("k", ["a"], 1, False), ("k", ["b", "q"], 0, True), ("k", ["c"], 4, False)]
+
+
+def test_r15a_completions_release_no_slot_of_a_grant_forgotten_dropped_or_released_in_full():
+    # R15a: a slot is released only where the client has one confirmed and unreleased
+    items = (running_item("a", gid="gone"), running_item("b", gid="lost"), running_item("c", gid="full"))
+    grants = {("k", "gone"): replace(grant("gone", permits=1, claimed=1, confirmed=1), status="gone"),
+              ("k", "lost"): None, ("k", "full"): grant("full", permits=1, claimed=1, released=1, confirmed=1)}
+    assert _released(client_step.completions(client_step.CompletionLoad(items, grants))) == {
+        "a": False, "b": False, "c": False}
+
+
+def test_r15a_a_batch_of_completions_releases_only_the_slots_the_holder_still_charges():
+    # R15a, I4: the holder released two of a grant's four slots on its own (holder_released):
+    # three items run under it and one confirmed claim holds a slot, four holders of the two
+    # slots still charged. Completing "a" and "b" in one batch leaves "c" and the claim holding
+    # both: no release. Completing all three leaves the claim holding one: one release (the
+    # first item's). Without the claim, two.
+    g = replace(grant(permits=4, claimed=4, released=2, confirmed=4), holder_released=True)
+    items = tuple(running_item(i) for i in "abc")
+    load = client_step.CompletionLoad(items[:2], {("k", "g1"): g}, {"k": {"g1": 3}}, {"k": (claiming("d", 4),)})
+    assert _released(client_step.completions(load)) == {"a": False, "b": False}
+    load = replace(load, items=items)
+    assert _released(client_step.completions(load)) == {"a": True, "b": False, "c": False}
+    load = replace(load, claiming={"k": ()})
+    assert _released(client_step.completions(load)) == {"a": True, "b": True, "c": False}
+    # the same grant, never released by its holder: one slot per completed item, nothing counted
+    plain = replace(g, released=0, holder_released=False)
+    assert not client_step.checks_completions(plain) and client_step.checks_completions(g)
+    load = client_step.CompletionLoad(items, {("k", "g1"): plain})
+    assert _released(client_step.completions(load)) == {"a": True, "b": True, "c": True}
+
+
+def test_r15a_a_grant_learns_from_a_reply_that_its_holder_released_slots_on_its_own():
+    # R15a: a reply showing more released than the client ever released marks the grant (and
+    # the mark stays); one showing what the client reported does not
+    local = grant(permits=3, claimed=3, released=1, confirmed=3)
+    shown = GrantState("g1", "g", permits=3, claimed=3, released=1, claim_by=NOW + 10_000, status=GrantStatus.ACTIVE)
+    assert merge_grant("k", local, shown).row.holder_released is False  # type: ignore[union-attr]
+    expired = merge_grant("k", local, replace(shown, released=2)).row
+    assert expired is not None and expired.holder_released and expired.released == 2
+    assert merge_grant("k", expired, shown).row.holder_released  # type: ignore[union-attr]
 
 
 def test_r37_a_give_back_and_the_idle_slots_of_one_grant_make_one_change_of_each_count():
@@ -335,6 +443,17 @@ def test_the_shell_loads_steps_and_persists_without_deciding():
         assert not [n for n in nodes if isinstance(n, ast.Compare) and not all(
             isinstance(op, (ast.Is, ast.IsNot)) for op in n.ops)], fn  # only "is None" checks
     assert _calls(_QueuePump._admit_locally) == {"_persist", "admission", "_snapshot", "_options"}
+    # a batch of completions: load → step → the permits' releases (each the store's, R35) → write
+    calls = _calls(_QueuePump._complete_keys)
+    assert not calls & {"completion", "completion_releases", "held_slots", "min", "max", "len", "release",
+                        "release_lease"}, calls
+    body = _tree(_QueuePump._complete_keys).body[0].body  # type: ignore[attr-defined]
+    nodes = [n for statement in body for n in ast.walk(statement)]  # not the annotations' "str | None"
+    assert not [n for n in nodes if isinstance(n, (ast.BinOp, ast.IfExp)) and not (
+        isinstance(n, ast.IfExp) and isinstance(n.test, ast.Compare) and isinstance(n.test.ops[0], ast.Is))]
+    assert not [n for n in nodes if isinstance(n, ast.Compare) and not all(
+        isinstance(op, (ast.Is, ast.IsNot)) for op in n.ops)]
+    assert {"completions", "completion_writes", "_completion_load", "_found"} <= calls
     # (the reply's blocked entries and the unstarted items' ids are read into tuples: the
     # event's facts, not a decision)
     assert _calls(_QueuePump._apply_reply) == {"_persist", "after_reply", "_snapshot", "_options", "tuple", "str",

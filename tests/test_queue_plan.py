@@ -649,8 +649,12 @@ def test_completion_writes_group_a_batch_per_key_and_permit_with_each_permits_hi
         plan.Completed("j", "k1", C.RECORD, "lease", "L", 4),
     ])
     assert writes.cancels == {"k1": ["e"], "k2": ["h"]}
-    assert writes.finishes == [("k1", ["a", "d", "j"], 5), ("k1", ["b", "i"], 0), ("k1", ["c"], 7),
-                               ("k2", ["f"], 0), ("k1", ["g"], 1)]
+    assert writes.finishes == [("k1", ["a", "d", "j"], 5, False), ("k1", ["b", "i"], 0, False),
+                               ("k1", ["c"], 7, False), ("k2", ["f"], 0, False), ("k1", ["g"], 1, False)]
+    # a permit() item among a write's items says so (its row is deleted soon after)
+    permit_item = plan.Completed("p", "k1", C.FINISH, "", "", 0, permit_item=True)
+    assert plan.completion_writes([plan.Completed("b", "k1", C.FINISH, "", "", 0), permit_item]).finishes == [
+        ("k1", ["b", "p"], 0, True)]
     assert plan.completion_writes([]) == plan.CompletionWrites({}, [])
 
 

@@ -388,10 +388,13 @@ def install_schema(storage: Storage, schema: Iterable[str],
     may happen inside the caller's."""
     for statement in schema:
         storage.exec(statement)
+    present: dict[str, set[str]] = {}  # one read of each table's columns
     for table, column, declaration in added_columns:
-        present = {str(r["name"]) for r in storage.exec(f"PRAGMA table_info({table})")}
-        if column not in present:
+        if table not in present:
+            present[table] = {str(r["name"]) for r in storage.exec(f"PRAGMA table_info({table})")}
+        if column not in present[table]:
             storage.exec(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+            present[table].add(column)
     for statement in indexes:
         storage.exec(statement)
 

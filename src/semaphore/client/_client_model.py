@@ -44,7 +44,7 @@ _SCHEMA = (
     " permits INTEGER NOT NULL, claimed INTEGER NOT NULL, released INTEGER NOT NULL,"
     " confirmed INTEGER NOT NULL, claim_by INTEGER NOT NULL, status TEXT NOT NULL,"
     " sent_claimed INTEGER NOT NULL, sent_released INTEGER NOT NULL, updated_at INTEGER NOT NULL,"
-    " report_at INTEGER NOT NULL DEFAULT 0,"
+    " report_at INTEGER NOT NULL DEFAULT 0, holder_released INTEGER NOT NULL DEFAULT 0,"
     " PRIMARY KEY (key, grant_id))",
     f"CREATE TABLE IF NOT EXISTS {LEASES} ("
     " key TEXT NOT NULL, lease_id TEXT NOT NULL, group_name TEXT NOT NULL,"
@@ -77,6 +77,8 @@ _ADDED_COLUMNS = (
     (KEYS, "pruned_at", "INTEGER NOT NULL DEFAULT 0"),
     # the lease's slots are reusable (SPEC R34a)
     (LEASES, "reusable", "INTEGER NOT NULL DEFAULT 0"),
+    # the holder released slots of the grant on its own (its crash expiry; SPEC R15a)
+    (GRANTS, "holder_released", "INTEGER NOT NULL DEFAULT 0"),
 )
 
 # Partial indexes: live rows (what every read wants, in the order it wants them) apart from

@@ -178,7 +178,8 @@ class _QueueCallbacks(_QueueItemsPart):
     def _release_orphans(self, key: str, now: int) -> None:
         """Complete the live permit items of ``key`` whose caller is gone: items of another
         (dead) instance of this queue, and items of this one with no caller (a withdrawal that
-        failed). Their permits are released, nothing stays charged for them. Items of live
+        failed). Each is completed as :meth:`complete` does (its permit's slot released), so
+        nothing stays charged for it. Items of live
         callers are marked checked (the next check is ``orphan_check_ms`` later)."""
         # a cancelled one was withdrawn already: its claim is released once the holder answers
         for item_id in plan.orphans(self._live(key, owner=True, cancel=0), owner=self._token, callers=self._permits):

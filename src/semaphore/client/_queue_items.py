@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Mapping
 from typing import Any
 
+from ..core import client_step
 from ..core import queue_plan as plan
-from ..core.queue_plan import QueuedItem
+from ..core.queue_plan import ClaimingItem, QueuedItem
 from ..core.wire import Demand
 from ..errors import ConfigurationError
 from ..scheduler import DurabilityScheduler
@@ -62,18 +62,17 @@ class _QueueItemsPart(_QueueBase):
         """The item of a row of :attr:`_items` (its payload read if the copy does not keep it)."""
         return QueueItem._from_row(self._items.payloads([row])[0])
 
-    def _release_permit(self, key: str, row: Mapping[str, Any], *, record: bool = False) -> int:
-        """Release the item's permit. ``record``: the caller records the release in the item's
-        row (``release_n``, the value returned; 0: nothing to record), so the permit's row need
-        not be written for it (SPEC R35)."""
-        unit = self.client.unit(key)
-        kind = PermitKind(row["permit_kind"]).value
+    def _release_permit(self, item: client_step.CompletingItem, *, record: bool = False) -> int:
+        """Release a slot of the item's permit. ``record``: the caller records the release in
+        the item's row (``release_n``, the value returned; 0: nothing to record), so the
+        permit's row need not be written for it (SPEC R35)."""
+        unit = self.client.unit(item.key)
         if record:
-            return unit.release_recorded(kind, str(row["permit_id"]))
-        if kind == PermitKind.GRANT.value:
-            unit.release(str(row["permit_id"]), 1)
+            return unit.release_recorded(item.permit_kind, item.permit_id)
+        if item.permit_kind == PermitKind.GRANT.value:
+            unit.release(item.permit_id, 1)
         else:
-            unit.release_lease(str(row["permit_id"]), 1)
+            unit.release_lease(item.permit_id, 1)
         return 0
 
     def _complete(self, item_id: str, now: int) -> bool:
@@ -88,78 +87,67 @@ class _QueueItemsPart(_QueueBase):
         return self._complete_keys([item_id], now, wake_at)[0]
 
     def _complete_keys(self, item_ids: list[str], now: int, wake_at: int | None = None) -> list[str | None]:
-        """:meth:`_complete_key` for each of ``item_ids`` (distinct), in the caller's transaction,
-        with their rows read together and their finishes written together: per key, one write
-        for the items that record no release (and one for the claims it cancels), and one per
-        permit for those that do, each recording the highest release of its permit (what a
-        purge folds into the permit's row, SPEC R35, is the highest an item of the permit
-        records: the last of them, had each been completed on its own)."""
-        keys: list[str | None] = []
-        completed: list[plan.Completed] = []
-        # One read for a batch, not one per item (one item: a point read, its own statement).
-        found = self._items.find_many(item_ids) if len(item_ids) > 1 else \
-            {i: r for i in item_ids[:1] if (r := self._items.find(i)) is not None}
-        rooms: dict[tuple[str, str], int] = {}
-        for item_id in item_ids:
-            row = found.get(item_id)
-            action = plan.Completion.NOTHING if row is None else \
-                plan.completion(str(row["state"]), str(row["owner"]), str(row["permit_kind"]))
-            if row is None or action is plan.Completion.NOTHING:
-                keys.append(None)
-                continue
-            key = str(row["key"])
-            keys.append(key)
-            release_n = 0 if action in (plan.Completion.CANCEL, plan.Completion.FINISH) \
-                or not self._slot_to_release(key, row, found, rooms) else \
-                self._release_permit(key, row, record=action is plan.Completion.RECORD)
-            completed.append(plan.Completed(item_id, key, action, str(row["permit_kind"]), str(row["permit_id"]),
-                                            release_n))
-        writes = plan.completion_writes(completed)
+        """:meth:`_complete_key` for each of ``item_ids`` (distinct), in the caller's transaction:
+        load → step (:func:`~semaphore.core.client_step.completions`) → write. Their rows are
+        read together and their finishes written together: per key, one write for the items
+        that record no release (and one for the claims it cancels), and one per permit for those
+        that do, each recording the highest release of its permit (what a purge folds into the
+        permit's row, SPEC R35, is the highest an item of the permit records: the last of them,
+        had each been completed on its own)."""
+        steps = client_step.completions(self._completion_load(self._found(item_ids)))
+        recorded = {c.item.item_id: self._release_permit(c.item, record=c.record) for c in steps if c.release}
+        writes = client_step.completion_writes(steps, recorded)
         for key, ids in writes.cancels.items():
             self._items.update(key, ids, {"cancel": 1})
-        for key, ids, release_n in writes.finishes:
-            self._finish(key, ids, now, release_n=release_n)
-        for key in dict.fromkeys(k for k in keys if k is not None):
+        for f in writes.finishes:
+            self._finish(f.key, f.item_ids, now, release_n=f.release_n, permits=f.permits)
+        keys = {c.item.item_id: c.item.key for c in steps}
+        for key in dict.fromkeys(keys.values()):
             self._set_wake(key, now if wake_at is None else wake_at, earlier_only=True)
-        return keys
+        return [keys.get(i) for i in item_ids]
 
-    def _slot_to_release(self, key: str, row: Mapping[str, Any], found: Mapping[str, Mapping[str, Any]],
-                         rooms: dict[tuple[str, str], int]) -> bool:
-        """Whether the completion of running item ``row`` releases a slot of its permit: always
-        for a lease, and for a grant of a key whose holder sets no ``claimTtlMs`` (it never
-        releases a slot on its own); else while the grant has one that no item still running
-        and no confirmed claim holds (:func:`~semaphore.core.queue_plan.completion_releases`,
-        counted over the batch ``found`` in ``rooms``)."""
-        grant_id = str(row["permit_id"])
-        unit = self.client.unit(key)
-        if row["permit_kind"] != PermitKind.GRANT.value or unit.state().claim_ttl_ms <= 0:
-            return True
-        if (key, grant_id) not in rooms:
-            g = unit.grant(grant_id)
-            if g is None:
-                return False
-            mine = [r for r in self._live(key, ItemState.RUNNING, permit_kind=PermitKind.GRANT.value)
-                    if r["permit_id"] == grant_id]
-            claiming = sum(1 for r in self._live(key, ItemState.CLAIMING, permit_id=grant_id)
-                           if int(r["slot"]) <= g.confirmed)
-            running_after = sum(1 for r in mine if str(r["item_id"]) not in found)
-            rooms[(key, grant_id)] = plan.completion_releases(g, running_after=running_after, claiming=claiming)
-        rooms[(key, grant_id)] -= 1
-        return rooms[(key, grant_id)] >= 0
+    def _found(self, item_ids: list[str]) -> list[dict[str, Any]]:
+        """The rows of the known ones of ``item_ids``, in their order: one read for a batch,
+        not one per item (one item: a point read, its own statement)."""
+        found = self._items.find_many(item_ids) if len(item_ids) > 1 else \
+            {i: r for i in item_ids[:1] if (r := self._items.find(i)) is not None}
+        return [found[i] for i in item_ids if i in found]
 
-    def _finish(self, key: str, item_ids: list[str], now: int, *, release_n: int = 0,
-                permits: bool | None = None) -> None:
+    def _completion_load(self, rows: list[dict[str, Any]]) -> client_step.CompletionLoad:
+        """What completing the items of ``rows`` decides over (:class:`~semaphore.core.client_step.
+        CompletionLoad`): their running grant items' grants, and for a grant that
+        :func:`~semaphore.core.client_step.checks_completions` names, its key's running and
+        claiming items."""
+        items = tuple(client_step.CompletingItem(str(r["item_id"]), str(r["key"]), str(r["state"]), str(r["owner"]),
+                                                 str(r["permit_kind"]), str(r["permit_id"])) for r in rows)
+        grants = {(i.key, i.permit_id): self.client.unit(i.key).grant(i.permit_id) for i in items
+                  if i.permit_kind == PermitKind.GRANT.value and i.state == ItemState.RUNNING.value}
+        checked = dict.fromkeys(key for (key, _), g in grants.items() if client_step.checks_completions(g))
+        return client_step.CompletionLoad(items, grants, {key: self._running_grant_slots(key) for key in checked},
+                                          {key: self._claiming(key) for key in checked})
+
+    def _running_grant_slots(self, key: str) -> dict[str, int]:
+        """Per grant id, how many of ``key``'s running items hold a slot of it."""
+        out: dict[str, int] = {}
+        for r in self._live(key, ItemState.RUNNING, permit_kind=PermitKind.GRANT.value):
+            out[str(r["permit_id"])] = out.get(str(r["permit_id"]), 0) + 1
+        return out
+
+    def _claiming(self, key: str) -> tuple[ClaimingItem, ...]:
+        """``key``'s claiming items, in enqueue order."""
+        return tuple(ClaimingItem(str(r["item_id"]), str(r["group_name"]), int(r["seq"]), str(r["permit_id"]),
+                                  int(r["slot"]), bool(r["cancel"]), not r["owner"], int(r["enqueued_at"]))
+                     for r in self._live(key, ItemState.CLAIMING))
+
+    def _finish(self, key: str, item_ids: list[str], now: int, *, release_n: int = 0, permits: bool) -> None:
         """Mark the items done (inside the caller's transaction; the caller wakes the key). With
         ``on_done`` their hooks are only recorded as pending, due at once: each runs later in a
         transaction of its own (:meth:`_run_done_hook`), never in this shared step, so a failing
         hook cannot roll back the key's admissions or replies. ``release_n``: the released count
         of their (one) permit that they record (:meth:`_release_permit`). ``permits``: whether
-        :meth:`permit` items are among them (``None``: read from their rows)."""
+        :meth:`permit` items are among them."""
         if not item_ids:
             return
-        if permits is None:
-            rows = [self._items.row(key, item_id) for item_id in item_ids]
-            permits = any(r is None or r["owner"] for r in rows)  # permit() items among them (unknown: maybe)
         recorded = {"release_n": release_n} if release_n else {}
         self._items.update(key, item_ids, {  # a permit() item's caller knows when it is done: no hook for it
             "state": ItemState.DONE.value, "finished_at": now, "done_pending": DonePending(self.on_done is not None),

@@ -12,7 +12,7 @@ import logging
 from ..core import client_step
 from ..core import queue_plan as plan
 from ..core.client_step import KeyChanges
-from ..core.queue_plan import ClaimingItem, Exchange, KeySnapshot, PendingReleases
+from ..core.queue_plan import Exchange, KeySnapshot, PendingReleases
 from ..core.wire import Demand
 from ..errors import ConfigurationError, SemaphoreError
 from ._client import AppliedReply
@@ -286,21 +286,12 @@ class _QueuePump(_QueueCallbacks):
         """What the planner decides over for ``key`` at ``now`` (live rows only)."""
         unit = self.client.unit(key)
         queued = self._queued(key)
-        claiming = tuple(ClaimingItem(str(r["item_id"]), str(r["group_name"]), int(r["seq"]), str(r["permit_id"]),
-                                      int(r["slot"]), bool(r["cancel"]), not r["owner"], int(r["enqueued_at"]))
-                         for r in self._live(key, ItemState.CLAIMING))
+        claiming = self._claiming(key)
         pending = self.marks.pending(key)
         return KeySnapshot(
             now, queued, claiming, tuple(unit.grants()), {c.grant_id: unit.grant(c.grant_id) for c in claiming},
             tuple(unit.leases()), unit.state(), pending,
             self._admit_room(key), self._running_grant_slots(key))
-
-    def _running_grant_slots(self, key: str) -> dict[str, int]:
-        """Per grant id, how many of ``key``'s running items hold a slot of it."""
-        out: dict[str, int] = {}
-        for r in self._live(key, ItemState.RUNNING, permit_kind=PermitKind.GRANT.value):
-            out[str(r["permit_id"])] = out.get(str(r["permit_id"]), 0) + 1
-        return out
 
     def _persist(self, key: str, changes: KeyChanges, now: int) -> None:
         """Write one step's changes (:mod:`~semaphore.core.client_step`) in the caller's

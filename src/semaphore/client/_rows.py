@@ -33,7 +33,7 @@ _LIVE = LeaseStatus.LIVE.value
 KEY_COLUMNS = {"next_request_at": 0, "contended": 0, "needs_sync": 0, "check_at": 0, "claim_ttl_ms": 0,
                "replied_at": 0, "lease_recheck_ms": 0, "room": 0, "contended_since": 0, "pruned_at": 0}
 GRANT_COLUMNS = ("key", "grant_id", "group_name", "permits", "claimed", "released", "confirmed", "claim_by",
-                 "status", "sent_claimed", "sent_released", "updated_at", "report_at")
+                 "status", "sent_claimed", "sent_released", "updated_at", "report_at", "holder_released")
 LEASE_COLUMNS = ("key", "lease_id", "group_name", "permits", "drawn", "released", "stopped", "status",
                  "expires_at", "heartbeat_at", "sent_drawn", "sent_released", "sent_stopped", "updated_at",
                  "report_at", "reusable")
@@ -102,7 +102,8 @@ def grant_row_of(g: ClientGrant, old: dict[str, Any] | None, now: int) -> dict[s
     return {"key": g.key, "grant_id": g.grant_id, "group_name": g.group, "permits": g.permits,
             "claimed": g.claimed, "released": g.released, "confirmed": g.confirmed, "claim_by": g.claim_by,
             "status": g.status, "sent_claimed": g.sent_claimed, "sent_released": g.sent_released,
-            "updated_at": now, "report_at": now if old is None else old["report_at"]}
+            "updated_at": now, "report_at": now if old is None else old["report_at"],
+            "holder_released": int(g.holder_released)}
 
 
 def lease_row_of(x: ClientLease, old: dict[str, Any] | None, now: int) -> dict[str, Any]:

@@ -38,6 +38,9 @@ class ClientGrant:
         ``confirmed >= k``.
     :ivar status: ``"active"``, ``"expired"`` or ``"gone"`` (dropped; a tombstone).
     :ivar sent_claimed: / :ivar sent_released: counts the holder has acknowledged receiving.
+    :ivar holder_released: the holder has shown more released than the client ever released:
+        it released slots on its own (its crash expiry, ``claimTtlMs``, SPEC R18 decision), so
+        the grant's running items may hold more slots than it still charges (R15a).
     """
 
     key: str
@@ -51,6 +54,7 @@ class ClientGrant:
     status: str
     sent_claimed: int
     sent_released: int
+    holder_released: bool = False
 
     @property
     def unclaimed(self) -> int:
@@ -83,7 +87,8 @@ class ClientGrant:
     def _from_row(cls, r: Mapping[str, Any]) -> ClientGrant:
         return cls(str(r["key"]), str(r["grant_id"]), str(r["group_name"]), int(r["permits"]),
                    int(r["claimed"]), int(r["released"]), int(r["confirmed"]), int(r["claim_by"]),
-                   str(r["status"]), int(r["sent_claimed"]), int(r["sent_released"]))
+                   str(r["status"]), int(r["sent_claimed"]), int(r["sent_released"]),
+                   bool(r.get("holder_released") or 0))
 
 
 @dataclass(frozen=True)
@@ -339,7 +344,8 @@ def merge_grant(key: str, local: ClientGrant | None, s: GrantState) -> GrantMerg
                 claim_by=int(s.claim_by if s.claim_by is not None else local.claim_by),
                 status=GONE if settled else (GrantStatus.EXPIRED.value if expired else _ACTIVE),
                 sent_claimed=max(local.sent_claimed, s.claimed),
-                sent_released=max(local.sent_released, s.released))
+                sent_released=max(local.sent_released, s.released),
+                holder_released=local.holder_released or s.released > local.released)
     return GrantMerge(g, dropped=settled, expired=not settled and expired and not local.final)
 
 

@@ -1,5 +1,6 @@
 """One step of a queue's key (SPEC R37): every row a local admission or a holder reply changes,
-decided by a pure function over the key's loaded :class:`~.queue_plan.KeySnapshot`.
+decided by a pure function over the key's loaded :class:`~.queue_plan.KeySnapshot`; and what a
+batch of completions does (:func:`completions`), over the items and grants loaded for it.
 
 The queue loads the snapshot, calls :func:`admission` (claims resolved, claims, draws, stops,
 give-backs, idle slots) or :func:`after_reply` (claims resolved, stops), and persists the
@@ -14,23 +15,33 @@ own changes would refuse.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from .client_state import GONE, ClientGrant, ClientLease
 from .queue_plan import (
     AdmissionPlan,
     Claim,
+    ClaimingItem,
+    Completed,
+    Completion,
+    CompletionWrites,
     Draw,
     KeySnapshot,
     QueueOptions,
     ReplyPlan,
     Resolve,
+    completion,
+    completion_releases,
+    held_slots,
     plan_admission,
     plan_reply,
 )
+from .queue_plan import completion_writes as plan_completion_writes
 
-__all__ = ["KeyChanges", "admission", "after_reply"]
+__all__ = ["KeyChanges", "admission", "after_reply", "CompletingItem", "CompletionLoad", "Completing",
+           "checks_completions", "completions", "completion_writes"]
 
 @dataclass(frozen=True)
 class KeyChanges:
@@ -182,3 +193,103 @@ def after_reply(snap: KeySnapshot, opts: QueueOptions, *, contended: bool, more:
         rows.stop(lease_id)
     return replace(resolved, grants=rows.grant_counts, leases=rows.lease_counts, clear_pending=not more,
                    checked=unstarted, blocked=blocked)
+
+
+# ============================================================================ completions
+class CompletingItem(NamedTuple):
+    """An item named by :meth:`~semaphore.client.SemaphoreQueue.complete`, as loaded: its
+    ``state`` (``queued``, ``claiming``, ``running``, ``done``), ``owner`` (a ``permit()``
+    caller's instance, or ``""``) and permit (``permit_kind`` ``"grant"``/``"lease"``/``""``)."""
+
+    item_id: str
+    key: str
+    state: str
+    owner: str
+    permit_kind: str
+    permit_id: str
+
+
+@dataclass(frozen=True)
+class CompletionLoad:
+    """What a batch of completions decides over.
+
+    :ivar items: the items found, in the batch's order (an unknown id is left out).
+    :ivar grants: per ``(key, grant id)`` of a running grant item, the client's grant (``None``:
+        forgotten).
+    :ivar running: / :ivar claiming: for each key with a grant :func:`checks_completions`
+        names: per grant id, how many of the key's running items hold a slot of it; the key's
+        claiming items.
+    """
+
+    items: tuple[CompletingItem, ...]
+    grants: Mapping[tuple[str, str], ClientGrant | None] = field(default_factory=dict)
+    running: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    claiming: Mapping[str, tuple[ClaimingItem, ...]] = field(default_factory=dict)
+
+
+class Completing(NamedTuple):
+    """What completing one item does: its ``action`` (never ``NOTHING``), whether its permit
+    releases a slot (``release``) and whether that release may be recorded in the item's own
+    row (``record``, R35: :attr:`~.queue_plan.Completion.RECORD`)."""
+
+    item: CompletingItem
+    action: Completion
+    release: bool = False
+    record: bool = False
+
+
+def checks_completions(g: ClientGrant | None) -> bool:
+    """Whether completions under grant ``g`` count the slots its items still hold before they
+    release one (R15a): only once the holder released slots of it on its own
+    (``g.holder_released``); else every confirmed slot is held by one item or idle, so a
+    running item's completion always has its own slot to release."""
+    return g is not None and g.holder_released and g.status != GONE
+
+
+def completions(load: CompletionLoad) -> tuple[Completing, ...]:
+    """A batch of completions (R37; R15a): each found item's action
+    (:func:`~.queue_plan.completion`; unknown or finished items do nothing and are left out),
+    and, for a running item, whether its permit releases a slot: always a lease's (its row
+    clamps, R34); a grant's while it has a confirmed, unreleased slot that no item outside the
+    batch holds (:func:`~.queue_plan.completion_releases`, counted for the grants
+    :func:`checks_completions` names, else one per item), none of a grant forgotten or
+    dropped."""
+    room: dict[tuple[str, str], int] = {}
+    out = []
+    for item in load.items:
+        action = completion(item.state, item.owner, item.permit_kind)
+        if action is Completion.NOTHING:
+            continue
+        release = action in (Completion.RELEASE, Completion.RECORD)
+        if release and item.permit_kind == "grant":
+            at = (item.key, item.permit_id)
+            if at not in room:
+                room[at] = _completion_room(load, at)
+            room[at] -= 1
+            release = room[at] >= 0
+        out.append(Completing(item, action, release, release and action is Completion.RECORD))
+    return tuple(out)
+
+
+def completion_writes(steps: Iterable[Completing], recorded: Mapping[str, int]) -> CompletionWrites:
+    """The writes of a batch of completions (:func:`~.queue_plan.completion_writes`), once the
+    permits' releases are done: ``recorded``, per item id, the released count its row records
+    (SPEC R35: the client's store chose to record it there; absent or 0: nothing recorded)."""
+    return plan_completion_writes([
+        Completed(c.item.item_id, c.item.key, c.action, c.item.permit_kind, c.item.permit_id,
+                  recorded.get(c.item.item_id, 0), bool(c.item.owner)) for c in steps])
+
+
+def _completion_room(load: CompletionLoad, at: tuple[str, str]) -> int:
+    """How many slots of grant ``at`` the batch's completions release (see :func:`completions`)."""
+    key, grant_id = at
+    g = load.grants.get(at)
+    if g is None or g.status == GONE:
+        return 0
+    if not checks_completions(g):
+        return g.releasable
+    in_batch = sum(1 for i in load.items
+                   if (i.key, i.permit_kind, i.permit_id, i.state) == (key, "grant", grant_id, "running"))
+    grants = {c.grant_id: g for c in load.claiming[key] if c.grant_id == grant_id}
+    held = held_slots(load.running[key], load.claiming[key], grants).get(grant_id, 0)
+    return completion_releases(g, held_after=held - in_batch)

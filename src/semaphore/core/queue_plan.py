@@ -38,11 +38,12 @@ __all__ = [
     "QueueOptions", "QueuedItem", "ClaimingItem", "KeySnapshot",
     "Resolution", "Resolve", "Claim", "Draw", "GiveBack", "AdmissionPlan", "ReplyPlan",
     "PendingReleases", "ReportDue", "Exchange", "ItemTimes",
-    "resolve_claims", "admissible", "demand_of", "leases_to_stop", "plan_admission", "plan_reply", "report_due",
+    "resolve_claims", "held_slots", "completion_releases", "admissible", "demand_of", "leases_to_stop",
+    "plan_admission", "plan_reply", "report_due",
     "heartbeat_due", "plan_exchange", "next_wake", "covered_groups", "wants_round", "recheck_due",
     "room_check_due", "room_check_pending",
     "MAX_EXCHANGES", "Pause", "pause_after_exchanges", "retry_waits_for_holder", "permit_gone", "records_release",
-    "Completion", "completion", "Completed", "CompletionWrites", "completion_writes", "work_exhausted",
+    "Completion", "completion", "Completed", "Finish", "CompletionWrites", "completion_writes", "work_exhausted",
     "item_times", "admit_room", "demand_grew", "reconcile_due",
     "TryAnswer", "is_try", "try_answer", "refusal", "purge_due_before",
 ]
@@ -186,14 +187,28 @@ def resolve_claims(snap: KeySnapshot) -> tuple[Resolution, ...]:
                  for (item, _), action in zip(resolved, actions) if action is not None)
 
 
-def completion_releases(g: ClientGrant, *, running_after: int, claiming: int) -> int:
+def held_slots(running: Mapping[str, int], claiming: Iterable[ClaimingItem],
+               grants: Mapping[str, ClientGrant | None]) -> dict[str, int]:
+    """Per grant id, how many of its confirmed slots items hold (R15a): its ``running`` items'
+    and those of its ``claiming`` items whose slot the holder confirmed (each starts, or its
+    resolution releases the slot, :func:`resolve_claims`); ``grants``: the claims' grants."""
+    held = dict(running)
+    for c in claiming:
+        g = grants.get(c.grant_id)
+        if g is not None and c.slot <= g.confirmed:
+            held[c.grant_id] = held.get(c.grant_id, 0) + 1
+    return held
+
+
+def completion_releases(g: ClientGrant, *, held_after: int) -> int:
     """SPEC R15a decision (a confirmed slot is used only where the holder still charges one),
     at completions: how many slots of grant ``g`` the completions of its running items release,
-    ``running_after`` of them still running then and ``claiming`` of its claims confirmed (their
-    items start, or release their slot, :func:`resolve_claims`). In normal operation that is one
-    per completed item; fewer once the holder released slots on its own (its crash expiry,
-    ``claim_ttl_ms``): a release past them would leave an item that still runs uncharged (I4)."""
-    return max(0, _room(g, {g.grant_id: running_after}) - claiming)
+    ``held_after`` of its slots still held then (:func:`held_slots`: items still running, claims
+    confirmed). In normal operation that is one per completed item; fewer once the holder
+    released slots on its own (its crash expiry, ``claim_ttl_ms``; ``g.holder_released``): a
+    release past them would leave an item that still runs uncharged (I4). None of a dropped
+    grant."""
+    return max(0, _room(g, {g.grant_id: held_after}))
 
 
 def _after_resolutions(snap: KeySnapshot, resolutions: tuple[Resolution, ...]) -> KeySnapshot:
@@ -450,11 +465,7 @@ def _idle_slots(snap: KeySnapshot) -> tuple[GiveBack, ...]:
     reported for it would be counted against a slot an item runs under (I4). ``snap`` is before
     this step's resolutions: a confirmed claiming item still holds its slot (it starts, or its
     resolution releases it)."""
-    held = dict(snap.running)
-    for c in snap.claiming:
-        g = snap.claim_grants.get(c.grant_id)
-        if g is not None and c.slot <= g.confirmed:
-            held[c.grant_id] = held.get(c.grant_id, 0) + 1
+    held = held_slots(snap.running, snap.claiming, snap.claim_grants)
     idle = ((g.grant_id, g.releasable - held.get(g.grant_id, 0)) for g in snap.grants)
     return tuple(GiveBack(grant_id, n) for grant_id, n in idle if n > 0)
 
@@ -858,10 +869,12 @@ class Completion(str, enum.Enum):
     CANCEL = "cancel"
     #: Queued (withdrawn before admission), or running under no permit: done, nothing released.
     FINISH = "finish"
-    #: Running under a permit: done, the release written to the permit's row.
+    #: Running under a permit: done, a slot of the permit released (written to its row) if the
+    #: client still holds one for it (:func:`completion_releases`).
     RELEASE = "release"
-    #: Running under a permit, a callback item: done, the release recorded in the item's own
-    #: row when the permit's row has something to report already (:func:`records_release`).
+    #: Running under a permit, a callback item: as ``RELEASE``, the release recorded in the
+    #: item's own row when the permit's row has something to report already
+    #: (:func:`records_release`).
     RECORD = "record"
 
 
@@ -880,8 +893,9 @@ def completion(state: str | None, owner: str, permit_kind: str) -> Completion:
 
 class Completed(NamedTuple):
     """One completed item, as :func:`completion_writes` groups it: its ``action``
-    (:class:`Completion`, not ``NOTHING``), its permit (``kind``, ``permit_id``; empty for none)
-    and the release it records (``release_n``; 0: none)."""
+    (:class:`Completion`, not ``NOTHING``), its permit (``kind``, ``permit_id``; empty for none),
+    the release it records (``release_n``; 0: none) and whether it is a
+    :meth:`~semaphore.client.SemaphoreQueue.permit` item (``permit_item``)."""
 
     item_id: str
     key: str
@@ -889,14 +903,25 @@ class Completed(NamedTuple):
     kind: str
     permit_id: str
     release_n: int
+    permit_item: bool = False
+
+
+class Finish(NamedTuple):
+    """One write of finished items: ``(key, item ids, release_n, permits)``, ``permits``: a
+    :meth:`~semaphore.client.SemaphoreQueue.permit` item is among them."""
+
+    key: str
+    item_ids: list[str]
+    release_n: int
+    permits: bool = False
 
 
 class CompletionWrites(NamedTuple):
     """The writes of a batch of completions (:func:`completion_writes`): per key, the items
-    whose claim is cancelled; and the finishes, each ``(key, item ids, release_n)``."""
+    whose claim is cancelled; and the finishes (:class:`Finish`)."""
 
     cancels: dict[str, list[str]]
-    finishes: list[tuple[str, list[str], int]]
+    finishes: list[Finish]
 
 
 def completion_writes(completed: Iterable[Completed]) -> CompletionWrites:
@@ -907,15 +932,16 @@ def completion_writes(completed: Iterable[Completed]) -> CompletionWrites:
     and purge takes a permit's highest recorded count, the one its last item would have
     recorded had each been completed alone; a permit's count never goes on another's items)."""
     cancels: dict[str, list[str]] = {}
-    finishes: dict[tuple[str, str, str], tuple[int, list[str]]] = {}
+    finishes: dict[tuple[str, str, str], Finish] = {}
     for c in completed:
         if c.action is Completion.CANCEL:
             cancels.setdefault(c.key, []).append(c.item_id)
         elif c.action is not Completion.NOTHING:
             group = (c.key, c.kind, c.permit_id) if c.release_n else (c.key, "", "")
-            n, ids = finishes.get(group, (0, []))
-            finishes[group] = (max(n, c.release_n), [*ids, c.item_id])
-    return CompletionWrites(cancels, [(key, ids, n) for (key, _, _), (n, ids) in finishes.items()])
+            f = finishes.get(group, Finish(c.key, [], 0))
+            finishes[group] = Finish(c.key, [*f.item_ids, c.item_id], max(f.release_n, c.release_n),
+                                     f.permits or c.permit_item)
+    return CompletionWrites(cancels, list(finishes.values()))
 
 
 def work_exhausted(attempts: int, work_attempts: int) -> bool:
