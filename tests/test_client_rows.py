@@ -168,3 +168,32 @@ def test_a_full_batch_of_the_longest_ids_folds_within_the_runtimes_value_limit()
         writer.write_grant(ClientGrant(key, grant_id, "a", 2, 2, 0, 2, 500, "live", 2, 0), 100)
     writer.fold_releases([RecordedRelease("grant", key, grant_id, 1) for grant_id in ids])
     assert [r["released"] for r in storage.exec(f"SELECT released FROM {GRANTS}")] == [1, 1, 1]
+
+
+def test_r15a_a_grants_table_of_an_older_release_gains_holder_released_and_each_table_is_read_once():
+    # R15a: the grants table gains holder_released in place (a row of an older release reads
+    # False), and installing the schema reads each table's columns once, not once per added
+    # column (it runs at every object's first use: each read is a statement, a JS crossing).
+    raw = LocalStorage()
+    raw.connection.execute(
+        f"CREATE TABLE {GRANTS} (key TEXT NOT NULL, grant_id TEXT NOT NULL, group_name TEXT NOT NULL,"
+        " permits INTEGER NOT NULL, claimed INTEGER NOT NULL, released INTEGER NOT NULL,"
+        " confirmed INTEGER NOT NULL, claim_by INTEGER NOT NULL, status TEXT NOT NULL,"
+        " sent_claimed INTEGER NOT NULL, sent_released INTEGER NOT NULL, updated_at INTEGER NOT NULL,"
+        " PRIMARY KEY (key, grant_id))")
+    raw.connection.execute(f"INSERT INTO {GRANTS} VALUES ('k', 'g1', 'a', 2, 1, 0, 1, 500, 'active', 1, 0, 100)")
+    storage = Storage(LocalContext(raw))
+    seen: list[str] = []
+    inner = raw.sql.exec
+
+    def counted(query: str, *bindings: object) -> object:
+        seen.append(query)
+        return inner(query, *bindings)
+
+    raw.sql.exec = counted  # type: ignore[method-assign]
+    _install_schema(storage)
+    raw.sql.exec = inner  # type: ignore[method-assign]
+    reads = [q for q in seen if q.startswith("PRAGMA table_info")]
+    assert sorted(reads) == sorted(set(reads)) and len(reads) == 3, reads  # grants, leases, keys
+    [g] = ClientRows(storage).grants("k")
+    assert g.holder_released is False and g.claimed == 1
