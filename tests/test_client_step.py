@@ -391,6 +391,53 @@ def test_r15a_a_grant_learns_from_a_reply_that_its_holder_released_slots_on_its_
     assert merge_grant("k", expired, shown).row.holder_released  # type: ignore[union-attr]
 
 
+def test_r37_a_callback_pass_calls_moves_requeues_and_asks_in_one_change():
+    # R37: of the due callback items, those called have their attempt written with a retry
+    # admit_retry_ms on; a call in flight here moves orphan_check_ms on; an item whose permit
+    # is not live (a tombstone, or unknown) goes back to the queue and the key wakes now; a
+    # retry waiting for the holder asks it
+    permits = client_step.Permits.of([grant(), replace(grant("dead"), status="gone")], [lease()])
+    rows = [_item_row("call"), _item_row("fly"), _item_row("dead", permit_id="dead"),
+            _item_row("unknown", permit_kind="lease", permit_id="nowhere"),
+            _item_row("retry", attempts=1, checked_at=NOW - 1), _item_row("later", retry_at=NOW + 1)]
+    changes = client_step.callbacks(rows, permits, now=NOW, in_flight={"fly"}, admit_retry_ms=3_000,
+                                    orphan_check_ms=60_000)
+    assert (changes.calls, changes.calls_retry_at, changes.flying, changes.flying_retry_at) == (
+        ("call",), NOW + 3_000, ("fly",), NOW + 60_000)
+    assert changes.gone == ("dead", "unknown") and changes.wake_now and changes.ask_holder
+    quiet = client_step.callbacks(rows[:1], permits, now=NOW, in_flight=(), admit_retry_ms=3_000,
+                                  orphan_check_ms=60_000)
+    assert quiet.gone == () and not quiet.wake_now and not quiet.ask_holder
+
+
+def test_r37_permit_items_go_to_their_waiting_callers_or_back_to_the_queue_in_one_change():
+    # R37 (permit items): an item whose caller waits is handed over, unless its permit is not
+    # live (back to the queue, the key woken now); one whose caller went is left alone
+    permits = client_step.Permits.of([grant()], [])
+    rows = [_item_row("waits", owner="me"), _item_row("gone", owner="me", permit_id="g9"),
+            _item_row("withdrawn", owner="me")]
+    changes = client_step.handing_over(rows, permits, waiting={"waits", "gone"})
+    assert (changes.hand, changes.gone, changes.wake_now) == (("waits",), ("gone",), True)
+
+
+def test_r37_orphans_are_completed_and_the_callers_of_the_others_checked_in_one_step():
+    # R37 (permit items): another instance's items, and this one's with no caller, are completed
+    # (a withdrawn one is not: its claim is released once the holder answers); this instance's
+    # items whose caller lives are checked every orphan_check_ms; an item completed here is not
+    # also marked checked
+    rows = [_item_row("theirs", owner="dead", cancel=0), _item_row("withdrawn", owner="dead", cancel=1),
+            _item_row("mine", owner="me", cancel=0, checked_at=NOW - 60_000),
+            _item_row("fresh", owner="me", cancel=0, checked_at=NOW - 1),
+            _item_row("lost", owner="me", cancel=0, checked_at=0)]
+    found = client_step.orphans(rows, owner="me", callers={"mine", "fresh"}, now=NOW, orphan_check_ms=60_000)
+    assert found == client_step.Orphans(complete=("theirs", "lost"), checked=("mine",))
+
+
+def _item_row(item_id: str, **values: object) -> dict[str, object]:
+    return {"item_id": item_id, "state": "running", "permit_kind": "grant", "permit_id": "g1", "retry_at": NOW,
+            "attempts": 0, "checked_at": 0, "owner": "", **values}
+
+
 def test_r37_a_give_back_and_the_idle_slots_of_one_grant_make_one_change_of_each_count():
     # R37 (surplus grants): a grant whose group has nothing queued, claiming or running gives
     # back its unclaimed permits (claimed now) and releases its confirmed slots no item holds,
@@ -454,6 +501,18 @@ def test_the_shell_loads_steps_and_persists_without_deciding():
     assert not [n for n in nodes if isinstance(n, ast.Compare) and not all(
         isinstance(op, (ast.Is, ast.IsNot)) for op in n.ops)]
     assert {"completions", "completion_writes", "_completion_load", "_found"} <= calls
+    # a callback pass and the hand-overs: load → step → persist, then the effects
+    for fn, step in ((_QueuePump._calls_due, "callbacks"), (_QueuePump._hand_over, "handing_over"),
+                     (_QueuePump._release_orphans, "orphans")):
+        calls = _calls(fn)
+        assert step in calls and "_persist" in calls, (fn, calls)
+        assert not calls & {"calls_due", "hand_overs", "permit_gone", "retry_waits_for_holder", "orphan_checks",
+                            "_requeue", "_complete", "update", "min", "max", "len"}, (fn, calls)
+        body = _tree(fn).body[0].body  # type: ignore[attr-defined]
+        nodes = [n for statement in body for n in ast.walk(statement)]
+        assert not [n for n in nodes if isinstance(n, ast.BinOp)], fn
+        assert not [n for n in nodes if isinstance(n, ast.Compare) and not all(
+            isinstance(op, (ast.Is, ast.IsNot)) for op in n.ops)], fn
     # (the reply's blocked entries and the unstarted items' ids are read into tuples: the
     # event's facts, not a decision)
     assert _calls(_QueuePump._apply_reply) == {"_persist", "after_reply", "_snapshot", "_options", "tuple", "str",

@@ -478,6 +478,9 @@ def test_r37_reconciliation_checks_items_running_and_unchecked_for_the_bound():
     assert plan.reconcile_due(NOW - 100, NOW - 100, now=NOW, reconcile_after_ms=100)
     assert not plan.reconcile_due(NOW - 99, NOW - 100, now=NOW, reconcile_after_ms=100)
     assert not plan.reconcile_due(NOW - 100, NOW - 99, now=NOW, reconcile_after_ms=100)
+    rows = [item_row("due", started_at=NOW - 100, checked_at=NOW - 100), item_row("new", started_at=NOW - 99),
+            item_row("checked", started_at=NOW - 500, checked_at=NOW - 99), item_row("also", started_at=0, checked_at=0)]
+    assert plan.reconcile_checks(rows, now=NOW, reconcile_after_ms=100) == ("due", "also")
 
 
 def test_r34a_the_room_checks_back_off_from_2_s_to_the_recheck_over_one_contention():

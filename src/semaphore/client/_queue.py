@@ -417,9 +417,10 @@ class SemaphoreQueue(_QueuePermits):
 
     async def complete(self, item_id: str) -> bool:
         """The work of ``item_id`` finished: release its permit's slot (reported with the next
-        sync) and mark it done (after the holder's crash expiry released slots of its grant on its
-        own, only a slot no item still running holds, SPEC R15a). Before admission it cancels the item instead. Idempotent: returns False
-        for an unknown or already finished item. An item still ``claiming`` (its claim sent, not
+        sync) and mark it done (after the holder's crash expiry released slots of its grant on
+        its own, only a slot no item still running holds, SPEC R15a). Before admission it
+        cancels the item instead. Idempotent: returns False for an unknown or already finished
+        item. An item still ``claiming`` (its claim sent, not
         yet confirmed) is only marked cancelled: it stays ``claiming`` until the pump resolves
         the claim, and turns ``done`` then (``on_done`` is called there, not here). For an item
         it marks ``done``, ``on_done`` is called here, after the transition committed, in a

@@ -12,11 +12,11 @@ import logging
 from collections.abc import Awaitable
 from typing import Any, cast
 
+from ..core import client_step
 from ..core import queue_plan as plan
-from ..core.client_state import ClientGrant, ClientLease
-from ._item_store import Add
+from ..core.client_step import KeyChanges
 from ._queue_items import _QueueItemsPart
-from ._queue_model import AdmitCallback, ItemState, PermitKind, QueueItem, _call
+from ._queue_model import AdmitCallback, ItemState, QueueItem, _call
 
 log = logging.getLogger("semaphore.queue")
 
@@ -27,23 +27,38 @@ class _QueueCallbacks(_QueueItemsPart):
     def _calls_due(self, key: str, now: int) -> list[QueueItem]:
         """The admitted callback items of ``key`` whose call is due now and not in flight, their
         attempt persisted (one write for all of them, before any is called, so an eviction
-        during a call retries it after ``admit_retry_ms`` under the same permit). On the way:
+        during a call retries it after ``admit_retry_ms`` under the same permit), in one
+        transaction: load → :func:`~semaphore.core.client_step.callbacks` → persist. On the way:
         a call still in flight here is due again only if this instance dies (its retry moved
         ``orphan_check_ms`` on); an item whose permit is gone goes back to the queue; a retry
         waits for an answer of the holder since it came due (if the permit is gone meanwhile,
         an operator's force-settle, that answer says so and the item is queued again instead
         of starting under it)."""
-        rows = self._live(key, ItemState.RUNNING, admitted=0, owner="")
-        due = plan.calls_due(rows, now=now, in_flight=self._inflight, permit=self._permit_lookup(key))
-        for r in rows:  # in the rows' order, as the holder is asked and the items requeued
-            if str(r["item_id"]) in due.gone:
-                self._requeue_gone(r)
-            elif str(r["item_id"]) in due.waiting:
-                self.client.ask_holder(key)
-        self._items.update(key, list(due.in_flight), {"retry_at": now + self.orphan_check_ms})
-        self._items.update(key, list(due.call), {"attempts": Add(1), "retry_at": now + self.admit_retry_ms})
-        called = [r for r in (self._items.row(key, item_id) for item_id in due.call) if r is not None]
+        def body() -> KeyChanges:
+            changes = client_step.callbacks(self._live(key, ItemState.RUNNING, admitted=0, owner=""),
+                                            self._permits_of(key), now=now, in_flight=self._inflight,
+                                            admit_retry_ms=self.admit_retry_ms, orphan_check_ms=self.orphan_check_ms)
+            self._persist(key, changes, now)
+            return changes
+
+        changes = self.storage.transaction(body)
+        self._log_gone(key, changes.gone)
+        called = [r for r in (self._items.row(key, item_id) for item_id in changes.calls) if r is not None]
         return [QueueItem._from_row(r) for r in self._items.payloads(called)]
+
+    def _permits_of(self, key: str) -> client_step.Permits:
+        """The key's live grants and leases (what an admitted item's permit is)."""
+        unit = self.client.unit(key)
+        return client_step.Permits.of(unit.grants(), unit.leases())
+
+    def _log_gone(self, key: str, item_ids: tuple[str, ...]) -> None:
+        """Log the admitted items a step queued again because their permit is gone at the holder
+        (the grant answered ``not_found``, the lease ``settled``: an operator's force-settle, or
+        a lost holder storage). Normal operation never gets here (a grant or lease is gone only
+        once everything under it was released)."""
+        for item_id in item_ids:
+            log.warning("the permit of item %r of key %r is gone at the holder (force-settled?); the item is"
+                        " queued again for a fresh admission", item_id, key)
 
     def _admitted(self, key: str, items: list[QueueItem]) -> None:
         """The callbacks of ``items`` (of ``key``) returned: they count as admitted (those that
@@ -133,66 +148,49 @@ class _QueueCallbacks(_QueueItemsPart):
         except Exception:  # noqa: BLE001 - e.g. an on_done that returned an awaitable: logged, left to the pump
             log.exception("completing item %r after its work failed; the pump retries its hook", item_id)
 
-    def _permit_lookup(self, key: str) -> plan.PermitLookup:
-        """The grant or lease an item of ``key`` holds, read alone (only that permit's row)."""
-        unit = self.client.unit(key)
-
-        def permit(kind: str, permit_id: str) -> tuple[ClientGrant | None, ClientLease | None]:
-            if kind == PermitKind.GRANT.value:
-                return unit.grant(permit_id), None
-            return None, unit.lease(permit_id)
-
-        return permit
-
-    def _requeue_gone(self, r: dict[str, Any]) -> None:
-        """An admitted item whose work has not started yet (its callback never returned, or its
-        permit caller was not handed it) while its permit is gone at the holder (the grant
-        answered ``not_found``, the lease ``settled``: an operator's force-settle, or a lost
-        holder storage): back to the queue for a fresh admission, with its original age. Normal
-        operation never gets here (a grant or lease is gone only once everything under it was
-        released)."""
-        key = str(r["key"])
-        log.warning("the %s permit of item %r is gone at the holder (force-settled?); the item is queued again"
-                    " for a fresh admission", r["permit_kind"], str(r["item_id"]))
-        def body() -> None:
-            # a fresh admission: the failed calls under the gone permit do not count (work_attempts)
-            self._requeue(key, [str(r["item_id"])], attempts=0)
-            self._set_wake(key, self._now(), earlier_only=True)
-
-        self.storage.transaction(body)
-
     def _hand_over(self, key: str) -> None:
-        """Give every admitted permit item of this instance to its waiting caller
-        (:func:`~..core.queue_plan.hand_overs`)."""
-        rows = self._live(key, ItemState.RUNNING, owner=self._token, admitted=0)
+        """Give every admitted permit item of this instance to its waiting caller, in one
+        transaction: load → :func:`~semaphore.core.client_step.handing_over` → persist; then
+        each caller gets its item."""
         waiting = {item_id for item_id, fut in self._waiters.items() if not fut.done()}
-        plan_ = plan.hand_overs(rows, waiting=waiting, permit=self._permit_lookup(key))
-        for r in rows:  # in the rows' order
-            item_id = str(r["item_id"])
-            if item_id in plan_.gone:
-                self._requeue_gone(r)
-            elif item_id in plan_.hand:
-                self._items.update(key, [item_id], {"admitted": 1})
-                self._waiters[item_id].set_result(self._item_of({**r, "admitted": 1}))
+        now = self._now()
+
+        def body() -> KeyChanges:
+            changes = client_step.handing_over(self._live(key, ItemState.RUNNING, owner=self._token, admitted=0),
+                                               self._permits_of(key), waiting=waiting)
+            self._persist(key, changes, now)
+            return changes
+
+        changes = self.storage.transaction(body)
+        self._log_gone(key, changes.gone)
+        for item_id in changes.hand:
+            r = self._items.row(key, item_id)
+            assert r is not None  # handed over in this transaction: running, kept
+            self._waiters[item_id].set_result(self._item_of(r))
 
     def _release_orphans(self, key: str, now: int) -> None:
         """Complete the live permit items of ``key`` whose caller is gone: items of another
         (dead) instance of this queue, and items of this one with no caller (a withdrawal that
         failed). Each is completed as :meth:`complete` does (its permit's slot released), so
-        nothing stays charged for it. Items of live
-        callers are marked checked (the next check is ``orphan_check_ms`` later)."""
-        # a cancelled one was withdrawn already: its claim is released once the holder answers
-        for item_id in plan.orphans(self._live(key, owner=True, cancel=0), owner=self._token, callers=self._permits):
+        nothing stays charged for it. Items of live callers are marked checked (the next check
+        is ``orphan_check_ms`` later). One transaction: load →
+        :func:`~semaphore.core.client_step.orphans` → the completions' step → persist."""
+        def body() -> client_step.Orphans:
+            found = client_step.orphans(self._live(key, owner=True), owner=self._token, callers=self._permits,
+                                        now=now, orphan_check_ms=self.orphan_check_ms)
+            self._complete_keys(list(found.complete), now)
+            self._persist(key, KeyChanges(checked=found.checked), now)
+            return found
+
+        for item_id in self.storage.transaction(body).complete:
             log.warning("permit item %r has no caller any more (evicted); releasing it", item_id)
-            self.storage.transaction(lambda: self._complete(item_id, now))  # noqa: B023 (run at once)
-        self._items.update(key, list(plan.orphan_checks(self._live(key, owner=self._token), now=now,
-                                                        orphan_check_ms=self.orphan_check_ms)), {"checked_at": now})
 
     async def _reconcile(self, key: str, now: int) -> None:
         if self.reconcile_after_ms is None or self.check_running is None:
             return
-        rows = [r for r in self._live(key, ItemState.RUNNING, admitted=1, owner="") if plan.reconcile_due(
-            int(r["started_at"]), int(r["checked_at"]), now=now, reconcile_after_ms=self.reconcile_after_ms)]
+        due = plan.reconcile_checks(self._live(key, ItemState.RUNNING, admitted=1, owner=""), now=now,
+                                    reconcile_after_ms=self.reconcile_after_ms)
+        rows = [r for r in (self._items.row(key, item_id) for item_id in due) if r is not None]
         for item in [QueueItem._from_row(r) for r in self._items.payloads(rows)]:
             try:
                 running = bool(await _call(self.check_running, item))

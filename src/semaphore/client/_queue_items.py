@@ -11,11 +11,12 @@ from typing import Any
 
 from ..core import client_step
 from ..core import queue_plan as plan
+from ..core.client_step import KeyChanges
 from ..core.queue_plan import ClaimingItem, QueuedItem
 from ..core.wire import Demand
 from ..errors import ConfigurationError
 from ..scheduler import DurabilityScheduler
-from ._item_store import DonePending
+from ._item_store import Add, DonePending
 from ._queue_base import _QueueBase
 from ._queue_model import ItemState, PermitKind, QueueItem
 
@@ -153,6 +154,54 @@ class _QueueItemsPart(_QueueBase):
             "state": ItemState.DONE.value, "finished_at": now, "done_pending": DonePending(self.on_done is not None),
             "done_attempts": 0, "done_retry_at": now, **recorded})
         self.marks.finished(key, now, permits=permits)
+
+    def _persist(self, key: str, changes: KeyChanges, now: int) -> None:
+        """Write one step's changes (:mod:`~semaphore.core.client_step`) in the caller's
+        transaction, in this order: a request's ``blocked`` words, the items a reply checked,
+        the counts of the key's grants and leases, the items that start, go back, finish, claim
+        and draw, the admitted items whose permit is gone, the callback calls and the
+        hand-overs, the marks, and a purge. It decides nothing but what the stores' own hints
+        allow it to skip (``purge_due``, ``permits_done``: whether a purge or a delete of
+        finished permit items may find anything)."""
+        if changes.blocked is not None:  # one statement; replaces the previous reply's
+            self.marks.keep_blocked(key, [list(b) for b in changes.blocked], now)
+        # The holder has answered: admitted items still to be (re)started have their permit
+        # checked by this reply (a retry waits for one, see _run_callbacks).
+        self._items.update(key, list(changes.checked), {"checked_at": now})
+        unit = self.client.unit(key)
+        for kind, counts in (("grant", changes.grants), ("lease", changes.leases)):
+            for row_id, values in counts.items():
+                for column, value in values.items():
+                    unit._set_count(kind, row_id, column, value)
+        if changes.clear_pending:
+            self.marks.clear_pending(key)
+        self._start(key, list(changes.start), now)
+        self._requeue(key, list(changes.requeue))
+        self._finish(key, list(changes.finish), now, permits=changes.finish_permits)
+        if changes.wake_now:
+            self._set_wake(key, now, earlier_only=True)  # a hook is due, even if this instance dies
+        for claim in changes.claims:
+            self._items.update(key, claim.item_ids, {
+                "state": ItemState.CLAIMING.value, "permit_kind": PermitKind.GRANT.value, "permit_id": claim.grant_id},
+                {"slot": list(claim.slots)})
+        for draw in changes.draws:
+            self._start(key, list(draw.item_ids), now, permit_kind=PermitKind.LEASE.value, permit_id=draw.lease_id,
+                        slot=list(draw.slots))
+        # a fresh admission: the failed calls under the gone permit do not count (work_attempts)
+        self._requeue(key, list(changes.gone), attempts=0)
+        self._items.update(key, list(changes.flying), {"retry_at": changes.flying_retry_at})
+        self._items.update(key, list(changes.calls), {"attempts": Add(1), "retry_at": changes.calls_retry_at})
+        self._items.update(key, list(changes.hand), {"admitted": 1})
+        if changes.ask_holder:  # reported at once (the plan's idle slots)
+            unit.ask_holder()
+        if changes.purge_done_before is not None and changes.purge_due_before is not None \
+                and self.marks.purge_due(changes.purge_due_before):
+            self._items.purge_done(changes.purge_done_before)
+            self.marks.purged()
+        # A finished permit() item is never enqueued again (its id is random): nothing to keep.
+        if changes.delete_done_permits and self.marks.permits_done(key):
+            self._items.delete_done_permits(key)
+            self.marks.permits_deleted(key)
 
     def _run_done_hooks(self, key: str) -> None:
         """Call the pending ``on_done`` hooks of ``key`` that are due (each on its own)."""

@@ -11,13 +11,12 @@ import logging
 
 from ..core import client_step
 from ..core import queue_plan as plan
-from ..core.client_step import KeyChanges
 from ..core.queue_plan import Exchange, KeySnapshot, PendingReleases
 from ..core.wire import Demand
 from ..errors import ConfigurationError, SemaphoreError
 from ._client import AppliedReply
 from ._queue_callbacks import _QueueCallbacks
-from ._queue_model import ItemState, PermitKind
+from ._queue_model import ItemState
 
 log = logging.getLogger("semaphore.queue")
 
@@ -292,48 +291,6 @@ class _QueuePump(_QueueCallbacks):
             now, queued, claiming, tuple(unit.grants()), {c.grant_id: unit.grant(c.grant_id) for c in claiming},
             tuple(unit.leases()), unit.state(), pending,
             self._admit_room(key), self._running_grant_slots(key))
-
-    def _persist(self, key: str, changes: KeyChanges, now: int) -> None:
-        """Write one step's changes (:mod:`~semaphore.core.client_step`) in the caller's
-        transaction, in this order: a request's ``blocked`` words, the items a reply checked,
-        the counts of the key's grants and leases, the items that start, go back, finish, claim
-        and draw, the marks, and a purge. It decides nothing but what the stores' own hints
-        allow it to skip (``purge_due``, ``permits_done``: whether a purge or a delete of
-        finished permit items may find anything)."""
-        if changes.blocked is not None:  # one statement; replaces the previous reply's
-            self.marks.keep_blocked(key, [list(b) for b in changes.blocked], now)
-        # The holder has answered: admitted items still to be (re)started have their permit
-        # checked by this reply (a retry waits for one, see _run_callbacks).
-        self._items.update(key, list(changes.checked), {"checked_at": now})
-        unit = self.client.unit(key)
-        for kind, counts in (("grant", changes.grants), ("lease", changes.leases)):
-            for row_id, values in counts.items():
-                for column, value in values.items():
-                    unit._set_count(kind, row_id, column, value)
-        if changes.clear_pending:
-            self.marks.clear_pending(key)
-        self._start(key, list(changes.start), now)
-        self._requeue(key, list(changes.requeue))
-        self._finish(key, list(changes.finish), now, permits=changes.finish_permits)
-        if changes.wake_now:
-            self._set_wake(key, now, earlier_only=True)  # a hook is due, even if this instance dies
-        for claim in changes.claims:
-            self._items.update(key, claim.item_ids, {
-                "state": ItemState.CLAIMING.value, "permit_kind": PermitKind.GRANT.value, "permit_id": claim.grant_id},
-                {"slot": list(claim.slots)})
-        for draw in changes.draws:
-            self._start(key, list(draw.item_ids), now, permit_kind=PermitKind.LEASE.value, permit_id=draw.lease_id,
-                        slot=list(draw.slots))
-        if changes.ask_holder:  # reported at once (the plan's idle slots)
-            unit.ask_holder()
-        if changes.purge_done_before is not None and changes.purge_due_before is not None \
-                and self.marks.purge_due(changes.purge_due_before):
-            self._items.purge_done(changes.purge_done_before)
-            self.marks.purged()
-        # A finished permit() item is never enqueued again (its id is random): nothing to keep.
-        if changes.delete_done_permits and self.marks.permits_done(key):
-            self._items.delete_done_permits(key)
-            self.marks.permits_deleted(key)
 
     async def _sync(self, key: str) -> None:
         """A ``sync`` of ``key``; its reply applied (:meth:`SemaphoreClient.apply`) and the

@@ -1,6 +1,8 @@
 """One step of a queue's key (SPEC R37): every row a local admission or a holder reply changes,
-decided by a pure function over the key's loaded :class:`~.queue_plan.KeySnapshot`; and what a
-batch of completions does (:func:`completions`), over the items and grants loaded for it.
+decided by a pure function over the key's loaded :class:`~.queue_plan.KeySnapshot`; what a
+batch of completions does (:func:`completions`), over the items and grants loaded for it; and
+the pump's passes over admitted items (:func:`callbacks`, :func:`handing_over`,
+:func:`orphans`), over the key's rows and live permits (:class:`Permits`).
 
 The queue loads the snapshot, calls :func:`admission` (claims resolved, claims, draws, stops,
 give-backs, idle slots) or :func:`after_reply` (claims resolved, stops), and persists the
@@ -15,9 +17,9 @@ own changes would refuse.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .client_state import GONE, ClientGrant, ClientLease
 from .queue_plan import (
@@ -32,15 +34,20 @@ from .queue_plan import (
     QueueOptions,
     ReplyPlan,
     Resolve,
+    calls_due,
     completion,
     completion_releases,
+    hand_overs,
     held_slots,
+    orphan_checks,
     plan_admission,
     plan_reply,
 )
 from .queue_plan import completion_writes as plan_completion_writes
+from .queue_plan import orphans as plan_orphans
 
-__all__ = ["KeyChanges", "admission", "after_reply", "CompletingItem", "CompletionLoad", "Completing",
+__all__ = ["KeyChanges", "admission", "after_reply", "Permits", "callbacks", "handing_over", "Orphans", "orphans",
+           "CompletingItem", "CompletionLoad", "Completing",
            "checks_completions", "completions", "completion_writes"]
 
 @dataclass(frozen=True)
@@ -56,12 +63,21 @@ class KeyChanges:
         ``finish`` (its row is deleted soon after).
     :ivar claims: / :ivar draws: items that claim grant slots (claiming, pending confirmation,
         R15a) or draw lease slots (running at once, R30), with their slots (``Draw.slots``).
-    :ivar wake_now: an item finished and its ``on_done`` hook is due now.
+    :ivar wake_now: the key is woken now (an item finished and its ``on_done`` hook is due, or
+        an item went back to the queue).
     :ivar ask_holder: the next exchange goes at once (idle grant slots were released).
     :ivar clear_pending: the key's "releases waiting since" mark is cleared (a reply carried them).
     :ivar checked: running callback items whose permit a reply has just checked (``checked_at``).
     :ivar blocked: a request's reply's ``blocked`` entries ``(group, reason, waiting)``, kept as
         the key's latest word on why its groups wait (``None``: kept as they are).
+    :ivar gone: admitted items whose permit is gone at the holder (:func:`~.queue_plan.permit_gone`):
+        back to the queue for a fresh admission (their failed calls no longer count), the key
+        woken now.
+    :ivar calls: / :ivar calls_retry_at: callback items called now, their attempt written first
+        (retried at ``calls_retry_at`` if this instance dies meanwhile).
+    :ivar flying: / :ivar flying_retry_at: callback items whose call still runs here: due again
+        (at ``flying_retry_at``) only if this instance dies.
+    :ivar hand: ``permit()`` items handed to their waiting callers (admitted).
     :ivar purge_done_before: / :ivar purge_due_before: as in
         :class:`~.queue_plan.AdmissionPlan` (``None``: no purge).
     :ivar delete_done_permits: finished ``permit()`` items are deleted (their ids are random:
@@ -81,6 +97,12 @@ class KeyChanges:
     clear_pending: bool = False
     checked: tuple[str, ...] = ()
     blocked: tuple[tuple[str, str, int], ...] | None = None
+    gone: tuple[str, ...] = ()
+    calls: tuple[str, ...] = ()
+    calls_retry_at: int = 0
+    flying: tuple[str, ...] = ()
+    flying_retry_at: int = 0
+    hand: tuple[str, ...] = ()
     purge_done_before: int | None = None
     purge_due_before: int | None = None
     delete_done_permits: bool = False
@@ -193,6 +215,69 @@ def after_reply(snap: KeySnapshot, opts: QueueOptions, *, contended: bool, more:
         rows.stop(lease_id)
     return replace(resolved, grants=rows.grant_counts, leases=rows.lease_counts, clear_pending=not more,
                    checked=unstarted, blocked=blocked)
+
+
+# ============================================================================ callbacks (R37)
+@dataclass(frozen=True)
+class Permits:
+    """The key's live grants and leases by id, for what an admitted item's permit is (a grant or
+    lease not among them is gone at the holder, or unknown: :func:`~.queue_plan.permit_gone`)."""
+
+    grants: Mapping[str, ClientGrant] = field(default_factory=dict)
+    leases: Mapping[str, ClientLease] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, grants: Iterable[ClientGrant], leases: Iterable[ClientLease]) -> Permits:
+        """The permits of the key's live ``grants`` and ``leases``."""
+        return cls({g.grant_id: g for g in grants}, {x.lease_id: x for x in leases})
+
+    def lookup(self, kind: str, permit_id: str) -> tuple[ClientGrant | None, ClientLease | None]:
+        """The grant (``kind`` ``"grant"``) or lease of that id, ``None`` if not live."""
+        if kind == "grant":
+            return self.grants.get(permit_id), None
+        return None, self.leases.get(permit_id)
+
+
+def callbacks(rows: Sequence[Mapping[str, Any]], permits: Permits, *, now: int, in_flight: Container[str],
+              admit_retry_ms: int, orphan_check_ms: int) -> KeyChanges:
+    """A pass over the key's running callback items not yet admitted (``rows``, in enqueue
+    order; :func:`~.queue_plan.calls_due`): the items whose call is due are called (their
+    attempt written first, retried ``admit_retry_ms`` later should this instance die during the
+    call); a call still ``in_flight`` here is due again only if this instance dies
+    (``orphan_check_ms`` on); an item whose permit is gone goes back to the queue; a retry that
+    waits for the holder's answer asks the holder."""
+    due = calls_due(rows, now=now, in_flight=in_flight, permit=permits.lookup)
+    return KeyChanges(gone=due.gone, wake_now=bool(due.gone), ask_holder=bool(due.waiting), calls=due.call,
+                      calls_retry_at=now + admit_retry_ms, flying=due.in_flight, flying_retry_at=now + orphan_check_ms)
+
+
+def handing_over(rows: Sequence[Mapping[str, Any]], permits: Permits, *, waiting: Container[str]) -> KeyChanges:
+    """This instance's running ``permit()`` items not yet handed over (``rows``, in enqueue
+    order; :func:`~.queue_plan.hand_overs`): those whose caller still ``waiting`` are handed
+    over, unless their permit is gone (back to the queue)."""
+    plan = hand_overs(rows, waiting=waiting, permit=permits.lookup)
+    return KeyChanges(gone=plan.gone, wake_now=bool(plan.gone), hand=plan.hand)
+
+
+class Orphans(NamedTuple):
+    """A key's ``permit()`` items whose caller is gone (``complete``: completed as
+    :meth:`~semaphore.client.SemaphoreQueue.complete` does) and this instance's that are due for
+    their check (``checked``: marked checked now)."""
+
+    complete: tuple[str, ...]
+    checked: tuple[str, ...]
+
+
+def orphans(rows: Sequence[Mapping[str, Any]], *, owner: str, callers: Container[str], now: int,
+            orphan_check_ms: int) -> Orphans:
+    """The key's live ``permit()`` items (``rows``, in enqueue order): those not withdrawn whose
+    caller is gone are completed (:func:`~.queue_plan.orphans`: another instance's, or this
+    one's with no caller); this instance's others whose caller was last checked
+    ``orphan_check_ms`` ago are marked checked (:func:`~.queue_plan.orphan_checks`; a withdrawn
+    one's claim is released once the holder answers)."""
+    complete = plan_orphans([r for r in rows if not r["cancel"]], owner=owner, callers=callers)
+    mine = [r for r in rows if r["owner"] == owner and str(r["item_id"]) not in complete]
+    return Orphans(complete, orphan_checks(mine, now=now, orphan_check_ms=orphan_check_ms))
 
 
 # ============================================================================ completions

@@ -44,7 +44,7 @@ __all__ = [
     "room_check_due", "room_check_pending",
     "MAX_EXCHANGES", "Pause", "pause_after_exchanges", "retry_waits_for_holder", "permit_gone", "records_release",
     "Completion", "completion", "Completed", "Finish", "CompletionWrites", "completion_writes", "work_exhausted",
-    "item_times", "admit_room", "demand_grew", "reconcile_due",
+    "item_times", "admit_room", "demand_grew", "reconcile_due", "reconcile_checks",
     "TryAnswer", "is_try", "try_answer", "refusal", "purge_due_before",
 ]
 
@@ -1003,6 +1003,13 @@ def reconcile_due(started_at: int, checked_at: int, *, now: int, reconcile_after
     """SPEC R37 decision (reconciliation): an admitted item running for ``reconcile_after_ms``
     and not checked for as long is checked with ``check_running``."""
     return started_at <= now - reconcile_after_ms and checked_at <= now - reconcile_after_ms
+
+
+def reconcile_checks(rows: Iterable[Mapping[str, Any]], *, now: int, reconcile_after_ms: int) -> tuple[str, ...]:
+    """SPEC R37 decision (reconciliation): of a key's admitted callback items still running
+    (``rows``, in enqueue order), those due for a ``check_running`` call (:func:`reconcile_due`)."""
+    return tuple(str(r["item_id"]) for r in rows if reconcile_due(int(r["started_at"]), int(r["checked_at"]),
+                                                                   now=now, reconcile_after_ms=reconcile_after_ms))
 
 
 # ---------------------------------------------------------------------- permit() calls (R9b, R37)
