@@ -6,6 +6,7 @@ R37)."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import textwrap
 from dataclasses import replace
@@ -431,6 +432,60 @@ def test_r37_orphans_are_completed_and_the_callers_of_the_others_checked_in_one_
             _item_row("lost", owner="me", cancel=0, checked_at=0)]
     found = client_step.orphans(rows, owner="me", callers={"mine", "fresh"}, now=NOW, orphan_check_ms=60_000)
     assert found == client_step.Orphans(complete=("theirs", "lost"), checked=("mine",))
+
+
+def test_a_step_that_changed_nothing_is_empty_and_any_change_is_not():
+    # the shell skips the transaction of an empty step: every field a step may set must make
+    # it non-empty (a field the property forgot would be silently dropped), a retry time alone
+    # (with no items) must not
+    assert KeyChanges().empty and KeyChanges(calls_retry_at=5, flying_retry_at=7).empty
+    samples = {bool: True, int: 1}
+    for f in dataclasses.fields(KeyChanges):
+        if f.name in ("calls_retry_at", "flying_retry_at"):
+            continue
+        value = samples.get(type(getattr(KeyChanges(), f.name)), ("x",))
+        if f.name in ("grants", "leases"):
+            value = {"x": {"claimed": 1}}
+        elif f.name in ("claims",):
+            value = (plan.Claim("g1", (1,), ("x",)),)
+        elif f.name in ("draws",):
+            value = (plan.Draw("L", 1, ("x",)),)
+        elif f.name in ("purge_done_before", "purge_due_before", "blocked"):
+            value = 1 if f.name != "blocked" else ()
+        assert not replace(KeyChanges(), **{f.name: value}).empty, f.name
+    assert client_step.Orphans((), ()).empty and not client_step.Orphans(("a",), ()).empty
+    assert not client_step.Orphans((), ("a",)).empty
+
+
+@async_test
+async def test_r37_a_pass_over_admitted_items_with_nothing_to_write_opens_no_transaction():
+    # R37 (cost): the callback pass, the hand-overs and the orphan check run at every pump; with
+    # nothing due they open no storage transaction (each is a call into the runtime). (Their
+    # first version as steps opened one each, every pump.)
+    clock = SimClock(T0)
+    holder = HolderSide(clock, limit=5)
+    calls: list[str] = []
+    side = ClientSide("c1", clock, Net(holder, clock), on_admit=lambda side, item: calls.append(item.item_id))
+    await side.queue.enqueue("acct", "g", "a")
+    for _ in range(10):
+        await clock.advance(100)
+    assert calls == ["a"]
+    storage = side.storage
+    original = storage.transactionSync
+    opened: list[int] = []
+
+    def counted(fn: Any) -> Any:
+        opened.append(1)
+        return original(fn)
+
+    storage.transactionSync = counted
+    q, now = side.queue, clock.now
+    assert q._calls_due("acct", now) == []
+    q._hand_over("acct")
+    q._release_orphans("acct", now)
+    assert opened == []
+    storage.transactionSync = original
+    side.driver.kill()
 
 
 def _item_row(item_id: str, **values: object) -> dict[str, object]:

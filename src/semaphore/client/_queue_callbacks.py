@@ -27,21 +27,21 @@ class _QueueCallbacks(_QueueItemsPart):
     def _calls_due(self, key: str, now: int) -> list[QueueItem]:
         """The admitted callback items of ``key`` whose call is due now and not in flight, their
         attempt persisted (one write for all of them, before any is called, so an eviction
-        during a call retries it after ``admit_retry_ms`` under the same permit), in one
-        transaction: load → :func:`~semaphore.core.client_step.callbacks` → persist. On the way:
+        during a call retries it after ``admit_retry_ms`` under the same permit): load →
+        :func:`~semaphore.core.client_step.callbacks` → persist, in one transaction. On the way:
         a call still in flight here is due again only if this instance dies (its retry moved
         ``orphan_check_ms`` on); an item whose permit is gone goes back to the queue; a retry
         waits for an answer of the holder since it came due (if the permit is gone meanwhile,
         an operator's force-settle, that answer says so and the item is queued again instead
         of starting under it)."""
-        def body() -> KeyChanges:
-            changes = client_step.callbacks(self._live(key, ItemState.RUNNING, admitted=0, owner=""),
-                                            self._permits_of(key), now=now, in_flight=self._inflight,
-                                            admit_retry_ms=self.admit_retry_ms, orphan_check_ms=self.orphan_check_ms)
-            self._persist(key, changes, now)
-            return changes
-
-        changes = self.storage.transaction(body)
+        # Loaded and decided at once, with no await between (nothing else runs meanwhile in the
+        # object); written in one transaction only when there is something to write, so a pass
+        # with nothing due costs no transaction.
+        changes = client_step.callbacks(self._live(key, ItemState.RUNNING, admitted=0, owner=""),
+                                        self._permits_of(key), now=now, in_flight=self._inflight,
+                                        admit_retry_ms=self.admit_retry_ms, orphan_check_ms=self.orphan_check_ms)
+        if not changes.empty:
+            self.storage.transaction(lambda: self._persist(key, changes, now))
         self._log_gone(key, changes.gone)
         called = [r for r in (self._items.row(key, item_id) for item_id in changes.calls) if r is not None]
         return [QueueItem._from_row(r) for r in self._items.payloads(called)]
@@ -149,19 +149,15 @@ class _QueueCallbacks(_QueueItemsPart):
             log.exception("completing item %r after its work failed; the pump retries its hook", item_id)
 
     def _hand_over(self, key: str) -> None:
-        """Give every admitted permit item of this instance to its waiting caller, in one
-        transaction: load → :func:`~semaphore.core.client_step.handing_over` → persist; then
-        each caller gets its item."""
+        """Give every admitted permit item of this instance to its waiting caller: load →
+        :func:`~semaphore.core.client_step.handing_over` → persist, in one transaction; then each
+        caller gets its item."""
         waiting = {item_id for item_id, fut in self._waiters.items() if not fut.done()}
         now = self._now()
-
-        def body() -> KeyChanges:
-            changes = client_step.handing_over(self._live(key, ItemState.RUNNING, owner=self._token, admitted=0),
-                                               self._permits_of(key), waiting=waiting)
-            self._persist(key, changes, now)
-            return changes
-
-        changes = self.storage.transaction(body)
+        changes = client_step.handing_over(self._live(key, ItemState.RUNNING, owner=self._token, admitted=0),
+                                           self._permits_of(key), waiting=waiting)
+        if not changes.empty:  # as in _calls_due: no transaction for nothing
+            self.storage.transaction(lambda: self._persist(key, changes, now))
         self._log_gone(key, changes.gone)
         for item_id in changes.hand:
             r = self._items.row(key, item_id)
@@ -175,14 +171,17 @@ class _QueueCallbacks(_QueueItemsPart):
         nothing stays charged for it. Items of live callers are marked checked (the next check
         is ``orphan_check_ms`` later). One transaction: load →
         :func:`~semaphore.core.client_step.orphans` → the completions' step → persist."""
-        def body() -> client_step.Orphans:
-            found = client_step.orphans(self._live(key, owner=True), owner=self._token, callers=self._permits,
-                                        now=now, orphan_check_ms=self.orphan_check_ms)
+        found = client_step.orphans(self._live(key, owner=True), owner=self._token, callers=self._permits,
+                                    now=now, orphan_check_ms=self.orphan_check_ms)
+        if found.empty:  # as in _calls_due: no transaction for nothing
+            return
+
+        def body() -> None:
             self._complete_keys(list(found.complete), now)
             self._persist(key, KeyChanges(checked=found.checked), now)
-            return found
 
-        for item_id in self.storage.transaction(body).complete:
+        self.storage.transaction(body)
+        for item_id in found.complete:
             log.warning("permit item %r has no caller any more (evicted); releasing it", item_id)
 
     async def _reconcile(self, key: str, now: int) -> None:

@@ -107,6 +107,15 @@ class KeyChanges:
     purge_due_before: int | None = None
     delete_done_permits: bool = False
 
+    @property
+    def empty(self) -> bool:
+        """Persisting these changes writes nothing: every field as a step that changed nothing
+        leaves it (a retry time alone, without its items, is nothing)."""
+        return replace(self, calls_retry_at=0, flying_retry_at=0) == _NO_CHANGES
+
+
+_NO_CHANGES = KeyChanges()
+
 
 class _Rows:
     """The key's grants and leases as the step changes them (the snapshot's, tombstones of
@@ -266,6 +275,11 @@ class Orphans(NamedTuple):
 
     complete: tuple[str, ...]
     checked: tuple[str, ...]
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to complete and nothing to mark checked."""
+        return not self.complete and not self.checked
 
 
 def orphans(rows: Sequence[Mapping[str, Any]], *, owner: str, callers: Container[str], now: int,
