@@ -418,7 +418,7 @@ def test_r37_permit_items_go_to_their_waiting_callers_or_back_to_the_queue_in_on
     rows = [_item_row("waits", owner="me"), _item_row("gone", owner="me", permit_id="g9"),
             _item_row("withdrawn", owner="me")]
     changes = client_step.handing_over(rows, permits, waiting={"waits", "gone"})
-    assert (changes.hand, changes.gone, changes.wake_now) == (("waits",), ("gone",), True)
+    assert (changes.admitted, changes.gone, changes.wake_now) == (("waits",), ("gone",), True)
 
 
 def test_r37_orphans_are_completed_and_the_callers_of_the_others_checked_in_one_step():
@@ -486,6 +486,13 @@ async def test_r37_a_pass_over_admitted_items_with_nothing_to_write_opens_no_tra
     assert opened == []
     storage.transactionSync = original
     side.driver.kill()
+
+
+def test_r37_a_returned_callback_admits_only_items_still_running():
+    # R37: a callback that returned admits its item, unless it finished meanwhile (completed
+    # during its own callback) or is no longer kept
+    rows = [_item_row("runs"), _item_row("done", state="done"), None]
+    assert client_step.callbacks_returned(rows) == KeyChanges(admitted=("runs",))
 
 
 def _item_row(item_id: str, **values: object) -> dict[str, object]:
@@ -558,7 +565,7 @@ def test_the_shell_loads_steps_and_persists_without_deciding():
     assert {"completions", "completion_writes", "_completion_load", "_found"} <= calls
     # a callback pass and the hand-overs: load → step → persist, then the effects
     for fn, step in ((_QueuePump._calls_due, "callbacks"), (_QueuePump._hand_over, "handing_over"),
-                     (_QueuePump._release_orphans, "orphans")):
+                     (_QueuePump._release_orphans, "orphans"), (_QueuePump._admitted, "callbacks_returned")):
         calls = _calls(fn)
         assert step in calls and "_persist" in calls, (fn, calls)
         assert not calls & {"calls_due", "hand_overs", "permit_gone", "retry_waits_for_holder", "orphan_checks",

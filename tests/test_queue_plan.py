@@ -432,6 +432,11 @@ def test_r37_releases_go_beside_a_waiting_request_only_when_others_wait_for_them
 
 def test_r37_work_is_completed_after_its_last_attempt_failed():
     assert not plan.work_exhausted(2, 3) and plan.work_exhausted(3, 3) and plan.work_exhausted(4, 3)
+    # a failed call is retried admit_retry_ms later; a work call that was the last completes the
+    # item; an on_admit call (no work) is retried whatever its attempts
+    assert plan.after_failure(2, now=NOW, admit_retry_ms=500, work=True, work_attempts=3) == (NOW + 500, False)
+    assert plan.after_failure(3, now=NOW, admit_retry_ms=500, work=True, work_attempts=3) == (NOW + 500, True)
+    assert plan.after_failure(9, now=NOW, admit_retry_ms=500, work=False, work_attempts=3) == (NOW + 500, False)
 
 
 def test_r37_a_pump_with_work_left_after_its_exchanges_pauses_requests_only_if_it_requested():

@@ -63,9 +63,9 @@ class _QueueCallbacks(_QueueItemsPart):
     def _admitted(self, key: str, items: list[QueueItem]) -> None:
         """The callbacks of ``items`` (of ``key``) returned: they count as admitted (those that
         still run), one write for all of them."""
-        rows = (self._items.row(key, item.item_id) for item in items)
-        ids = [str(r["item_id"]) for r in rows if r is not None and r["state"] == ItemState.RUNNING.value]
-        self._items.update(key, ids, {"admitted": 1})
+        # one write (at most): atomic by itself, so no transaction of its own
+        changes = client_step.callbacks_returned([self._items.row(key, item.item_id) for item in items])
+        self._persist(key, changes, self._now())
         items.clear()
 
     async def _run_callbacks(self, key: str, now: int) -> bool:
@@ -129,9 +129,14 @@ class _QueueCallbacks(_QueueItemsPart):
         self._kick(item.key)
 
     async def _callback_failed(self, item: QueueItem, exc: Exception) -> None:
-        retry_at = self._now() + self.admit_retry_ms
+        """The callback of ``item`` raised ``exc``: its error kept, and it is called again later
+        under the same permit, or (with ``work``, its calls used up) completed
+        (:func:`~semaphore.core.queue_plan.after_failure`)."""
+        failure = plan.after_failure(item.attempts, now=self._now(), admit_retry_ms=self.admit_retry_ms,
+                                     work=self.work is not None, work_attempts=self.work_attempts)
+        retry_at = failure.retry_at
         self._items.update(item.key, [item.item_id], {"error": repr(exc)[:1000], "retry_at": retry_at})
-        if self.work is not None and plan.work_exhausted(item.attempts, self.work_attempts):
+        if failure.complete:
             log.error("work failed for item %r (attempt %d of %d): %r; completing it, its permit is released",
                       item.item_id, item.attempts, self.work_attempts, exc, exc_info=exc)
             await self._complete_logged(item.item_id)
@@ -159,7 +164,7 @@ class _QueueCallbacks(_QueueItemsPart):
         if not changes.empty:  # as in _calls_due: no transaction for nothing
             self.storage.transaction(lambda: self._persist(key, changes, now))
         self._log_gone(key, changes.gone)
-        for item_id in changes.hand:
+        for item_id in changes.admitted:
             r = self._items.row(key, item_id)
             assert r is not None  # handed over in this transaction: running, kept
             self._waiters[item_id].set_result(self._item_of(r))

@@ -191,7 +191,7 @@ class _QueueItemsPart(_QueueBase):
         self._requeue(key, list(changes.gone), attempts=0)
         self._items.update(key, list(changes.flying), {"retry_at": changes.flying_retry_at})
         self._items.update(key, list(changes.calls), {"attempts": Add(1), "retry_at": changes.calls_retry_at})
-        self._items.update(key, list(changes.hand), {"admitted": 1})
+        self._items.update(key, list(changes.admitted), {"admitted": 1})
         if changes.ask_holder:  # reported at once (the plan's idle slots)
             unit.ask_holder()
         if changes.purge_done_before is not None and changes.purge_due_before is not None \

@@ -46,7 +46,8 @@ from .queue_plan import (
 from .queue_plan import completion_writes as plan_completion_writes
 from .queue_plan import orphans as plan_orphans
 
-__all__ = ["KeyChanges", "admission", "after_reply", "Permits", "callbacks", "handing_over", "Orphans", "orphans",
+__all__ = ["KeyChanges", "admission", "after_reply", "Permits", "callbacks", "handing_over", "callbacks_returned",
+           "Orphans", "orphans",
            "CompletingItem", "CompletionLoad", "Completing",
            "checks_completions", "completions", "completion_writes"]
 
@@ -77,7 +78,8 @@ class KeyChanges:
         (retried at ``calls_retry_at`` if this instance dies meanwhile).
     :ivar flying: / :ivar flying_retry_at: callback items whose call still runs here: due again
         (at ``flying_retry_at``) only if this instance dies.
-    :ivar hand: ``permit()`` items handed to their waiting callers (admitted).
+    :ivar admitted: items admitted: their callback returned (:func:`callbacks_returned`), or
+        ``permit()`` items handed to their waiting callers (:func:`handing_over`).
     :ivar purge_done_before: / :ivar purge_due_before: as in
         :class:`~.queue_plan.AdmissionPlan` (``None``: no purge).
     :ivar delete_done_permits: finished ``permit()`` items are deleted (their ids are random:
@@ -102,7 +104,7 @@ class KeyChanges:
     calls_retry_at: int = 0
     flying: tuple[str, ...] = ()
     flying_retry_at: int = 0
-    hand: tuple[str, ...] = ()
+    admitted: tuple[str, ...] = ()
     purge_done_before: int | None = None
     purge_due_before: int | None = None
     delete_done_permits: bool = False
@@ -265,7 +267,13 @@ def handing_over(rows: Sequence[Mapping[str, Any]], permits: Permits, *, waiting
     order; :func:`~.queue_plan.hand_overs`): those whose caller still ``waiting`` are handed
     over, unless their permit is gone (back to the queue)."""
     plan = hand_overs(rows, waiting=waiting, permit=permits.lookup)
-    return KeyChanges(gone=plan.gone, wake_now=bool(plan.gone), hand=plan.hand)
+    return KeyChanges(gone=plan.gone, wake_now=bool(plan.gone), admitted=plan.hand)
+
+
+def callbacks_returned(rows: Iterable[Mapping[str, Any] | None]) -> KeyChanges:
+    """The callbacks of these items returned (``rows``: their kept rows, ``None`` if no longer
+    kept): those still running count as admitted (R37; one finished meanwhile stays as it is)."""
+    return KeyChanges(admitted=tuple(str(r["item_id"]) for r in rows if r is not None and r["state"] == "running"))
 
 
 class Orphans(NamedTuple):

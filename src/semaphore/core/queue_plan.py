@@ -44,6 +44,7 @@ __all__ = [
     "room_check_due", "room_check_pending",
     "MAX_EXCHANGES", "Pause", "pause_after_exchanges", "retry_waits_for_holder", "permit_gone", "records_release",
     "Completion", "completion", "Completed", "Finish", "CompletionWrites", "completion_writes", "work_exhausted",
+    "Failure", "after_failure",
     "item_times", "admit_room", "demand_grew", "reconcile_due", "reconcile_checks",
     "TryAnswer", "is_try", "try_answer", "refusal", "purge_due_before",
 ]
@@ -948,6 +949,21 @@ def work_exhausted(attempts: int, work_attempts: int) -> bool:
     """SPEC R37 decision: a failed ``work`` call that was the item's ``work_attempts``-th (or
     later) call completes the item anyway (its permit released) instead of retrying it."""
     return attempts >= work_attempts
+
+
+class Failure(NamedTuple):
+    """What a failed callback call leads to (:func:`after_failure`): called again at
+    ``retry_at`` under the same permit, or, if ``complete``, the item is completed."""
+
+    retry_at: int
+    complete: bool
+
+
+def after_failure(attempts: int, *, now: int, admit_retry_ms: int, work: bool, work_attempts: int) -> Failure:
+    """SPEC R37: a callback call (the item's ``attempts``-th) raised at ``now``: it is retried
+    ``admit_retry_ms`` later under the same permit; a ``work`` call (``work``) that was the
+    item's last (:func:`work_exhausted`) completes the item instead."""
+    return Failure(now + admit_retry_ms, work and work_exhausted(attempts, work_attempts))
 
 
 def item_times(rows: Iterable[Mapping[str, Any]], *, now: int, owner: str, orphan_check_ms: int,
