@@ -197,3 +197,27 @@ def test_r15a_a_grants_table_of_an_older_release_gains_holder_released_and_each_
     assert sorted(reads) == sorted(set(reads)) and len(reads) == 3, reads  # grants, leases, keys
     [g] = ClientRows(storage).grants("k")
     assert g.holder_released is False and g.claimed == 1
+
+
+def test_r15a_an_upgrade_marks_the_live_grants_of_keys_whose_last_reply_told_a_ttl():
+    # R15a: the release before holder_released switched the completion check on by the key's
+    # last reply's claimTtlMs; a crash expiry it merged already shows in no later reply. So
+    # when the column is added, the live grants of keys with a claimTtlMs get it (not a
+    # tombstone, not another key's), and a second install changes nothing.
+    raw = LocalStorage()
+    storage = Storage(LocalContext(raw))
+    _install_schema(storage)
+    raw.connection.execute(f"ALTER TABLE {GRANTS} DROP COLUMN holder_released")
+    for key, gid, status in (("ttl", "g1", "active"), ("ttl", "g0", GONE), ("plain", "g2", "active")):
+        raw.connection.execute(f"INSERT INTO {GRANTS} (key, grant_id, group_name, permits, claimed, released,"
+                               " confirmed, claim_by, status, sent_claimed, sent_released, updated_at)"
+                               f" VALUES (?, ?, 'a', 2, 2, 1, 2, 500, ?, 2, 1, 100)", (key, gid, status))
+    for key, ttl in (("ttl", 5000), ("plain", 0)):
+        raw.connection.execute(f"INSERT INTO {KEYS} (key, next_request_at, contended, needs_sync, check_at,"
+                               " updated_at, claim_ttl_ms) VALUES (?, 0, 0, 0, 0, 0, ?)", (key, ttl))
+    _install_schema(Storage(LocalContext(raw)))
+    marked = dict(raw.connection.execute(f"SELECT grant_id, holder_released FROM {GRANTS}").fetchall())
+    assert marked == {"g1": 1, "g0": 0, "g2": 0}
+    raw.connection.execute(f"UPDATE {GRANTS} SET holder_released = 0")
+    _install_schema(Storage(LocalContext(raw)))  # the column exists: nothing is marked again
+    assert {r[0] for r in raw.connection.execute(f"SELECT holder_released FROM {GRANTS}")} == {0}

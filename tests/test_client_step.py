@@ -374,6 +374,13 @@ def test_r15a_a_batch_of_completions_releases_only_the_slots_the_holder_still_ch
     assert _released(client_step.completions(load)) == {"a": True, "b": False, "c": False}
     load = replace(load, claiming={"k": ()})
     assert _released(client_step.completions(load)) == {"a": True, "b": True, "c": False}
+    # a claiming item in the batch (only cancelled) frees no slot: "a" and "c" completed, "b"
+    # still runs under the one slot still charged (two confirmed, one released by the holder;
+    # "c"'s slot not confirmed), so "a" releases nothing
+    one_left = replace(grant(permits=3, claimed=3, released=1, confirmed=2), holder_released=True)
+    load = client_step.CompletionLoad((running_item("a"), running_item("c", state="claiming")),
+                                      {("k", "g1"): one_left}, {"k": {"g1": 2}}, {"k": (claiming("c", 3),)})
+    assert _released(client_step.completions(load)) == {"a": False, "c": False}
     # the same grant, never released by its holder: one slot per completed item, nothing counted
     plain = replace(g, released=0, holder_released=False)
     assert not client_step.checks_completions(plain) and client_step.checks_completions(g)
@@ -390,6 +397,11 @@ def test_r15a_a_grant_learns_from_a_reply_that_its_holder_released_slots_on_its_
     expired = merge_grant("k", local, replace(shown, released=2)).row
     assert expired is not None and expired.holder_released and expired.released == 2
     assert merge_grant("k", expired, shown).row.holder_released  # type: ignore[union-attr]
+    # adopted (R8): the client released nothing of a grant it did not know, so what the holder
+    # shows released it released on its own (the client's grant rows lost while items ran on)
+    adopted = merge_grant("k", None, replace(shown, released=1)).row
+    assert adopted is not None and adopted.holder_released
+    assert not merge_grant("k", None, replace(shown, claimed=0, released=0)).row.holder_released  # type: ignore[union-attr]
 
 
 def test_r37_a_callback_pass_calls_moves_requeues_and_asks_in_one_change():
@@ -409,6 +421,18 @@ def test_r37_a_callback_pass_calls_moves_requeues_and_asks_in_one_change():
     quiet = client_step.callbacks(rows[:1], permits, now=NOW, in_flight=(), admit_retry_ms=3_000,
                                   orphan_check_ms=60_000)
     assert quiet.gone == () and not quiet.wake_now and not quiet.ask_holder
+
+
+def test_r37_an_expired_grant_and_a_retired_lease_are_still_an_admitted_items_permit():
+    # R37: only a grant gone (or unknown) and a lease settled (or unknown) are gone; an item
+    # under a grant past its claimBy (expired) or a lease the holder retired is called, and
+    # handed over, under it (queuing it again would admit it twice)
+    permits = client_step.Permits.of([grant(status="expired")], [lease(status="retired")])
+    rows = [_item_row("g"), _item_row("l", permit_kind="lease", permit_id="l1")]
+    changes = client_step.callbacks(rows, permits, now=NOW, in_flight=(), admit_retry_ms=1, orphan_check_ms=1)
+    assert (changes.calls, changes.gone) == (("g", "l"), ())
+    mine = [{**r, "owner": "me"} for r in rows]
+    assert client_step.handing_over(mine, permits, waiting={"g", "l"}).admitted == ("g", "l")
 
 
 def test_r37_permit_items_go_to_their_waiting_callers_or_back_to_the_queue_in_one_change():

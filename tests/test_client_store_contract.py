@@ -89,10 +89,11 @@ def _reads(store: ClientStore, now: int) -> dict[str, Any]:
 
 
 grants = st.builds(
-    lambda key, gid, permits, claimed, released, confirmed, claim_by, gone, sent_c, sent_r: ClientGrant(
-        key, gid, "a", permits, claimed, released, confirmed, claim_by, GONE if gone else "active", sent_c, sent_r),
+    lambda key, gid, permits, claimed, released, confirmed, claim_by, gone, sent_c, sent_r, expired: ClientGrant(
+        key, gid, "a", permits, claimed, released, confirmed, claim_by, GONE if gone else "active", sent_c, sent_r,
+        expired),
     st.sampled_from(KEYS), st.sampled_from(GRANT_IDS), counts, counts, counts, counts,
-    times, st.sampled_from([False, False, True]), counts, counts)
+    times, st.sampled_from([False, False, True]), counts, counts, st.booleans())
 leases = st.builds(
     lambda key, lid, permits, drawn, released, stopped, status, expires, beat, sent_d, sent_r, sent_s, reusable:
     ClientLease(key, lid, "a", permits, drawn, released, stopped, status, expires, beat, sent_d, sent_r, sent_s,

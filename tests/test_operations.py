@@ -6,6 +6,7 @@ fresh admission)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -176,9 +177,11 @@ class Crashy:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
+        self.attempts: list[int] = []  # the item's attempts at each call
 
     def __call__(self, side: ClientSide, item: QueueItem) -> None:
         self.calls.append((item.item_id, item.permit))
+        self.attempts.append(item.attempts)
         if sum(1 for i, _ in self.calls if i == item.item_id) == 1:
             raise RuntimeError("crashed before starting the work")
 
@@ -197,8 +200,14 @@ async def _settle_while_not_started(leases: dict | None) -> tuple[Crashy, Any, H
 
 
 @async_test
-async def test_a_live_client_never_starts_an_item_under_a_force_settled_grant():
+async def test_a_live_client_never_starts_an_item_under_a_force_settled_grant(caplog: pytest.LogCaptureFixture):
+    logging.disable(logging.NOTSET)  # this test reads the queue's warning
+    caplog.set_level(logging.WARNING, logger="semaphore.queue")
     crashy, first, holder = await _settle_while_not_started(None)
+    # queued again for a fresh admission, said in a warning: its failed call under the gone
+    # permit does not count (the first call under the new permit is attempt 1 again)
+    assert crashy.attempts[:2] == [1, 1], crashy.attempts
+    assert any("is gone at the holder" in r.getMessage() and "'job'" in r.getMessage() for r in caplog.records)
     assert first.kind is PermitKind.GRANT
     later = [p for _, p in crashy.calls[1:]]
     assert later, "the item was admitted again"

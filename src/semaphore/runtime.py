@@ -379,24 +379,28 @@ def object_name(ctx: Any) -> str | None:
 
 
 def install_schema(storage: Storage, schema: Iterable[str],
-                   added_columns: Iterable[tuple[str, str, str]], indexes: Iterable[str]) -> None:
+                   added_columns: Iterable[tuple[str, str, str]], indexes: Iterable[str]) -> list[tuple[str, str]]:
     """Create a component's tables (``schema``: ``CREATE TABLE IF NOT EXISTS``), add the
     ``(table, column, declaration)`` columns missing from tables of an older release
     (``ALTER TABLE ... ADD COLUMN``; ``PRAGMA table_info`` is allowed in Durable Object SQL),
     then create the ``indexes`` (after the columns they may cover). Every step is idempotent, so
     a step cut short is completed on the next use; no transaction of its own, since first use
-    may happen inside the caller's."""
+    may happen inside the caller's. Returns the ``(table, column)`` pairs it added (a caller may
+    fill a new column of existing rows)."""
     for statement in schema:
         storage.exec(statement)
     present: dict[str, set[str]] = {}  # one read of each table's columns
+    added: list[tuple[str, str]] = []
     for table, column, declaration in added_columns:
         if table not in present:
             present[table] = {str(r["name"]) for r in storage.exec(f"PRAGMA table_info({table})")}
         if column not in present[table]:
             storage.exec(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
             present[table].add(column)
+            added.append((table, column))
     for statement in indexes:
         storage.exec(statement)
+    return added
 
 
 def migrate_tables(ctx: Any, to_version: int | None, tables: Iterable[str], schema: Iterable[str]) -> None:

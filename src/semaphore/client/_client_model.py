@@ -96,8 +96,13 @@ _INDEXES = (
 
 def _install_schema(storage: Storage) -> None:
     """The client tables, their columns added since the first release, and their indexes
-    (:func:`~semaphore.runtime.install_schema`)."""
-    install_schema(storage, _SCHEMA, _ADDED_COLUMNS, _INDEXES)
+    (:func:`~semaphore.runtime.install_schema`). When ``holder_released`` is added to an older
+    release's grants, the live grants of keys whose last reply told a ``claimTtlMs`` get it set
+    (SPEC R15a): that release switched the completion check on by the TTL, and a crash expiry it
+    merged already would show in no later reply."""
+    if (GRANTS, "holder_released") in install_schema(storage, _SCHEMA, _ADDED_COLUMNS, _INDEXES):
+        storage.exec(f"UPDATE {GRANTS} SET holder_released = 1 WHERE status <> '{GONE}'"
+                     f" AND key IN (SELECT key FROM {KEYS} WHERE claim_ttl_ms > 0)")
 
 
 @dataclass

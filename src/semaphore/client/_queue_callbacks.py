@@ -155,19 +155,24 @@ class _QueueCallbacks(_QueueItemsPart):
 
     def _hand_over(self, key: str) -> None:
         """Give every admitted permit item of this instance to its waiting caller: load →
-        :func:`~semaphore.core.client_step.handing_over` → persist, in one transaction; then each
-        caller gets its item."""
+        :func:`~semaphore.core.client_step.handing_over` → persist, in one transaction that also
+        reads the items handed over (so a read that fails admits none of them); then each caller
+        gets its item."""
         waiting = {item_id for item_id, fut in self._waiters.items() if not fut.done()}
         now = self._now()
-        changes = client_step.handing_over(self._live(key, ItemState.RUNNING, owner=self._token, admitted=0),
-                                           self._permits_of(key), waiting=waiting)
-        if not changes.empty:  # as in _calls_due: no transaction for nothing
-            self.storage.transaction(lambda: self._persist(key, changes, now))
+        rows = {str(r["item_id"]): r for r in self._live(key, ItemState.RUNNING, owner=self._token, admitted=0)}
+        changes = client_step.handing_over(list(rows.values()), self._permits_of(key), waiting=waiting)
+        if changes.empty:  # as in _calls_due: no transaction for nothing
+            return
+
+        def body() -> list[QueueItem]:
+            self._persist(key, changes, now)
+            return [self._item_of({**rows[item_id], "admitted": 1}) for item_id in changes.admitted]
+
+        handed = self.storage.transaction(body)
         self._log_gone(key, changes.gone)
-        for item_id in changes.admitted:
-            r = self._items.row(key, item_id)
-            assert r is not None  # handed over in this transaction: running, kept
-            self._waiters[item_id].set_result(self._item_of(r))
+        for item in handed:
+            self._waiters[item.item_id].set_result(item)
 
     def _release_orphans(self, key: str, now: int) -> None:
         """Complete the live permit items of ``key`` whose caller is gone: items of another

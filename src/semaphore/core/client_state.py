@@ -312,11 +312,14 @@ class GrantMerge:
 
 
 def _adopt_grant(key: str, s: GrantState) -> GrantMerge:
-    # SPEC R8: a grant whose reply was lost; adopt it as the holder knows it.
+    # SPEC R8: a grant whose reply was lost; adopt it as the holder knows it. The client never
+    # released anything of a grant it did not know: what the holder shows released, it released
+    # on its own (R15a: e.g. the client's grant rows were lost while its items ran on).
     assert s.group is not None
     settled = s.permits <= 0 or s.released >= s.permits
     g = ClientGrant(key, s.grant_id, s.group, s.permits, s.claimed, s.released, s.claimed,
-                    int(s.claim_by or 0), GONE if settled else s.status.value, s.claimed, s.released)
+                    int(s.claim_by or 0), GONE if settled else s.status.value, s.claimed, s.released,
+                    s.released > 0)
     return GrantMerge(g, adopted=not settled, expired=s.status is GrantStatus.EXPIRED)
 
 

@@ -390,7 +390,8 @@ def completion_writes(steps: Iterable[Completing], recorded: Mapping[str, int]) 
 def _completion_room(load: CompletionLoad, at: tuple[str, str]) -> int:
     """How many slots of grant ``at`` the batch's completions release (see :func:`completions`)."""
     key, grant_id = at
-    g = load.grants.get(at)
+    assert at in load.grants, f"grant {grant_id!r} of key {key!r} was not loaded for its completions"
+    g = load.grants[at]
     if g is None or g.status == GONE:
         return 0
     if not checks_completions(g):
