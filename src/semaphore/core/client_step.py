@@ -46,10 +46,9 @@ from .queue_plan import (
 from .queue_plan import completion_writes as plan_completion_writes
 from .queue_plan import orphans as plan_orphans
 
-__all__ = ["KeyChanges", "admission", "after_reply", "Permits", "callbacks", "handing_over", "callbacks_returned",
-           "Orphans", "orphans",
-           "CompletingItem", "CompletionLoad", "Completing",
-           "checks_completions", "completions", "completion_writes"]
+__all__ = ["KeyChanges", "admission", "after_reply",
+           "Permits", "callbacks", "handing_over", "callbacks_returned", "Orphans", "orphans",
+           "CompletingItem", "CompletionLoad", "Completing", "checks_completions", "completions", "completion_writes"]
 
 @dataclass(frozen=True)
 class KeyChanges:
@@ -298,7 +297,8 @@ def orphans(rows: Sequence[Mapping[str, Any]], *, owner: str, callers: Container
     ``orphan_check_ms`` ago are marked checked (:func:`~.queue_plan.orphan_checks`; a withdrawn
     one's claim is released once the holder answers)."""
     complete = plan_orphans([r for r in rows if not r["cancel"]], owner=owner, callers=callers)
-    mine = [r for r in rows if r["owner"] == owner and str(r["item_id"]) not in complete]
+    gone = set(complete)
+    mine = [r for r in rows if r["owner"] == owner and str(r["item_id"]) not in gone]
     return Orphans(complete, orphan_checks(mine, now=now, orphan_check_ms=orphan_check_ms))
 
 
