@@ -25,7 +25,7 @@ from ..core.wire import MAX_LABEL_LENGTH, LeaseStatus, PermitResponse, label_pro
 from ..errors import ConfigurationError, SemaphoreError
 from ..rpc import Call
 from ..runtime import Storage, install_schema, object_id, object_name
-from ._store import GRANTS, KEYS, LEASES
+from ._store import GRANTS, KEYS, LEASES, mark_holder_released_by_ttl
 
 __all__ = ["AppliedReply", "CLIENT_TABLES", "OBJECT_NAME", "ReplyHook", "Transport"]
 
@@ -101,8 +101,7 @@ def _install_schema(storage: Storage) -> None:
     (SPEC R15a): that release switched the completion check on by the TTL, and a crash expiry it
     merged already would show in no later reply."""
     if (GRANTS, "holder_released") in install_schema(storage, _SCHEMA, _ADDED_COLUMNS, _INDEXES):
-        storage.exec(f"UPDATE {GRANTS} SET holder_released = 1 WHERE status <> '{GONE}'"
-                     f" AND key IN (SELECT key FROM {KEYS} WHERE claim_ttl_ms > 0)")
+        mark_holder_released_by_ttl(storage)
 
 
 @dataclass

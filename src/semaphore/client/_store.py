@@ -62,7 +62,7 @@ from ._rows import (
     touched_key,
 )
 
-__all__ = ["ClientStore", "ClientRows", "releases_recorded_in",
+__all__ = ["ClientStore", "ClientRows", "releases_recorded_in", "mark_holder_released_by_ttl",
            "GRANTS", "LEASES", "KEYS", "KEY_COLUMNS", "GRANT_COLUMNS", "LEASE_COLUMNS"]
 
 _SETTLED = LeaseStatus.SETTLED.value
@@ -85,6 +85,15 @@ def _released_sql(released: str, used: str, recorded: str) -> str:
     it (SPEC R35): counts only rise (R13), so the higher of the two, and never above the row's
     claimed or drawn count ``used`` (the read and the fold share this one clamp)."""
     return f"MAX({released}, MIN({used}, {recorded}))"
+
+
+def mark_holder_released_by_ttl(storage: Storage) -> None:
+    """Set ``holder_released`` on the live grants of keys whose last reply told a
+    ``claimTtlMs`` (SPEC R15a): what an upgrade does when it adds the column to an older
+    release's grants (see :func:`~._client_model._install_schema`). Runs before any copy is
+    loaded (the schema's installation comes first)."""
+    storage.exec(f"UPDATE {GRANTS} SET holder_released = 1 WHERE status <> '{GONE}'"
+                 f" AND key IN (SELECT key FROM {KEYS} WHERE claim_ttl_ms > 0)")
 
 
 def _select(kind: str, records: str | None) -> list[tuple[str, str]]:
