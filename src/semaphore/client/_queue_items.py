@@ -178,8 +178,8 @@ class _QueueItemsPart(_QueueBase):
         self._start(key, list(changes.start), now)
         self._requeue(key, list(changes.requeue))
         self._finish(key, list(changes.finish), now, permits=changes.finish_permits)
-        if changes.wake_now:
-            self._set_wake(key, now, earlier_only=True)  # a hook is due, even if this instance dies
+        if changes.wake_now:  # a hook is due, or an item was queued again: even if this instance dies
+            self._set_wake(key, now, earlier_only=True)
         for claim in changes.claims:
             self._items.update(key, claim.item_ids, {
                 "state": ItemState.CLAIMING.value, "permit_kind": PermitKind.GRANT.value, "permit_id": claim.grant_id},
@@ -192,7 +192,7 @@ class _QueueItemsPart(_QueueBase):
         self._items.update(key, list(changes.flying), {"retry_at": changes.flying_retry_at})
         self._items.update(key, list(changes.calls), {"attempts": Add(1), "retry_at": changes.calls_retry_at})
         self._items.update(key, list(changes.admitted), {"admitted": 1})
-        if changes.ask_holder:  # reported at once (the plan's idle slots)
+        if changes.ask_holder:  # the next exchange goes at once (idle slots released, a retry waiting for it)
             unit.ask_holder()
         if changes.purge_done_before is not None and changes.purge_due_before is not None \
                 and self.marks.purge_due(changes.purge_due_before):

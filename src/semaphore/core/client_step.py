@@ -65,7 +65,8 @@ class KeyChanges:
         R15a) or draw lease slots (running at once, R30), with their slots (``Draw.slots``).
     :ivar wake_now: the key is woken now (an item finished and its ``on_done`` hook is due, or
         an item went back to the queue).
-    :ivar ask_holder: the next exchange goes at once (idle grant slots were released).
+    :ivar ask_holder: the next exchange goes at once (idle grant slots were released, or a
+        callback's retry waits for the holder's answer).
     :ivar clear_pending: the key's "releases waiting since" mark is cleared (a reply carried them).
     :ivar checked: running callback items whose permit a reply has just checked (``checked_at``).
     :ivar blocked: a request's reply's ``blocked`` entries ``(group, reason, waiting)``, kept as
