@@ -37,8 +37,10 @@ class _QueueCallbacks(_QueueItemsPart):
         # Loaded and decided at once, with no await between (nothing else runs meanwhile in the
         # object); written in one transaction only when there is something to write, so a pass
         # with nothing due costs no transaction.
-        changes = client_step.callbacks(self._live(key, ItemState.RUNNING, admitted=0, owner=""),
-                                        self._permits_of(key), now=now, in_flight=self._inflight,
+        rows = self._live(key, ItemState.RUNNING, admitted=0, owner="")
+        if not rows:  # nothing to look at: the key's permits are not even indexed (every pump passes here)
+            return []
+        changes = client_step.callbacks(rows, self._permits_of(key), now=now, in_flight=self._inflight,
                                         admit_retry_ms=self.admit_retry_ms, orphan_check_ms=self.orphan_check_ms)
         if not changes.empty:
             self.storage.transaction(lambda: self._persist(key, changes, now))
@@ -65,7 +67,8 @@ class _QueueCallbacks(_QueueItemsPart):
         still run), one write for all of them."""
         # one write (at most): atomic by itself, so no transaction of its own
         changes = client_step.callbacks_returned([self._items.row(key, item.item_id) for item in items])
-        self._persist(key, changes, self._now())
+        if not changes.empty:
+            self._persist(key, changes, self._now())
         items.clear()
 
     async def _run_callbacks(self, key: str, now: int) -> bool:
@@ -161,6 +164,8 @@ class _QueueCallbacks(_QueueItemsPart):
         waiting = {item_id for item_id, fut in self._waiters.items() if not fut.done()}
         now = self._now()
         rows = {str(r["item_id"]): r for r in self._live(key, ItemState.RUNNING, owner=self._token, admitted=0)}
+        if not rows:  # as in _calls_due
+            return
         changes = client_step.handing_over(list(rows.values()), self._permits_of(key), waiting=waiting)
         if changes.empty:  # as in _calls_due: no transaction for nothing
             return

@@ -88,7 +88,7 @@ class ClientGrant:
         return cls(str(r["key"]), str(r["grant_id"]), str(r["group_name"]), int(r["permits"]),
                    int(r["claimed"]), int(r["released"]), int(r["confirmed"]), int(r["claim_by"]),
                    str(r["status"]), int(r["sent_claimed"]), int(r["sent_released"]),
-                   bool(r.get("holder_released") or 0))
+                   bool(r["holder_released"]))
 
 
 @dataclass(frozen=True)
