@@ -7,10 +7,12 @@
                    job ends; no queue, no fairness: a newcomer may win a freed permit;
   (b) ``defaults`` - this library as a user gets it who sets only the limit: strict reusable
                    leases sized before grants, recheck 30 s (``semaphore.DEFAULT_LEASES``),
-                   rounds at once while nothing competes (SPEC R9a), else batched;
+                   rounds at once while nothing competes (SPEC R9a), else batched (100 ms
+                   after the first waiting request, at most one a second: R9's default timing);
                    ``rounds`` - the same without leases (``leases=None``: every permit a
-                   grant, confirmed claims; the defaults before issue 22); ``batched`` - that
-                   with the seed's timing (``free_at_once=False``: every round batched);
+                   grant, confirmed claims); ``batched`` - that with the seed's timing
+                   (``free_at_once=False``: every round batched, 1,000 ms after the first
+                   waiting request, at most one every 2 s; the defaults before issue 22);
   (c) ``strict`` / ``under`` / ``over`` - this library with the original's one-shot leases in
                    each provisioning mode (grants first, recheck 4 s),
   (d) ``held`` / ``held-over`` - named settings: waiting requests (the holder's
@@ -58,6 +60,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
+from semaphore.core.batching import SEED_ROUND_PERIOD_MS, SEED_ROUND_WAIT_MS  # noqa: E402
 from semaphore.simulate import Scenario, ScenarioError, job_duration, percentiles, plan_arrivals, run_scenario  # noqa: E402
 from semaphore.simulate.cost import PRICES, PRICING_SOURCE, ActiveTime, Cost, Usage, cost  # noqa: E402
 from semaphore.simulate.engine import RunningTime  # noqa: E402
@@ -242,7 +245,7 @@ def library_row(mode: str, scenario: Scenario, sets: dict[str, str] | None = Non
     if mode in ("strict", "under", "over", "held-over"):
         s = replace(s, **ONE_SHOT)
     if mode == "batched":
-        s = replace(s, free_at_once=False)
+        s = replace(s, free_at_once=False, round_wait_ms=SEED_ROUND_WAIT_MS, round_period_ms=SEED_ROUND_PERIOD_MS)
     if mode.startswith("held"):
         s = replace(s, **HELD)
     if mode.startswith("reuse"):

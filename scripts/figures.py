@@ -285,6 +285,53 @@ def make_recheck(page: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: The holder round timings the ``round-timing`` figure compares (round_wait_ms, round_period_ms):
+#: the original's first, the default (SPEC R9 decision "round timing") among them.
+ROUND_TIMINGS = ((1000, 2000), (250, 1000), (100, 1000), (250, 500), (100, 500), (100, 250))
+
+
+def make_round_timing(page: Path) -> str:
+    """The defaults of ``scripts/bench_protocol.py`` at several holder round timings: the bursty
+    workload over seeds 1-8 (300 virtual s each; means, the naive object's over the same
+    seeds) and the standing backlog (120 virtual s, seed 1)."""
+    import asyncio
+    import statistics
+    from dataclasses import replace
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_protocol as bench  # the benchmark's own workloads, modes and naive object
+
+    from semaphore.simulate import Scenario
+
+    seeds = range(1, 9)
+    bursty = [replace(Scenario(**bench.WORKLOADS["bursty"]), run_s=300.0, seed=seed) for seed in seeds]
+    naive = [asyncio.run(bench.NaiveRun(s).run()) for s in bursty]
+    naive_p95 = statistics.mean(r.latency["p95"] for r in naive)
+    naive_usd = statistics.mean(r.cost.usd_per_million_items or 0.0 for r in naive)
+    backlog = replace(Scenario(**bench.WORKLOADS["backlog"]), run_s=120.0, seed=1)
+    lines = ["| `round_wait_ms` / `round_period_ms` | bursty: wait p50 / p95 | p95 vs naive | holder calls / item"
+             " | cost vs naive | backlog: holder calls / item | utilization |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for wait, period in ROUND_TIMINGS:
+        timing = {"round_wait_ms": str(wait), "round_period_ms": str(period)}
+        rows = [bench.library_row("defaults", s, timing) for s in bursty]
+        p50 = statistics.mean(r.latency["p50"] for r in rows) / 1000
+        p95 = statistics.mean(r.latency["p95"] for r in rows)
+        calls = statistics.mean(r.calls_per_item or 0.0 for r in rows)
+        usd = statistics.mean(r.cost.usd_per_million_items or 0.0 for r in rows)
+        b = bench.library_row("defaults", backlog, timing)
+        lines.append(f"| {wait:,} / {period:,} | {p50:.2f} s / {p95 / 1000:.2f} s | {p95 / naive_p95:.2f}x | "
+                     f"{calls:.3f} | {usd / naive_usd:.2f}x | {b.calls_per_item or 0.0:.3f} | {_pct(b.utilization)} |")
+    naive_calls = statistics.mean(r.calls_per_item or 0.0 for r in naive)
+    lines.append(f"| naive object | wait p95 {naive_p95 / 1000:.2f} s | - | {naive_calls:.3f} | "
+                 f"${naive_usd:.2f} per million items | - | - |")
+    return "\n".join(lines) + "\n"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
 COLLECTED = re.compile(r"^(\d+)(?:/\d+)? tests? collected", re.MULTILINE)
 
 
@@ -321,6 +368,8 @@ FIGURES: dict[str, Figure] = {f.name: f for f in (
     Figure("bench-protocol", (*LIBRARY, "scripts/bench_protocol.py"), make_bench_protocol,
            ".venv/bin/python scripts/bench_protocol.py --run-s 300"),
     Figure("recheck", (*LIBRARY, "scripts/bench_protocol.py"), make_recheck, "scripts/figures.py recheck"),
+    Figure("round-timing", (*LIBRARY, "scripts/bench_protocol.py"), make_round_timing,
+           "scripts/figures.py round-timing"),
     Figure("soak", (*LIBRARY, "scripts/soak.py"), make_soak, "scripts/soak"),
     Figure("bench-runtime", (*LIBRARY, "src/entry.py", "src/dashboard.py", "wrangler.toml",
                              "scripts/bench_runtime.py", "package-lock.json"), make_bench_runtime,

@@ -104,6 +104,7 @@ from semaphore import (
 )
 from semaphore.client._queue import QUEUE_TABLES
 from semaphore.core import json_text
+from semaphore.core.batching import ROUND_PERIOD_MS, ROUND_WAIT_MS
 from semaphore.core.wire import MAX_INT, id_problem
 from semaphore.holder._observe import RoundRecord
 from semaphore.holder._store import TABLES as HOLDER_TABLES
@@ -435,8 +436,8 @@ def read_settings(env: Any) -> Settings:
     settings = Settings(
         default_limit=env_int(env, "ACCOUNT_CONCURRENCY", DEFAULT_CONCURRENCY),
         grant_timeout_ms=env_int(env, "GRANT_TIMEOUT_MS", 10_000, 1),
-        round_wait_ms=env_int(env, "ROUND_WAIT_MS", 1000),
-        round_period_ms=env_int(env, "ROUND_PERIOD_MS", 2000),
+        round_wait_ms=env_int(env, "ROUND_WAIT_MS", ROUND_WAIT_MS),
+        round_period_ms=env_int(env, "ROUND_PERIOD_MS", ROUND_PERIOD_MS),
         job_retention_ms=env_int(env, "JOB_RETENTION_MS", DEFAULT_JOB_RETENTION_MS, 1),
         leases=env_leases(env),
         hold_blocked_ms=env_int(env, "HOLD_BLOCKED_MS", 0),

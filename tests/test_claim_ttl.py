@@ -12,7 +12,19 @@ import pytest
 from semaphore import DEFAULT_LEASES, ConfigurationError, HolderUnavailableError, LeaseConfig, PermitResponse
 from semaphore.core.config import holder_leases
 from semaphore.holder import CLIENTS
-from semaphore.testing import T0, Bed, ClientSide, HolderSide, Net, SimClock, async_test, query, request, sync
+from semaphore.testing import (
+    SEED_TIMING,
+    T0,
+    Bed,
+    ClientSide,
+    HolderSide,
+    Net,
+    SimClock,
+    async_test,
+    query,
+    request,
+    sync,
+)
 
 pytestmark = pytest.mark.usefixtures("quiet_logs")
 TTL = 5_000
@@ -238,7 +250,7 @@ async def test_claims_of_a_client_without_a_last_report_row_never_expire():
 # ---------------------------------------------------------------------------- probes that pass
 @async_test
 async def test_more_than_1000_stale_clients_expire_without_an_alarm_loop():
-    bed = Bed(100_000, grant_timeout_ms=600_000, claim_ttl_ms=TTL, free_at_once=False)  # staged on batched rounds (R9), not R9a's rounds at once
+    bed = Bed(100_000, grant_timeout_ms=600_000, claim_ttl_ms=TTL, **SEED_TIMING)  # staged on batched rounds (R9), not R9a's rounds at once
     ids = [f"s{i}" for i in range(2500)]
     for start in range(0, len(ids), 1000):
         replies = await bed.round(*(request(c, {"g": 1}) for c in ids[start:start + 1000]))

@@ -17,7 +17,7 @@ from semaphore import (
     SemaphoreError,
 )
 from semaphore.runtime import Storage
-from semaphore.testing import T0, HolderSide, LocalContext, LocalStorage, Net, VirtualClock, async_test
+from semaphore.testing import SEED_TIMING, T0, HolderSide, LocalContext, LocalStorage, Net, VirtualClock, async_test
 
 LEASES = {"provisioning": {"mode": "strict"}, "permitsPerLease": 4, "ttlMs": 20_000}
 
@@ -75,7 +75,7 @@ async def test_reports_are_cumulative():
 async def test_next_request_at_is_respected():
     # R11, R35: the client does not ask before the reply's joinInMs from then (round_wait_ms
     # before nextRequestAt: a request sent then joins the round at nextRequestAt) unless forced
-    s = Setup(free_at_once=False)  # staged on batched rounds (R9), not R9a's rounds at once
+    s = Setup(**SEED_TIMING)  # staged on batched rounds (R9), not R9a's rounds at once
     first = await s.ask()
     next_round = first.response.next_request_at
     not_before = first.now + first.response.join_in_ms
@@ -95,7 +95,7 @@ async def test_next_request_at_is_respected():
 @async_test
 async def test_error_replies_become_typed_exceptions():
     # R7: error values turn into typed exceptions on the client side
-    s = Setup(free_at_once=False)  # staged on batched rounds (R9), not R9a's rounds at once
+    s = Setup(**SEED_TIMING)  # staged on batched rounds (R9), not R9a's rounds at once
     bad = SemaphoreClient(s.ctx, s.net, clock=s.clock, client_id="x" * 300)
     with pytest.raises(InvalidMessageError) as info:
         await s.run(bad.request("k", [Demand("g", 1, T0)]))

@@ -22,6 +22,7 @@ from semaphore import Demand, ItemState, QueueItem, SemaphoreClient
 from semaphore.client._store import GRANTS, LEASES
 from semaphore.core.client_state import GONE, PRUNE_EVERY, ClientGrant, ClientLease, prune_due
 from semaphore.testing import (
+    SEED_TIMING,
     T0,
     ClientSide,
     HolderSide,
@@ -84,7 +85,7 @@ async def _eleven_hundred_grants(s: ClientSetup) -> tuple[list[str], list[str]]:
 
 @async_test
 async def test_r15a_r7_claims_and_releases_of_grants_beyond_the_first_1000_reach_the_holder():
-    s = ClientSetup(grant_timeout_ms=3_600_000, free_at_once=False)  # staged on batched rounds (R9), not R9a's rounds at once
+    s = ClientSetup(grant_timeout_ms=3_600_000, **SEED_TIMING)  # staged on batched rounds (R9), not R9a's rounds at once
     older, newest = await _eleven_hundred_grants(s)
 
     # R15a: claims on the newest grants (the ones a claimBy-ordered window of 1,000 leaves out)
@@ -131,7 +132,7 @@ async def test_r7_r8_a_full_window_rotates_so_every_grant_is_reported():
     # reported first): two syncs carry all 1,100 grants, so none is left unreported (e.g. a
     # grant the holder deleted is only learnt by reporting it, R15: not_found). Grants the
     # message did not carry are still merged from the reply (R8 lists every grant of the client).
-    s = ClientSetup(grant_timeout_ms=3_600_000, free_at_once=False)  # staged on batched rounds (R9), not R9a's rounds at once
+    s = ClientSetup(grant_timeout_ms=3_600_000, **SEED_TIMING)  # staged on batched rounds (R9), not R9a's rounds at once
     older, newest = await _eleven_hundred_grants(s)
     sent = len(s.net.sent)
     for _ in range(2):
@@ -428,7 +429,7 @@ async def test_r7_r21_queue_demand_over_1000_groups_asks_for_the_oldest_1000_fir
     # the rest in the next request; every item is admitted and no request is invalid. Before,
     # the queue sent all 1,100, got invalid_message back and retried the same request forever.
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=5000, grant_timeout_ms=60_000, free_at_once=False, leases=None)  # staged on batched rounds (R9), not R9a's rounds at once
+    holder = HolderSide(clock, limit=5000, grant_timeout_ms=60_000, **SEED_TIMING, leases=None)  # staged on batched rounds (R9), not R9a's rounds at once
     net = Net(holder, clock)
     admitted: list[QueueItem] = []
     side = ClientSide("c1", clock, net, on_admit=lambda side, item: admitted.append(item), recheck_ms=0)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from semaphore.errors import ConfigurationError, PermitTimeoutError
-from semaphore.testing import T0, Bed, ClientSide, HolderSide, Net, SimClock, async_test, request, sync
+from semaphore.testing import SEED_TIMING, T0, Bed, ClientSide, HolderSide, Net, SimClock, async_test, request, sync
 
 pytestmark = pytest.mark.usefixtures("quiet_logs")
 
@@ -352,7 +352,7 @@ async def test_a_release_behind_a_held_request_of_an_uncontended_key_waits_out_t
     use ``snap.key.contended or (key in self._requesting and self.request_wait_ms > 0)``."""
     clock = SimClock(T0)
     # the seed's timing: with free_at_once a round leaving no permit free says contended (R29)
-    holder = HolderSide(clock, limit=1, hold_blocked_ms=HOLD, free_at_once=False)
+    holder = HolderSide(clock, limit=1, hold_blocked_ms=HOLD, **SEED_TIMING)
     net = Net(holder, clock)
     admitted: dict[str, int] = {}
     side = ClientSide("c1", clock, net, on_admit=lambda s, i: admitted.setdefault(i.item_id, clock.now),

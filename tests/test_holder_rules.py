@@ -16,6 +16,7 @@ from semaphore.errors import ConfigurationError, RoundFailedError, error_from_re
 from semaphore.holder import GRANTS, GROUPS, LEASES, META
 from semaphore.testing import (
     RECLAIM_TIMER,
+    SEED_TIMING,
     TIMERS,
     Bed,
     DurableObjectRuleError,
@@ -139,7 +140,7 @@ async def test_r2_failing_transaction_fails_every_request_and_writes_nothing():
 @async_test
 async def test_r2_storage_fault_at_round_start_fails_round_and_writes_nothing():
     # R2: the test bed's fail_next_exec fault (the first statement of the round raises).
-    bed = Bed(limit=10, free_at_once=False)  # batched rounds (R9), not R9a's rounds at once
+    bed = Bed(limit=10, **SEED_TIMING)  # batched rounds (R9), not R9a's rounds at once
     [first] = await bed.round(request("a", {"g": 2}))
     gid = first["grants"][0]["grantId"]
     tasks = [bed.send(request("a", {"g": 1}, grants=[(gid, 1, 0)])), bed.send(request("b", {"g": 1}))]
@@ -210,7 +211,7 @@ async def test_r4_new_instance_sees_all_durable_state():
 async def test_r4_evicted_instance_loses_waiting_calls_client_asks_again():
     # R4: waiting requests live only in memory: eviction fails them, nothing of them is
     # durable (an older waiting request does not win the next round), the client asks again.
-    bed = Bed(limit=1, free_at_once=False)  # batched rounds (R9), not R9a's rounds at once
+    bed = Bed(limit=1, **SEED_TIMING)  # batched rounds (R9), not R9a's rounds at once
     lost = bed.send(request("a", {"g": 1}, oldest_at=1))  # older than b
     await bed.clock.advance(500)
     bed.evict()
@@ -228,7 +229,7 @@ async def test_r4_evicted_instance_loses_waiting_calls_client_asks_again():
 async def test_r4_r9_round_spacing_survives_eviction():
     # R4/R9 (decision): the previous round's start is durable (meta last_round_at), so a new
     # instance still keeps roundPeriodMs after it.
-    bed = Bed(limit=5, free_at_once=False)  # batched rounds (R9), not R9a's rounds at once
+    bed = Bed(limit=5, **SEED_TIMING)  # batched rounds (R9), not R9a's rounds at once
     await bed.one(request("a", {"g": 1}))
     first_round = bed.now
     bed.evict()
@@ -256,7 +257,7 @@ async def test_r5_leases_key_present_means_lease_support():
 async def test_r6_sync_answered_at_once_without_a_round():
     # R6: a sync is applied in its own transaction and answered without waiting for a round,
     # even while a round is pending.
-    bed = Bed(limit=5, free_at_once=False, leases=None)  # batched rounds (R9), not R9a's rounds at once; grants
+    bed = Bed(limit=5, **SEED_TIMING, leases=None)  # batched rounds (R9), not R9a's rounds at once; grants
     [a] = await bed.round(request("a", {"g": 3}))
     gid = a["grants"][0]["grantId"]
     pending = bed.send(request("b", {"g": 1}))
@@ -322,7 +323,7 @@ async def test_r8_lost_reply_heals_at_next_request():
 @async_test
 async def test_r9_concurrent_requests_join_one_round():
     # R9: the round runs roundWaitMs after the first waiting request; later ones join it.
-    bed = Bed(limit=10, free_at_once=False)  # batched rounds (R9), not R9a's rounds at once
+    bed = Bed(limit=10, **SEED_TIMING)  # batched rounds (R9), not R9a's rounds at once
     a = bed.send(request("a", {"g": 1}))
     await bed.clock.advance(500)
     b = bed.send(request("b", {"g": 1}))
@@ -360,7 +361,7 @@ async def test_r9_round_spacing_period_from_previous_round_start_wait_from_first
 async def test_r10_second_request_replaces_demand_and_both_calls_get_the_answer():
     # R10: the latest demand snapshot wins; every call of the client gets the round's answer;
     # the reports of both messages are applied.
-    bed = Bed(limit=20, free_at_once=False)  # batched rounds (R9), not R9a's rounds at once
+    bed = Bed(limit=20, **SEED_TIMING)  # batched rounds (R9), not R9a's rounds at once
     [prev] = await bed.round(request("a", {"x": 2, "y": 2}))
     gx = next(g["grantId"] for g in prev["grants"] if g["group"] == "x")
     gy = next(g["grantId"] for g in prev["grants"] if g["group"] == "y")
@@ -383,7 +384,7 @@ async def test_r10_second_request_replaces_demand_and_both_calls_get_the_answer(
 async def test_r11_next_request_at():
     # R11: nextRequestAt is the earliest time the next round can run; an earlier request is
     # accepted and waits until then.
-    bed = Bed(limit=10, free_at_once=False)  # batched rounds (R9), not R9a's rounds at once
+    bed = Bed(limit=10, **SEED_TIMING)  # batched rounds (R9), not R9a's rounds at once
     [r] = await bed.round(request("a", {"g": 1}))
     round_at = bed.now
     assert r["nextRequestAt"] == round_at + 2000
@@ -473,7 +474,7 @@ async def test_r12_async_callables():
         await asyncio.sleep(0)
         return client != "banned"
 
-    bed = Bed(limit=limit, group_limit=group_limit, can_grant=can_grant, free_at_once=False)  # R9 batching
+    bed = Bed(limit=limit, group_limit=group_limit, can_grant=can_grant, **SEED_TIMING)  # R9 batching
     a, b, c = await bed.round(
         request("a", {"narrow": 2}, oldest_at=1),
         request("b", {"wide": 5}, oldest_at=2),
@@ -504,7 +505,7 @@ async def test_r12_callbacks_resolved_once_per_round():
         calls["can"].append((client, group))
         return True
 
-    bed = Bed(limit=limit, group_limit=group_limit, can_grant=can_grant, free_at_once=False)  # R9 batching
+    bed = Bed(limit=limit, group_limit=group_limit, can_grant=can_grant, **SEED_TIMING)  # R9 batching
     first = bed.send(request("a", {"x": 1, "y": 1}))
     await bed.clock.advance(10)
     second = bed.send(request("a", {"x": 2, "y": 1}))  # same client again (R10)
@@ -665,7 +666,7 @@ async def test_r15_claim_at_exactly_claim_by_is_late():
 async def test_r16_alarm_reclaims_without_any_request_and_follows_earliest_claim_by():
     # R16: the alarm follows the earliest claimBy of grants with unclaimed permits and reclaims
     # without another request.
-    bed = Bed(limit=10, free_at_once=False)  # batched rounds (R9), not R9a's rounds at once
+    bed = Bed(limit=10, **SEED_TIMING)  # batched rounds (R9), not R9a's rounds at once
     [a] = await bed.round(request("a", {"g": 3}))
     g1, c1 = a["grants"][0]["grantId"], a["grants"][0]["claimBy"]
     # the holder is a scheduler participant: its due time is read from the grants, no timer row
@@ -1008,7 +1009,7 @@ async def test_scheduler_handlers_survive_via_constructor_registration():
 async def test_r4_a_round_timer_that_dies_while_waiting_does_not_block_later_rounds():
     # R4: losing the round timer fails the waiting calls (they ask again); it must not leave the
     # instance believing a round is still scheduled, or no later request would ever be answered
-    bed = Bed(5, free_at_once=False)  # batched rounds (R9), not R9a's rounds at once
+    bed = Bed(5, **SEED_TIMING)  # batched rounds (R9), not R9a's rounds at once
     first = bed.send(request("c1", {"g": 1}))
     await bed.settle()
     bed.sem._round_task.cancel()

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from semaphore import ConfigurationError, LeaseConfig
-from semaphore.testing import T0, ClientSide, HolderSide, Net, SimClock, async_test, request, sync
+from semaphore.testing import SEED_TIMING, T0, ClientSide, HolderSide, Net, SimClock, async_test, request, sync
 
 #: SPEC R33a: with the default ``recheckMs`` (4 s) a lowered limit stops new admissions from
 #: every lease within 5 s (the recheck, its sync, and the client's next pump).
@@ -262,7 +262,7 @@ async def test_r33a_a_round_resolved_before_a_lowering_sync_leaves_no_lease_the_
             await clock.sleep(1000)
         return value
 
-    holder = HolderSide(clock, limit=limit, leases=REUSABLE, free_at_once=False)  # staged on batched rounds (R9), not R9a's rounds at once
+    holder = HolderSide(clock, limit=limit, leases=REUSABLE, **SEED_TIMING)  # staged on batched rounds (R9), not R9a's rounds at once
     ra, rb = await holder.round(request("a", {"g": 2}, leases=[]), request("b", {"g": 2}, leases=[]))
     (la,), (lb,) = ra["leases"], rb["leases"]
     await holder.one(sync("a", leases=[(la["leaseId"], 0, 0, True)]))  # a settles: 2 free

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from semaphore import BlockedReason, ItemState, PermitKind, PermitTimeoutError, QueueItem
-from semaphore.testing import T0, ClientSide, HolderSide, Net, SimClock, async_test
+from semaphore.testing import SEED_ROUNDS, SEED_TIMING, T0, ClientSide, HolderSide, Net, SimClock, async_test
 
 KEY = "acct"
 LEASES = {"provisioning": {"mode": "strict"}, "permitsPerLease": 4, "ttlMs": 60_000}
@@ -248,7 +248,7 @@ async def test_a_permit_withdrawn_while_its_claim_is_in_flight_is_released_once_
     # exactly once, and the withdrawn item is not taken for an orphan ("no caller" warning).
     import logging
 
-    s = Setup(limit=1, free_at_once=False)  # staged on batched rounds (R9), not R9a's rounds at once
+    s = Setup(limit=1, **SEED_TIMING)  # staged on batched rounds (R9), not R9a's rounds at once
     original = s.net.intercept
 
     async def run() -> None:
@@ -412,7 +412,7 @@ async def test_a_grant_answering_a_withdrawn_permit_s_request_goes_back_at_once(
     # before that round runs, so the round grants the withdrawn demand. Nothing queued can use
     # the grant: it goes back at once, not at its claimBy (R15), so the capacity is not held
     # idle for grant_timeout_ms (10 s) while others may wait for it.
-    s = Setup(limit=1)
+    s = Setup(limit=1, **SEED_ROUNDS)  # staged on the original's batched round timing
     got, release, seen = await s.hold()
     await s.clock.advance(3000)
     assert got.is_set()
@@ -443,7 +443,7 @@ async def test_a_given_back_grant_is_reported_at_once_with_the_default_report_wi
     # lease stop (R29), not after report_releases_within_ms (10 s by default; before, c2 waited
     # 13 s, longer than the grant's own claimBy would have kept it).
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=1, free_at_once=False, grant_timeout_ms=4_000, leases=None)
+    holder = HolderSide(clock, limit=1, **SEED_TIMING, grant_timeout_ms=4_000, leases=None)
     net = Net(holder, clock)
     c1, c2 = ClientSide("c1", clock, net), ClientSide("c2", clock, net)  # default report window
 

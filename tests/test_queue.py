@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from semaphore import ConfigurationError, HolderUnavailableError, ItemState, PermitKind, QueueItem
-from semaphore.testing import T0, ClientSide, HolderSide, Net, SimClock, async_test
+from semaphore.testing import SEED_TIMING, T0, ClientSide, HolderSide, Net, SimClock, async_test
 from sql_counting import statements
 
 KEY = "acct"
@@ -79,7 +79,7 @@ async def test_a_payload_that_is_not_strict_json_or_too_big_is_refused_and_nothi
 @async_test
 async def test_enqueue_is_idempotent_and_demand_comes_from_items():
     # R37: the same item id queues once (a retried enqueue), demand = count/oldestAt of items
-    s = Setup(free_at_once=False)  # staged on batched rounds (R9), not R9a's rounds at once
+    s = Setup(**SEED_TIMING)  # staged on batched rounds (R9), not R9a's rounds at once
     await s.queue.enqueue(KEY, "g", "a")
     await s.clock.advance(10)
     await s.queue.enqueue(KEY, "g", "b")
@@ -98,7 +98,7 @@ async def test_enqueue_is_idempotent_and_demand_comes_from_items():
 @async_test
 async def test_grant_items_start_only_after_the_claim_is_confirmed():
     # R15a: claim, send it with a sync, start only what the reply shows claimed and active
-    s = Setup(free_at_once=False)  # staged on batched rounds (R9), not R9a's rounds at once
+    s = Setup(**SEED_TIMING)  # staged on batched rounds (R9), not R9a's rounds at once
     for i in range(2):
         await s.queue.enqueue(KEY, "g", f"i{i}")
     lost = {"n": 0}
@@ -320,7 +320,7 @@ async def test_on_done_is_called_once_for_every_item_that_turns_done():
     # reconciliation. R37 review: it runs after the transition, in a transaction of its own; a
     # raising on_done leaves the item done (permit released) with its hook pending, and the pump
     # calls it again later.
-    s = Setup(free_at_once=False)  # staged on batched rounds (R9), not R9a's rounds at once
+    s = Setup(**SEED_TIMING)  # staged on batched rounds (R9), not R9a's rounds at once
     done: list[tuple[str, ItemState, bool]] = []
     fail = {"on": False}
 
@@ -611,7 +611,7 @@ async def test_r37_enqueue_many_queues_in_order_in_one_statement_and_returns_kno
     # R37: a batch is queued as enqueue() queues each item, oldest first in the order given
     # (their seq), in one transaction whose new items are one INSERT, with one wake-up; an id
     # already known (queued, running or finished) comes back unchanged, in its place.
-    s = Setup(limit=100, free_at_once=False)
+    s = Setup(limit=100, **SEED_TIMING)
     await s.queue.enqueue(KEY, "g", "known", {"first": True})
     ids = [f"item-{n:02}" for n in range(60)]
     with item_inserts(s.side) as statements:
@@ -638,7 +638,7 @@ async def test_r37_enqueue_many_splits_large_payloads_into_batches_and_keeps_the
     # payloads take more statements, an item over the bound alone one of its own.
     from semaphore.client._item_store import INSERT_BATCH_BYTES
 
-    s = Setup(limit=100, free_at_once=False)
+    s = Setup(limit=100, **SEED_TIMING)
     big = "x" * (INSERT_BATCH_BYTES // 3)
     payloads: list[Any] = [{"b": big}, "small", {"b": big}, {"b": big}, {"b": "y" * INSERT_BATCH_BYTES}, 7]
     ids = [f"i{n}" for n in range(len(payloads))]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from semaphore import ConfigurationError, ItemState, QueueItem
-from semaphore.testing import T0, ClientSide, HolderSide, Net, SimClock, async_test
+from semaphore.testing import SEED_TIMING, T0, ClientSide, HolderSide, Net, SimClock, async_test
 from sql_counting import statements
 
 KEY = "acct"
@@ -223,7 +223,7 @@ async def test_a_batch_of_claiming_and_running_items_completes_as_one_by_one(how
     # later, and it never runs); a running one releases its permit; the holder gets all back.
     from semaphore import HolderUnavailableError
 
-    s = Setup(leases=None, free_at_once=False)
+    s = Setup(leases=None, **SEED_TIMING)
     await s.admit(["r1", "r2"])
     lost = {"n": 0}
 

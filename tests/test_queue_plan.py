@@ -9,7 +9,15 @@ from dataclasses import replace
 from pathlib import Path
 
 from semaphore.core import queue_plan as plan
-from semaphore.core.client_state import GONE, ClientGrant, ClientLease, KeyState, merge_grant, merge_lease
+from semaphore.core.client_state import (
+    COVER_AFTER_MS,
+    GONE,
+    ClientGrant,
+    ClientLease,
+    KeyState,
+    merge_grant,
+    merge_lease,
+)
 from semaphore.core.queue_plan import (
     ClaimingItem,
     Exchange,
@@ -533,6 +541,28 @@ def test_r34a_only_an_active_reusable_lease_clear_of_its_expiry_margin_covers_it
     assert covered(live, now=edge - 1) == {"a"}
     assert covered(live, now=edge) == set()
     assert covered(live, now=live.expires_at - OPTS.lease_margin_ms // 2) == set()
+
+
+def test_r34a_a_young_contention_covers_nothing_and_one_older_than_cover_after_ms_does():
+    # R34a decision (a young contention covers nothing): for COVER_AFTER_MS after the message
+    # that first found the key contended, a busy reusable lease covers no demand: it is asked
+    # for at the key's nextRequestAt, as a burst's should be; from then on it is covered (room
+    # checks, no request every round). A row without contended_since (an older release) is
+    # covered as before.
+    busy = replace(lease("r", permits=2, drawn=2), reusable=True)
+
+    def snap(since: int, now: int = NOW) -> KeySnapshot:
+        key = KeyState(contended=True, contended_since=since, replied_at=now - 100, lease_recheck_ms=30_000)
+        return KeySnapshot(now, queued=queued("a", "b"), leases=(busy,), key=key)
+
+    young, old = snap(NOW - COVER_AFTER_MS + 1), snap(NOW - COVER_AFTER_MS)
+    assert young.key.contention_young(NOW) and not old.key.contention_young(NOW)
+    assert plan.covered_groups(young, OPTS) == set() and plan.covered_groups(old, OPTS) == {"g"}
+    assert plan.wants_round(young, OPTS) and not plan.wants_round(old, OPTS)
+    assert plan.plan_exchange(young, OPTS, demand=True) is plan.Exchange.REQUEST
+    assert plan.plan_exchange(old, OPTS, demand=True) is not plan.Exchange.REQUEST
+    assert plan.covered_groups(snap(0), OPTS) == {"g"}  # an older release's row
+    assert not KeyState(contended=False, contended_since=NOW).contention_young(NOW)
 
 
 def test_r31a_a_reusable_lease_is_stopped_from_lease_margin_ms_before_its_expiry():

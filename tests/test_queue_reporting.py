@@ -18,7 +18,17 @@ from semaphore import (
     QueueItem,
     SemaphoreQueue,
 )
-from semaphore.testing import T0, ClientSide, HolderSide, Net, SimClock, SkewedClock, async_test
+from semaphore.testing import (
+    SEED_ROUNDS,
+    SEED_TIMING,
+    T0,
+    ClientSide,
+    HolderSide,
+    Net,
+    SimClock,
+    SkewedClock,
+    async_test,
+)
 
 KEY = "acct"
 LEASES = {"provisioning": {"mode": "strict"}, "permitsPerLease": 4, "ttlMs": 600_000}
@@ -231,7 +241,7 @@ async def test_releases_are_reported_by_the_next_round_when_the_last_reply_was_c
 async def test_a_contended_release_while_the_keys_request_waits_for_its_round_goes_in_a_sync_of_its_own():
     # R37 decision: the key's request holds the pump while it waits for its round; a release
     # due then (contended) does not wait behind it: a sync carries it, so that round counts it
-    s = Setup(limit=2, queue={"report_releases_within_ms": 60_000})
+    s = Setup(limit=2, queue={"report_releases_within_ms": 60_000}, **SEED_ROUNDS)  # the original's round timing
     for item in ("a", "b", "c"):
         await s.queue.enqueue(KEY, "g", item)
     await s.clock.advance(1500)
@@ -279,10 +289,10 @@ async def test_the_release_bound_survives_evictions():
 pytestmark = pytest.mark.usefixtures("quiet_logs")  # failures are injected on purpose
 
 
-def _objects(limit: int, transport_wrap: Any = None, *, free_at_once: bool = True, **queue: Any) -> tuple[SimClock, HolderSide, Net, ClientSide,
+def _objects(limit: int, transport_wrap: Any = None, *, holder_options: Any = None, **queue: Any) -> tuple[SimClock, HolderSide, Net, ClientSide,
                                                                            list[tuple[int, str]]]:
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=limit, free_at_once=free_at_once, leases=None)  # grants: a request waits for its round
+    holder = HolderSide(clock, limit=limit, **(holder_options or {}), leases=None)  # grants: a request waits for its round
     net = Net(holder, clock)
     admitted: list[tuple[int, str]] = []
     transport = net if transport_wrap is None else transport_wrap(clock, net)
@@ -306,7 +316,7 @@ async def test_a_side_sync_is_sent_for_a_release_that_is_not_due():
     (dirty grant releases / lease releases or stops) of a key whose last reply was contended,
     e.g. compute ``report_due`` on a snapshot with ``needs_sync`` cleared (``replace(snap,
     key=replace(snap.key, needs_sync=False))``), or test ``releases and snap.key.contended``."""
-    clock, holder, net, side, admitted = _objects(10, report_releases_within_ms=60_000, free_at_once=False)  # staged on batched rounds (R9), not R9a's rounds at once
+    clock, holder, net, side, admitted = _objects(10, report_releases_within_ms=60_000, holder_options=SEED_TIMING)  # staged on batched rounds (R9), not R9a's rounds at once
     await side.queue.enqueue(KEY, "g", "a")
     await clock.advance(1500)
     assert [i for _, i in admitted] == ["a"] and not side.client.contended(KEY)
@@ -407,7 +417,7 @@ async def test_a_sync_sent_during_a_request_and_answered_after_its_failure_clear
     (or a per-key request sequence number) when it built its message, and ``_apply`` keeps
     ``needs_sync`` if one was in flight then or is now."""
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=10, leases=LEASES, free_at_once=False)  # staged on batched rounds (R9), not R9a's rounds at once
+    holder = HolderSide(clock, limit=10, leases=LEASES, **SEED_TIMING)  # staged on batched rounds (R9), not R9a's rounds at once
     net = Net(holder, clock)
 
     async def transport(key: str, message: dict[str, Any]) -> Any:

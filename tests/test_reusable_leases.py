@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from semaphore import ConfigurationError, LeaseConfig
+from semaphore.core.client_state import COVER_AFTER_MS
 from semaphore.holder._store import read_meta
 from semaphore.testing import T0, Bed, ClientSide, HolderSide, Net, SimClock, async_test, blocked, request, sync
 from test_leases import only
@@ -553,14 +554,21 @@ async def _own_backlog(leases: dict):
 @async_test
 async def test_r31a_a_contended_key_served_by_a_reusable_lease_asks_again_only_at_its_heartbeat():
     # With the recheck off (recheckMs 0) the cover lasts until the lease's heartbeat.
+    # A young contention covers nothing (R34a decision): until COVER_AFTER_MS into it the
+    # demand goes to each round (requests at 1 s and 2 s here, each at its nextRequestAt).
     clock, net, sides = await _own_backlog({**REUSE_FIRST, "recheckMs": 0})
-    first = [m for m in net.sent if m["type"] == "request"]
-    assert len(first) == 1
-    await clock.advance(TTL // 2 - 3000)  # before the heartbeat (half the lifetime)
-    assert len([m for m in net.sent if m["type"] == "request"]) == 1  # no request every round
+
+    def requests() -> list[dict]:
+        return [m for m in net.sent if m["type"] == "request"]
+
+    assert len(requests()) == 2  # at once, and at 1 s
+    await clock.advance(COVER_AFTER_MS)
+    assert len(requests()) == 3  # and at 2 s
+    await clock.advance(TTL // 2 - 3000 - COVER_AFTER_MS)  # before the heartbeat (half the lifetime)
+    assert len(requests()) == 3  # covered since: no request every round
     await clock.advance(4000)  # the heartbeat goes as a request carrying the demand
-    later = [m for m in net.sent if m["type"] == "request"]
-    assert len(later) == 2 and later[1]["demand"] and later[1]["leases"]
+    later = requests()
+    assert len(later) == 4 and later[3]["demand"] and later[3]["leases"]
     stop_all(sides)
 
 
@@ -568,22 +576,23 @@ async def test_r31a_a_contended_key_served_by_a_reusable_lease_asks_again_only_a
 async def test_r34a_a_contended_key_covered_by_a_busy_reusable_lease_checks_for_room_backing_off_to_the_recheck():
     # R34a decision (the room check), R33a: while a busy reusable lease covers the demand (it
     # does not go to rounds), the queue still asks the holder whether capacity was freed (a
-    # sync; its reply says room): 2 s into the contention, then after as long as the key had
-    # been contended (4, 8, 16, 32 s in), at most leaseRecheckMs (30 s here) apart. Before,
-    # it heard nothing until the lease's heartbeat (5 min here).
+    # sync; its reply says room) after as long as the key had been contended (4, 8, 16, 32 s
+    # in), at most leaseRecheckMs (30 s here) apart. Before, it heard nothing until the
+    # lease's heartbeat (5 min here). The contention is young until 3 s in (R34a decision): at
+    # 1 s and 2 s the demand goes in requests, not room checks (one at 2 s before that decision).
     clock, net, sides = await _own_backlog({**REUSE_FIRST, "recheckMs": 30_000, "ttlMs": 600_000})
     t0 = clock.now - 1500  # the request went at once (R9a); its reply was contended (3 wait)
 
     def syncs() -> int:
         return sum(1 for m in net.sent if m["type"] == "sync")
 
-    expected = [(1_900, 0), (2_100, 1), (3_900, 1), (4_100, 2), (7_900, 2), (8_100, 3), (15_900, 3),
-                (16_100, 4), (31_900, 4), (32_100, 5), (61_900, 5), (62_100, 6)]
+    expected = [(1_900, 0), (3_900, 0), (4_100, 1), (7_900, 1), (8_100, 2), (15_900, 2),
+                (16_100, 3), (31_900, 3), (32_100, 4), (61_900, 4), (62_100, 5)]
     for at, count in expected:
         await clock.advance(t0 + at - clock.now)
         assert syncs() == count, (at, syncs())
     assert all(m["leases"] for m in net.sent if m["type"] == "sync")
-    assert [m["type"] for m in net.sent].count("request") == 1  # no request: no room freed
+    assert [m["type"] for m in net.sent].count("request") == 3  # at once and the young contention's; no room freed
     stop_all(sides)
 
 
@@ -1206,9 +1215,11 @@ async def test_r28a_r31a_through_the_queue_a_client_without_leases_is_served_wit
 
 def freed_beside(ttl_ms: int):
     """Limit 4, reusable lease-first leases of 3 (``ttl_ms``): ``b`` (no leases) takes one permit
-    as a grant for an item of 3 s; then ``a`` keeps a backlog of 1 s items in the same group and
+    as a grant for an item of 6 s; then ``a`` keeps a backlog of 1 s items in the same group and
     takes the other 3 as a reusable lease, which leaves nothing free: the key is contended (R29)
-    and the demand ``a``'s lease covers is not asked again before its heartbeat (R34a)."""
+    and, once that contention is older than ``COVER_AFTER_MS`` (3 s; a young one covers
+    nothing, R34a decision), the demand ``a``'s lease covers is not asked again before its
+    heartbeat (R34a). b's item ends after that."""
     clock = SimClock(T0)
     holder = HolderSide(clock, limit=4, leases={**REUSE_FIRST, "ttlMs": ttl_ms})
     net = Net(holder, clock)
@@ -1217,7 +1228,7 @@ def freed_beside(ttl_ms: int):
     async def work(item) -> None:
         running[item.item_id[0]] += 1
         try:
-            await clock.sleep(3000 if item.item_id.startswith("b") else 1000)
+            await clock.sleep(6000 if item.item_id.startswith("b") else 1000)
         finally:
             running[item.item_id[0]] -= 1
 
@@ -1254,7 +1265,7 @@ async def test_r34a_capacity_freed_beside_a_drawn_reusable_lease_is_asked_for_by
     await clock.advance(2000)
     assert (running["a"], running["b"]) == (3, 1)
     heartbeat_at = a.client.leases("acct")[0].heartbeat_at
-    await clock.advance(8000)  # b's item ended at 3.5 s; a rechecks within 4 s and asks
+    await clock.advance(8000)  # b's item ended at 6.5 s; a rechecks within 4 s and asks
     assert clock.now < heartbeat_at - 10_000
     assert min(await sample(clock, running)) == 4 and holder.charged()[0] == 4
     assert any(r.get("room") is True for r in replies), "no reply said room"
@@ -1279,7 +1290,7 @@ async def test_r34a_r37_a_recheck_that_extends_a_reusable_lease_does_not_postpon
     await b.queue.enqueue("acct", "g", "b0")
     await clock.advance(500)
     feeder = asyncio.ensure_future(keep_busy(clock, a.queue, "g"))
-    await clock.advance(3200)  # b's item ends at 3.5 s: its release goes at once
+    await clock.advance(6200)  # b's item ends at 6.5 s: its release goes at once
     holder.evict()
     await clock.advance(1000)
     heartbeat_at = a.client.leases("acct")[0].heartbeat_at

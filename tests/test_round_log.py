@@ -15,6 +15,7 @@ import logging
 
 import pytest
 
+from semaphore.core.batching import ROUND_WAIT_MS
 from semaphore.errors import ConfigurationError
 from semaphore.holder._observe import RoundRecord
 from semaphore.testing import Bed, DurableObjectRuleError, async_test, by_id, request, sync
@@ -48,7 +49,7 @@ async def test_a_committed_round_is_one_json_line_and_one_hook_call(caplog):
     assert d["contended"] is True and d["failed"] is False and d["error"] is None
     usage = await bed.usage()
     assert (d["charged"], d["limit"]) == (usage["charged"], usage["limit"]) == (3, 3)
-    assert d["at"] == bed.t0 + 1000 and d["durationMs"] >= 0  # round_wait_ms after the first request
+    assert d["at"] == bed.t0 + ROUND_WAIT_MS and d["durationMs"] >= 0  # round_wait_ms after the first request
     assert d["sqlStatements"] > 0
     assert json.loads(record.to_json()) == d and "\n" not in record.to_json()
 

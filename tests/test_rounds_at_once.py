@@ -14,8 +14,27 @@ from typing import Any
 import pytest
 
 from semaphore import ConfigurationError
-from semaphore.core.batching import Timing, next_request_at, round_may_commit, round_start
-from semaphore.testing import T0, Bed, ClientSide, HolderSide, Net, SimClock, async_test, request, sync
+from semaphore.core.batching import (
+    ROUND_PERIOD_MS,
+    ROUND_WAIT_MS,
+    Timing,
+    next_request_at,
+    round_may_commit,
+    round_start,
+)
+from semaphore.testing import (
+    SEED_ROUNDS,
+    SEED_TIMING,
+    T0,
+    Bed,
+    ClientSide,
+    HolderSide,
+    Net,
+    SimClock,
+    async_test,
+    request,
+    sync,
+)
 
 KEY = "acct"
 pytestmark = pytest.mark.usefixtures("quiet_logs")
@@ -69,7 +88,7 @@ async def test_r9a_a_request_on_an_idle_holder_is_served_at_once():
 
 @async_test
 async def test_r9a_free_at_once_false_keeps_the_seeds_batched_timing():
-    bed = Bed(limit=5, free_at_once=False)
+    bed = Bed(limit=5, **SEED_TIMING)
     task = bed.send(request("a", {"g": 2}))
     await bed.settle()
     assert not task.done()
@@ -89,9 +108,9 @@ async def test_r9a_a_round_at_once_that_would_leave_need_unserved_writes_nothing
     await bed.settle()
     assert not late.done() and bed.dump() == before  # declined: nothing written, nobody answered
     older = bed.send(request("c", {"g": 1}, oldest_at=T0 - 9000))  # arrives in the batching window
-    await bed.clock.advance(999)
+    await bed.clock.advance(ROUND_WAIT_MS - 1)
     assert not late.done() and not older.done()
-    await bed.clock.advance(1)  # R9: round_wait_ms after b arrived
+    await bed.clock.advance(1)  # R9: round_wait_ms (the default) after b arrived
     b, c = late.result(), older.result()
     assert granted(c) == 1 and granted(b) == 0  # oldest demand first (R21) among what arrived
     assert b["contended"] is True and b["blocked"][0]["reason"] == "limit"
@@ -125,7 +144,7 @@ async def test_r9a_a_blocked_holder_batches_until_a_round_leaves_nothing_unserve
     bed = Bed(limit=2)
     [a] = await bed.round(request("a", {"g": 2}))
     blocked = await bed.one(request("b", {"g": 1}))  # declined at once, then batched: blocked
-    assert blocked["contended"] and bed.now == bed.t0 + 1000
+    assert blocked["contended"] and bed.now == bed.t0 + ROUND_WAIT_MS
     gid = a["grants"][0]["grantId"]
     await bed.one(sync("a", grants=[(gid, 2, 2)]))  # a releases everything
     at = bed.now
@@ -140,7 +159,7 @@ async def test_r29_a_round_that_leaves_no_permit_free_is_contended_with_free_at_
     bed = Bed(limit=2)
     reply = await bed.one(request("a", {"g": 2}))
     assert granted(reply) == 2 and reply["contended"] is True  # full: releases should go at once (R37)
-    seed = Bed(limit=2, free_at_once=False, name="seed")
+    seed = Bed(limit=2, **SEED_TIMING, name="seed")
     assert (await seed.one(request("a", {"g": 2})))["contended"] is False
 
 
@@ -188,7 +207,7 @@ async def test_r9a_with_the_defaults_every_permit_on_an_idle_holder_starts_withi
 @async_test
 async def test_r9a_with_the_seeds_timing_a_permit_on_an_idle_holder_waits_a_round():
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=10, free_at_once=False)
+    holder = HolderSide(clock, limit=10, **SEED_TIMING)
     one = ClientSide("c1", clock, Net(holder, clock))
     assert await _permit_waits([one], clock) == [1000]  # the comparison the R9a decision gives
 
@@ -214,7 +233,7 @@ async def test_r9b_a_try_on_a_contended_holder_is_answered_at_once_and_waiting_r
 
 @async_test
 async def test_r9b_a_try_replaces_a_waiting_batched_timer_and_oldest_demand_first_still_decides():
-    bed = Bed(limit=1, free_at_once=False)
+    bed = Bed(limit=1, **SEED_TIMING)
     older = bed.send(request("a", {"g": 1}, oldest_at=T0 - 5000))
     await bed.settle()
     tried = bed.send(try_request("b", {"g": 1}, oldest_at=T0))
@@ -258,7 +277,7 @@ class _Queue:
 
 @async_test
 async def test_r9b_a_try_on_free_capacity_runs_its_block_at_once_even_on_a_batched_holder():
-    q = _Queue(limit=2, free_at_once=False)
+    q = _Queue(limit=2, **SEED_TIMING)
     views: list[str] = []
     view = q.side.queue.item
     q.side.queue.item = lambda item_id: views.append(item_id) or view(item_id)  # type: ignore[method-assign]
@@ -306,3 +325,37 @@ async def test_r9b_a_try_on_a_full_holder_raises_at_once_with_the_reason_and_lea
     await q.clock.advance(30_000)
     usage = await q.holder.usage()
     assert usage["charged"] == 0 and usage["outstanding"] == 0
+
+
+async def _freed_to_start(**timing: Any) -> int:
+    """Limit 1: ``a``'s item holds it; ``b``'s item is blocked for a few rounds; then ``a``'s
+    item completes. How long after that ``b``'s item starts (grants, the queue's defaults)."""
+    clock = SimClock(T0)
+    holder = HolderSide(clock, limit=1, leases=None, **timing)
+    net = Net(holder, clock)
+    started: dict[str, int] = {}
+    a, b = (ClientSide(name, clock, net, on_admit=lambda side, item: started.setdefault(item.item_id, clock.now))
+            for name in ("a", "b"))
+    await a.queue.enqueue(KEY, "g", "a0")
+    await clock.advance(50)
+    await b.queue.enqueue(KEY, "g", "b0")
+    await clock.advance(5_050)
+    assert "a0" in started and "b0" not in started
+    freed = clock.now
+    await a.queue.complete("a0")
+    await clock.advance(10_000)
+    return started["b0"] - freed
+
+
+@async_test
+async def test_r9_with_the_default_round_timing_freed_capacity_reaches_a_blocked_client_within_a_round_period():
+    # R9 decision (round timing): under contention a blocked client asks again at its joinInMs
+    # (R11), so the round period is how soon a freed permit reaches it. With the defaults
+    # (ROUND_WAIT_MS, ROUND_PERIOD_MS) b starts within a period and a round wait of a's
+    # completion (its release goes at once: the key is contended, R37); with the original's
+    # timing it waited longer.
+    assert (ROUND_WAIT_MS, ROUND_PERIOD_MS) == (100, 1000)  # SPEC R9, docs/reference/holder.md
+    now = await _freed_to_start()
+    assert 0 < now <= ROUND_PERIOD_MS + ROUND_WAIT_MS, now
+    seed = await _freed_to_start(**SEED_ROUNDS)
+    assert seed > ROUND_PERIOD_MS + ROUND_WAIT_MS, seed

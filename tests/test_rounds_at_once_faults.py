@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from semaphore import PermitTimeoutError
-from semaphore.testing import T0, Bed, ClientSide, HolderSide, Net, SimClock, async_test, request, sync
+from semaphore.core.batching import ROUND_WAIT_MS
+from semaphore.testing import SEED_TIMING, T0, Bed, ClientSide, HolderSide, Net, SimClock, async_test, request, sync
 
 KEY = "acct"
 pytestmark = pytest.mark.usefixtures("quiet_logs")
@@ -202,9 +203,9 @@ REUSE_FIRST = {"provisioning": {"mode": "strict"}, "permitsPerLease": 2, "ttlMs"
                "leaseFirst": True}
 
 
-async def _reuse_after_a_pause(free_at_once: bool) -> tuple[list[str], int]:
+async def _reuse_after_a_pause(**timing: Any) -> tuple[list[str], int]:
     clock = SimClock(T0)
-    holder = HolderSide(clock, limit=2, leases=REUSE_FIRST, free_at_once=free_at_once)
+    holder = HolderSide(clock, limit=2, leases=REUSE_FIRST, **timing)
     net = Net(holder, clock)
     started: list[str] = []
     side = ClientSide("c1", clock, net, on_admit=lambda s, i: started.append(i.item_id))
@@ -227,7 +228,7 @@ async def test_r34a_r29_a_lone_client_whose_reusable_lease_fills_the_limit_reuse
     """Nobody else asks: the freed slot of the lease is drawn again at once with no holder call,
     as with the seed's timing; the full flag (R29 decision) must not make the queue stop the
     lease as idle under contention that does not exist."""
-    seed_started, seed_sent = await _reuse_after_a_pause(free_at_once=False)
+    seed_started, seed_sent = await _reuse_after_a_pause(**SEED_TIMING)
     assert seed_started[-1] == "i2" and seed_sent == 0  # the reference
     started, sent = await _reuse_after_a_pause(free_at_once=True)
     assert started[-1] == "i2" and sent == 0, f"started {started}, {sent} holder messages"
@@ -307,6 +308,6 @@ async def test_r11_r9a_next_request_at_of_a_contended_round_run_at_once_is_no_la
     assert first["contended"] and bed.now == bed.t0
     await bed.one(request("b", {"g": 1}))  # the next round: batched
     ran_at = bed.now
-    assert ran_at == bed.t0 + 1000
+    assert ran_at == bed.t0 + ROUND_WAIT_MS
     assert first["nextRequestAt"] <= ran_at, (
         f"told nextRequestAt +{first['nextRequestAt'] - bed.t0} ms; the next round ran at +{ran_at - bed.t0} ms")

@@ -20,7 +20,16 @@ from semaphore.core.ledger import Ledger
 from semaphore.holder import META
 from semaphore.holder._store import SqlStore
 from semaphore.simulate.soak import KINDS, MODES, SoakConfig, SoakHolder, SoakSim, run_one, summarize
-from semaphore.testing import T0, AlarmDriver, LocalStorage, SimClock, SkewedClock, StorageFault, TaskAlarmDriver
+from semaphore.testing import (
+    SEED_TIMING,
+    T0,
+    AlarmDriver,
+    LocalStorage,
+    SimClock,
+    SkewedClock,
+    StorageFault,
+    TaskAlarmDriver,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SEEDS = (0, 1)
@@ -480,14 +489,14 @@ def test_i4_deadline_half_catches_a_holder_that_reclaims_seconds_late(
     transaction failure. Document the figure in the README."""
     seeds = range(6)  # rounds and syncs reclaim too (R16), so a missing alarm shows in some runs only
     for seed in seeds:
-        control = run_one(seed, mode, ops=250, free_at_once=False)  # batched: fewer rounds reclaim for it
+        control = run_one(seed, mode, ops=250, **SEED_TIMING)  # batched: fewer rounds reclaim for it
         assert not control.failed, control.found[:3]
         assert control.stats.max_unclaimed_late_ms <= SoakConfig.max_alarm_delay_ms + 1000  # a tight bound holds
 
     BUGS[bug](monkeypatch)
     showed = 0
     for seed in seeds:
-        r = run_one(seed, mode, ops=250, free_at_once=False)
+        r = run_one(seed, mode, ops=250, **SEED_TIMING)
         if r.stats.max_unclaimed_late_ms > 4000:  # the bug showed in this run: the soak must say so
             showed += 1
             assert r.stats.violations["I4"] > 0, (seed, r.stats.max_unclaimed_late_ms, r.found[:3])

@@ -14,6 +14,7 @@ import semaphore.testing as kit
 from semaphore import DurabilityScheduler, DurabilitySemaphore, ItemState, QueueItem
 from semaphore.testing import (
     RECLAIM_TIMER,
+    SEED_TIMING,
     T0,
     AlarmDriver,
     Bed,
@@ -144,7 +145,7 @@ async def test_evicting_a_users_holder_fails_the_calls_waiting_for_its_round():
     # nothing was granted, and a fresh instance over the same storage serves the retry.
     clock = VirtualClock()
     ctx = LocalContext()
-    holder = AccountLimit(ctx, clock, limit=3, free_at_once=False)  # a batched round waits (R9)
+    holder = AccountLimit(ctx, clock, limit=3, **SEED_TIMING)  # a batched round waits (R9)
     waiting = holder.tasks.call(holder.semaphore.handle(request("c1", {"g": 2}, oldest_at=T0)))
     task = asyncio.ensure_future(waiting)
     await clock.settle()

@@ -390,8 +390,8 @@ def test_bindings_and_vars_are_reported(dry_run):
         "env.JOB_QUEUE (JobQueue)",
         'env.ACCOUNT_CONCURRENCY ("10")',
         'env.GRANT_TIMEOUT_MS ("10000")',
-        'env.ROUND_WAIT_MS ("1000")',
-        'env.ROUND_PERIOD_MS ("2000")',
+        'env.ROUND_WAIT_MS ("100")',
+        'env.ROUND_PERIOD_MS ("1000")',
         'env.HOLD_BLOCKED_MS ("0")',
         'env.REQUEST_WAIT_MS ("0")',
     ):

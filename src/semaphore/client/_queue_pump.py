@@ -22,7 +22,7 @@ log = logging.getLogger("semaphore.queue")
 
 #: How long after an enqueue or a completion that this instance pumps itself the key's durable
 #: wake-up is set (SPEC R37 wake-ups): longer than the pump's exchange with the holder (a request
-#: waits for its round, within ``round_period_ms`` + ``round_wait_ms``, 3 s by default), so the
+#: waits for its round, within ``round_period_ms`` + ``round_wait_ms``, 1.1 s by default), so the
 #: alarm does not fire beside a pump that is running; the longest an instance's death delays the
 #: work it had not pumped yet.
 KICK_FALLBACK_MS = 10_000

@@ -18,8 +18,18 @@ from .wire import MAX_LIST_LENGTH, PermitRequest
 if TYPE_CHECKING:  # core.rounds imports this module
     from .rounds import Limits
 
-__all__ = ["Timing", "hold_open", "limits_can_change", "limits_rose", "next_request_at", "reply_has_news",
-           "round_may_commit", "round_start", "sync_room"]
+__all__ = ["ROUND_WAIT_MS", "ROUND_PERIOD_MS", "SEED_ROUND_WAIT_MS", "SEED_ROUND_PERIOD_MS", "Timing", "hold_open",
+           "limits_can_change", "limits_rose", "next_request_at", "reply_has_news", "round_may_commit", "round_start",
+           "sync_room"]
+
+
+#: SPEC R9 decision (round timing, issue 22): the holder's default ``round_wait_ms`` and
+#: ``round_period_ms``. They only time batched rounds, which run only under contention (R9a).
+ROUND_WAIT_MS = 100
+ROUND_PERIOD_MS = 1000
+#: The original's defaults (``roundWaitMs``, ``roundPeriodMs``): the seed's timing.
+SEED_ROUND_WAIT_MS = 1000
+SEED_ROUND_PERIOD_MS = 2000
 
 
 @dataclass(frozen=True)
@@ -28,8 +38,8 @@ class Timing:
     :class:`~semaphore.DurabilitySemaphore`: ``round_wait_ms``, ``round_period_ms``,
     ``free_at_once``)."""
 
-    round_wait_ms: int = 1000
-    round_period_ms: int = 2000
+    round_wait_ms: int = ROUND_WAIT_MS
+    round_period_ms: int = ROUND_PERIOD_MS
     free_at_once: bool = True
 
     def immediate(self, contended: bool) -> bool:

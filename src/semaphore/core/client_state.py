@@ -16,7 +16,8 @@ from .wire import MAX_INT, GrantReport, GrantState, GrantStatus, LeaseReport, Le
 
 __all__ = [
     "GONE", "ClientGrant", "ClientLease", "KeyState", "GrantMerge", "LeaseMerge",
-    "merge_grant", "merge_lease", "contended_since", "ROOM_CHECK_MIN_MS", "PRUNE_EVERY", "prune_due", "ReplyFacts",
+    "merge_grant", "merge_lease", "contended_since", "ROOM_CHECK_MIN_MS", "COVER_AFTER_MS", "PRUNE_EVERY", "prune_due",
+    "ReplyFacts",
 ]
 
 #: Local grant status of a dropped grant (tombstone).
@@ -191,7 +192,13 @@ def prune_due(pruned_at: int, now: int, tombstone_ms: int) -> bool:
 
 #: The shortest wait of the room check (SPEC R34a): a key contended a moment ago asks again
 #: after this (the holder's default round period: no round comes sooner to free anything).
-ROOM_CHECK_MIN_MS = 2000
+ROOM_CHECK_MIN_MS = 1000
+
+#: SPEC R34a decision (a young contention covers nothing): for this long after the message that
+#: first found the key contended, demand a busy reusable lease serves is still asked for at each
+#: ``nextRequestAt``, as any demand is; a contention that lasts longer is a standing backlog, and
+#: only then does the lease cover it (room checks instead of requests).
+COVER_AFTER_MS = 3000
 
 
 def contended_since(since: int, contended: bool, sent_at: int) -> int:
@@ -272,6 +279,12 @@ class KeyState:
         ``leaseRecheckMs``."""
         age = max(0, self.replied_at - self.contended_since) if self.contended_since else 0
         return self.replied_at + min(self.lease_recheck_ms, max(ROOM_CHECK_MIN_MS, age))
+
+    def contention_young(self, now: int) -> bool:
+        """SPEC R34a decision (a young contention covers nothing): the key's replies have been
+        ``contended`` for less than :data:`COVER_AFTER_MS` (``False`` when not contended, and
+        for a row of an older release, which has no ``contended_since``)."""
+        return self.contended and self.contended_since > 0 and now - self.contended_since < COVER_AFTER_MS
 
     def leases_confirmed(self, now: int) -> bool:
         """SPEC R33a: the last reply is recent enough to draw from the leases it showed live."""

@@ -257,8 +257,11 @@ def covered_groups(snap: KeySnapshot, opts: QueueOptions) -> set[str]:
     is when requests may be held at the holder (``request_wait_ms``): a held request costs one
     call per hold and is answered by the first round that frees room. Nor is it when the last
     reply said ``room`` (a sync's, R34a room: capacity freed since the last round, nobody waits
-    at the holder): the demand is asked for now, and the round that takes it answers without."""
-    if not snap.key.contended or snap.key.room or opts.held_requests:
+    at the holder): the demand is asked for now, and the round that takes it answers without.
+    Nor in a young contention (:meth:`~semaphore.core.client_state.KeyState.contention_young`,
+    R34a decision): a burst's contention is short and capacity frees within it, so its demand
+    is asked for at each round; only a contention that lasts is covered."""
+    if not snap.key.contended or snap.key.room or opts.held_requests or snap.key.contention_young(snap.now):
         return set()
     return {x.group for x in snap.leases
             if x.reusable and x.active and snap.now < x.expires_at - opts.lease_margin_ms}

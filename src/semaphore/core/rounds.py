@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .allocation import Allocation, Entry, Usage, allocate, ceiling, lease_candidate
-from .batching import Timing, next_request_at
+from .batching import ROUND_PERIOD_MS, Timing, next_request_at
 from .config import LeaseConfig, LimitedGroups
 from .lease_ids import issuing_key, new_lease_id, unknown_lease_charge
 from .ledger import Ledger, Reads
@@ -61,7 +61,7 @@ class Policy:
     new_secret: Callable[[], bytes]
     leases: LeaseConfig | None = None
     grant_timeout_ms: int = 10_000
-    round_period_ms: int = 2000
+    round_period_ms: int = ROUND_PERIOD_MS
     #: SPEC R9a: rounds run at once while there is no contention (the holder's ``free_at_once``).
     free_at_once: bool = False
     #: The holder's MAC key under ``lease_secret`` (``None``: the per-storage secret).

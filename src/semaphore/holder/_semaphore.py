@@ -21,6 +21,8 @@ from ..clock import sleep_until
 from ..core import json_text
 from ..core.allocation import LIMIT_ERROR, ceiling
 from ..core.batching import (
+    ROUND_PERIOD_MS,
+    ROUND_WAIT_MS,
     Timing,
     hold_open,
     limits_can_change,
@@ -147,10 +149,12 @@ class DurabilitySemaphore:
         R33a: a refusal retires that client's leases there); ``False`` blocks the entry with
         ``not_permitted`` (SPEC R22). A callable that raises counts as ``False`` (fails closed)
         and is logged.
-    :param round_wait_ms: a round runs this long after the first request waiting for it arrived
-        (default 1000, SPEC R9).
-    :param round_period_ms: ... but never sooner than this after the previous round began
-        (default 2000, SPEC R9).
+    :param round_wait_ms: a batched round (one that runs under contention, SPEC R9a) runs this
+        long after the first request waiting for it arrived (default 100, SPEC R9; the
+        original's is 1000).
+    :param round_period_ms: ... but never sooner than this after the previous batched round
+        began (default 1000, SPEC R9; the original's is 2000). A blocked client asks again at
+        about this period, so it is also how soon freed capacity reaches waiting demand.
     :param grant_timeout_ms: unclaimed grant permits are reclaimed this long after issue
         (default 10000, SPEC R15).
     :param leases: lease options (SPEC §7), see :class:`~semaphore.config.LeaseConfig`. The
@@ -247,8 +251,8 @@ class DurabilitySemaphore:
         limit: LimitOption,
         group_limit: GroupLimitOption = None,
         can_grant: CanGrantOption = None,
-        round_wait_ms: int = 1000,
-        round_period_ms: int = 2000,
+        round_wait_ms: int = ROUND_WAIT_MS,
+        round_period_ms: int = ROUND_PERIOD_MS,
         grant_timeout_ms: int = 10_000,
         leases: LeaseConfig | Mapping[str, Any] | None = DEFAULT_LEASES,
         clock: Callable[[], int] | None = None,

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..core.batching import ROUND_PERIOD_MS, ROUND_WAIT_MS
 from ..core.config import LeaseConfig
 from ..errors import ConfigurationError
 
@@ -98,8 +99,10 @@ class Scenario:
     group_limits: dict[str, int] = _dict_opt(
         "holder", "groups", "per-group ceilings, e.g. g0=3,g1=5 (file: a table {g0 = 3}), of groups g0.. "
                             "or of the arrivals CSV; groups absent have none")
-    round_wait_ms: int = _opt(1000, "holder", "int", "a round runs this long after its first waiting request")
-    round_period_ms: int = _opt(2000, "holder", "int", "...but never sooner than this after the previous round")
+    round_wait_ms: int = _opt(ROUND_WAIT_MS, "holder", "int",
+                              "under contention, a round runs this long after its first waiting request")
+    round_period_ms: int = _opt(ROUND_PERIOD_MS, "holder", "int",
+                                "...but never sooner than this after the previous such round")
     grant_timeout_ms: int = _opt(10_000, "holder", "int", "unclaimed grant permits are reclaimed after this")
     free_at_once: bool = _opt(True, "holder", "bool",
                               "while nothing competes, a request's round runs at once (free means now, SPEC R9a)")

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from semaphore import ItemState
+from semaphore.core.batching import ROUND_PERIOD_MS, ROUND_WAIT_MS
 from semaphore.simulate.faults import DEFAULT, KEY, Config, Sim, Stats
 from semaphore.testing import T0, AlarmDriver, ClientSide, HolderSide, Net, SimClock, SkewedClock, StorageFault, dump
 
@@ -97,8 +98,8 @@ class SoakConfig(Config):
     reclaim_margin_ms: int = 1000
     hold_blocked_ms: int = 0  # the holder's (waiting requests) and the queues' request_wait_ms
     request_wait_ms: int = 0
-    round_wait_ms: int = 1000
-    round_period_ms: int = 2000
+    round_wait_ms: int = ROUND_WAIT_MS
+    round_period_ms: int = ROUND_PERIOD_MS
     free_at_once: bool = True  # the holder's (SPEC R9a)
     client_stores: str = "sql"  # where the client objects keep their rows (ClientSide ``stores``)
     # Whether the client objects' transactions fail too (p_tx_fail). Off for comparing the SQL

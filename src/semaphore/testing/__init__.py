@@ -52,6 +52,7 @@ The queue's items and marks without SQLite (:mod:`._memory_queue_items`,
 :class:`ClientSide` made with ``stores="memory"`` to run its queue over.
 """
 
+from ..core.batching import SEED_ROUND_PERIOD_MS, SEED_ROUND_WAIT_MS
 from ._bed import Bed, HolderSide
 from ._harness import ClientSide, Holder, Net, SimClock, TaskAlarmDriver
 from ._inspect import (
@@ -97,6 +98,14 @@ from ._namespace import Namespace
 from ._runner import async_test, run
 from ._tasks import ObjectTasks
 
+#: The holder options of the original's batched round timing (SPEC R9 decision "round timing"):
+#: a batched round 1,000 ms after its first waiting request, at most one every 2,000 ms. Rounds
+#: still run at once while nothing competes (R9a).
+SEED_ROUNDS: dict[str, int] = {"round_wait_ms": SEED_ROUND_WAIT_MS, "round_period_ms": SEED_ROUND_PERIOD_MS}
+#: The original's timing whole (SPEC R9, R9a): every round batched, as :data:`SEED_ROUNDS`. For
+#: tests staged on batched rounds: ``HolderSide(clock, limit=2, **SEED_TIMING)``.
+SEED_TIMING: dict[str, int | bool] = {"free_at_once": False, **SEED_ROUNDS}
+
 __all__ = [
     # storage and time
     "T0", "VirtualClock", "LocalStorage", "LocalContext", "AlarmDriver", "DurableObjectRuleError",
@@ -104,6 +113,8 @@ __all__ = [
     "SkewedClock", "StorageFault", "AlarmSource",
     # objects
     "Bed", "HolderSide", "ClientSide", "TaskAlarmDriver", "Net", "Holder", "SimClock", "ObjectTasks", "Namespace",
+    # timing
+    "SEED_TIMING", "SEED_ROUNDS",
     # messages
     "request", "sync", "by_id", "blocked",
     # storage inspection
