@@ -12,7 +12,7 @@
                    ``rounds`` - the same without leases (``leases=None``: every permit a
                    grant, confirmed claims); ``batched`` - that with the seed's timing
                    (``free_at_once=False``: every round batched, 1,000 ms after the first
-                   waiting request, at most one every 2 s; the defaults before issue 22);
+                   waiting request, at most one every 2 s);
   (c) ``strict`` / ``under`` / ``over`` - this library with the original's one-shot leases in
                    each provisioning mode (grants first, recheck 4 s),
   (d) ``held`` / ``held-over`` - named settings: waiting requests (the holder's

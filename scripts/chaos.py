@@ -36,7 +36,7 @@ Then, from what was stored, it checks:
   queue's ``.../runs``: the alarm and the scheduler's due times); no job queued, claiming or
   running, and no finished job left in a queue's outbox to the job directory.
 
-Settings (``--setting``): ``defaults`` (wrangler.toml's vars: rounds of 1000/2000 ms, no leases,
+Settings (``--setting``): ``defaults`` (wrangler.toml's vars: rounds of 100/1000 ms, no leases,
 no waiting requests) and ``reuse-held``, the fastest named setting of the README's benchmarks
 (strict reusable lease-first leases, ``ttlMs`` 60 s, waiting requests held 25 s, rounds of
 250/500 ms; the Worker requires ``REQUEST_WAIT_MS`` below half the ``ttlMs``, so 25 s, not the

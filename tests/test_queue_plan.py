@@ -543,25 +543,31 @@ def test_r34a_only_an_active_reusable_lease_clear_of_its_expiry_margin_covers_it
     assert covered(live, now=live.expires_at - OPTS.lease_margin_ms // 2) == set()
 
 
-def test_r34a_a_young_contention_covers_nothing_and_one_older_than_cover_after_ms_does():
-    # R34a decision (a young contention covers nothing): for COVER_AFTER_MS after the message
-    # that first found the key contended, a busy reusable lease covers no demand: it is asked
-    # for at the key's nextRequestAt, as a burst's should be; from then on it is covered (room
-    # checks, no request every round). A row without contended_since (an older release) is
-    # covered as before.
+def test_r34a_young_demand_in_a_young_contention_is_not_covered_and_anything_older_is():
+    # R34a decision (young demand in a young contention): for COVER_AFTER_MS after the message
+    # that first found the key contended, a busy reusable lease does not cover a group whose
+    # oldest queued item was enqueued less than COVER_AFTER_MS ago: its demand is asked for at
+    # the key's nextRequestAt, as a burst's should be. Demand that has waited, or a contention
+    # that lasts, is covered (room checks, no request every round); so is a key whose row has
+    # no contended_since (an older release).
     busy = replace(lease("r", permits=2, drawn=2), reusable=True)
+    young_at, old_at = NOW - COVER_AFTER_MS + 1, NOW - COVER_AFTER_MS
 
-    def snap(since: int, now: int = NOW) -> KeySnapshot:
-        key = KeyState(contended=True, contended_since=since, replied_at=now - 100, lease_recheck_ms=30_000)
-        return KeySnapshot(now, queued=queued("a", "b"), leases=(busy,), key=key)
+    def snap(since: int, enqueued: int, *others: int) -> KeySnapshot:
+        key = KeyState(contended=True, contended_since=since, replied_at=NOW - 100, lease_recheck_ms=30_000)
+        items = tuple(QueuedItem(f"i{n}", "g", n + 1, enqueued_at=at) for n, at in enumerate((enqueued, *others)))
+        return KeySnapshot(NOW, queued=items, leases=(busy,), key=key)
 
-    young, old = snap(NOW - COVER_AFTER_MS + 1), snap(NOW - COVER_AFTER_MS)
-    assert young.key.contention_young(NOW) and not old.key.contention_young(NOW)
-    assert plan.covered_groups(young, OPTS) == set() and plan.covered_groups(old, OPTS) == {"g"}
-    assert plan.wants_round(young, OPTS) and not plan.wants_round(old, OPTS)
-    assert plan.plan_exchange(young, OPTS, demand=True) is plan.Exchange.REQUEST
-    assert plan.plan_exchange(old, OPTS, demand=True) is not plan.Exchange.REQUEST
-    assert plan.covered_groups(snap(0), OPTS) == {"g"}  # an older release's row
+    both_young = snap(young_at, young_at)
+    assert both_young.key.contention_young(NOW) and not snap(old_at, young_at).key.contention_young(NOW)
+    assert plan.young_demand(both_young) == {"g"} and plan.covered_groups(both_young, OPTS) == set()
+    assert plan.wants_round(both_young, OPTS)
+    assert plan.plan_exchange(both_young, OPTS, demand=True) is plan.Exchange.REQUEST
+    for covered in (snap(young_at, old_at), snap(old_at, young_at), snap(0, young_at),
+                    snap(young_at, NOW, old_at)):  # the group's oldest item counts, not its newest
+        assert plan.young_demand(covered) == set() and plan.covered_groups(covered, OPTS) == {"g"}
+        assert not plan.wants_round(covered, OPTS)
+        assert plan.plan_exchange(covered, OPTS, demand=True) is not plan.Exchange.REQUEST
     assert not KeyState(contended=False, contended_since=NOW).contention_young(NOW)
 
 

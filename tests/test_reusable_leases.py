@@ -552,10 +552,11 @@ async def _own_backlog(leases: dict):
 
 
 @async_test
-async def test_r31a_a_contended_key_served_by_a_reusable_lease_asks_again_only_at_its_heartbeat():
+async def test_r31a_a_contended_key_served_by_a_reusable_lease_asks_while_its_demand_is_young_then_only_at_its_heartbeat():
     # With the recheck off (recheckMs 0) the cover lasts until the lease's heartbeat.
-    # A young contention covers nothing (R34a decision): until COVER_AFTER_MS into it the
-    # demand goes to each round (requests at 1 s and 2 s here, each at its nextRequestAt).
+    # Young demand in a young contention is not covered (R34a decision): until COVER_AFTER_MS
+    # into it the demand goes to each round (requests at 1 s and 2 s here, each at its
+    # nextRequestAt).
     clock, net, sides = await _own_backlog({**REUSE_FIRST, "recheckMs": 0})
 
     def requests() -> list[dict]:
@@ -578,8 +579,9 @@ async def test_r34a_a_contended_key_covered_by_a_busy_reusable_lease_checks_for_
     # does not go to rounds), the queue still asks the holder whether capacity was freed (a
     # sync; its reply says room) after as long as the key had been contended (4, 8, 16, 32 s
     # in), at most leaseRecheckMs (30 s here) apart. Before, it heard nothing until the
-    # lease's heartbeat (5 min here). The contention is young until 3 s in (R34a decision): at
-    # 1 s and 2 s the demand goes in requests, not room checks (one at 2 s before that decision).
+    # lease's heartbeat (5 min here). The contention and the demand are young until 3 s in
+    # (R34a decision): at 1 s and 2 s the demand goes in requests, not room checks (one at 2 s
+    # before that decision).
     clock, net, sides = await _own_backlog({**REUSE_FIRST, "recheckMs": 30_000, "ttlMs": 600_000})
     t0 = clock.now - 1500  # the request went at once (R9a); its reply was contended (3 wait)
 
@@ -1217,9 +1219,9 @@ def freed_beside(ttl_ms: int):
     """Limit 4, reusable lease-first leases of 3 (``ttl_ms``): ``b`` (no leases) takes one permit
     as a grant for an item of 6 s; then ``a`` keeps a backlog of 1 s items in the same group and
     takes the other 3 as a reusable lease, which leaves nothing free: the key is contended (R29)
-    and, once that contention is older than ``COVER_AFTER_MS`` (3 s; a young one covers
-    nothing, R34a decision), the demand ``a``'s lease covers is not asked again before its
-    heartbeat (R34a). b's item ends after that."""
+    and, once that contention is older than ``COVER_AFTER_MS`` (3 s; young demand in a young
+    one is not covered, R34a decision), the demand ``a``'s lease covers is not asked again
+    before its heartbeat (R34a). b's item ends after that."""
     clock = SimClock(T0)
     holder = HolderSide(clock, limit=4, leases={**REUSE_FIRST, "ttlMs": ttl_ms})
     net = Net(holder, clock)
@@ -1439,3 +1441,52 @@ async def test_r34a_a_round_that_leaves_need_unserved_says_no_room_so_a_covered_
     kinds = Counter(m["type"] for m in net.sent[sent:])
     a.driver.kill()
     assert kinds["request"] <= 2, kinds
+
+
+@async_test
+async def test_r34a_demand_that_has_waited_stays_covered_while_other_clients_rounds_restart_the_contention():
+    # R34a decision (young demand in a young contention): a's group is at its own limit
+    # (withinGroupLimit, 2 of 10) and a keeps a backlog of 1 s items there; b's short items in
+    # another group are each served by a round of their own that leaves nothing unserved, so
+    # the key's replies go uncontended and contended again every second or so. a's demand has
+    # waited (its oldest item is old), so each new contention covers it: it asks only after a
+    # room check heard `room` (b's releases free capacity; the room is the key's, not a's
+    # group's), never more often than it checks. Before, each restart of the contention
+    # opened a young window in which a asked at every round in vain: 90 requests and 30 room
+    # checks in 120 s (a cold review).
+    from collections import Counter
+    from dataclasses import replace
+
+    from semaphore import DEFAULT_LEASES
+
+    clock = SimClock(T0)
+    holder = HolderSide(clock, limit=10, group_limit={"ga": 2},
+                        leases=replace(DEFAULT_LEASES, limited_groups="withinGroupLimit"))
+    net = Net(holder, clock)
+
+    async def work(item) -> None:
+        await clock.sleep(1000 if item.group == "ga" else 500)
+
+    a = ClientSide("a", clock, net, work=work)
+    b = ClientSide("b", clock, net, work=work)
+
+    async def a_backlog() -> None:
+        for n in itertools.count():
+            await a.queue.enqueue("acct", "ga", f"a{n}")
+            if n >= 10:
+                await clock.sleep(500)  # more than the group's 2 slots run (2 items a second)
+
+    async def b_items() -> None:
+        for n in itertools.count():
+            await b.queue.enqueue("acct", "gb", f"b{n}")
+            await clock.sleep(1000)
+
+    feeders = [asyncio.ensure_future(a_backlog()), asyncio.ensure_future(b_items())]
+    await clock.advance(10_000)
+    sent = len(net.sent)
+    await clock.advance(120_000)
+    kinds = Counter(m["type"] for m in net.sent[sent:] if m["clientId"] == "a")
+    for task in feeders:
+        task.cancel()
+    stop_all({"a": a, "b": b})
+    assert kinds["request"] <= kinds["sync"] <= 65, kinds

@@ -191,13 +191,16 @@ def prune_due(pruned_at: int, now: int, tombstone_ms: int) -> bool:
 
 
 #: The shortest wait of the room check (SPEC R34a): a key contended a moment ago asks again
-#: after this (the holder's default round period: no round comes sooner to free anything).
-ROOM_CHECK_MIN_MS = 1000
+#: after this. Twice the holder's default round period: a contention that other clients' rounds
+#: end and restart again and again keeps the key's contention a moment old, and its room checks
+#: come this far apart (1 s doubled them in a cold review's case, each then a request in vain).
+ROOM_CHECK_MIN_MS = 2000
 
-#: SPEC R34a decision (a young contention covers nothing): for this long after the message that
-#: first found the key contended, demand a busy reusable lease serves is still asked for at each
-#: ``nextRequestAt``, as any demand is; a contention that lasts longer is a standing backlog, and
-#: only then does the lease cover it (room checks instead of requests).
+#: SPEC R34a decision (young demand in a young contention): for this long after the message that
+#: first found the key contended, demand a busy reusable lease serves whose oldest item was
+#: enqueued less than this long ago is still asked for at each ``nextRequestAt``, as any demand
+#: is (:func:`~semaphore.core.queue_plan.young_demand`); demand that has waited, or a contention
+#: that lasts, is covered (room checks instead of requests).
 COVER_AFTER_MS = 3000
 
 
@@ -275,13 +278,14 @@ class KeyState:
         """SPEC R34a decision (the room check): when a key whose demand a busy reusable lease
         covers next asks the holder whether capacity was freed: after its last reply by the
         time the key had been contended then (so the checks of one contention come about 2, 4,
-        8, ... s in, doubling), at least :data:`ROOM_CHECK_MIN_MS` and at most the holder's
-        ``leaseRecheckMs``."""
+        8, ... s in, doubling; young demand asks at each round instead until
+        :data:`COVER_AFTER_MS` in, so a burst's first check comes about 4 s in), at least
+        :data:`ROOM_CHECK_MIN_MS` and at most the holder's ``leaseRecheckMs``."""
         age = max(0, self.replied_at - self.contended_since) if self.contended_since else 0
         return self.replied_at + min(self.lease_recheck_ms, max(ROOM_CHECK_MIN_MS, age))
 
     def contention_young(self, now: int) -> bool:
-        """SPEC R34a decision (a young contention covers nothing): the key's replies have been
+        """SPEC R34a decision (young demand in a young contention): the key's replies have been
         ``contended`` for less than :data:`COVER_AFTER_MS` (``False`` when not contended, and
         for a row of an older release, which has no ``contended_since``)."""
         return self.contended and self.contended_since > 0 and now - self.contended_since < COVER_AFTER_MS

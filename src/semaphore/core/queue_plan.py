@@ -31,7 +31,7 @@ from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
-from .client_state import GONE, ClientGrant, ClientLease, KeyState
+from .client_state import COVER_AFTER_MS, GONE, ClientGrant, ClientLease, KeyState
 from .wire import MAX_LIST_LENGTH, Blocked
 
 __all__ = [
@@ -40,7 +40,7 @@ __all__ = [
     "PendingReleases", "ReportDue", "Exchange", "ItemTimes",
     "resolve_claims", "held_slots", "completion_releases", "admissible", "demand_of", "leases_to_stop",
     "plan_admission", "plan_reply", "report_due",
-    "heartbeat_due", "plan_exchange", "next_wake", "covered_groups", "wants_round", "recheck_due",
+    "heartbeat_due", "plan_exchange", "next_wake", "covered_groups", "young_demand", "wants_round", "recheck_due",
     "room_check_due", "room_check_pending",
     "MAX_EXCHANGES", "Pause", "pause_after_exchanges", "retry_waits_for_holder", "permit_gone", "records_release",
     "Completion", "completion", "Completed", "Finish", "CompletionWrites", "completion_writes", "work_exhausted",
@@ -258,13 +258,30 @@ def covered_groups(snap: KeySnapshot, opts: QueueOptions) -> set[str]:
     call per hold and is answered by the first round that frees room. Nor is it when the last
     reply said ``room`` (a sync's, R34a room: capacity freed since the last round, nobody waits
     at the holder): the demand is asked for now, and the round that takes it answers without.
-    Nor in a young contention (:meth:`~semaphore.core.client_state.KeyState.contention_young`,
-    R34a decision): a burst's contention is short and capacity frees within it, so its demand
-    is asked for at each round; only a contention that lasts is covered."""
-    if not snap.key.contended or snap.key.room or opts.held_requests or snap.key.contention_young(snap.now):
+    Nor is :func:`young_demand` (R34a decision "young demand in a young contention"): a burst's
+    contention is short and capacity frees within it, so its new demand is asked for at each
+    round; demand that has waited, or a contention that lasts, is covered."""
+    if not snap.key.contended or snap.key.room or opts.held_requests:
         return set()
+    young = young_demand(snap)
     return {x.group for x in snap.leases
-            if x.reusable and x.active and snap.now < x.expires_at - opts.lease_margin_ms}
+            if x.reusable and x.active and snap.now < x.expires_at - opts.lease_margin_ms and x.group not in young}
+
+
+def young_demand(snap: KeySnapshot) -> set[str]:
+    """SPEC R34a decision (young demand in a young contention): while the key's contention is
+    younger than :data:`~semaphore.core.client_state.COVER_AFTER_MS`
+    (:meth:`~semaphore.core.client_state.KeyState.contention_young`), the groups whose oldest
+    queued item was enqueued less than that long ago: a reusable lease covers neither (their
+    demand goes to each round). Both must be young: a contention that other clients' rounds
+    end and restart again and again leaves demand that has waited covered, and a lasting one
+    leaves every demand covered."""
+    if not snap.key.contention_young(snap.now):
+        return set()
+    oldest: dict[str, int] = {}
+    for item in snap.queued:
+        oldest[item.group] = min(oldest.get(item.group, item.enqueued_at), item.enqueued_at)
+    return {group for group, at in oldest.items() if snap.now - at < COVER_AFTER_MS}
 
 
 def wants_round(snap: KeySnapshot, opts: QueueOptions) -> bool:
