@@ -1415,6 +1415,19 @@ async def test_r34a_syncs_say_room_while_the_last_round_left_capacity_free():
     assert "room" not in reply, reply  # b's round took the rest
 
 
+def group_at_its_limit(group: str) -> tuple[SimClock, Net]:
+    """Limit 10, ``group`` limited to 2, the default leases with ``withinGroupLimit``: a lease in
+    ``group`` counts against its limit (R27), so a client there holds at most 2."""
+    from dataclasses import replace
+
+    from semaphore import DEFAULT_LEASES
+
+    clock = SimClock(T0)
+    holder = HolderSide(clock, limit=10, group_limit={group: 2},
+                        leases=replace(DEFAULT_LEASES, limited_groups="withinGroupLimit"))
+    return clock, Net(holder, clock)
+
+
 @async_test
 async def test_r34a_a_round_that_leaves_need_unserved_says_no_room_so_a_covered_client_does_not_ask_in_vain():
     # R34a decision (room): a round that left need unserved says no room, whatever capacity it
@@ -1422,14 +1435,8 @@ async def test_r34a_a_round_that_leaves_need_unserved_says_no_room_so_a_covered_
     # none a's. Before, syncs said room after every such round, and a's room checks each
     # became a request and a round (before: 22 requests in 10 minutes; now none).
     from collections import Counter
-    from dataclasses import replace
 
-    from semaphore import DEFAULT_LEASES
-
-    clock = SimClock(T0)
-    holder = HolderSide(clock, limit=10, group_limit={"g": 2},
-                        leases=replace(DEFAULT_LEASES, limited_groups="withinGroupLimit"))
-    net = Net(holder, clock)
+    clock, net = group_at_its_limit("g")
     running: set[str] = set()
     a = ClientSide("a", clock, net, on_admit=lambda s, i: running.add(i.item_id))
     for i in range(6):
@@ -1455,14 +1462,8 @@ async def test_r34a_demand_that_has_waited_stays_covered_while_other_clients_rou
     # opened a young window in which a asked at every round in vain: 90 requests and 30 room
     # checks in 120 s (a cold review).
     from collections import Counter
-    from dataclasses import replace
 
-    from semaphore import DEFAULT_LEASES
-
-    clock = SimClock(T0)
-    holder = HolderSide(clock, limit=10, group_limit={"ga": 2},
-                        leases=replace(DEFAULT_LEASES, limited_groups="withinGroupLimit"))
-    net = Net(holder, clock)
+    clock, net = group_at_its_limit("ga")
 
     async def work(item) -> None:
         await clock.sleep(1000 if item.group == "ga" else 500)
