@@ -569,6 +569,13 @@ def test_r34a_young_demand_in_a_young_contention_is_not_covered_and_anything_old
         assert not plan.wants_round(covered, OPTS)
         assert plan.plan_exchange(covered, OPTS, demand=True) is not plan.Exchange.REQUEST
     assert not KeyState(contended=False, contended_since=NOW).contention_young(NOW)
+    # only admissible items count (R21: an item held back by admit_concurrency lends its age to
+    # none): an old callback item waiting for a callback slot, and a new permit() caller
+    held_back = replace(snap(young_at, old_at), admit_room=0,
+                        queued=(QueuedItem("old", "g", 1, enqueued_at=old_at),
+                                QueuedItem("caller", "g", 2, bounded=False, enqueued_at=young_at)))
+    assert plan.admissible(held_back) == {"g": ["caller"]}
+    assert plan.young_demand(held_back) == {"g"} and plan.covered_groups(held_back, OPTS) == set()
 
 
 def test_r31a_a_reusable_lease_is_stopped_from_lease_margin_ms_before_its_expiry():

@@ -1482,7 +1482,14 @@ async def test_r34a_demand_that_has_waited_stays_covered_while_other_clients_rou
             await b.queue.enqueue("acct", "gb", f"b{n}")
             await clock.sleep(1000)
 
-    feeders = [asyncio.ensure_future(a_backlog()), asyncio.ensure_future(b_items())]
+    contentions: set[int] = set()  # the premise: b's rounds restart a's contention again and again
+
+    async def watch() -> None:
+        while True:
+            contentions.add(a.client.key_state("acct").contended_since)
+            await clock.sleep(100)
+
+    feeders = [asyncio.ensure_future(a_backlog()), asyncio.ensure_future(b_items()), asyncio.ensure_future(watch())]
     await clock.advance(10_000)
     sent = len(net.sent)
     await clock.advance(120_000)
@@ -1490,4 +1497,5 @@ async def test_r34a_demand_that_has_waited_stays_covered_while_other_clients_rou
     for task in feeders:
         task.cancel()
     stop_all({"a": a, "b": b})
+    assert len(contentions - {0}) >= 10, len(contentions)
     assert kinds["request"] <= kinds["sync"] <= 65, kinds

@@ -191,9 +191,10 @@ def prune_due(pruned_at: int, now: int, tombstone_ms: int) -> bool:
 
 
 #: The shortest wait of the room check (SPEC R34a): a key contended a moment ago asks again
-#: after this. Twice the holder's default round period: a contention that other clients' rounds
-#: end and restart again and again keeps the key's contention a moment old, and its room checks
-#: come this far apart (1 s doubled them in a cold review's case, each then a request in vain).
+#: after this, 2 s (twice the holder's default round period): a contention that other clients'
+#: rounds end and restart again and again keeps the key's contention a moment old, and its room
+#: checks come this far apart (1 s doubled them in a cold review's case, each then a request in
+#: vain).
 ROOM_CHECK_MIN_MS = 2000
 
 #: SPEC R34a decision (young demand in a young contention): for this long after the message that

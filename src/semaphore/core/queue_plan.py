@@ -272,15 +272,18 @@ def young_demand(snap: KeySnapshot) -> set[str]:
     """SPEC R34a decision (young demand in a young contention): while the key's contention is
     younger than :data:`~semaphore.core.client_state.COVER_AFTER_MS`
     (:meth:`~semaphore.core.client_state.KeyState.contention_young`), the groups whose oldest
-    queued item was enqueued less than that long ago: a reusable lease covers neither (their
-    demand goes to each round). Both must be young: a contention that other clients' rounds
-    end and restart again and again leaves demand that has waited covered, and a lasting one
-    leaves every demand covered."""
+    admissible queued item (:func:`admissible`: the items its demand is made of, R21) was
+    enqueued less than that long ago: no reusable lease covers them (their demand goes to
+    each round). Both must be young: a contention that other clients' rounds end and restart
+    again and again leaves demand that has waited covered, and a lasting one leaves every
+    demand covered."""
     if not snap.key.contention_young(snap.now):
         return set()
+    admit = {item_id for ids in admissible(snap).values() for item_id in ids}
     oldest: dict[str, int] = {}
     for item in snap.queued:
-        oldest[item.group] = min(oldest.get(item.group, item.enqueued_at), item.enqueued_at)
+        if item.item_id in admit:
+            oldest[item.group] = min(oldest.get(item.group, item.enqueued_at), item.enqueued_at)
     return {group for group, at in oldest.items() if snap.now - at < COVER_AFTER_MS}
 
 
