@@ -60,11 +60,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from semaphore.core.batching import SEED_ROUND_PERIOD_MS, SEED_ROUND_WAIT_MS  # noqa: E402
 from semaphore.simulate import Scenario, ScenarioError, job_duration, percentiles, plan_arrivals, run_scenario  # noqa: E402
 from semaphore.simulate.cost import PRICES, PRICING_SOURCE, ActiveTime, Cost, Usage, cost  # noqa: E402
 from semaphore.simulate.engine import RunningTime  # noqa: E402
-from semaphore.testing import T0, LocalStorage, SimClock  # noqa: E402
+from semaphore.testing import SEED_TIMING, T0, LocalStorage, SimClock  # noqa: E402
 
 WORKLOADS: dict[str, dict[str, Any]] = {
     # issue 13's standing backlog: demand always above the limit
@@ -245,7 +244,7 @@ def library_row(mode: str, scenario: Scenario, sets: dict[str, str] | None = Non
     if mode in ("strict", "under", "over", "held-over"):
         s = replace(s, **ONE_SHOT)
     if mode == "batched":
-        s = replace(s, free_at_once=False, round_wait_ms=SEED_ROUND_WAIT_MS, round_period_ms=SEED_ROUND_PERIOD_MS)
+        s = replace(s, **SEED_TIMING)  # the original's timing whole
     if mode.startswith("held"):
         s = replace(s, **HELD)
     if mode.startswith("reuse"):

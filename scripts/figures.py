@@ -321,15 +321,12 @@ def make_round_timing(page: Path) -> str:
         usd = statistics.mean(r.cost.usd_per_million_items or 0.0 for r in rows)
         b = bench.library_row("defaults", backlog, timing)
         lines.append(f"| {wait:,} / {period:,} | {p50:.2f} s / {p95 / 1000:.2f} s | {p95 / naive_p95:.2f}x | "
-                     f"{calls:.3f} | {usd / naive_usd:.2f}x | {b.calls_per_item or 0.0:.3f} | {_pct(b.utilization)} |")
+                     f"{calls:.3f} | {usd / naive_usd:.2f}x | {b.calls_per_item or 0.0:.3f} | "
+                     f"{bench._pct(b.utilization)} |")
     naive_calls = statistics.mean(r.calls_per_item or 0.0 for r in naive)
     lines.append(f"| naive object | wait p95 {naive_p95 / 1000:.2f} s | - | {naive_calls:.3f} | "
                  f"${naive_usd:.2f} per million items | - | - |")
     return "\n".join(lines) + "\n"
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1%}"
 
 
 COLLECTED = re.compile(r"^(\d+)(?:/\d+)? tests? collected", re.MULTILINE)
